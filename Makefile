@@ -1,0 +1,36 @@
+# The two set-up commands of the README. Each does all of its own set-up on a fresh machine.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+SUDO    := $(shell [ "$$(id -u)" = "0" ] || echo sudo)
+
+.PHONY: serve test lint bench venv deps test-deps chromium
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+deps: $(BIN)/python
+	$(BIN)/pip install -q -e .
+
+test-deps: $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
+
+## Install and start the server on http://127.0.0.1:8000 (falls back to the built-in model offline).
+serve: deps
+	$(BIN)/kvscope serve
+
+## Install the test dependencies (Debian chromium included) and run every test, browser tests too.
+test: test-deps chromium
+	$(BIN)/ruff check app tests bench
+	$(BIN)/python -m pytest -q
+
+lint: test-deps
+	$(BIN)/ruff check app tests bench
+
+bench: test-deps
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python bench/run_all.py

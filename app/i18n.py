@@ -1,0 +1,39 @@
+"""The one translation layer: every string a page shows is looked up here by key.
+
+Catalogs are JSON files in ``app/locales`` (``en.json`` is complete; others may be partial and fall
+back to English key by key). ``{name}`` placeholders are filled with ``str.format``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
+
+LOCALES = Path(__file__).with_name("locales")
+DEFAULT_LANG = "en"
+
+
+@lru_cache
+def catalog(lang: str) -> dict[str, str]:
+    path = LOCALES / f"{lang}.json"
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def available_languages() -> list[str]:
+    return sorted(p.stem for p in LOCALES.glob("*.json"))
+
+
+def translate(key: str, lang: str = DEFAULT_LANG, **values: object) -> str:
+    text = catalog(lang).get(key) or catalog(DEFAULT_LANG).get(key) or key
+    return text.format(**values) if values else text
+
+
+def translator(lang: str = DEFAULT_LANG) -> Callable[..., str]:
+    def _(key: str, **values: object) -> str:
+        return translate(key, lang, **values)
+
+    return _

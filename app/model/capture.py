@@ -1,0 +1,131 @@
+"""The capture engine: run a forward pass with hooks and return a ``Trace``.
+
+Hooks are global state on the model, so they live only inside ``capture()`` and are removed in its
+``finally:``, also when the forward raises. Hooks keep references to the tensors the modules produce
+(no copies, no changes), so logits with and without capture are identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from app.model.adapter import GPT2Adapter, HookPoint
+from app.model.trace import ShapeStep, Trace
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.params: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] = {}
+
+    def keep(self, point: HookPoint, tensor: torch.Tensor) -> None:
+        self.tensors[point.name] = tensor.detach()
+        self.params[point.name] = tuple((n, tuple(p.shape)) for n, p in point.params)
+
+
+def _hook_for(point: HookPoint, rec: Recorder):
+    if point.take == "input0":
+        return point.module.register_forward_pre_hook(lambda _m, args: rec.keep(point, args[0]))
+
+    def on_output(_module, _args, output):
+        if point.take == "output0":
+            output = output[0]
+        elif point.take == "output1":
+            output = output[1]
+        rec.keep(point, output)
+
+    return point.module.register_forward_hook(on_output)
+
+
+@contextmanager
+def capture(adapter: GPT2Adapter) -> Iterator[Recorder]:
+    """Attach one hook per hook point for the duration of the block."""
+    rec = Recorder()
+    handles = []
+    try:
+        for point in adapter.hook_points():
+            handles.append(_hook_for(point, rec))
+        yield rec
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def hook_count(model: torch.nn.Module) -> int:
+    """Forward (pre-)hooks on all modules. transformers keeps a few of its own, so tests compare
+    this number before and after a capture rather than expecting zero."""
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def _derive(adapter: GPT2Adapter, rec: Recorder) -> dict[str, torch.Tensor]:
+    """Insert the derived per-head tensors right after the captured tensor they come from."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in rec.tensors.items():
+        if name.endswith(".attn.weights"):
+            continue  # placed with q/k/v below: the attention module's hook fires after c_proj's
+        out[name] = tensor
+        if name.endswith(".attn.qkv"):
+            prefix = name[: -len("qkv")]
+            q, k, v = adapter.split_qkv(tensor)
+            out[prefix + "q"], out[prefix + "k"], out[prefix + "v"] = q, k, v
+            out[prefix + "weights"] = rec.tensors[prefix + "weights"]
+        elif name.endswith(".attn.merged"):
+            out[name[: -len("merged")] + "head_out"] = adapter.split_heads(tensor)
+    return out
+
+
+def _shape_steps(trace: Trace, params: dict[str, tuple]) -> list[ShapeStep]:
+    """The shape trace, read off the real tensors in execution order.
+
+    Raw and masked scores are not stored (at T=1024 they would be 300 MB each); their shape is found
+    by running the same matmul on meta tensors shaped like the captured Q and K.
+    """
+    steps: list[ShapeStep] = []
+    for name, tensor in trace.tensors.items():
+        derived = name not in params
+        steps.append(ShapeStep(name, tuple(tensor.shape), params.get(name, ()), derived))
+        if name.endswith(".attn.v"):  # scores come between V and the softmax weights
+            layer = int(name.split(".")[1])
+            q = trace.q(layer).to("meta")
+            k = trace.keys(layer).to("meta")
+            shape = tuple((q @ k.transpose(-1, -2)).shape)
+            steps.append(ShapeStep(f"blocks.{layer}.attn.scores", shape, (), True))
+            steps.append(ShapeStep(f"blocks.{layer}.attn.masked_scores", shape, (), True))
+    return steps
+
+
+@torch.no_grad()
+def run_traced(
+    model: torch.nn.Module,
+    adapter: GPT2Adapter,
+    token_ids: list[int],
+    token_texts: list[str],
+    *,
+    cache=None,
+    keep_cache: bool = True,
+) -> Trace:
+    """One forward pass over ``token_ids`` (appended after ``cache`` if given), fully captured."""
+    from transformers import DynamicCache
+
+    past = cache.get_seq_length() if cache is not None else 0
+    if keep_cache and cache is None:
+        cache = DynamicCache(config=model.config)
+    input_ids = torch.tensor([token_ids], dtype=torch.long)
+    with capture(adapter) as rec:
+        out = model(input_ids=input_ids, cache=cache if keep_cache else None, use_cache=keep_cache)
+    tensors = _derive(adapter, rec)
+    tensors["probs"] = torch.softmax(out.logits[:, -1].float(), dim=-1)  # (B, V) next-token distribution
+    trace = Trace(
+        token_ids=list(token_ids),
+        token_texts=list(token_texts),
+        tensors=tensors,
+        steps=[],
+        adapter=adapter,
+        past_length=past,
+        cache=out.cache if keep_cache else None,
+    )
+    trace.steps = _shape_steps(trace, rec.params)
+    return trace

@@ -1,0 +1,1 @@
+"""Pure functions: tensors and traces in, plain view data (lists, dicts, bytes) out."""

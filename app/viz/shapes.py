@@ -1,0 +1,32 @@
+"""Shape trace view data: the steps of a forward pass grouped for display."""
+
+from __future__ import annotations
+
+from app.model.trace import ShapeStep
+
+
+def fmt_shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def step_row(step: ShapeStep) -> dict:
+    return {
+        "name": step.name,
+        "op": step.op,
+        "shape": fmt_shape(step.shape),
+        "derived": step.derived,
+        "params": [{"name": n, "shape": fmt_shape(s)} for n, s in step.params],
+        "explain_key": f"step.{step.op}",
+    }
+
+
+def shape_groups(steps: list[ShapeStep]) -> list[dict]:
+    """Split the trace into embeddings, one group per layer, and the output head, in order."""
+    groups: list[dict] = []
+    for step in steps:
+        layer = step.layer
+        key = "embed" if step.name.startswith("embed.") else ("head" if layer is None else f"layer{layer}")
+        if not groups or groups[-1]["key"] != key:
+            groups.append({"key": key, "layer": layer, "rows": []})
+        groups[-1]["rows"].append(step_row(step))
+    return groups

@@ -1,0 +1,91 @@
+"""The FastAPI application: state loaded once in ``lifespan``, routers included, errors made friendly."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.gzip import GZipMiddleware
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app import __version__
+from app.errors import UserError
+from app.model.loading import load_registry
+from app.settings import Settings, get_settings
+from app.state import AppState
+from app.web import assets
+from app.web.deps import is_htmx
+from app.web.middleware import BodyLimit
+from app.web.render import ROOT, render
+from app.web.routes import api, pages
+
+log = logging.getLogger("kvscope")
+
+
+def create_app(settings: Settings | None = None, state: AppState | None = None) -> FastAPI:
+    settings = settings or (state.settings if state else get_settings())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if settings.torch_threads:
+            torch.set_num_threads(settings.torch_threads)
+        if getattr(app.state, "kv", None) is None:
+            registry = load_registry(settings.models, settings.home, settings.hf_cache)
+            app.state.kv = AppState.create(settings, registry)
+        for spec, why in app.state.kv.registry.failures.items():
+            log.warning("%s: %s", spec, why)
+        yield
+
+    app = FastAPI(title="KVScope", version=__version__, lifespan=lifespan)
+    app.state.kv = state
+    app.add_middleware(GZipMiddleware, minimum_size=1024)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.mount("/static", StaticFiles(directory=ROOT / "static"), name="static")
+    app.include_router(assets.router)
+    app.include_router(pages.router)
+    app.include_router(api.router)
+    _install_error_handlers(app)
+    return app
+
+
+def _error_response(request: Request, status: int, message: str):
+    if is_htmx(request):
+        # Show the message in the page's error area and leave the current view as it was.
+        return render(request, "partials/_error.html", status_code=status, message=message,
+                      headers={"HX-Retarget": "#error", "HX-Reswap": "innerHTML"})
+    return JSONResponse({"detail": message}, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(x) for x in err.get("loc", ()) if x not in ("query", "path", "body"))
+        parts.append(f"{where}: {err.get('msg', 'invalid')}" if where else err.get("msg", "invalid"))
+    return "Invalid request: " + "; ".join(parts)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(UserError)
+    async def on_user_error(request: Request, exc: UserError):
+        return _error_response(request, exc.status, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, exc: RequestValidationError):
+        return _error_response(request, 422, _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, exc: StarletteHTTPException):
+        message = exc.detail if isinstance(exc.detail, str) else "Request failed."
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"Nothing at {request.url.path}."
+        return _error_response(request, exc.status_code, message)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception):
+        log.exception("unexpected error on %s", request.url.path)
+        return _error_response(request, 500, "Something went wrong on the server; the error was logged.")

@@ -1,0 +1,33 @@
+"""Jinja2 templates, with the translation function and a few formatting filters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import Request
+from fastapi.templating import Jinja2Templates
+
+from app.i18n import DEFAULT_LANG, translator
+from app.viz.shapes import fmt_shape
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATES = Jinja2Templates(directory=str(ROOT / "templates"))
+TEMPLATES.env.filters["shape"] = fmt_shape
+TEMPLATES.env.filters["num"] = lambda x, d=4: f"{x:.{d}f}"
+TEMPLATES.env.filters["bytes"] = lambda n: human_bytes(n)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def render(request: Request, template: str, status_code: int = 200, headers: dict | None = None, **context):
+    lang = request.query_params.get("lang") or DEFAULT_LANG
+    context.setdefault("_", translator(lang))
+    context.setdefault("lang", lang)
+    context.setdefault("state", request.app.state.kv)
+    return TEMPLATES.TemplateResponse(request, template, context, status_code=status_code, headers=headers)

