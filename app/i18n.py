@@ -1,7 +1,8 @@
 """The one translation layer: every string a page shows is looked up here by key.
 
-Catalogs are JSON files in ``app/locales`` (``en.json`` is complete; others may be partial and fall
-back to English key by key). ``{name}`` placeholders are filled with ``str.format``.
+Catalogs are JSON files in ``app/locales``: ``en.json`` plus one file per page (``en.decode.json``,
+``en.prefix.json`` ...), merged; a key may be defined only once. Other languages may be partial and
+fall back to English key by key. ``{name}`` placeholders are filled with ``str.format``.
 """
 
 from __future__ import annotations
@@ -17,14 +18,18 @@ DEFAULT_LANG = "en"
 
 @lru_cache
 def catalog(lang: str) -> dict[str, str]:
-    path = LOCALES / f"{lang}.json"
-    if not path.exists():
-        return {}
-    return json.loads(path.read_text(encoding="utf-8"))
+    merged: dict[str, str] = {}
+    for path in sorted(LOCALES.glob(f"{lang}.json")) + sorted(LOCALES.glob(f"{lang}.*.json")):
+        part = json.loads(path.read_text(encoding="utf-8"))
+        clash = merged.keys() & part.keys()
+        if clash:
+            raise ValueError(f"{path.name} redefines keys: {sorted(clash)}")
+        merged.update(part)
+    return merged
 
 
 def available_languages() -> list[str]:
-    return sorted(p.stem for p in LOCALES.glob("*.json"))
+    return sorted({p.name.split(".")[0] for p in LOCALES.glob("*.json")})
 
 
 def translate(key: str, lang: str = DEFAULT_LANG, **values: object) -> str:

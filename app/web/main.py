@@ -22,7 +22,7 @@ from app.web import assets
 from app.web.deps import is_htmx
 from app.web.middleware import BodyLimit
 from app.web.render import ROOT, render
-from app.web.routes import api, pages
+from app.web.routes import all_routers
 
 log = logging.getLogger("kvscope")
 
@@ -47,8 +47,8 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.mount("/static", StaticFiles(directory=ROOT / "static"), name="static")
     app.include_router(assets.router)
-    app.include_router(pages.router)
-    app.include_router(api.router)
+    for router in all_routers():
+        app.include_router(router)
     _install_error_handlers(app)
     return app
 

@@ -29,5 +29,11 @@ def render(request: Request, template: str, status_code: int = 200, headers: dic
     lang = request.query_params.get("lang") or DEFAULT_LANG
     context.setdefault("_", translator(lang))
     context.setdefault("lang", lang)
-    context.setdefault("state", request.app.state.kv)
+    state = request.app.state.kv
+    context.setdefault("state", state)
+    if "card" not in context:
+        from app.viz.models import model_card
+
+        name = request.query_params.get("model")
+        context["card"] = model_card(state.registry.models.get(name) or state.registry.get(None))
     return TEMPLATES.TemplateResponse(request, template, context, status_code=status_code, headers=headers)
