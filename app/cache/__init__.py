@@ -1,0 +1,1 @@
+"""KV cache management: block pools, block tables, prefix caching, quantized and windowed stores."""
