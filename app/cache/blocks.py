@@ -1,0 +1,223 @@
+"""Blocks of KV cache and the pool that owns them, with vLLM's nouns and rules.
+
+A request's tokens are cut into fixed-size blocks. Only a *full* block gets a hash, and each hash is
+chained to the previous block's hash, so a block's key names its whole prefix, not just its own tokens::
+
+    tokens   | t0 t1 t2 t3 | t4 t5 t6 t7 | t8 t9 |        block_size = 4
+    hash     |     h0      |     h1      |  --  |        the partial tail block has no hash
+    h0 = H(NONE_HASH, (t0..t3), extra_keys)              extra keys: model identity, cache salt
+    h1 = H(h0,        (t4..t7), None)                    later blocks inherit them through h0
+
+So the same four tokens after a different prefix get a different key, and another model or another
+salt changes h0 and with it every later hash (vLLM: ``kv_cache_utils.hash_block_tokens``; the salt goes
+on the first block only, the chain carries it on).
+
+``BlockPool`` owns ``num_blocks`` ``KVCacheBlock`` objects (just bookkeeping: the K/V tensors live in
+whatever storage the caller indexes by ``block_id``). Invariants:
+
+* ``ref_cnt`` counts the running requests that use a block. A block with ``ref_cnt == 0`` sits in the
+  free queue. If it still has a hash it is *evictable*: a later request can hit it and take it back.
+* The free queue is ordered by eviction priority: new blocks are taken from its front (least recently
+  freed first), freed blocks are appended at its back. Taking a block that still has a hash evicts it
+  (its hash leaves ``cached_block_hash_to_block``).
+* Callers free a finished request's blocks in *reverse* order, so its tail is appended first and is
+  evicted first; its first blocks (the prefix most likely shared) survive longest.
+
+Only the code that owns a pool mutates it; nothing here locks (hold your own lock around a pool).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+BlockHash = str  # hex sha256
+
+# The parent hash of a request's first block (vLLM seeds it per process; ours is fixed so keys are
+# reproducible across restarts and in tests).
+NONE_HASH: BlockHash = hashlib.sha256(b"kvscope:none-hash").hexdigest()
+
+
+def hash_block_tokens(
+    parent_hash: BlockHash | None, token_ids: Sequence[int], extra_keys: tuple | None = None
+) -> BlockHash:
+    """Key of one full block: sha256 over (parent hash, the block's token ids, extra keys)."""
+    parent = NONE_HASH if parent_hash is None else parent_hash
+    payload = repr((parent, tuple(int(t) for t in token_ids), extra_keys))
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def block_extra_keys(model_id: str, cache_salt: str | None) -> tuple:
+    """Extra keys of a request's first block: which model made the K/V, and the optional per-user salt.
+
+    K/V of one model are meaningless for another, and a salt keeps one tenant's cached prompt from
+    being found (and timed) by another tenant who guesses it.
+    """
+    return (("model", model_id), ("salt", cache_salt or None))
+
+
+def hash_request_tokens(
+    token_ids: Sequence[int], block_size: int, extra_keys: tuple | None = None
+) -> list[BlockHash]:
+    """Chained hashes of every *full* block of ``token_ids`` (the partial tail is not hashed)."""
+    if block_size < 1:
+        raise ValueError("block_size must be at least 1")
+    hashes: list[BlockHash] = []
+    parent: BlockHash | None = None
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash_block_tokens(parent, token_ids[start : start + block_size], extra_keys if start == 0 else None)
+        hashes.append(parent)
+    return hashes
+
+
+@dataclass(eq=False)
+class KVCacheBlock:
+    """One physical block: its id is its slot in the K/V storage."""
+
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: BlockHash | None = None  # set once the block is full and its K/V written
+
+    def __repr__(self) -> str:
+        h = self.block_hash[:8] if self.block_hash else None
+        return f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, block_hash={h})"
+
+
+class FreeKVCacheBlockQueue:
+    """The blocks no running request holds, in eviction order (front = evicted next).
+
+    vLLM uses a hand-made doubly linked list so that a block hit by a new request can leave the
+    middle of the queue in O(1). An ``OrderedDict`` keyed by ``block_id`` gives the same three O(1)
+    operations (pop front, append back, remove anywhere) with less code.
+    """
+
+    def __init__(self, blocks: Iterable[KVCacheBlock] = ()) -> None:
+        self._q: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in blocks)
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __contains__(self, block: KVCacheBlock) -> bool:
+        return block.block_id in self._q
+
+    def popleft(self) -> KVCacheBlock:
+        return self._q.popitem(last=False)[1]
+
+    def append(self, block: KVCacheBlock) -> None:
+        self._q[block.block_id] = block
+
+    def remove(self, block: KVCacheBlock) -> None:
+        del self._q[block.block_id]
+
+    def blocks(self) -> list[KVCacheBlock]:
+        """Front (next to evict) to back."""
+        return list(self._q.values())
+
+
+class NoFreeBlocks(RuntimeError):
+    """The pool cannot hand out that many blocks: every block is held by a running request."""
+
+
+class BlockPool:
+    """Owns the blocks, the free queue and the map ``block_hash -> block`` of reusable blocks."""
+
+    def __init__(self, num_blocks: int, *, enable_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError("a pool needs at least one block")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
+        self.num_evictions = 0
+
+    # --- lookup ----------------------------------------------------------------------------------
+    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
+        return self.cached_block_hash_to_block.get(block_hash) if self.enable_caching else None
+
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[BlockHash], max_blocks: int | None = None
+    ) -> list[KVCacheBlock]:
+        """The cached blocks of the longest run of leading hashes; stops at the first miss."""
+        hits: list[KVCacheBlock] = []
+        for h in block_hashes[: len(block_hashes) if max_blocks is None else max_blocks]:
+            block = self.get_cached_block(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    # --- reference counting ----------------------------------------------------------------------
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """A request starts using cached blocks: an evictable block leaves the free queue."""
+        for block in blocks:
+            if block.ref_cnt == 0 and block in self.free_block_queue:
+                self.free_block_queue.remove(block)
+            block.ref_cnt += 1
+
+    def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
+        """Take ``n`` blocks from the front of the free queue, evicting any cached content they hold."""
+        if n > len(self.free_block_queue):
+            raise NoFreeBlocks(f"{n} blocks needed, {len(self.free_block_queue)} free or evictable")
+        out = []
+        for _ in range(n):
+            block = self.free_block_queue.popleft()
+            self._evict(block)
+            block.ref_cnt = 1
+            out.append(block)
+        return out
+
+    def cache_full_block(self, block: KVCacheBlock, block_hash: BlockHash) -> bool:
+        """Register a full block whose K/V are written. If another block already holds this hash
+        (two requests computed the same prefix at once) the first one stays the cached copy."""
+        if not self.enable_caching or block_hash in self.cached_block_hash_to_block:
+            return False
+        block.block_hash = block_hash
+        self.cached_block_hash_to_block[block_hash] = block
+        return True
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference from each block, in the order given (pass a request's blocks reversed,
+        so its tail reaches the free queue first and is evicted first)."""
+        for block in ordered_blocks:
+            if block.ref_cnt <= 0:
+                raise ValueError(f"block {block.block_id} freed more often than taken")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_block_queue.append(block)
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        if block.block_hash is not None:
+            if self.cached_block_hash_to_block.get(block.block_hash) is block:
+                del self.cached_block_hash_to_block[block.block_hash]
+            block.block_hash = None
+            self.num_evictions += 1
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; only possible when no request holds a block."""
+        if any(b.ref_cnt for b in self.blocks):
+            return False
+        for block in self.blocks:
+            block.block_hash = None
+        self.cached_block_hash_to_block.clear()
+        return True
+
+    # --- counts ----------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks a new request could take: never used, or evictable."""
+        return len(self.free_block_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_block_queue)
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        return sum(1 for b in self.free_block_queue.blocks() if b.block_hash is not None)
+
+    def eviction_order(self) -> list[KVCacheBlock]:
+        """Evictable blocks, the next one to be evicted first."""
+        return [b for b in self.free_block_queue.blocks() if b.block_hash is not None]
