@@ -1,0 +1,211 @@
+"""A paged KV cache: a block pool of fixed-size physical blocks, a free block queue, block tables.
+
+The nouns are vLLM's (``vllm/v1/core/block_pool.py``, ``kv_cache_manager.py``) so a reader can go on to
+read vLLM next. One ``PagedKVCache`` owns, for every layer, a K tensor and a V tensor cut into
+``num_blocks`` physical blocks of ``block_size`` token slots each::
+
+    key_cache[layer]  (num_blocks, H_kv, block_size, Dh)      value_cache[layer] likewise
+
+    sequence 0: block table [5, 2, 7]       tokens 0..3 -> block 5, 4..7 -> block 2, 8..9 -> block 7
+                                            (block 7 holds 2 of 4 slots: 2 slots of tail waste)
+    sequence 1 (forked from 0): [5, 2, 7]   every block ref_cnt 2 until one of them writes
+
+Invariants (checked by tests/cache/test_paged_stress.py after every operation):
+  * a block's ``ref_cnt`` equals the number of block-table entries that point at it;
+  * a block is in the free block queue exactly when its ``ref_cnt`` is 0;
+  * a token's K/V is only ever written into a block whose ``ref_cnt`` is 1 (copy-on-write first):
+    no physical block is written by two sequences;
+  * every operation that needs blocks checks the free count first and raises ``PoolExhausted`` before
+    touching anything, so a failed call leaves the pool exactly as it was.
+
+Who mutates what: only the methods below change ``blocks``, ``free_block_queue`` and ``block_tables``;
+the decoder (``app/cache/paged_decode.py``) writes K/V through ``write_kv`` and reads through ``gather_kv``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+
+class PoolExhausted(RuntimeError):
+    """The pool has fewer free blocks than an operation needs. Nothing was changed."""
+
+    def __init__(self, seq_id: int, needed: int, free: int) -> None:
+        super().__init__(f"sequence {seq_id} needs {needed} free block(s); the pool has {free}")
+        self.seq_id = seq_id
+        self.needed = needed
+        self.free = free
+
+
+@dataclass
+class PagedBlock:
+    """One physical block: ``block_size`` token slots in every layer's K and V tensors."""
+
+    block_id: int
+    ref_cnt: int = 0
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    """ceil(num_tokens / block_size): blocks a sequence of that length occupies."""
+    return -(-num_tokens // block_size)
+
+
+class PagedKVCache:
+    """Block pool + block tables + the K/V tensors themselves.
+
+    The free block queue is a FIFO: a freed block goes to its back and allocation takes from its front,
+    so a just-freed block is reused last (blocks of a finished sequence are freed in reverse order, tail
+    first, as vLLM does). vLLM uses a doubly linked list so that a cached prefix block can be pulled out
+    of the middle on a hit; this pool has no prefix hashing, so a deque is enough.
+    """
+
+    def __init__(
+        self, *, num_blocks: int, block_size: int, n_layer: int, n_kv_head: int, head_dim: int,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.n_layer = n_layer
+        shape = (num_blocks, n_kv_head, block_size, head_dim)
+        self.key_cache = [torch.zeros(shape, dtype=dtype) for _ in range(n_layer)]
+        self.value_cache = [torch.zeros(shape, dtype=dtype) for _ in range(n_layer)]
+        self.blocks = [PagedBlock(i) for i in range(num_blocks)]
+        self.free_block_queue: deque[int] = deque(range(num_blocks))
+        self.block_tables: dict[int, list[int]] = {}
+        self.num_tokens: dict[int, int] = {}  # tokens whose K/V are (or are being) stored, per sequence
+        self.cow_copies = 0  # copy-on-write copies made, a metric the article asks engines to expose
+
+    # --- sizes -----------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_block_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_block_queue)
+
+    @property
+    def bytes_per_block(self) -> int:
+        k = self.key_cache[0]
+        return 2 * self.n_layer * k[0].numel() * k.element_size()
+
+    def tail_waste(self, seq_id: int) -> int:
+        """Unused slots in the sequence's last block (internal fragmentation)."""
+        return len(self.block_tables[seq_id]) * self.block_size - self.num_tokens[seq_id]
+
+    # --- block pool --------------------------------------------------------------------------------
+    def _take_free_block(self) -> int:
+        block_id = self.free_block_queue.popleft()
+        assert self.blocks[block_id].ref_cnt == 0
+        self.blocks[block_id].ref_cnt = 1
+        return block_id
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        assert block.ref_cnt > 0, f"block {block_id} released twice"
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            self.free_block_queue.append(block_id)
+
+    def _check(self, seq_id: int, needed: int) -> None:
+        if needed > len(self.free_block_queue):
+            raise PoolExhausted(seq_id, needed, len(self.free_block_queue))
+
+    # --- sequence lifecycle ----------------------------------------------------------------------------
+    def allocate(self, seq_id: int, num_tokens: int) -> list[int]:
+        """Give a new sequence the blocks for ``num_tokens`` tokens (its prompt, at prefill)."""
+        if seq_id in self.block_tables:
+            raise ValueError(f"sequence {seq_id} already has a block table")
+        if num_tokens < 1:
+            raise ValueError("a sequence needs at least one token")
+        self._check(seq_id, blocks_needed(num_tokens, self.block_size))
+        table = [self._take_free_block() for _ in range(blocks_needed(num_tokens, self.block_size))]
+        self.block_tables[seq_id] = table
+        self.num_tokens[seq_id] = num_tokens
+        return list(table)
+
+    def blocks_to_append(self, seq_id: int) -> int:
+        """Free blocks the next ``append_slot`` will take: 1 if the tail is full or shared, else 0."""
+        n = self.num_tokens[seq_id]
+        if n % self.block_size == 0:
+            return 1
+        return 1 if self.blocks[self.block_tables[seq_id][-1]].ref_cnt > 1 else 0
+
+    def append_slot(self, seq_id: int) -> tuple[int, int]:
+        """Reserve the slot of the sequence's next token; returns (physical block id, offset in block).
+
+        A full tail gets a new block. A tail shared with a fork is copied first (copy-on-write): only that
+        one block, and only its written slots; the full blocks before it stay shared.
+        """
+        table = self.block_tables[seq_id]
+        n = self.num_tokens[seq_id]
+        offset = n % self.block_size
+        self._check(seq_id, self.blocks_to_append(seq_id))
+        if offset == 0:
+            table.append(self._take_free_block())
+        elif self.blocks[table[-1]].ref_cnt > 1:
+            old = table[-1]
+            new = self._take_free_block()
+            for layer in range(self.n_layer):
+                self.key_cache[layer][new, :, :offset] = self.key_cache[layer][old, :, :offset]
+                self.value_cache[layer][new, :, :offset] = self.value_cache[layer][old, :, :offset]
+            self._release(old)
+            table[-1] = new
+            self.cow_copies += 1
+        self.num_tokens[seq_id] = n + 1
+        return table[-1], offset
+
+    def fork(self, parent_id: int, child_id: int) -> list[int]:
+        """The child shares every block of the parent (ref_cnt + 1 each); nothing is copied yet."""
+        if child_id in self.block_tables:
+            raise ValueError(f"sequence {child_id} already has a block table")
+        table = list(self.block_tables[parent_id])
+        for block_id in table:
+            self.blocks[block_id].ref_cnt += 1
+        self.block_tables[child_id] = table
+        self.num_tokens[child_id] = self.num_tokens[parent_id]
+        return list(table)
+
+    def free(self, seq_id: int) -> list[int]:
+        """Finish or cancel: drop the sequence's references, tail first. Returns the blocks now free."""
+        table = self.block_tables.pop(seq_id)
+        del self.num_tokens[seq_id]
+        freed = []
+        for block_id in reversed(table):
+            self._release(block_id)
+            if self.blocks[block_id].ref_cnt == 0:
+                freed.append(block_id)
+        return freed
+
+    # --- K/V through the block table -----------------------------------------------------------------
+    def slot(self, seq_id: int, position: int) -> tuple[int, int]:
+        """Logical token position -> (physical block id, offset)."""
+        if not 0 <= position < self.num_tokens[seq_id]:
+            raise IndexError(f"position {position} outside sequence {seq_id}")
+        return self.block_tables[seq_id][position // self.block_size], position % self.block_size
+
+    def write_kv(self, seq_id: int, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store K/V of tokens ``start .. start+T-1`` (k, v: (H_kv, T, Dh)) into their slots."""
+        for t in range(k.shape[1]):
+            block_id, offset = self.slot(seq_id, start + t)
+            if self.blocks[block_id].ref_cnt != 1:
+                # Writing a shared block would change another sequence's history: refuse, never corrupt.
+                raise RuntimeError(f"block {block_id} is shared (ref_cnt {self.blocks[block_id].ref_cnt})")
+            self.key_cache[layer][block_id, :, offset] = k[:, t]
+            self.value_cache[layer][block_id, :, offset] = v[:, t]
+
+    def gather_kv(self, seq_id: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sequence's K and V in logical order: (H_kv, T, Dh) each, read block by block."""
+        table = torch.tensor(self.block_tables[seq_id])
+        n = self.num_tokens[seq_id]
+        k = self.key_cache[layer][table]  # (n_blocks, H, block_size, Dh)
+        v = self.value_cache[layer][table]
+        nb, h, bs, d = k.shape
+        k = k.transpose(0, 1).reshape(h, nb * bs, d)[:, :n]  # (H, T, Dh)
+        v = v.transpose(0, 1).reshape(h, nb * bs, d)[:, :n]
+        return k, v

@@ -1,0 +1,344 @@
+"""Decoding a GPT-2-family model through a KV store of our own: paged, quantized, windowed or plain.
+
+``forward_through`` runs the model's own modules (wte, wpe, ln_1, c_attn, c_proj, ln_2, mlp, ln_f, lm_head)
+and does the attention itself, so the K/V it reads come from the store and nowhere else::
+
+    h = wte[ids] + wpe[pos]                                  # (1, T, D)
+    per layer:  q, k, v = split(c_attn(ln_1(h)))             # (1, H, T, Dh) each
+                K, V, kpos = store.attend_kv(layer, k, v)    # store writes k, v, returns all visible keys
+                w = softmax(q Kᵀ / √Dh, masked: kpos <= pos, and pos - kpos < W for a window)   # (H, T, Tk)
+                h = h + c_proj(merge(w V));  h = h + mlp(ln_2(h))
+    logits = lm_head(ln_f(h))                                # (T, V)
+
+A KV store has ``length`` (tokens stored), ``window`` (None or W), ``begin(T)`` (reserve room for T new
+tokens; raises before changing anything if it cannot), ``attend_kv(layer, k, v)`` and ``end(T)``.
+
+``PagedEngine`` is the small scheduler the /paged page drives: several sequences decoding greedily through
+one ``PagedKVCache``, forked, finished, cancelled, preempted and recomputed, one step at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+
+from app.cache.paged import PagedKVCache, PoolExhausted, blocks_needed
+from app.errors import BadInput, Expired
+from app.model.loading import LoadedModel
+
+
+class FloatKVStore:
+    """A plain contiguous float32 cache: one growing (H, T, Dh) tensor per layer."""
+
+    window: int | None = None
+
+    def __init__(self, n_layer: int) -> None:
+        self.k: list[torch.Tensor | None] = [None] * n_layer
+        self.v: list[torch.Tensor | None] = [None] * n_layer
+        self.length = 0
+
+    def begin(self, n_new: int) -> None:
+        pass
+
+    def attend_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        old_k, old_v = self.k[layer], self.v[layer]
+        self.k[layer] = k if old_k is None else torch.cat((old_k, k), dim=1)
+        self.v[layer] = v if old_v is None else torch.cat((old_v, v), dim=1)
+        return self.k[layer], self.v[layer], torch.arange(self.k[layer].shape[1])
+
+    def end(self, n_new: int) -> None:
+        self.length += n_new
+
+
+class PagedSeqStore:
+    """One sequence's view of a ``PagedKVCache``: new K/V go into its tail block, reads go through its block table."""
+
+    window: int | None = None
+
+    def __init__(self, cache: PagedKVCache, seq_id: int) -> None:
+        self.cache = cache
+        self.seq_id = seq_id
+        self._start = 0
+
+    @property
+    def length(self) -> int:
+        return self.cache.num_tokens.get(self.seq_id, 0)
+
+    def begin(self, n_new: int) -> None:
+        self._start = self.length
+        if self.seq_id not in self.cache.block_tables:
+            self.cache.allocate(self.seq_id, n_new)  # prefill: all the prompt's blocks at once
+        elif n_new == 1:
+            self.cache.append_slot(self.seq_id)  # decode: one slot, maybe a new block or a copy-on-write
+        else:
+            raise ValueError("a sequence already in the pool grows one token per step")
+
+    def attend_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        self.cache.write_kv(self.seq_id, layer, self._start, k, v)
+        keys, values = self.cache.gather_kv(self.seq_id, layer)
+        return keys, values, torch.arange(keys.shape[1])
+
+    def end(self, n_new: int) -> None:
+        pass
+
+
+def _attn_scale(lm: LoadedModel, layer: int) -> float:
+    config = lm.model.config
+    scale = lm.adapter.head_dim**-0.5 if config.scale_attn_weights else 1.0
+    return scale / (layer + 1) if config.scale_attn_by_inverse_layer_idx else scale
+
+
+@torch.no_grad()
+def forward_through(lm: LoadedModel, store, ids: list[int]) -> torch.Tensor:
+    """Run ``ids`` (the next T tokens) through the model reading and writing K/V via ``store``: logits (T, V)."""
+    a = lm.adapter
+    if a.family != "gpt2":
+        raise ValueError("forward_through implements the GPT-2 block")
+    tr = lm.model.transformer
+    T, start = len(ids), store.length
+    if start + T > a.max_positions:
+        raise BadInput(f"{lm.name} has {a.max_positions} positions; this sequence would need {start + T}.")
+    store.begin(T)
+    pos = torch.arange(start, start + T)  # (T,)
+    h = tr.wte(torch.tensor([ids])) + tr.wpe(pos)[None]  # (1, T, D)
+    for i, block in enumerate(tr.h):
+        q, k, v = a.split_qkv(block.attn.c_attn(block.ln_1(h)))  # (1, H, T, Dh) each
+        keys, values, kpos = store.attend_kv(i, k[0], v[0])  # (H, Tk, Dh), (H, Tk, Dh), (Tk,)
+        scores = q[0] @ keys.transpose(-1, -2) * _attn_scale(lm, i)  # (H, T, Tk)
+        allowed = kpos[None, :] <= pos[:, None]  # (T, Tk) causal
+        if store.window:
+            allowed &= (pos[:, None] - kpos[None, :]) < store.window
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=-1)  # (H, T, Tk)
+        merged = (weights @ values).transpose(0, 1).reshape(1, T, a.d_model)  # (1, T, D)
+        h = h + block.attn.c_proj(merged)
+        h = h + block.mlp(block.ln_2(h))
+    logits = lm.model.lm_head(tr.ln_f(h))[0]  # (T, V)
+    store.end(T)
+    return logits
+
+
+# --- the scheduler the page drives ---------------------------------------------------------------------
+
+RUNNING, WAITING, FINISHED, CANCELLED = "running", "waiting", "finished", "cancelled"
+
+
+@dataclass
+class Sequence:
+    seq_id: int
+    prompt_len: int
+    tokens: list[int]  # ids whose K/V are in the pool (once running)
+    pending: int | None  # the next token, chosen from the last logits, fed at the next step
+    max_new: int
+    status: str = WAITING
+    parent: int | None = None
+    alternatives: list[int] = field(default_factory=list)  # runner-up tokens of the last step, for forks
+    preemptions: int = 0
+    recomputed_tokens: int = 0
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - self.prompt_len + (self.pending is not None)
+
+
+class PagedEngine:
+    """Sequences decoding greedily, together, through one block pool.
+
+    Each ``step`` first admits waiting sequences in arrival order (a preempted one re-enters by recomputing
+    its whole history: the 'recompute' choice), then advances every running sequence by one token. A
+    sequence whose next token needs a block the pool does not have stays put and is reported in
+    ``stall``; the user then chooses to wait (others go on, blocks may free up) or to preempt a sequence.
+    """
+
+    def __init__(
+        self, lm: LoadedModel, *, num_blocks: int, block_size: int, max_sequences: int = 8, log_size: int = 40,
+        lock: threading.RLock | None = None,
+    ) -> None:
+        a = lm.adapter
+        self.lm = lm
+        self.cache = PagedKVCache(num_blocks=num_blocks, block_size=block_size, n_layer=a.n_layer,
+                                  n_kv_head=a.n_kv_head, head_dim=a.head_dim, dtype=a.dtype)
+        self.sequences: OrderedDict[int, Sequence] = OrderedDict()
+        self.waiting: deque[int] = deque()
+        self.max_sequences = max_sequences
+        self.events: deque[str] = deque(maxlen=log_size)
+        self.stall: dict | None = None
+        self.step_count = 0
+        self._next_id = 0
+        self._lock = lock or nullcontext()
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    def _live(self) -> int:
+        return sum(s.status in (RUNNING, WAITING) for s in self.sequences.values())
+
+    def _make_room(self) -> None:
+        """Forget the oldest finished/cancelled sequences so the table stays bounded."""
+        done = [i for i, s in self.sequences.items() if s.status in (FINISHED, CANCELLED)]
+        while len(self.sequences) >= 2 * self.max_sequences and done:
+            del self.sequences[done.pop(0)]
+
+    def _new_id(self) -> int:
+        if self._live() >= self.max_sequences:
+            raise BadInput(f"At most {self.max_sequences} sequences may be running or waiting at once.")
+        self._make_room()
+        self._next_id += 1
+        return self._next_id - 1
+
+    def add(self, prompt_ids: list[int], max_new: int) -> Sequence:
+        need = blocks_needed(len(prompt_ids), self.cache.block_size)
+        if need > self.cache.num_blocks:
+            raise BadInput(f"This prompt needs {need} blocks; the whole pool has {self.cache.num_blocks}.")
+        seq = Sequence(self._new_id(), len(prompt_ids), list(prompt_ids), None, max_new)
+        self.sequences[seq.seq_id] = seq
+        self.waiting.append(seq.seq_id)
+        self.events.append(f"seq {seq.seq_id} arrives ({len(prompt_ids)} prompt tokens)")
+        self.stall = None
+        self._admit()
+        return seq
+
+    def _admit(self) -> list[int]:
+        """Admit waiting sequences first come, first served, while their blocks fit. Returns those admitted."""
+        admitted: list[int] = []
+        while self.waiting:
+            seq = self.sequences[self.waiting[0]]
+            try:
+                with self._lock:
+                    logits = forward_through(self.lm, PagedSeqStore(self.cache, seq.seq_id), seq.tokens)
+            except PoolExhausted as exc:
+                self.stall = {"kind": "admit", "seq_id": seq.seq_id, "needed": exc.needed, "free": exc.free}
+                self.events.append(f"seq {seq.seq_id} waits: needs {exc.needed} blocks, {exc.free} free")
+                return admitted
+            self.waiting.popleft()
+            admitted.append(seq.seq_id)
+            table = self.cache.block_tables[seq.seq_id]
+            if seq.pending is None:  # a new sequence: prefill picks its first token
+                self._pick(seq, logits[-1])
+                self.events.append(f"seq {seq.seq_id} prefilled into blocks {table}")
+            else:  # a preempted one: its history recomputed, its next token kept
+                seq.recomputed_tokens += len(seq.tokens)
+                self.events.append(f"seq {seq.seq_id} recomputed {len(seq.tokens)} tokens into blocks {table}")
+            seq.status = RUNNING
+            self._finish_if_done(seq)
+        return admitted
+
+    def _pick(self, seq: Sequence, logits: torch.Tensor) -> None:
+        top = torch.topk(logits, 4).indices.tolist()
+        seq.pending, seq.alternatives = top[0], top[1:]
+
+    def _finish_if_done(self, seq: Sequence) -> None:
+        eos = self.lm.tokenizer.eos_token_id
+        if seq.generated >= seq.max_new or (eos is not None and seq.pending == eos):
+            self._release(seq, FINISHED)
+
+    def _release(self, seq: Sequence, status: str) -> None:
+        if seq.seq_id in self.cache.block_tables:
+            freed = self.cache.free(seq.seq_id)
+            self.events.append(f"seq {seq.seq_id} {status}: blocks {freed} back to the free queue")
+        else:
+            self.events.append(f"seq {seq.seq_id} {status}")
+        if seq.seq_id in self.waiting:
+            self.waiting.remove(seq.seq_id)
+        seq.status = status
+
+    def step(self) -> None:
+        """Admit what fits, then one greedy token for every running sequence that can get its slot."""
+        self.stall = None
+        self.step_count += 1
+        admitted = self._admit()  # their prefill is this step's work for them
+        blocked = []
+        for seq in [s for s in self.sequences.values() if s.status == RUNNING and s.seq_id not in admitted]:
+            try:
+                with self._lock:
+                    logits = forward_through(self.lm, PagedSeqStore(self.cache, seq.seq_id), [seq.pending])
+            except PoolExhausted:
+                blocked.append(seq.seq_id)
+                continue
+            seq.tokens.append(seq.pending)
+            self._pick(seq, logits[-1])
+            self._finish_if_done(seq)
+        if blocked:
+            self.stall = {"kind": "grow", "seq_id": blocked[0], "blocked": blocked, "needed": 1,
+                          "free": self.cache.num_free_blocks}
+            self.events.append(f"pool exhausted: seq {', '.join(map(str, blocked))} cannot get a new block")
+
+    # --- the user's actions --------------------------------------------------------------------------
+    def get(self, seq_id: int) -> Sequence:
+        if seq_id not in self.sequences:
+            raise BadInput(f"There is no sequence {seq_id}.")
+        return self.sequences[seq_id]
+
+    def fork(self, seq_id: int) -> Sequence:
+        """Parallel sampling in miniature: the child shares every block and continues with a runner-up token."""
+        parent = self.get(seq_id)
+        if parent.status != RUNNING:
+            raise BadInput(f"Sequence {seq_id} is {parent.status}; only a running sequence can fork.")
+        if not parent.alternatives:
+            raise BadInput(f"Sequence {seq_id} has no runner-up token left to branch on: step once first.")
+        child = Sequence(self._new_id(), parent.prompt_len, list(parent.tokens), parent.alternatives.pop(0),
+                         parent.max_new, status=RUNNING, parent=seq_id)
+        self.cache.fork(seq_id, child.seq_id)
+        self.sequences[child.seq_id] = child
+        self.events.append(f"seq {child.seq_id} forks from seq {seq_id}, sharing blocks {self.cache.block_tables[seq_id]}")
+        return child
+
+    def finish(self, seq_id: int) -> None:
+        seq = self.get(seq_id)
+        if seq.status not in (RUNNING, WAITING):
+            raise BadInput(f"Sequence {seq_id} is already {seq.status}.")
+        self._release(seq, FINISHED)
+        self.stall = None
+
+    def cancel(self, seq_id: int) -> None:
+        seq = self.get(seq_id)
+        if seq.status not in (RUNNING, WAITING):
+            raise BadInput(f"Sequence {seq_id} is already {seq.status}.")
+        self._release(seq, CANCELLED)
+        self.stall = None
+
+    def preempt(self, seq_id: int) -> None:
+        """Free a running sequence's blocks and queue it first in line; it is recomputed when it fits again."""
+        seq = self.get(seq_id)
+        if seq.status != RUNNING:
+            raise BadInput(f"Sequence {seq_id} is {seq.status}; only a running sequence can be preempted.")
+        freed = self.cache.free(seq_id)
+        seq.status, seq.preemptions = WAITING, seq.preemptions + 1
+        self.waiting.appendleft(seq_id)
+        self.events.append(f"seq {seq_id} preempted: blocks {freed} freed, {len(seq.tokens)} tokens to recompute")
+        self.stall = None
+
+    def wait(self) -> None:
+        """The 'wait' choice: leave everything as it is; the next step tries again."""
+        self.events.append("wait: nothing preempted, the blocked sequence retries next step")
+        self.stall = None
+
+
+# --- bounded server-side sessions -------------------------------------------------------------------
+
+class PagedSessions:
+    """Engines by session id, least recently used evicted first (kept in ``state.extras['paged']``)."""
+
+    def __init__(self, max_sessions: int = 4) -> None:
+        self.max_sessions = max_sessions
+        self.engines: OrderedDict[str, PagedEngine] = OrderedDict()
+        self._counter = 0
+        self._guard = threading.Lock()
+
+    def create(self, engine: PagedEngine) -> str:
+        with self._guard:
+            self._counter += 1
+            sid = f"p{self._counter}"
+            self.engines[sid] = engine
+            while len(self.engines) > self.max_sessions:
+                self.engines.popitem(last=False)
+            return sid
+
+    def get(self, sid: str) -> PagedEngine:
+        with self._guard:
+            if sid not in self.engines:
+                raise Expired("This block pool has expired on the server: press Reset to start a new one.")
+            self.engines.move_to_end(sid)
+            return self.engines[sid]
