@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from app.errors import BadInput
 from app.model.loading import LoadedModel
 from app.model.trace import Trace
+from app.viz.attention import KINDS, arithmetic, check_indexes, embedding_rows
 from app.viz.models import model_card
 from app.viz.shapes import shape_groups
 from app.viz.tokens import token_strip, visible
@@ -21,7 +23,26 @@ def top_k(lm: LoadedModel, probs: torch.Tensor, k: int = 10) -> list[dict]:
     return out
 
 
-def inspect_view(lm: LoadedModel, key: str, trace: Trace) -> dict:
+def query_view(trace: Trace, *, layer: int, head: int, q: int, limit: int | None = 48) -> dict:
+    """Embeddings and the Q·K·V arithmetic for one query token."""
+    check_indexes(trace, layer=layer, head=head, pos=q)
+    return {
+        "layer": layer,
+        "head": head,
+        "q": q,
+        "embedding": embedding_rows(trace, q),
+        "math": arithmetic(trace, layer, head, q, limit=limit or trace.n_tokens),
+    }
+
+
+def inspect_view(
+    lm: LoadedModel, key: str, trace: Trace, *, layer: int = 0, head: int = 0, q: int | None = None,
+    kind: str = "weights",
+) -> dict:
+    if kind not in KINDS:
+        raise BadInput(f"Unknown view {kind!r}: choose one of {', '.join(KINDS)}.")
+    q = trace.n_tokens - 1 if q is None else q
+    sel = query_view(trace, layer=layer, head=head, q=q)
     return {
         "key": key,
         "model": model_card(lm),
@@ -29,4 +50,6 @@ def inspect_view(lm: LoadedModel, key: str, trace: Trace) -> dict:
         "tokens": token_strip(trace.token_ids, trace.token_texts),
         "shape_trace": shape_groups(trace.steps),
         "top_k": top_k(lm, trace["probs"][0]),
+        "sel": {"layer": layer, "head": head, "q": q, "kind": kind},
+        "query": sel,
     }

@@ -1,10 +1,10 @@
-"""HTML pages. Each route parses its query, calls one function, renders one template."""
+"""The inspect page. Each route parses its query, calls one function, renders one template."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 
-from app.viz.inspect import inspect_view
+from app.viz.inspect import inspect_view, query_view
 from app.viz.models import model_card
 from app.web.deps import StateDep, is_htmx
 from app.web.render import render
@@ -13,11 +13,30 @@ router = APIRouter(include_in_schema=False)
 
 
 @router.get("/")
-def read_inspect(request: Request, state: StateDep, prompt: str | None = None, model: str | None = None):
+def read_inspect(
+    request: Request,
+    state: StateDep,
+    prompt: str | None = None,
+    model: str | None = None,
+    layer: int = 0,
+    head: int = 0,
+    q: int | None = None,
+    kind: str = "weights",
+):
+    lm = state.model(model)
     view = None
     if prompt is not None:
         lm, key, trace = state.trace_prompt(model, prompt)
-        view = inspect_view(lm, key, trace)
-    lm = state.model(model)
+        view = inspect_view(lm, key, trace, layer=layer, head=head, q=q, kind=kind)
     template = "partials/_inspect.html" if is_htmx(request) and view else "inspect.html"
     return render(request, template, view=view, prompt=prompt or "", card=model_card(lm), page="inspect")
+
+
+@router.get("/inspect/{key}/query")
+def read_query_panels(
+    request: Request, state: StateDep, key: str, layer: int = 0, head: int = 0, q: int = Query(0), all_rows: bool = False
+):
+    """The embedding and arithmetic panels for one (layer, head, query token): an htmx fragment."""
+    lm, trace = state.trace_by_key(key)
+    qv = query_view(trace, layer=layer, head=head, q=q, limit=None if all_rows else 48)
+    return render(request, "partials/_query_panels.html", qv=qv, key=key, card=model_card(lm))

@@ -1,0 +1,162 @@
+"""Attention view data: heatmaps, the all-heads grid, and the Q·K·V arithmetic of one query.
+
+Big matrices travel as base64 float32 (little-endian), lower triangle only where the upper one is
+fixed by the causal mask (weights 0, masked scores -inf): at T=512 one head is 0.5 MB instead of
+the ~6 MB a JSON list of decimals would take.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+
+import torch
+import torch.nn.functional as F
+
+from app.errors import BadInput
+from app.model.trace import Trace
+from app.viz.tokens import visible
+
+KINDS = ("weights", "masked", "scores")
+
+
+def b64_f32(t: torch.Tensor) -> str:
+    return base64.b64encode(t.detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes()).decode()
+
+
+def b64_u8(t: torch.Tensor) -> str:
+    return base64.b64encode(t.to(torch.uint8).contiguous().numpy().tobytes()).decode()
+
+
+def check_indexes(trace: Trace, *, layer: int | None = None, head: int | None = None, pos: int | None = None) -> None:
+    a = trace.adapter
+    if layer is not None and not 0 <= layer < a.n_layer:
+        raise BadInput(f"Layer {layer} does not exist: this model has layers 0 to {a.n_layer - 1}.")
+    if head is not None and not 0 <= head < a.n_head:
+        raise BadInput(f"Head {head} does not exist: each layer has heads 0 to {a.n_head - 1}.")
+    if pos is not None and not 0 <= pos < trace.n_tokens:
+        raise BadInput(f"Token position {pos} does not exist: the prompt has positions 0 to {trace.n_tokens - 1}.")
+
+
+def lower_triangle(m: torch.Tensor, past: int = 0) -> torch.Tensor:
+    """Row i keeps columns 0..past+i, rows concatenated: the part the causal mask lets through."""
+    T, Tk = m.shape
+    keep = torch.arange(Tk).unsqueeze(0) <= (torch.arange(T).unsqueeze(1) + past)
+    return m[keep]
+
+
+def head_matrix(trace: Trace, layer: int, head: int, kind: str = "weights") -> dict:
+    """One head's (T, Tk) matrix: softmax weights (captured), masked or raw scores (from Q and K)."""
+    if kind not in KINDS:
+        raise BadInput(f"Unknown view {kind!r}: choose one of {', '.join(KINDS)}.")
+    check_indexes(trace, layer=layer, head=head)
+    if kind == "weights":
+        m = trace.weights(layer)[0, head]
+    elif kind == "masked":
+        m = trace.masked_scores(layer, head)[0, 0]
+    else:
+        m = trace.scores(layer, head)[0, 0]
+    packed = kind != "scores"
+    data = lower_triangle(m, trace.past_length) if packed else m.reshape(-1)
+    finite = data[torch.isfinite(data)]
+    return {
+        "layer": layer,
+        "head": head,
+        "kind": kind,
+        "rows": m.shape[0],
+        "cols": m.shape[1],
+        "past": trace.past_length,
+        "packing": "lower" if packed else "full",
+        "min": float(finite.min()) if finite.numel() else 0.0,
+        "max": float(finite.max()) if finite.numel() else 0.0,
+        "data": b64_f32(data),
+    }
+
+
+def grid_thumbnails(trace: Trace, size: int = 48, gamma: float = 0.5) -> dict:
+    """Every layer × head as a small image: max-pooled to at most size×size, colour = weight**gamma.
+
+    Max pooling keeps a strong single cell visible when a long prompt is shrunk.
+    """
+    a = trace.adapter
+    T = trace.n_tokens
+    side = min(size, T)
+    heads = []
+    for layer in range(a.n_layer):
+        w = trace.weights(layer)[0]  # (H, T, T)
+        pooled = F.adaptive_max_pool2d(w.unsqueeze(0), side)[0] if side < T else w  # (H, side, side)
+        heads.append((pooled.clamp(0, 1) ** gamma * 255).round())
+    stack = torch.stack(heads)  # (L, H, side, side)
+    return {"n_layer": a.n_layer, "n_head": a.n_head, "side": side, "tokens": T, "gamma": gamma, "data": b64_u8(stack)}
+
+
+def arithmetic(trace: Trace, layer: int, head: int, pos: int, *, limit: int = 48) -> dict:
+    """Q·K·V for one query, recomputed step by step from the captured Q, K, V and compared with the model.
+
+    Rows are the visible keys (0..pos). When there are more than ``limit``, the ``limit`` with the
+    largest weights are listed (all are used in the sums).
+    """
+    check_indexes(trace, layer=layer, head=head, pos=pos)
+    d = trace.adapter.head_dim
+    q = trace.q(layer)[0, head, pos]  # (Dh,)
+    k = trace.keys(layer)[0, head, : trace.past_length + pos + 1]  # (pos+1, Dh)
+    v = trace.values(layer)[0, head, : trace.past_length + pos + 1]  # (pos+1, Dh)
+    dots = k @ q  # (pos+1,)
+    scaled = dots / math.sqrt(d)
+    weights = torch.softmax(scaled, dim=0)
+    out = weights @ v  # (Dh,)
+    captured_w = trace.weights(layer)[0, head, pos, : trace.past_length + pos + 1]
+    captured_out = trace[f"blocks.{layer}.attn.head_out"][0, head, pos]
+    order = torch.argsort(weights, descending=True)[:limit].sort().values if weights.numel() > limit else None
+    idx = order.tolist() if order is not None else list(range(weights.numel()))
+    texts = trace.token_texts
+    rows = [
+        {
+            "pos": j,
+            "token": visible(texts[j - trace.past_length]) if j >= trace.past_length else "",
+            "k_head": [round(x, 4) for x in k[j, :6].tolist()],
+            "dot": float(dots[j]),
+            "scaled": float(scaled[j]),
+            "weight": float(weights[j]),
+            "captured_weight": float(captured_w[j]),
+        }
+        for j in idx
+    ]
+    return {
+        "layer": layer,
+        "head": head,
+        "pos": pos,
+        "token": visible(texts[pos]),
+        "head_dim": d,
+        "sqrt_d": math.sqrt(d),
+        "q": [round(x, 4) for x in q.tolist()],
+        "rows": rows,
+        "shown": len(rows),
+        "visible": int(weights.numel()),
+        "weight_sum": float(weights.sum()),
+        "out": [round(x, 4) for x in out.tolist()],
+        "captured_out": [round(x, 4) for x in captured_out.tolist()],
+        "max_abs_diff_weights": float((weights - captured_w).abs().max()),
+        "max_abs_diff_out": float((out - captured_out).abs().max()),
+    }
+
+
+def embedding_rows(trace: Trace, pos: int, *, first: int | None = 8) -> dict:
+    """The wte row, wpe row and h0 = wte + wpe of the token at ``pos`` (the first numbers, or all)."""
+    check_indexes(trace, pos=pos)
+    wte = trace["embed.wte"][0, pos]
+    wpe = trace["embed.wpe"][0, pos]
+    h0 = trace["embed.h0"][0, pos]
+    n = wte.numel() if first is None else first
+    return {
+        "pos": pos,
+        "id": trace.token_ids[pos],
+        "token": visible(trace.token_texts[pos]),
+        "width": wte.numel(),
+        "shown": n,
+        "wte": [round(x, 4) for x in wte[:n].tolist()],
+        "wpe": [round(x, 4) for x in wpe[:n].tolist()],
+        "h0": [round(x, 4) for x in h0[:n].tolist()],
+        "wte_shape": tuple(trace.adapter.wte.shape),
+        "wpe_shape": tuple(trace.adapter.wpe.shape),
+    }

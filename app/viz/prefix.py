@@ -1,0 +1,196 @@
+"""View data for the prefix-cache lab: presets, aligned tokens, block rows, the pool strip, stats.
+
+Pure functions: request records and pool state in, plain dicts out. Nothing here runs the model or
+changes the pool.
+
+The presets use only lowercase letters, spaces, full stops and newlines and stay under 128
+characters, so they fit the built-in character-level model (128 positions, a ~25-character
+vocabulary without digits or capitals) as well as GPT-2's tokenizer.
+"""
+
+from __future__ import annotations
+
+from app.cache.blocks import BlockPool
+from app.cache.prefix import PrefixLab, PrefixRequest
+from app.viz.tokens import visible
+
+_SYSTEM = "you are a kind helper. answer in one short line and keep it plain."
+_QUESTION = "\nuser. what does a cache keep.\n"
+_TIMES = ("one", "two", "nine")
+_TURN1 = "user. what is a cache.\nai. a store of old keys.\n"
+_TURN2 = _TURN1 + "user. why keep them.\nai. to save time.\n"
+_TURN3 = _TURN2 + "user. and values.\nai. those too.\n"
+
+# name -> list of (group, prompt). Groups are compared side by side in the stats.
+PRESETS: dict[str, list[tuple[str, str]]] = {
+    "system": [
+        ("system", f"{_SYSTEM}\nuser. {q}\n")
+        for q in ("what does a cache keep.", "why are old keys kept.", "is a query cached too.")
+    ],
+    "chat": [("chat", t) for t in (_TURN1, _TURN2, _TURN3)],
+    "timestamp": [("time at start", f"time now is {t} past ten. {_SYSTEM}{_QUESTION}") for t in _TIMES]
+    + [("time at end", f"{_SYSTEM} time now is {t} past ten.{_QUESTION}") for t in _TIMES],
+}
+
+
+def preset_prompts(name: str | None) -> list[tuple[str, str]] | None:
+    return PRESETS.get(name or "")
+
+
+def short_hash(h: str | None, n: int = 6) -> str:
+    return h[:n] if h else "—"
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def best_earlier_match(req: PrefixRequest, earlier: list[PrefixRequest]) -> tuple[int, int | None]:
+    """(length, request id) of the longest common token prefix with any earlier request of the same
+    model and salt (another salt's blocks can never be shared, however alike the tokens)."""
+    best, who = 0, None
+    for other in earlier:
+        if other.salt != req.salt:
+            continue
+        n = common_prefix_len(req.token_ids, other.token_ids)
+        if n > best:
+            best, who = n, other.request_id
+    return best, who
+
+
+def alignment_rows(requests: list[PrefixRequest], texts: dict[int, list[str]]) -> list[dict]:
+    """One row per request, one cell per position, so equal positions line up in columns.
+
+    Cell kinds: ``hit`` (K/V taken from the cache), ``common`` (same token as an earlier request but
+    recomputed: it sits in the block holding the first difference, or in the partial tail),
+    ``diff`` (the first differing token: where reuse stops), ``new`` (after it).
+    """
+    rows = []
+    for i, req in enumerate(requests):
+        lcp, who = best_earlier_match(req, requests[:i])
+        hit = req.num_hit_tokens
+        cells = []
+        for pos, (tid, text) in enumerate(zip(req.token_ids, texts[req.request_id], strict=True)):
+            if pos < hit:
+                kind = "hit"
+            elif pos < lcp:
+                kind = "common"
+            elif pos == lcp and who is not None:
+                kind = "diff"
+            else:
+                kind = "new"
+            cells.append({"pos": pos, "id": tid, "shown": visible(text), "kind": kind,
+                          "block": pos // req.block_size, "block_start": pos % req.block_size == 0})
+        rows.append({"request_id": req.request_id, "group": req.group, "cells": cells, "common_prefix": lcp,
+                     "match": who, "first_diff": lcp if who is not None and lcp < req.num_tokens else None,
+                     "hit_tokens": hit})
+    return rows
+
+
+def block_rows(requests: list[PrefixRequest], pool: BlockPool, cached) -> list[dict]:
+    """Each request's blocks: hit or computed, hash and parent hash (shortened), live ref count.
+
+    ``cached(hash, block_id)`` says whether that block still holds that hash (it may have been evicted).
+    """
+    rows = []
+    for req in requests:
+        blocks = []
+        n_full = len(req.block_hashes)
+        for i, block_id in enumerate(req.block_ids):
+            lo = i * req.block_size
+            hi = min(lo + req.block_size, req.num_tokens)
+            full = i < n_full
+            h = req.block_hashes[i] if full else None
+            kind = "hit" if i < req.num_hit_blocks else ("computed" if full else "partial")
+            still = bool(full and cached(h, block_id))
+            running = req.status == "running"
+            blocks.append({
+                "index": i, "block_id": block_id, "kind": kind, "tokens": f"{lo}–{hi - 1}", "n_tokens": hi - lo,
+                "hash": short_hash(h), "parent": short_hash(req.block_hashes[i - 1]) if i and full else
+                ("root" if full else "—"),
+                "ref_cnt": pool.blocks[block_id].ref_cnt if running else None,
+                "state": ("held" if running else ("cached" if still else ("evicted" if full else "freed"))),
+                "newly_cached": bool(full and i < len(req.newly_cached) and req.newly_cached[i]),
+            })
+        rows.append({"request_id": req.request_id, "group": req.group, "status": req.status, "blocks": blocks})
+    return rows
+
+
+def pool_strip(pool: BlockPool) -> list[dict]:
+    """Every physical block: used (held by a running request), evictable (cached, ref 0, with its rank
+    in the eviction order, 1 = next to go) or empty."""
+    rank = {b.block_id: i + 1 for i, b in enumerate(pool.eviction_order())}
+    out = []
+    for b in pool.blocks:
+        if b.ref_cnt > 0:
+            st = "used"
+        elif b.block_id in rank:
+            st = "evictable"
+        else:
+            st = "empty"
+        out.append({"block_id": b.block_id, "state": st, "ref_cnt": b.ref_cnt, "lru_rank": rank.get(b.block_id),
+                    "hash": short_hash(b.block_hash)})
+    return out
+
+
+def rate(num: int, den: int) -> float:
+    return num / den if den else 0.0
+
+
+def counts_view(requests: list[PrefixRequest]) -> dict:
+    n = len(requests)
+    hit_req = sum(1 for r in requests if r.num_hit_blocks)
+    tokens = sum(r.num_tokens for r in requests)
+    hit_tokens = sum(r.num_hit_tokens for r in requests)
+    return {"requests": n, "requests_hit": hit_req, "request_hit_rate": rate(hit_req, n), "tokens": tokens,
+            "hit_tokens": hit_tokens, "token_hit_rate": rate(hit_tokens, tokens), "tokens_saved": hit_tokens,
+            "ms_reuse": sum(r.prefill_ms_reuse for r in requests), "ms_full": sum(r.prefill_ms_full for r in requests)}
+
+
+def request_row(req: PrefixRequest, token_text) -> dict:
+    return {
+        "request_id": req.request_id, "group": req.group, "status": req.status, "salt": req.salt,
+        "tokens": req.num_tokens, "hit_blocks": req.num_hit_blocks, "hit_tokens": req.num_hit_tokens,
+        "computed_tokens": req.num_computed_tokens, "hit_rate": rate(req.num_hit_tokens, req.num_tokens),
+        "ms_reuse": round(req.prefill_ms_reuse, 2), "ms_full": round(req.prefill_ms_full, 2),
+        "max_abs_diff": req.max_abs_diff, "same_next_token": req.next_token_reuse == req.next_token_full,
+        "next_token": req.next_token_reuse, "next_token_text": visible(token_text(req.next_token_reuse)),
+        "text": req.text,
+    }
+
+
+def lab_view(lab: PrefixLab) -> dict:
+    """Everything the page and the JSON API show about the lab's current state."""
+    cache = lab.cache
+    if cache is None:
+        return {"empty": True, "notes": lab.notes}
+    lm, pool = cache.lm, cache.pool
+    run = [lab.requests[i] for i in lab.last_run if i in lab.requests]
+    texts = {r.request_id: lm.token_texts(r.token_ids) for r in run}
+    groups: dict[str, list[PrefixRequest]] = {}
+    for r in run:
+        groups.setdefault(r.group, []).append(r)
+    evictable = pool.num_evictable_blocks
+    return {
+        "empty": False,
+        "notes": lab.notes,
+        "config": {"model": lm.name, "block_size": cache.block_size, "num_blocks": pool.num_blocks,
+                   "page_bytes": cache.page_bytes, "store_bytes": cache.page_bytes * pool.num_blocks,
+                   "max_positions": lm.max_positions},
+        "pool": {"used": pool.num_used_blocks, "evictable": evictable, "empty": pool.num_free_blocks - evictable,
+                 "free": pool.num_free_blocks, "evictions": pool.num_evictions, "blocks": pool_strip(pool)},
+        "run": counts_view(run),
+        "groups": [{"group": g, **counts_view(rs)} for g, rs in groups.items()],
+        "totals": {**lab.totals.__dict__, "request_hit_rate": rate(lab.totals.requests_hit, lab.totals.requests),
+                   "token_hit_rate": rate(lab.totals.hit_tokens, lab.totals.tokens),
+                   "tokens_saved": lab.totals.hit_tokens},
+        "requests": [request_row(r, lm.token_text) for r in run],
+        "alignment": alignment_rows(run, texts),
+        "block_rows": block_rows(run, pool, cache.is_cached),
+        "max_len": max((r.num_tokens for r in run), default=0),
+    }

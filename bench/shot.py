@@ -1,0 +1,39 @@
+"""Take a headless-Chromium screenshot of a KVScope page: python bench/shot.py URL OUT.png [--wait CSS]."""
+
+from __future__ import annotations
+
+import argparse
+
+from playwright.sync_api import sync_playwright
+
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("url")
+    p.add_argument("out")
+    p.add_argument("--wait", default=None, help="CSS selector to wait for")
+    p.add_argument("--width", type=int, default=1400)
+    p.add_argument("--height", type=int, default=1000)
+    p.add_argument("--full", action="store_true", help="the whole page, not just the viewport")
+    p.add_argument("--click", action="append", default=[], help="CSS selectors to click, in order")
+    args = p.parse_args()
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=ARGS)
+        page = b.new_page(viewport={"width": args.width, "height": args.height})
+        page.on("pageerror", lambda e: print("JS error:", e))
+        page.goto(args.url)
+        if args.wait:
+            page.wait_for_selector(args.wait, timeout=120_000)
+        for sel in args.click:
+            page.click(sel)
+            page.wait_for_timeout(800)
+        page.wait_for_timeout(500)
+        page.screenshot(path=args.out, full_page=args.full)
+        b.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+/* Small helpers shared by KVScope pages. */
+(function () {
+  "use strict";
+  const kv = (window.kv = window.kv || {});
+
+  kv.b64ToBytes = function (b64) {
+    const bin = atob(b64);
+    const out = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+    return out;
+  };
+  kv.b64ToF32 = function (b64) {
+    const bytes = kv.b64ToBytes(b64);
+    return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+  };
+  /* Fetch JSON; on an error status, show the server's message in #error and throw. */
+  kv.getJSON = async function (url) {
+    const r = await fetch(url);
+    let body = null;
+    try { body = await r.json(); } catch (e) { body = null; }
+    if (!r.ok) {
+      kv.showError((body && body.detail) || ("Request failed (" + r.status + ")."));
+      throw new Error("HTTP " + r.status);
+    }
+    return body;
+  };
+  kv.showError = function (message) {
+    const area = document.getElementById("error");
+    if (!area) return;
+    area.textContent = "";
+    const box = document.createElement("div");
+    box.className = "error-box";
+    const b = document.createElement("b");
+    b.textContent = "Not done: ";
+    box.appendChild(b);
+    box.appendChild(document.createTextNode(message)); // always text, never HTML
+    area.appendChild(box);
+  };
+  kv.fmt = function (x, d) {
+    if (x === null || x === undefined) return "—";
+    if (!isFinite(x)) return x > 0 ? "+∞" : "−∞";
+    return Number(x).toFixed(d === undefined ? 4 : d);
+  };
+  kv.plotFont = { size: 15, family: "system-ui, sans-serif" };
+})();

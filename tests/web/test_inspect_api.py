@@ -1,0 +1,86 @@
+"""Inspect endpoints: values match the captured trace; bad indexes and expired keys are clear 4xx."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def key(client):
+    return client.get("/api/trace", params={"prompt": "The cat sat on"}).json()["key"]
+
+
+def test_attention_endpoint_matches_the_trace(client, state, key):
+    body = client.get(f"/api/traces/{key}/attention/0/0").json()
+    data = np.frombuffer(base64.b64decode(body["data"]), dtype="<f4")
+    _, trace = state.trace_by_key(key)
+    w = trace.weights(0)[0, 0].numpy()
+    assert np.array_equal(data, w[np.tril_indices(4)])
+    assert body["rows"] == body["cols"] == 4
+
+
+def test_arithmetic_and_embedding_endpoints(client, key):
+    a = client.get(f"/api/traces/{key}/arithmetic/0/0/3").json()
+    assert [r["pos"] for r in a["rows"]] == [0, 1, 2, 3]
+    assert a["token"] == "␣on"
+    assert a["max_abs_diff_out"] < 1e-5
+    e = client.get(f"/api/traces/{key}/embedding/0").json()
+    assert len(e["wte"]) == 768 and e["id"] == 464
+
+
+def test_grid_endpoint(client, key):
+    g = client.get(f"/api/traces/{key}/grid").json()
+    assert (g["n_layer"], g["n_head"], g["side"]) == (6, 12, 4)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["attention/6/0", "attention/0/12", "attention/-1/0", "arithmetic/0/0/4", "embedding/99", "attention/0/0?kind=nope"],
+)
+def test_bad_indexes_are_422_with_a_message(client, key, path):
+    r = client.get(f"/api/traces/{key}/{path}")
+    assert r.status_code == 422
+    assert r.json()["detail"]
+
+
+def test_non_integer_index_is_422(client, key):
+    r = client.get(f"/api/traces/{key}/attention/x/0")
+    assert r.status_code == 422
+    assert "layer" in r.json()["detail"]
+
+
+def test_unknown_key_is_410(client):
+    r = client.get("/api/traces/0123456789abcdef0123/grid")
+    assert r.status_code == 410
+    assert "expired" in r.json()["detail"]
+
+
+def test_evicted_trace_is_recomputed_from_its_key(client, state, key):
+    state.traces.clear()
+    assert client.get(f"/api/traces/{key}/attention/0/0").status_code == 200
+
+
+def test_page_with_selection_in_the_url(client):
+    r = client.get("/", params={"prompt": "The cat sat on", "layer": 2, "head": 5, "q": 1})
+    assert r.status_code == 200
+    assert 'data-layer="2"' in r.text and 'data-q="1"' in r.text
+    assert "layer 2 · head 5 · query ␣cat" in r.text
+
+
+def test_page_with_bad_selection_is_422(client):
+    r = client.get("/", params={"prompt": "The cat sat on", "layer": 9})
+    assert r.status_code == 422
+
+
+def test_query_fragment(client, key):
+    r = client.get(f"/inspect/{key}/query", params={"layer": 1, "head": 2, "q": 2})
+    assert r.status_code == 200 and 'id="math-table"' in r.text
+
+
+def test_trace_store_is_bounded(client, state):
+    state.traces.max_bytes = 1  # nothing fits: traces are computed, returned, not kept
+    assert client.get("/api/trace", params={"prompt": "hello"}).status_code == 200
+    assert len(state.traces) == 0

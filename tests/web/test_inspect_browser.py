@@ -1,0 +1,61 @@
+"""Inspect in real headless Chromium: grid, head, token selection, shared URL, HTML in a prompt."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+
+def api(url: str) -> dict:
+    with urllib.request.urlopen(url) as r:
+        return json.loads(r.read())
+
+
+def test_inspect_walkthrough(page, live_server):
+    page.goto(live_server + "/")
+    page.fill("#prompt", "The cat sat on")
+    page.click("#run")
+    page.wait_for_selector("#head-grid canvas")
+    assert page.locator("#head-grid canvas").count() == 6 * 12
+    page.wait_for_function("document.body.dataset.heatmapDrawn >= '1'")
+
+    # Open layer 2, head 5 from the grid, then make ' cat' (position 1) the query token.
+    page.click("#head-grid canvas[data-layer='2'][data-head='5']")
+    page.wait_for_function("document.getElementById('head-label').textContent.startsWith('layer 2 · head 5')")
+    page.click("#token-strip .tok[data-pos='1']")
+    page.wait_for_selector("#math-panel .shape:has-text('query ␣cat')")
+    shown = page.locator("#math-table tr[data-pos='0'] td.w").inner_text()
+
+    key = page.get_attribute("#inspect-view", "data-key")
+    a = api(f"{live_server}/api/traces/{key}/arithmetic/2/5/1")
+    assert shown == f"{a['rows'][0]['weight']:.4f}"
+    assert "layer=2" in page.url and "head=5" in page.url and "q=1" in page.url
+
+    # The link reopens the same view.
+    url = page.url
+    page.goto(url)
+    page.wait_for_function("document.body.dataset.heatmapDrawn >= '1'")
+    assert page.locator("#head-grid canvas.sel").get_attribute("data-layer") == "2"
+    assert page.locator("#token-strip .tok.sel").get_attribute("data-pos") == "1"
+    assert page.locator("#math-table tr[data-pos='0'] td.w").inner_text() == shown
+    assert page.js_errors == []
+
+
+def test_html_in_a_prompt_is_text_and_runs_nothing(page, live_server):
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto(live_server + "/")
+    evil = "<script>alert(1)</script><img src=x onerror=alert(2)>"
+    page.fill("#prompt", evil)
+    page.click("#run")
+    page.wait_for_selector("#token-strip .tok")
+    page.wait_for_function("document.body.dataset.heatmapDrawn >= '1'")
+    strip = "".join(page.locator("#token-strip .tok-text").all_inner_texts())
+    assert strip.replace("␣", " ") == evil
+    assert page.locator("#result img").count() == 0
+    assert dialogs == []
+    assert page.js_errors == []
