@@ -38,7 +38,8 @@ def test_grid_endpoint(client, key):
 
 @pytest.mark.parametrize(
     "path",
-    ["attention/6/0", "attention/0/12", "attention/-1/0", "arithmetic/0/0/4", "embedding/99", "attention/0/0?kind=nope"],
+    ["attention/6/0", "attention/0/12", "attention/-1/0", "arithmetic/0/0/4", "embedding/99",
+     "attention/0/0?kind=nope"],
 )
 def test_bad_indexes_are_422_with_a_message(client, key, path):
     r = client.get(f"/api/traces/{key}/{path}")

@@ -34,7 +34,8 @@ def read_inspect(
 
 @router.get("/inspect/{key}/query")
 def read_query_panels(
-    request: Request, state: StateDep, key: str, layer: int = 0, head: int = 0, q: int = Query(0), all_rows: bool = False
+    request: Request, state: StateDep, key: str, layer: int = 0, head: int = 0, q: int = Query(0),
+    all_rows: bool = False,
 ):
     """The embedding and arithmetic panels for one (layer, head, query token): an htmx fragment."""
     lm, trace = state.trace_by_key(key)
