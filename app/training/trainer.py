@@ -7,6 +7,7 @@ shifted by one position: the causal rule that inference uses too.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,17 +54,26 @@ def train(
     stop: threading.Event | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     start_step: int = 0,
+    lock: threading.Lock | None = None,
 ) -> list[StepInfo]:
     """Train ``model`` in place and return the loss of every step taken.
 
     Each step: forward -> loss -> ``backward()`` writes every parameter's ``.grad`` -> AdamW reads
     the grads and updates the weights (its m and v state appear at the first ``step()``).
     ``stop`` ends the loop between steps; the caller decides what to keep.
+
+    Resuming (``start_step`` > 0, with the same ``optimizer``) first replays the random draws of the
+    steps already taken, so a run stopped and resumed sees exactly the batches of an uninterrupted run.
+    ``lock``, if given, is held for the whole of each step, so another thread holding it sees weights,
+    grads and optimizer state that belong together.
     """
     generator = torch.Generator().manual_seed(config.seed)
     torch.manual_seed(config.seed)
     if optimizer is None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    for _ in range(start_step):
+        batch_windows(data, batch_size=config.batch_size, block_size=config.block_size, generator=generator)
+    step_lock = lock if lock is not None else contextlib.nullcontext()
     model.train()
     history: list[StepInfo] = []
     try:
@@ -73,10 +83,11 @@ def train(
             inputs, targets = batch_windows(
                 data, batch_size=config.batch_size, block_size=config.block_size, generator=generator
             )
-            loss = next_token_loss(model, inputs, targets)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            with step_lock:
+                loss = next_token_loss(model, inputs, targets)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
             info = StepInfo(step=step, loss=float(loss.detach()))
             history.append(info)
             if on_step is not None:

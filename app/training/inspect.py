@@ -1,0 +1,158 @@
+"""What training keeps in memory, read off the real model and optimizer: pure functions, tensors in, data out.
+
+For one parameter: its value, its ``.grad`` (written by ``loss.backward()``) and AdamW's ``exp_avg`` (m)
+and ``exp_avg_sq`` (v), all of the parameter's shape. AdamW creates m and v lazily, at its first
+``step()``: before that ``optimizer.state[p]`` is empty and the view says so.
+
+GPT-2 fuses the query, key and value projections into one Conv1D, ``attn.c_attn``, whose weight is
+(d_model, 3·d_model) (Conv1D stores (in, out)). Columns [0, d) produce Q, [d, 2d) K, [2d, 3d) V:
+``q, k, v = c_attn(x).split(d, dim=-1)``. The view can show one of those slices on its own.
+
+Memory: fp32 training keeps 4 bytes of weight, 4 of grad, 4 of m and 4 of v per parameter (16 bytes).
+A training checkpoint stores weight + m + v (about 3× the weights-only file); sizes come from the files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from app.errors import BadInput
+
+FUSED_QKV_SUFFIXES = ("attn.c_attn.weight", "attn.c_attn.bias")
+PARTS = {"q": 0, "k": 1, "v": 2}
+MAX_ROWS = 128  # rows of a matrix sent to the page (an embedding can have thousands)
+FP32_BYTES = 4
+STATE_TENSORS = ("value", "grad", "exp_avg", "exp_avg_sq")
+
+
+def parameter_names(model: nn.Module) -> list[dict]:
+    return [{"name": n, "shape": list(p.shape)} for n, p in model.named_parameters()]
+
+
+def _part_slice(name: str, p: torch.Tensor, part: str | None) -> tuple[tuple, str | None]:
+    """Index into ``p`` selecting the Q, K or V block of a fused c_attn parameter (all of ``p`` otherwise)."""
+    if not name.endswith(FUSED_QKV_SUFFIXES) or part in (None, "", "all"):
+        return (..., ), None
+    if part not in PARTS:
+        raise BadInput(f"Unknown part {part!r}: choose q, k, v or all.")
+    d = p.shape[-1] // 3
+    lo, hi = PARTS[part] * d, (PARTS[part] + 1) * d
+    return (..., slice(lo, hi)), f"[..., {lo}:{hi}]"
+
+
+def _matrix(t: torch.Tensor | None, index: tuple) -> list[list[float]] | None:
+    if t is None:
+        return None
+    m = t.detach()[index].float()
+    if m.dim() == 1:
+        m = m.unsqueeze(0)  # a bias is shown as one row
+    return [[round(float(x), 6) for x in row] for row in m[:MAX_ROWS]]
+
+
+def param_view(model: nn.Module, optimizer: torch.optim.Optimizer, name: str, part: str | None = None) -> dict:
+    """One parameter as training sees it now. Call it between steps (under the trainer's lock)."""
+    params = dict(model.named_parameters())
+    if name not in params:
+        raise BadInput(f"Unknown parameter {name!r}.")
+    p = params[name]
+    index, slice_label = _part_slice(name, p, part)
+    state = optimizer.state.get(p, {})
+    tensors = {"value": p, "grad": p.grad, "exp_avg": state.get("exp_avg"), "exp_avg_sq": state.get("exp_avg_sq")}
+    shown = p.detach()[index]
+    rows = shown.shape[0] if shown.dim() > 1 else 1
+    step = state.get("step")
+    return {
+        "name": name,
+        "part": part if slice_label else "all",
+        "fused_qkv": name.endswith(FUSED_QKV_SUFFIXES),
+        "slice": slice_label,
+        "shape": list(p.shape),
+        "view_shape": list(shown.shape),
+        "rows_shown": min(rows, MAX_ROWS),
+        "step": int(step) if step is not None else 0,
+        "has_grad": p.grad is not None,
+        "has_state": bool(state),
+        "shapes": {k: (list(t.shape) if t is not None else None) for k, t in tensors.items()},
+        "matrices": {k: _matrix(t, index) for k, t in tensors.items()},
+    }
+
+
+def parameter_count(model: nn.Module) -> int:
+    """Distinct parameters (GPT-2's lm_head shares wte's tensor; ``parameters()`` yields it once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def memory_view(model: nn.Module, files: dict[str, Path] | None = None) -> dict:
+    """Bytes per parameter while training in fp32, and the sizes of the checkpoint files actually written.
+
+    ``files`` maps a role (``weights``, ``model_state``, ``train_state``) to a path on disk.
+    """
+    n = parameter_count(model)
+    per_param = [
+        {"what": "weight", "bytes": FP32_BYTES},
+        {"what": "grad", "bytes": FP32_BYTES},
+        {"what": "exp_avg", "bytes": FP32_BYTES},
+        {"what": "exp_avg_sq", "bytes": FP32_BYTES},
+    ]
+    per_param_total = sum(r["bytes"] for r in per_param)
+    expected = {"weights": n * FP32_BYTES, "model_state": n * FP32_BYTES, "train_state": 3 * n * FP32_BYTES}
+    written = []
+    for role, path in (files or {}).items():
+        size = path.stat().st_size
+        written.append({"role": role, "file": path.name, "bytes": size, "tensor_bytes": expected.get(role)})
+    weights = next((f["bytes"] for f in written if f["role"] == "weights"), None)
+    for f in written:
+        f["vs_weights"] = round(f["bytes"] / weights, 2) if weights else None
+    return {
+        "parameters": n,
+        "per_param": per_param,
+        "per_param_total": per_param_total,
+        "training_bytes": n * per_param_total,
+        "weights_bytes": n * FP32_BYTES,
+        "files": written,
+    }
+
+
+@torch.no_grad()
+def cached_vs_full(model: nn.Module, prompt_ids: list[int], n_new: int = 8) -> dict:
+    """Greedy-decode ``n_new`` tokens two ways and compare the next-token logits at every step.
+
+    Cached: the prompt is prefilled once into a ``DynamicCache``; each step feeds only the newest token.
+    Full: each step recomputes the whole prefix with no cache. Equal logits (up to float rounding)
+    show the cache changes the cost, not the result.
+    """
+    from transformers import DynamicCache
+
+    n_positions = model.config.n_positions
+    if not prompt_ids or len(prompt_ids) + n_new > n_positions:
+        raise BadInput(f"Prompt plus new tokens must fit in {n_positions} positions.")
+    was_training = model.training
+    model.eval()
+    try:
+        ids = list(prompt_ids)
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
+        steps = []
+        for _ in range(n_new):
+            cached = out.logits[0, -1]  # (V,)
+            full = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1]  # (V,)
+            diff = float((cached - full).abs().max())
+            pick_cached, pick_full = int(cached.argmax()), int(full.argmax())
+            steps.append({"context": len(ids), "token": pick_cached, "full_token": pick_full, "max_abs_diff": diff})
+            ids.append(pick_cached)
+            out = model(input_ids=torch.tensor([[pick_cached]]), cache=out.cache, use_cache=True)
+        k = out.cache.layers[0].keys  # (B, H, T, Dh)
+    finally:
+        model.train(was_training)
+    return {
+        "prompt_ids": list(prompt_ids),
+        "new_ids": [s["token"] for s in steps],
+        "steps": steps,
+        "max_abs_diff": max(s["max_abs_diff"] for s in steps),
+        "same_tokens": all(s["token"] == s["full_token"] for s in steps),
+        "cache_shape": list(k.shape),
+        "cache_layers": len(out.cache.layers),
+    }
