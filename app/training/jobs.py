@@ -31,6 +31,7 @@ from app.model.builtin import N_POSITIONS, TRAIN_CONFIG, build_char_tokenizer, c
 from app.model.loading import LoadedModel, load_dir
 from app.training.inspect import cached_vs_full, memory_view, param_view, parameter_names
 from app.training.trainer import StepInfo, TrainConfig, train
+from app.viz.training import step_view
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,9 @@ class TrainingJob:
 
     def record(self, info: StepInfo, *_ignored) -> None:
         self.losses.append((info.step, info.loss))
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
 
     def snapshot(self, name: str, part: str | None) -> dict:
         with self.step_lock:
@@ -219,6 +223,14 @@ class TrainingLab:
 
     def parameters(self) -> list[dict]:
         return parameter_names(self.subject().model)
+
+    def step(self) -> dict:
+        """Step 0's batch (inputs over shifted targets) and the shapes one step produces, on the subject's model."""
+        job = self.subject()
+        with job.step_lock:
+            view = step_view(job.model, job.token_text, job.data, job.spec.config)
+        view["step"] = job.next_step
+        return view
 
     def memory(self) -> dict:
         job = self.subject()

@@ -1,0 +1,108 @@
+"""The Training lab: page /train and its JSON API under /api/train/. Each route calls one lab method."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel
+
+from app.i18n import DEFAULT_LANG, translator
+from app.model.builtin import TRAIN_CONFIG, corpus_text
+from app.training.jobs import LIMITS, MAX_TEXT_CHARS, MIN_TEXT_CHARS, TRAINED_NAME, lab_for, make_spec
+from app.viz.training import ARTICLE_MAX_DIFF, loss_figure, page_strings, param_figures
+from app.web.deps import StateDep
+from app.web.render import render
+
+router = APIRouter()
+
+DEFAULT_PARAM = "transformer.h.0.attn.c_attn.weight"
+
+
+class StartRequest(BaseModel):
+    source: str = "builtin"
+    text: str | None = None
+    steps: int = TRAIN_CONFIG.steps
+    lr: float = TRAIN_CONFIG.lr
+    batch_size: int = TRAIN_CONFIG.batch_size
+    block_size: int = TRAIN_CONFIG.block_size
+    seed: int = TRAIN_CONFIG.seed
+    target: str = TRAINED_NAME
+
+
+class ResumeRequest(BaseModel):
+    steps: int | None = None
+
+
+@router.get("/train", include_in_schema=False)
+def read_train_page(request: Request, state: StateDep):
+    lab = lab_for(state)
+    status = lab.status()
+    _ = translator(request.query_params.get("lang") or DEFAULT_LANG)
+    init = {"status": status, "figure": loss_figure([tuple(p) for p in status["losses"]], _),
+            "i18n": page_strings(_), "default_param": DEFAULT_PARAM}
+    return render(
+        request, "train.html", page="train", status=status, init=init,
+        parameters=lab.parameters(), default_param=DEFAULT_PARAM, step=lab.step(), memory=lab.memory(),
+        defaults=TRAIN_CONFIG, limits=LIMITS, corpus_chars=len(corpus_text()),
+        min_chars=MIN_TEXT_CHARS, max_chars=MAX_TEXT_CHARS, article_max_diff=ARTICLE_MAX_DIFF,
+    )
+
+
+@router.get("/train/step", include_in_schema=False)
+def read_train_step(request: Request, state: StateDep):
+    """The training-step panel for the current run (htmx swaps it in when a new run starts)."""
+    return render(request, "partials/_train_step.html", page="train", step=lab_for(state).step())
+
+
+@router.get("/train/result", include_in_schema=False)
+def read_train_result(request: Request, state: StateDep):
+    """The memory and cached-vs-full panels (htmx swaps them in when a run finishes)."""
+    lab = lab_for(state)
+    return render(request, "partials/_train_result.html", page="train", status=lab.status(), memory=lab.memory(),
+                  article_max_diff=ARTICLE_MAX_DIFF)
+
+
+@router.post("/api/train/start", tags=["train"])
+def start_training(state: StateDep, body: StartRequest) -> dict:
+    """Start a run (503 while another one is running). Bounds: see the page's form."""
+    return lab_for(state).start(make_spec(**body.model_dump()))
+
+
+@router.post("/api/train/stop", tags=["train"])
+def stop_training(state: StateDep) -> dict:
+    """Ask the running job to stop after its current step; the registered models stay as they were."""
+    return lab_for(state).stop()
+
+
+@router.post("/api/train/resume", tags=["train"])
+def resume_training(state: StateDep, body: ResumeRequest | None = None) -> dict:
+    """Continue the stopped run from its next step, with the same model and AdamW state."""
+    return lab_for(state).resume(body.steps if body else None)
+
+
+@router.get("/api/train/status", tags=["train"])
+def read_training_status(state: StateDep, since: int = 0) -> dict:
+    """The current job: status, step, and the losses from step index ``since`` on (for live curves)."""
+    return lab_for(state).status(since)
+
+
+@router.get("/api/train/params", tags=["train"])
+def read_parameter_names(state: StateDep) -> list[dict]:
+    return lab_for(state).parameters()
+
+
+@router.get("/api/train/param", tags=["train"])
+def read_parameter(
+    state: StateDep, name: str = DEFAULT_PARAM, part: str | None = "q", lang: str = DEFAULT_LANG
+) -> dict:
+    """One parameter's value, grad, exp_avg, exp_avg_sq and AdamW step, with a heatmap spec for each."""
+    return param_figures(lab_for(state).parameter(name, part), translator(lang))
+
+
+@router.get("/api/train/step", tags=["train"])
+def read_training_step(state: StateDep) -> dict:
+    return lab_for(state).step()
+
+
+@router.get("/api/train/memory", tags=["train"])
+def read_training_memory(state: StateDep) -> dict:
+    return lab_for(state).memory()

@@ -1,0 +1,174 @@
+// Training lab: start/stop/resume, the live loss curve, and the parameter/optimizer-state heatmaps.
+// Polls /api/train/status (every 500 ms while a run is active, every 2 s otherwise) so every open page
+// follows the server's one job. Server text is inserted with textContent only.
+(() => {
+  "use strict";
+  const init = JSON.parse(document.getElementById("train-init").textContent);
+  const T = init.i18n;
+  const ACTIVE = ["running", "stopping", "publishing"];
+  const $ = (sel) => document.querySelector(sel);
+  const fill = (tpl, vals) => tpl.replace(/\{(\w+)\}/g, (m, k) => (k in vals ? String(vals[k]) : m));
+  const fmtShape = (s) => "(" + s.join(", ") + ")";
+  const plotCfg = { responsive: true, displaylogo: false };
+
+  const plot = $("#loss-plot");
+  let jobId = init.status.job;
+  let seen = init.status.losses.length;
+  let status = init.status.status;
+  let lastParamStep = -1;
+  let paramBusy = false;
+
+  Plotly.newPlot(plot, init.figure.data, init.figure.layout, plotCfg);
+
+  function showError(message) {
+    const area = $("#error");
+    area.textContent = "";
+    const box = document.createElement("div");
+    box.className = "error-box";
+    const title = document.createElement("b");
+    title.textContent = T["error.title"] + " ";
+    box.append(title, document.createTextNode(message));
+    area.append(box);
+  }
+
+  async function call(method, url, body) {
+    const res = await fetch(url, {
+      method,
+      headers: body ? { "Content-Type": "application/json" } : {},
+      body: body ? JSON.stringify(body) : undefined,
+    });
+    const data = await res.json().catch(() => ({ detail: res.statusText }));
+    if (!res.ok) throw new Error(data.detail || res.statusText);
+    return data;
+  }
+
+  function fire(name) { document.body.dispatchEvent(new CustomEvent(name)); }
+
+  function showStatus(s) {
+    const pill = $("#train-status");
+    pill.dataset.status = s.status;
+    pill.textContent = T["train.status." + s.status] || s.status;
+    pill.className = "pill" + (s.status === "done" ? " ok" : s.status === "failed" ? " bad" : "");
+    const progress = $("#train-progress");
+    progress.textContent = s.job ? fill(T["train.status.line"], {
+      step: s.step, steps: s.steps, loss: s.last_loss === null ? "–" : s.last_loss.toFixed(4),
+    }) : "";
+    if (s.error) showError(s.error);
+    const active = ACTIVE.includes(s.status);
+    $("#train-start").disabled = active;
+    $("#train-stop").disabled = s.status !== "running";
+    $("#train-resume").disabled = s.status !== "stopped";
+    const liveStep = $("#live-step");
+    if (liveStep && s.job) liveStep.textContent = s.step;
+  }
+
+  function apply(s) {
+    if (s.job !== jobId) {  // another run started (maybe from another page): start the curve over
+      jobId = s.job;
+      seen = 0;
+      Plotly.restyle(plot, { x: [[]], y: [[]] }, [0]);
+      fire("train-job");
+      return false;
+    }
+    if (s.losses.length && s.since === seen) {
+      Plotly.extendTraces(plot, { x: [s.losses.map((p) => p[0])], y: [s.losses.map((p) => p[1])] }, [0]);
+      seen = s.since + s.losses.length;
+    }
+    plot.dataset.points = String(seen);
+    showStatus(s);
+    if (s.status === "done" && status !== "done") fire("train-done");
+    if (s.step !== lastParamStep && (s.status !== "running" || s.step - lastParamStep >= 10)) showParam();
+    status = s.status;
+    return true;
+  }
+
+  // One polling loop per page: schedule() moves its next tick, it never starts a second loop.
+  let timer = null;
+  let inFlight = false;
+  function schedule(ms) { clearTimeout(timer); timer = setTimeout(poll, ms); }
+  async function poll() {
+    if (inFlight) return;
+    inFlight = true;
+    let again = false;
+    try {
+      again = !apply(await call("GET", "/api/train/status?since=" + seen));
+    } catch (e) {
+      /* the server may be restarting: try again on the next tick */
+    } finally {
+      inFlight = false;
+    }
+    schedule(again ? 0 : ACTIVE.includes(status) ? 500 : 2000);
+  }
+
+  // --- parameter view --------------------------------------------------------------------------
+  async function showParam() {
+    if (paramBusy) return;
+    paramBusy = true;
+    const name = $("#param-name").value;
+    const part = $("#param-part").value;
+    try {
+      const v = await call("GET", "/api/train/param?name=" + encodeURIComponent(name) + "&part=" + part);
+      lastParamStep = v.step;
+      $("#param-summary").textContent = fill(T["train.param.summary"], {
+        name: v.name + (v.slice || ""), shape: fmtShape(v.shape), view: fmtShape(v.view_shape), step: v.step,
+      });
+      let note = v.slice ? fill(T["train.param.fused_note"], { slice: v.slice, part: T["train.param.part_" + v.part] }) : "";
+      if (v.rows_shown < (v.view_shape.length > 1 ? v.view_shape[0] : 1)) note += " " + fill(T["train.param.rows_cut"], { n: v.rows_shown });
+      $("#param-note").textContent = note;
+      for (const key of ["value", "grad", "exp_avg", "exp_avg_sq"]) {
+        const fig = v.figures[key];
+        const div = document.getElementById("param-plot-" + key);
+        const empty = document.querySelector("[data-empty-of='" + key + "']");
+        const shape = v.shapes[key];
+        document.querySelector("[data-shape-of='" + key + "']").textContent = shape ? fmtShape(shape) : "—";
+        if (fig.data.length) {
+          empty.hidden = true;
+          div.hidden = false;
+          Plotly.react(div, fig.data, fig.layout, plotCfg);
+        } else {
+          Plotly.purge(div);
+          div.hidden = true;
+          empty.hidden = false;
+          empty.textContent = key === "grad" ? T["train.param.no_grad"] : T["train.param.no_state"];
+        }
+      }
+    } catch (e) {
+      showError(e.message);
+    } finally {
+      paramBusy = false;
+    }
+  }
+
+  // --- commands ---------------------------------------------------------------------------------
+  const form = $("#train-form");
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    $("#error").textContent = "";
+    const f = new FormData(form);
+    const body = {
+      source: f.get("source"), text: f.get("source") === "text" ? f.get("text") : null,
+      steps: Number(f.get("steps")), lr: Number(f.get("lr")), batch_size: Number(f.get("batch_size")),
+      block_size: Number(f.get("block_size")), seed: Number(f.get("seed")), target: f.get("target"),
+    };
+    try { await call("POST", "/api/train/start", body); } catch (e) { showError(e.message); }
+    schedule(0);
+  });
+  $("#train-stop").addEventListener("click", async () => {
+    try { showStatus(await call("POST", "/api/train/stop")); } catch (e) { showError(e.message); }
+    schedule(0);
+  });
+  $("#train-resume").addEventListener("click", async () => {
+    $("#error").textContent = "";
+    const steps = Number(new FormData(form).get("steps"));
+    try { await call("POST", "/api/train/resume", { steps }); status = "running"; } catch (e) { showError(e.message); }
+    schedule(0);
+  });
+  $("#train-text").addEventListener("input", () => { $("#source-text").checked = true; });
+  $("#param-show").addEventListener("click", showParam);
+  $("#param-name").addEventListener("change", showParam);
+  $("#param-part").addEventListener("change", showParam);
+
+  showStatus(init.status);
+  showParam();
+  schedule(0);
+})();
