@@ -17,7 +17,7 @@ from app.viz.tokens import visible
 _SYSTEM = "you are a kind helper. answer in one short line and keep it plain."
 _QUESTION = "\nuser. what does a cache keep.\n"
 _TIMES = ("one", "two", "nine")
-_TURN1 = "user. what is a cache.\nai. a store of old keys.\n"
+_TURN1 = "user. what is a cache.\nai. it keeps old keys.\n"
 _TURN2 = _TURN1 + "user. why keep them.\nai. to save time.\n"
 _TURN3 = _TURN2 + "user. and values.\nai. those too.\n"
 

@@ -1,0 +1,176 @@
+"""The prefix cache over real K/V: reuse must equal computing from scratch, on both test models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from app.cache.prefix import PrefixCache, PrefixLab, auto_block_size
+from app.errors import BadInput, NotFound
+from app.viz.prefix import PRESETS, common_prefix_len
+
+SYSTEM = "you are a kind helper. answer in one short line and keep it plain.\n"
+
+
+@torch.no_grad()
+def from_scratch(lm, ids):
+    """Independent path: one plain forward over every token, fresh cache."""
+    model = lm.model
+    return model(input_ids=torch.tensor([ids]), cache=DynamicCache(config=model.config), use_cache=True)
+
+
+@pytest.mark.parametrize("fixture, block_size", [("distil", 4), ("tiny", 16)])
+def test_reuse_equals_from_scratch(request, fixture, block_size):
+    lm = request.getfixturevalue(fixture)
+    cache = PrefixCache(lm, block_size=block_size, num_blocks=32)
+    a = lm.encode(SYSTEM + "user. what does a cache keep.\n")
+    b = lm.encode(SYSTEM + "user. why are old keys kept.\n")
+    cache.prefill(a, request_id=1)
+    hashes, hits = cache.get_computed_blocks(b, None)
+    # The hit length, derived from the tokens alone: whole blocks of the common prefix.
+    lcp = common_prefix_len(a, b)
+    assert len(hits) * block_size == min(lcp // block_size, (len(b) - 1) // block_size) * block_size
+    assert len(hits) >= 2
+
+    # Reuse by hand: the hits' stored K/V as the past, only the rest computed.
+    past = cache.gather(hits)
+    n_hit = len(hits) * block_size
+    with torch.no_grad():
+        reused = lm.model(input_ids=torch.tensor([b[n_hit:]]), cache=past, use_cache=True).logits[0]
+    full = from_scratch(lm, b)
+    ref = full.logits[0, n_hit:]
+    assert (reused - ref).abs().max().item() <= 1e-4
+    assert reused[-1].argmax() == ref[-1].argmax()
+
+    # And through the cache's own prefill: what the page shows.
+    req = cache.prefill(b, request_id=2)
+    assert req.num_hit_blocks == len(hits)
+    assert req.max_abs_diff <= 1e-4
+    assert req.next_token_reuse == req.next_token_full == int(full.logits[0, -1].argmax())
+
+    # Every block the request holds stores exactly the from-scratch K/V of its positions.
+    for i, block_id in enumerate(req.block_ids):
+        lo, hi = i * block_size, min((i + 1) * block_size, len(b))
+        for layer in range(lm.adapter.n_layer):
+            k, v = lm.adapter.layer_cache(full.cache, layer)  # (1, H, T, Dh)
+            assert torch.allclose(cache.key_store[block_id, layer, :, : hi - lo], k[0, :, lo:hi], atol=1e-5)
+            assert torch.allclose(cache.value_store[block_id, layer, :, : hi - lo], v[0, :, lo:hi], atol=1e-5)
+
+
+def test_partial_tail_block_is_computed_not_shared(tiny):
+    cache = PrefixCache(tiny, block_size=16, num_blocks=16)
+    ids = tiny.encode(SYSTEM)  # 67 characters: 4 full blocks + a tail of 3
+    assert len(ids) == 67
+    r1 = cache.prefill(ids, request_id=1)
+    assert len(r1.block_hashes) == 4 and len(r1.block_ids) == 5
+    assert r1.newly_cached == [True] * 4
+    assert cache.pool.blocks[r1.block_ids[-1]].block_hash is None
+    r2 = cache.prefill(ids, request_id=2)
+    assert r2.num_hit_blocks == 4 and r2.num_computed_tokens == 3
+    assert r2.block_ids[:4] == r1.block_ids[:4] and r2.block_ids[4] != r1.block_ids[4]
+    assert [cache.pool.blocks[i].ref_cnt for i in r2.block_ids] == [2, 2, 2, 2, 1]
+
+
+def test_a_fully_cached_prompt_still_computes_its_last_block(tiny):
+    cache = PrefixCache(tiny, block_size=16, num_blocks=16)
+    ids = tiny.encode(SYSTEM[:64])  # exactly 4 blocks
+    cache.prefill(ids, request_id=1)
+    again = cache.prefill(ids, request_id=2)
+    assert again.num_hit_blocks == 3 and again.num_computed_tokens == 16
+    assert again.newly_cached[-1] is False  # its hash is already held by request 1's block
+    assert again.max_abs_diff <= 1e-4
+
+
+def test_release_on_finish_and_cancel(tiny):
+    lab = PrefixLab()
+    prompts = [("g", SYSTEM + "user. hi.\n"), ("g", SYSTEM + "user. so.\n")]
+    r1, r2 = lab.run(tiny, prompts, block_size=16, num_blocks=32)
+    pool = lab.cache.pool
+    assert pool.num_used_blocks == len(r1.block_ids) + len(r2.block_ids) - r2.num_hit_blocks
+    lab.finish(r2.request_id, reason="cancelled")
+    assert r2.status == "cancelled"
+    assert [pool.blocks[i].ref_cnt for i in r1.block_ids] == [1] * len(r1.block_ids)
+    lab.finish(r1.request_id)
+    assert r1.status == "finished" and pool.num_used_blocks == 0
+    assert pool.num_evictable_blocks == len(r1.block_hashes) + len(r2.block_hashes) - r2.num_hit_blocks
+    lab.finish(r1.request_id)  # twice is harmless
+    assert pool.num_used_blocks == 0
+    with pytest.raises(NotFound):
+        lab.finish(999)
+
+
+def test_cancelled_mid_prefill_frees_blocks_and_caches_nothing(tiny, monkeypatch):
+    cache = PrefixCache(tiny, block_size=16, num_blocks=16)
+    ids = tiny.encode(SYSTEM)
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt("client went away")
+
+    monkeypatch.setattr(cache, "scatter", boom)
+    with pytest.raises(KeyboardInterrupt):
+        cache.prefill(ids, request_id=1)
+    assert cache.pool.num_used_blocks == 0
+    assert cache.pool.cached_block_hash_to_block == {}
+    monkeypatch.undo()
+    assert cache.prefill(ids, request_id=2).num_hit_blocks == 0
+
+
+def test_lru_eviction_on_real_kv(tiny):
+    """5 blocks of 16 tokens; A, B, C are 32 tokens each (2 full blocks, no tail). A and B finish
+    (each tail first), then C takes the one empty block and the least recently used one: A's tail."""
+    lab = PrefixLab()
+    a, b, c = "the cat sat on the mat. the dog ", "we keep the keys and values in a", "a new token asks a query. old to"
+    assert all(len(tiny.encode(t)) == 32 for t in (a, b, c))
+    (ra,) = lab.run(tiny, [("x", a)], block_size=16, num_blocks=5)
+    (rb,) = lab.run(tiny, [("x", b)], block_size=16, num_blocks=5)  # finishes A first
+    lab.finish()
+    pool = lab.cache.pool
+    assert [x.block_id for x in pool.eviction_order()] == [ra.block_ids[1], ra.block_ids[0],
+                                                           rb.block_ids[1], rb.block_ids[0]]
+    (rc,) = lab.run(tiny, [("x", c)], block_size=16, num_blocks=5)
+    assert pool.num_evictions == 1 and ra.block_ids[1] in rc.block_ids
+    cache = lab.cache
+    assert len(cache.get_computed_blocks(tiny.encode(a + "c"), None)[1]) == 1  # A's head survived
+    assert len(cache.get_computed_blocks(tiny.encode(b + "c"), None)[1]) == 2  # B untouched
+
+
+def test_cache_full_is_a_clear_message(tiny):
+    lab = PrefixLab()
+    with pytest.raises(BadInput, match="cache is full"):
+        lab.run(tiny, [("x", SYSTEM), ("y", "the dog sat on the log. " * 3)], block_size=16, num_blocks=6)
+    assert lab.cache.pool.num_used_blocks == 5  # the first request is still running, nothing leaked
+
+
+def test_salt_and_model_keep_caches_apart(tiny):
+    lab = PrefixLab()
+    (r1,) = lab.run(tiny, [("x", SYSTEM + "a.")], block_size=16, num_blocks=32, salt="alice")
+    (r2,) = lab.run(tiny, [("x", SYSTEM + "a.")], block_size=16, num_blocks=32, salt="bob")
+    (r3,) = lab.run(tiny, [("x", SYSTEM + "a.")], block_size=16, num_blocks=32, salt="alice")
+    assert (r1.num_hit_blocks, r2.num_hit_blocks, r3.num_hit_blocks) == (0, 0, 4)
+
+
+def test_presets_fit_both_models(distil, tiny):
+    for name, prompts in PRESETS.items():
+        for _, text in prompts:
+            assert len(tiny.encode(text)) <= tiny.max_positions, name
+            assert 0 not in tiny.encode(text), f"{name}: a character the tiny model does not know"
+
+
+def test_auto_block_size():
+    assert auto_block_size([97, 100]) == 16
+    assert auto_block_size([26, 33]) == 4
+    assert auto_block_size([40]) == 8
+    assert auto_block_size([5]) == 4
+
+
+def test_unknown_characters_are_refused_for_the_char_model(tiny):
+    with pytest.raises(BadInput, match="does not know"):
+        PrefixLab().run(tiny, [("x", "Current time: 10:42")], block_size=16)
+
+
+def test_change_of_block_size_starts_a_new_cache(tiny):
+    lab = PrefixLab()
+    lab.run(tiny, [("x", SYSTEM)], block_size=16, num_blocks=32)
+    lab.run(tiny, [("x", SYSTEM)], block_size=8, num_blocks=32)
+    assert lab.cache.block_size == 8 and lab.notes and len(lab.requests) == 1
