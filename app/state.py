@@ -15,6 +15,7 @@ from app.errors import BadInput, Expired
 from app.model.capture import run_traced
 from app.model.loading import LoadedModel, ModelRegistry
 from app.model.prompts import encode_prompt
+from app.model.sessions import SessionStore
 from app.model.store import TraceStore
 from app.model.trace import Trace
 from app.settings import Settings
@@ -25,6 +26,7 @@ class AppState:
     settings: Settings
     registry: ModelRegistry
     traces: TraceStore
+    sessions: SessionStore
     # trace key -> (model name, token ids): small, so it outlives the traces themselves and lets an
     # evicted trace be recomputed from a page's link.
     trace_index: OrderedDict[str, tuple[str, tuple[int, ...]]] = field(default_factory=OrderedDict)
@@ -33,7 +35,10 @@ class AppState:
 
     @classmethod
     def create(cls, settings: Settings, registry: ModelRegistry) -> AppState:
-        return cls(settings=settings, registry=registry, traces=TraceStore(settings.trace_cache_bytes))
+        sessions = SessionStore(ttl_s=settings.session_ttl_s, max_sessions=settings.max_sessions,
+                                max_bytes=settings.session_cache_bytes, max_steps=settings.max_decode_steps)
+        return cls(settings=settings, registry=registry, traces=TraceStore(settings.trace_cache_bytes),
+                   sessions=sessions)
 
     def model(self, name: str | None) -> LoadedModel:
         if name and name not in self.registry.models:

@@ -121,7 +121,7 @@
     const ticks = small ? { tickvals: idx, ticktext: idx.map((i) => S.labels[i]) } : {};
     const trace = {
       type: "heatmap", z, x: idx, y: idx.slice(0, m.rows),
-      colorscale: m.kind === "weights" ? "Blues" : "RdBu", reversescale: m.kind !== "weights",
+      colorscale: m.kind === "weights" ? "Blues" : "RdBu", reversescale: true,
       zmin: m.kind === "weights" ? 0 : undefined, zmax: m.kind === "weights" ? 1 : undefined,
       zmid: m.kind === "weights" ? undefined : 0,
       hoverongaps: false,

@@ -1,0 +1,204 @@
+"""Prefill and step-by-step decode through transformers' KV cache, with a check against recomputing.
+
+A session owns one ``DynamicCache``. Prefill pushes the whole prompt through every layer once and
+fills the cache with each layer's K and V, shaped (1, H_kv, T, Dh). Each step feeds only the newest
+token, shaped (1, 1): its Q reads every cached K, its own K and V are appended. ``verify`` recomputes
+the same logits from the full prefix without any cache, which is what the cache saves.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from app.model.capture import run_traced
+from app.model.loading import LoadedModel
+from app.model.sampling import Sampling, choose
+from app.viz.tokens import visible
+
+
+@dataclass
+class Step:
+    index: int  # 0 = prefill
+    fed_ids: list[int]  # tokens pushed through the layers this step
+    past: int  # cache length before the step
+    cache_len: int  # cache length after the step
+    chosen: int
+    chosen_prob: float  # in the distribution it was drawn from
+    rank: int  # 1 = the most likely token under the model's plain softmax
+    top: list[dict]
+    attention: torch.Tensor  # (L, H, Tk) weights of the last fed token over every cached position
+    newest_k: torch.Tensor  # (L, H, Dh) K of the last fed token, as appended to the cache
+    logits: torch.Tensor  # (V,) last position
+    generator_state: torch.Tensor  # RNG state before choosing, so a check can repeat the draw
+    ms: float  # measured time of the forward
+
+
+@dataclass
+class DecodeSession:
+    id: str
+    lm: LoadedModel
+    prompt_ids: list[int]
+    sampling: Sampling
+    max_steps: int
+    cache: object | None = None
+    steps: list[Step] = field(default_factory=list)
+    generator: torch.Generator = field(default_factory=torch.Generator)
+    created: float = field(default_factory=time.monotonic)
+    last_used: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.generator.manual_seed(self.sampling.seed)
+
+    # --- the two phases -------------------------------------------------------------------------
+    @property
+    def ids(self) -> list[int]:
+        """Prompt plus every chosen token (the last one not yet fed through the model)."""
+        return self.prompt_ids + [s.chosen for s in self.steps]
+
+    @property
+    def cache_len(self) -> int:
+        return self.steps[-1].cache_len if self.steps else 0
+
+    @property
+    def done(self) -> bool:
+        return len(self.steps) > self.max_steps or len(self.ids) > self.lm.max_positions
+
+    def prefill(self) -> Step:
+        assert not self.steps, "prefill runs once"
+        return self._forward(self.prompt_ids)
+
+    def step(self) -> Step:
+        if not self.steps:
+            return self.prefill()
+        return self._forward([self.steps[-1].chosen])
+
+    def _forward(self, fed: list[int]) -> Step:
+        lm = self.lm
+        past = self.cache_len
+        t0 = time.perf_counter()
+        trace = run_traced(lm.model, lm.adapter, fed, lm.token_texts(fed), cache=self.cache)
+        ms = (time.perf_counter() - t0) * 1000
+        self.cache = trace.cache
+        logits = trace["logits"][0, -1]
+        state = self.generator.get_state()
+        chosen, probs = choose(logits, self.sampling, self.generator)
+        plain = torch.softmax(logits.float(), dim=-1)
+        L = lm.adapter.n_layer
+        attention = torch.stack([trace.weights(i)[0, :, -1] for i in range(L)])  # (L, H, Tk)
+        newest_k = torch.stack([trace.k(i)[0, :, -1] for i in range(L)])  # (L, H, Dh)
+        step = Step(
+            index=len(self.steps),
+            fed_ids=list(fed),
+            past=past,
+            cache_len=trace.cache.get_seq_length(),
+            chosen=chosen,
+            chosen_prob=float(probs[chosen]),
+            rank=int((plain > plain[chosen]).sum()) + 1,
+            top=top_tokens(lm, plain, probs, chosen),
+            attention=attention,
+            newest_k=newest_k,
+            logits=logits.clone(),
+            generator_state=state,
+            ms=ms,
+        )
+        self.steps.append(step)
+        self.last_used = time.monotonic()
+        return step
+
+    # --- the check --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def verify(self, index: int) -> dict:
+        """Recompute step ``index`` from the full prefix, no cache; compare logits and the choice."""
+        step = self.steps[index]
+        prefix = self.prompt_ids + [s.chosen for s in self.steps[:index]]
+        t0 = time.perf_counter()
+        logits = self.lm.model(input_ids=torch.tensor([prefix]), use_cache=False).logits[0, -1]
+        ms = (time.perf_counter() - t0) * 1000
+        replay = torch.Generator()
+        replay.set_state(step.generator_state)
+        again, _ = choose(logits, self.sampling, replay)
+        return {
+            "index": index,
+            "prefix_len": len(prefix),
+            "max_abs_diff": float((logits - step.logits).abs().max()),
+            "same_token": again == step.chosen,
+            "recompute_token": again,
+            "recompute_ms": ms,
+            "cached_ms": step.ms,
+        }
+
+    # --- memory ------------------------------------------------------------------------------------
+    def cache_bytes(self) -> int:
+        if self.cache is None:
+            return 0
+        total = 0
+        for layer in self.cache.layers:
+            k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
+            if k is not None and v is not None:
+                total += k.numel() * k.element_size() + v.numel() * v.element_size()
+        return total
+
+    def nbytes(self) -> int:
+        """Everything the session holds: the KV cache plus the per-step records kept for the checks."""
+        per_step = sum(s.logits.numel() * 4 + s.attention.numel() * 4 + s.newest_k.numel() * 4 for s in self.steps)
+        return self.cache_bytes() + per_step
+
+    def release(self) -> None:
+        self.cache = None
+        self.steps.clear()
+
+
+def top_tokens(lm: LoadedModel, plain: torch.Tensor, sampled_from: torch.Tensor, chosen: int, k: int = 8) -> list[dict]:
+    """The k most likely tokens (plain softmax), plus the chosen one if it is not among them."""
+    values, ids = torch.topk(plain, min(k, plain.numel()))
+    rows = [int(i) for i in ids.tolist()]
+    if chosen not in rows:
+        rows.append(chosen)
+    out = []
+    for tid in rows:
+        text = lm.token_text(tid)
+        out.append({
+            "id": tid, "text": text, "shown": visible(text), "prob": float(plain[tid]),
+            "sample_prob": float(sampled_from[tid]), "chosen": tid == chosen,
+            "rank": int((plain > plain[tid]).sum()) + 1,
+        })
+    return out
+
+
+def kv_bytes_formula(*, layers: int, kv_heads: int, tokens: int, head_dim: int, dtype_bytes: int) -> dict:
+    """2 (K and V) · layers · kv_heads · tokens · head_dim · bytes: the one place this formula lives."""
+    per_token = 2 * layers * kv_heads * head_dim * dtype_bytes
+    return {
+        "layers": layers, "kv_heads": kv_heads, "tokens": tokens, "head_dim": head_dim, "dtype_bytes": dtype_bytes,
+        "per_token": per_token, "total": per_token * tokens,
+        "text": f"2 · {layers} · {kv_heads} · {tokens} · {head_dim} · {dtype_bytes} = {per_token * tokens:,} bytes",
+    }
+
+
+def work_counts(prompt_len: int, steps: int) -> dict:
+    """Cumulative work after each generated token, with and without the cache.
+
+    Tokens pushed through the layers: cached = L (prefill) + t; recompute = Σ (L + i) for i < t.
+    Query-key pairs scored: cached adds (L + i) per step (one query); recompute rescoring the
+    whole causal triangle adds (L+i)(L+i+1)/2 per step, so O((L+T)^3) in total vs O((L+T)^2).
+    """
+    L = prompt_len
+    tok_c, tok_r, pair_c, pair_r = [], [], [], []
+    tc = L
+    pc = L * (L + 1) // 2
+    tr, pr = L, L * (L + 1) // 2
+    for i in range(steps + 1):
+        if i:
+            n = L + i
+            tc += 1
+            pc += n
+            tr += n
+            pr += n * (n + 1) // 2
+        tok_c.append(tc)
+        tok_r.append(tr)
+        pair_c.append(pc)
+        pair_r.append(pr)
+    return {"tokens_cached": tok_c, "tokens_recompute": tok_r, "pairs_cached": pair_c, "pairs_recompute": pair_r}

@@ -1,0 +1,81 @@
+"""The decode studio: page and JSON API."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+
+from app.model.sampling import Sampling
+from app.model.studio import rebuild_session, start_session, step_session, verify_step
+from app.viz.decode import cache_rows, step_view
+from app.web.deps import StateDep
+from app.web.render import render
+
+router = APIRouter()
+
+
+class StartBody(BaseModel):
+    prompt: str = Field(max_length=100_000)
+    model: str | None = None
+    mode: str = "greedy"
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@router.get("/decode", include_in_schema=False)
+def read_decode_page(request: Request, state: StateDep, prompt: str = "The cat sat on", model: str | None = None):
+    lm = state.model(model)
+    return render(request, "decode.html", page="decode", prompt=prompt, model_name=lm.name)
+
+
+@router.post("/api/decode/sessions", tags=["decode"])
+def create_session(state: StateDep, body: StartBody) -> dict:
+    """Start a session: prefill the prompt, fill the KV cache, choose the first token."""
+    sampling = Sampling(mode=body.mode, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
+                        seed=body.seed)
+    session = start_session(state, model=body.model, prompt=body.prompt, sampling=sampling)
+    return step_view(session, session.steps[-1])
+
+
+@router.post("/api/decode/{sid}/step", tags=["decode"])
+def create_step(state: StateDep, sid: str) -> dict:
+    """Feed the last chosen token (input (1, 1)) through every layer with the cache."""
+    session, step = step_session(state, sid)
+    return step_view(session, step)
+
+
+@router.get("/api/decode/{sid}/verify/{index}", tags=["decode"])
+def read_verify(state: StateDep, sid: str, index: int) -> dict:
+    """Recompute step ``index`` from the full prefix with no cache and compare."""
+    return verify_step(state, sid, index)
+
+
+@router.get("/api/decode/{sid}/cache/{layer}/{head}", tags=["decode"])
+def read_cache_rows(state: StateDep, sid: str, layer: int, head: int, last: int = 24) -> dict:
+    return cache_rows(state.sessions.get(sid), layer, head, max(1, min(last, 256)))
+
+
+@router.delete("/api/decode/{sid}", tags=["decode"])
+def delete_session(state: StateDep, sid: str) -> dict:
+    """Stop and release the session's KV cache."""
+    return {"released": state.sessions.delete(sid)}
+
+
+@router.post("/api/decode/{sid}/close", tags=["decode"])
+def close_session(state: StateDep, sid: str) -> dict:
+    """The same as DELETE, for navigator.sendBeacon when a tab closes."""
+    return {"released": state.sessions.delete(sid)}
+
+
+@router.post("/api/decode/{sid}/rebuild", tags=["decode"])
+def create_rebuilt(state: StateDep, sid: str) -> dict:
+    """Start a new session from an ended one's tokens."""
+    session = rebuild_session(state, sid)
+    return step_view(session, session.steps[-1])
+
+
+@router.get("/api/decode/stats", tags=["decode"])
+def read_stats(state: StateDep) -> dict:
+    return state.sessions.stats()

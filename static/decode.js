@@ -1,0 +1,266 @@
+/* Decode studio: prefill, step, run N with stop, cache growth, per-step equivalence check. */
+(function () {
+  "use strict";
+  const kv = window.kv;
+  const $ = (id) => document.getElementById(id);
+  let S = null; // {id, last, steps: [], times: []}
+  let running = false;
+
+  function el(tag, text, cls) {
+    const e = document.createElement(tag);
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    if (cls) e.className = cls;
+    return e;
+  }
+  function setBusy(busy) {
+    $("prefill").disabled = busy;
+    $("step").disabled = busy || !S || S.last.done;
+    $("run").disabled = busy || !S || S.last.done;
+    $("reset").disabled = busy || !S;
+    $("stop").disabled = !running;
+  }
+  function status(text) { $("status").textContent = text || ""; }
+
+  async function post(url, body) {
+    const r = await fetch(url, {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: body ? JSON.stringify(body) : undefined,
+    });
+    let data = null;
+    try { data = await r.json(); } catch (e) { data = null; }
+    if (!r.ok) {
+      const msg = (data && data.detail) || ("Request failed (" + r.status + ").");
+      kv.showError(msg);
+      const err = new Error(msg); err.status = r.status; throw err;
+    }
+    return data;
+  }
+
+  async function prefill() {
+    document.getElementById("error").textContent = "";
+    await release();
+    setBusy(true); status("prefill…");
+    try {
+      const v = await post("/api/decode/sessions", {
+        prompt: $("prompt").value, model: $("model").value, mode: $("mode").value,
+        temperature: +$("temperature").value, top_k: +$("top_k").value, top_p: +$("top_p").value, seed: +$("seed").value,
+      });
+      S = { id: v.session, last: v, steps: [], rows: [] };
+      $("studio").hidden = false;
+      $("equiv").querySelector("tbody").textContent = "";
+      fillSelects(v);
+      show(v);
+    } catch (e) { /* message shown */ } finally { setBusy(false); status(""); }
+  }
+
+  async function step() {
+    if (!S) return null;
+    try {
+      const v = await post(`/api/decode/${S.id}/step`);
+      S.last = v;
+      show(v);
+      return v;
+    } catch (e) {
+      if (e.status === 410) offerRebuild();
+      return null;
+    }
+  }
+
+  async function run() {
+    const n = Math.max(1, +$("run-n").value || 1);
+    running = true; setBusy(true);
+    for (let i = 0; i < n && running; i++) {
+      status(`step ${i + 1} of ${n}`);
+      const v = await step();
+      if (!v || v.done) break;
+    }
+    running = false; setBusy(false); status("");
+  }
+
+  async function release() {
+    if (S) {
+      try { await fetch(`/api/decode/${S.id}`, { method: "DELETE" }); } catch (e) { /* ignore */ }
+    }
+  }
+
+  async function reset() {
+    running = false;
+    await release();
+    S = null;
+    $("studio").hidden = true;
+    setBusy(false); status("");
+  }
+
+  function offerRebuild() {
+    const area = $("error");
+    const b = el("button", "Rebuild the session from its tokens", "secondary");
+    const old = S.id;
+    b.addEventListener("click", async () => {
+      try {
+        const v = await post(`/api/decode/${old}/rebuild`);
+        S = { id: v.session, last: v, steps: [], rows: [] };
+        $("equiv").querySelector("tbody").textContent = "";
+        area.textContent = "";
+        show(v);
+      } catch (e) { /* shown */ }
+    });
+    area.appendChild(b);
+  }
+
+  function fillSelects(v) {
+    for (const id of ["attn-layer", "cache-layer"]) {
+      const s = $(id); s.textContent = "";
+      for (let i = 0; i < v.attention.layers; i++) s.appendChild(Object.assign(el("option", i), { value: i }));
+    }
+    const h = $("cache-head"); h.textContent = "";
+    for (let i = 0; i < v.attention.heads; i++) h.appendChild(Object.assign(el("option", i), { value: i }));
+  }
+
+  function show(v) {
+    $("len-badge").textContent = `${v.tokens.length} tokens · cache holds ${v.cache_len}`;
+    const seq = $("seq"); seq.textContent = "";
+    v.tokens.forEach((t, i) => {
+      const li = el("li", null, "tok " + (i < v.prompt_len ? "prompt" : "gen") + (i === v.tokens.length - 1 ? " pending" : ""));
+      li.appendChild(el("span", t, "tok-text"));
+      li.appendChild(el("span", i, "tok-pos"));
+      seq.appendChild(li);
+    });
+    $("step-title").textContent = v.phase === "prefill" ? "Prefill (step 0)" : `Decode step ${v.index}`;
+    $("step-explain").textContent = v.phase === "prefill"
+      ? `All ${v.fed.length} prompt tokens go through all ${v.layers_computed} layers in one pass; the cache is empty before and holds ${v.cache_len} positions after.`
+      : `Only the newest token goes in, input shape (1, 1). It passes through all ${v.layers_computed} layers once; the ${v.past} earlier positions are read from the cache, not recomputed.`;
+    const facts = $("step-facts"); facts.textContent = "";
+    const fed = v.fed.length > 6 ? v.fed.slice(0, 3).map((f) => f.shown).join(" ") + " … " + v.fed.slice(-2).map((f) => f.shown).join(" ") : v.fed.map((f) => f.shown).join(" ");
+    for (const [k, val] of [
+      ["fed in", fed], ["input shape", `(${v.input_shape.join(", ")})`], ["computed this step", `${v.fed.length} token(s) × ${v.layers_computed} layers`],
+      ["read from cache", `${v.past} positions × ${v.layers_computed} layers`], ["cache length after", v.cache_len],
+      ["attention shape per layer", `(${v.attention.shape.join(", ")})`], ["logits shape", `(1, ${v.fed.length}, …) → last row used`],
+      ["measured forward time", `${kv.fmt(v.ms, 1)} ms`],
+    ]) {
+      const tr = el("tr"); tr.appendChild(el("th", k, "l")); tr.appendChild(el("td", val, "l mono")); facts.appendChild(tr);
+    }
+    const tb = $("topk").querySelector("tbody"); tb.textContent = "";
+    for (const t of v.top) {
+      const tr = el("tr", null, t.chosen ? "pick" : "");
+      tr.appendChild(el("td", t.rank)); tr.appendChild(el("td", t.shown, "l mono")); tr.appendChild(el("td", t.id));
+      tr.appendChild(el("td", kv.fmt(t.prob))); tr.appendChild(el("td", kv.fmt(t.sample_prob)));
+      tr.appendChild(el("td", t.chosen ? "← chosen" : "", "l"));
+      tb.appendChild(tr);
+    }
+    $("cache-bytes").textContent = `${v.cache_bytes.toLocaleString()} bytes`;
+    $("formula").textContent = "2 (K and V) · layers · kv_heads · tokens · head_dim · bytes = " + v.formula.text;
+    const cs = $("cache-shapes").querySelector("tbody"); cs.textContent = "";
+    for (const c of v.cache_shapes) {
+      const tr = el("tr");
+      tr.appendChild(el("td", c.layer, "l")); tr.appendChild(el("td", `(${c.k.join(", ")})`, "l mono"));
+      tr.appendChild(el("td", `(${c.v.join(", ")})`, "l mono")); tr.appendChild(el("td", c.bytes.toLocaleString()));
+      cs.appendChild(tr);
+    }
+    drawAttention(v);
+    drawCacheRows();
+    addEquivRow(v);
+    drawCost(v);
+    document.body.dataset.decodeStep = String(v.index);
+  }
+
+  function drawAttention(v) {
+    const L = v.attention.layers, H = v.attention.heads, T = v.cache_len;
+    const data = kv.b64ToF32(v.attention.data);
+    const layer = +$("attn-layer").value || 0;
+    const z = [];
+    for (let h = 0; h < H; h++) z.push(Array.from(data.subarray((layer * H + h) * T, (layer * H + h + 1) * T)));
+    $("attn-shape").textContent = `layer ${layer}: (1, ${H}, 1, ${T})`;
+    Plotly.react("attn-heatmap", [{
+      type: "heatmap", z, colorscale: "Blues", reversescale: true, zmin: 0, zmax: 1,
+      x: [...Array(T).keys()], y: [...Array(H).keys()],
+      hovertemplate: "head %{y} → position %{x} " + "<br>weight = %{z:.6f}<extra></extra>",
+      colorbar: { title: { text: "softmax weight" } },
+    }], {
+      margin: { l: 60, r: 10, t: 10, b: 50 }, font: kv.plotFont,
+      xaxis: { title: { text: "cached position (key) — newest at the right" } },
+      yaxis: { title: { text: "head" }, autorange: "reversed", dtick: 1 },
+    }, { responsive: true, displaylogo: false });
+  }
+
+  async function drawCacheRows() {
+    if (!S) return;
+    const layer = +$("cache-layer").value || 0, head = +$("cache-head").value || 0;
+    let c;
+    try { c = await kv.getJSON(`/api/decode/${S.id}/cache/${layer}/${head}?last=24`); } catch (e) { return; }
+    const k = kv.b64ToF32(c.k), n = c.total - c.start, d = c.head_dim;
+    const z = [];
+    for (let i = 0; i < n; i++) z.push(Array.from(k.subarray(i * d, (i + 1) * d)));
+    const y = [...Array(n).keys()].map((i) => c.start + i);
+    Plotly.react("cache-rows", [{
+      type: "heatmap", z, y, x: [...Array(d).keys()], colorscale: "RdBu", zmid: 0,
+      hovertemplate: "position %{y}, dim %{x}<br>K = %{z:.4f}<extra></extra>", colorbar: { title: { text: "K value" } },
+    }], {
+      margin: { l: 60, r: 10, t: 30, b: 50 }, font: kv.plotFont,
+      title: { text: `K rows of layer ${layer}, head ${head}: cache shape (${c.k_shape.join(", ")})`, font: { size: 14 } },
+      xaxis: { title: { text: "head_dim" } }, yaxis: { title: { text: "position" }, autorange: "reversed" },
+      shapes: [{ type: "rect", xref: "paper", x0: 0, x1: 1, y0: c.total - 1.5, y1: c.total - 0.5, line: { color: "#e39b00", width: 3 } }],
+    }, { responsive: true, displaylogo: false });
+  }
+
+  async function addEquivRow(v) {
+    const tr = el("tr");
+    tr.dataset.step = v.index;
+    const fed = v.fed.length > 3 ? `${v.fed.length} prompt tokens` : v.fed.map((f) => f.shown).join(" ");
+    for (const [val, cls] of [[v.index], [fed, "l mono"], [`(${v.input_shape.join(", ")})`], [v.cache_len],
+      [v.chosen.shown, "l mono"], [kv.fmt(v.chosen.prob)], ["…", "diff"], ["…", "same"], [kv.fmt(v.ms, 1)], ["…", "full"]]) {
+      tr.appendChild(el("td", val, cls));
+    }
+    $("equiv").querySelector("tbody").appendChild(tr);
+    tr.scrollIntoView({ block: "nearest" });
+    let r;
+    try { r = await kv.getJSON(`/api/decode/${S.id}/verify/${v.index}`); } catch (e) { return; }
+    tr.querySelector(".diff").textContent = r.max_abs_diff.toExponential(2);
+    const same = tr.querySelector(".same");
+    same.textContent = r.same_token ? "✓ yes" : "✗ no";
+    same.className = r.same_token ? "same ok" : "same bad";
+    tr.querySelector(".full").textContent = kv.fmt(r.recompute_ms, 1);
+    S.steps.push(r);
+    const worst = Math.max(...S.steps.map((s) => s.max_abs_diff));
+    const allSame = S.steps.every((s) => s.same_token);
+    const sum = $("equiv-summary");
+    sum.textContent = `${S.steps.length} steps checked · max |Δ| ${worst.toExponential(2)} · ${allSame ? "same tokens" : "tokens differ"}`;
+    sum.className = "pill " + (allSame && worst < 1e-3 ? "ok" : "bad");
+    drawTimes();
+  }
+
+  function drawCost(v) {
+    const w = v.work, x = [...Array(w.tokens_cached.length).keys()];
+    const lay = (yt) => ({ margin: { l: 80, r: 10, t: 10, b: 50 }, font: kv.plotFont,
+      xaxis: { title: { text: "tokens generated" } }, yaxis: { title: { text: yt } }, legend: { orientation: "h", y: 1.12 } });
+    Plotly.react("cost-tokens", [
+      { x, y: w.tokens_recompute, name: "full recompute Σ(L+t)", mode: "lines+markers" },
+      { x, y: w.tokens_cached, name: "with KV cache L+T", mode: "lines+markers" },
+    ], lay("tokens pushed through the layers"), { responsive: true, displaylogo: false });
+    Plotly.react("cost-pairs", [
+      { x, y: w.pairs_recompute, name: "full recompute O((L+T)³)", mode: "lines+markers" },
+      { x, y: w.pairs_cached, name: "with KV cache O((L+T)²)", mode: "lines+markers" },
+    ], lay("query·key pairs scored"), { responsive: true, displaylogo: false });
+  }
+
+  function drawTimes() {
+    const x = S.steps.map((s) => s.index);
+    Plotly.react("cost-time", [
+      { x, y: S.steps.map((s) => s.recompute_ms), name: "full recompute (measured)", mode: "lines+markers" },
+      { x, y: S.steps.map((s) => s.cached_ms), name: "cached step (measured)", mode: "lines+markers" },
+    ], { margin: { l: 80, r: 10, t: 10, b: 50 }, font: kv.plotFont, legend: { orientation: "h", y: 1.12 },
+      xaxis: { title: { text: "step (0 = prefill)" } }, yaxis: { title: { text: "time per step (ms)" } } },
+    { responsive: true, displaylogo: false });
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    $("prefill").addEventListener("click", prefill);
+    $("step").addEventListener("click", async () => { setBusy(true); await step(); setBusy(false); });
+    $("run").addEventListener("click", run);
+    $("stop").addEventListener("click", () => { running = false; setBusy(false); });
+    $("reset").addEventListener("click", reset);
+    $("attn-layer").addEventListener("change", () => S && drawAttention(S.last));
+    $("cache-layer").addEventListener("change", drawCacheRows);
+    $("cache-head").addEventListener("change", drawCacheRows);
+    window.addEventListener("pagehide", () => { if (S) navigator.sendBeacon(`/api/decode/${S.id}/close`); });
+  });
+})();

@@ -1,0 +1,92 @@
+"""Decode API: sessions, steps, checks, expiry, caps and release of cache memory."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from app.errors import Busy
+from app.model.sampling import Sampling
+
+
+def start(client, **kw):
+    body = {"prompt": "The cat sat on", **kw}
+    r = client.post("/api/decode/sessions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_prefill_then_steps(client):
+    v = start(client)
+    assert v["phase"] == "prefill" and v["input_shape"] == [1, 4] and v["cache_len"] == 4
+    assert v["cache_shapes"][0]["k"] == [1, 12, 4, 64] and len(v["cache_shapes"]) == 6
+    assert v["cache_bytes"] == v["formula"]["total"] == 2 * 6 * 12 * 4 * 64 * 4
+    sid = v["session"]
+    for n in range(5):
+        s = client.post(f"/api/decode/{sid}/step").json()
+        assert s["input_shape"] == [1, 1] and s["cache_len"] == 5 + n and s["past"] == 4 + n
+        assert s["attention"]["shape"] == [1, 12, 1, 5 + n]
+    check = client.get(f"/api/decode/{sid}/verify/5").json()
+    assert check["max_abs_diff"] <= 1e-4 and check["same_token"]
+    rows = client.get(f"/api/decode/{sid}/cache/5/11?last=3").json()
+    assert rows["total"] == 9 and rows["start"] == 6
+
+
+def test_bad_sampling_and_indexes_are_422(client):
+    assert client.post("/api/decode/sessions", json={"prompt": "x", "temperature": 0}).status_code == 422
+    assert client.post("/api/decode/sessions", json={"prompt": "", "mode": "greedy"}).status_code == 422
+    assert client.post("/api/decode/sessions", json={"prompt": "x", "mode": "beam"}).status_code == 422
+    sid = start(client)["session"]
+    assert client.get(f"/api/decode/{sid}/verify/9").status_code == 422
+    assert client.get(f"/api/decode/{sid}/cache/6/0").status_code == 422
+
+
+def test_release_returns_cache_bytes_to_baseline(client, state):
+    base = state.sessions.stats()["bytes"]
+    sid = start(client)["session"]
+    for _ in range(3):
+        client.post(f"/api/decode/{sid}/step")
+    assert state.sessions.stats()["bytes"] > base
+    assert client.delete(f"/api/decode/{sid}").json()["released"]
+    assert state.sessions.stats()["bytes"] == base
+    r = client.post(f"/api/decode/{sid}/step")
+    assert r.status_code == 410 and "ended or expired" in r.json()["detail"]
+    rebuilt = client.post(f"/api/decode/{sid}/rebuild").json()
+    assert rebuilt["prompt_len"] == 4 + 4  # prompt + the 4 chosen tokens
+    assert client.post("/api/decode/nonexistent/step").status_code == 410
+
+
+def test_close_beacon_releases(client, state):
+    sid = start(client)["session"]
+    assert client.post(f"/api/decode/{sid}/close").json()["released"]
+    assert state.sessions.stats()["sessions"] == 0
+
+
+def test_expiry(client, state):
+    state.sessions.ttl_s = 0.05
+    sid = start(client)["session"]
+    time.sleep(0.1)
+    r = client.post(f"/api/decode/{sid}/step")
+    assert r.status_code == 410
+    assert state.sessions.stats()["bytes"] == 0
+
+
+def test_session_cap_says_busy(client, state):
+    state.sessions.max_sessions = 2
+    start(client)
+    start(client)
+    r = client.post("/api/decode/sessions", json={"prompt": "The cat"})
+    assert r.status_code == 503 and "busy" in r.json()["detail"]
+
+
+def test_byte_cap_says_busy(state, tiny):
+    state.sessions.max_bytes = 1
+    state.sessions.create(tiny, [1, 2, 3], Sampling()).prefill()
+    with pytest.raises(Busy):
+        state.sessions.create(tiny, [1, 2, 3], Sampling())
+
+
+def test_decode_page_renders(client):
+    r = client.get("/decode")
+    assert r.status_code == 200 and 'id="prefill"' in r.text
