@@ -107,6 +107,12 @@ class PrefixCache:
         self.key_store = torch.zeros(shape, dtype=a.dtype)  # (N, L, H_kv, bs, Dh)
         self.value_store = torch.zeros(shape, dtype=a.dtype)  # (N, L, H_kv, bs, Dh)
 
+    @torch.no_grad()
+    def warm_up(self) -> None:
+        """One untimed forward, so the first measured request does not pay torch's first-call costs."""
+        model = self.lm.model
+        model(input_ids=torch.zeros((1, 2), dtype=torch.long), cache=DynamicCache(config=model.config), use_cache=True)
+
     @staticmethod
     def page_bytes_for(lm: LoadedModel, block_size: int) -> int:
         a = lm.adapter
@@ -219,6 +225,30 @@ class PrefixCache:
 
 # --- the lab ---------------------------------------------------------------------------------------
 
+_SYSTEM = "you are a kind helper. answer in one short line and keep it plain."
+_QUESTION = "\nuser. what does a cache keep.\n"
+_TIMES = ("one", "two", "nine")
+_TURN1 = "user. what is a cache.\nai. it keeps old keys.\n"
+_TURN2 = _TURN1 + "user. why keep them.\nai. to save time.\n"
+_TURN3 = _TURN2 + "user. and values.\nai. those too.\n"
+
+# The presets use only lowercase letters, spaces, full stops and newlines and stay under 128
+# characters, so they fit the built-in character-level model (128 positions, a ~25-character
+# vocabulary without digits, capitals or colons) as well as GPT-2's tokenizer. Hence "time now is
+# one past ten." for the "Current time: 10:01" anti-pattern.
+# name -> list of (group, prompt). Groups are compared side by side in the stats.
+PRESETS: dict[str, list[tuple[str, str]]] = {
+    "system": [
+        ("system", f"{_SYSTEM}\nuser. {q}\n")
+        for q in ("what does a cache keep.", "why are old keys kept.", "is a query cached too.")
+    ],
+    "chat": [("chat", t) for t in (_TURN1, _TURN2, _TURN3)],
+    "timestamp": [("time at start", f"time now is {t} past ten. {_SYSTEM}{_QUESTION}") for t in _TIMES]
+    + [("time at end", f"{_SYSTEM} time now is {t} past ten.{_QUESTION}") for t in _TIMES],
+}
+
+
+
 def auto_block_size(token_counts: list[int]) -> int:
     """Largest of 16, 8, 4 that gives the shortest prompt at least ``AUTO_MIN_FULL_BLOCKS`` full blocks
     (16 for the character-level model's ~100-token presets, 4 for the same text in GPT-2 BPE)."""
@@ -275,6 +305,7 @@ class PrefixLab:
                 f"{c.block_size}, {c.pool.num_blocks}); cached blocks dropped.") if c else None
         self.reset()
         self.cache = PrefixCache(lm, block_size=block_size, num_blocks=num_blocks)
+        self.cache.warm_up()
         if note:
             self.notes.append(note)
 
@@ -354,4 +385,47 @@ def get_lab(state) -> PrefixLab:
     lab = state.extras.get("prefix")
     if lab is None:
         lab = state.extras["prefix"] = PrefixLab()
+    return lab
+
+
+def parse_block_size(value: str | int | None) -> int | None:
+    """``"auto"``/None -> None (chosen from the prompts), else one of ``BLOCK_SIZES``."""
+    if value in (None, "", "auto"):
+        return None
+    try:
+        size = int(value)
+    except (TypeError, ValueError):
+        size = -1
+    if size not in BLOCK_SIZES:
+        raise BadInput(f"Block size must be auto or one of {', '.join(map(str, BLOCK_SIZES))}.")
+    return size
+
+
+def run_lab(state, *, model: str | None, preset: str | None, prompts: list[str] | None,
+            block_size: str | int | None, num_blocks: int, salt: str | None) -> PrefixLab:
+    """Run a preset (or the given prompts) through the page's prefix cache."""
+    lm = state.model(model)
+    if preset and preset != "custom":
+        if preset not in PRESETS:
+            raise BadInput(f"Unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}.")
+        pairs = PRESETS[preset]
+    else:
+        pairs = [("custom", p) for p in (prompts or []) if p.strip()]
+    lab = get_lab(state)
+    with state.model_lock:
+        lab.run(lm, pairs, block_size=parse_block_size(block_size), num_blocks=num_blocks, salt=salt or None)
+    return lab
+
+
+def finish_lab(state, *, request_id: int | None, reason: str = "finished") -> PrefixLab:
+    lab = get_lab(state)
+    with state.model_lock:
+        lab.finish(request_id, reason=reason)
+    return lab
+
+
+def reset_lab(state) -> PrefixLab:
+    lab = get_lab(state)
+    with state.model_lock:
+        lab.reset()
     return lab

@@ -2,39 +2,13 @@
 
 Pure functions: request records and pool state in, plain dicts out. Nothing here runs the model or
 changes the pool.
-
-The presets use only lowercase letters, spaces, full stops and newlines and stay under 128
-characters, so they fit the built-in character-level model (128 positions, a ~25-character
-vocabulary without digits or capitals) as well as GPT-2's tokenizer.
 """
 
 from __future__ import annotations
 
 from app.cache.blocks import BlockPool
-from app.cache.prefix import PrefixLab, PrefixRequest
+from app.cache.prefix import PRESETS, PrefixLab, PrefixRequest, auto_block_size
 from app.viz.tokens import visible
-
-_SYSTEM = "you are a kind helper. answer in one short line and keep it plain."
-_QUESTION = "\nuser. what does a cache keep.\n"
-_TIMES = ("one", "two", "nine")
-_TURN1 = "user. what is a cache.\nai. it keeps old keys.\n"
-_TURN2 = _TURN1 + "user. why keep them.\nai. to save time.\n"
-_TURN3 = _TURN2 + "user. and values.\nai. those too.\n"
-
-# name -> list of (group, prompt). Groups are compared side by side in the stats.
-PRESETS: dict[str, list[tuple[str, str]]] = {
-    "system": [
-        ("system", f"{_SYSTEM}\nuser. {q}\n")
-        for q in ("what does a cache keep.", "why are old keys kept.", "is a query cached too.")
-    ],
-    "chat": [("chat", t) for t in (_TURN1, _TURN2, _TURN3)],
-    "timestamp": [("time at start", f"time now is {t} past ten. {_SYSTEM}{_QUESTION}") for t in _TIMES]
-    + [("time at end", f"{_SYSTEM} time now is {t} past ten.{_QUESTION}") for t in _TIMES],
-}
-
-
-def preset_prompts(name: str | None) -> list[tuple[str, str]] | None:
-    return PRESETS.get(name or "")
 
 
 def short_hash(h: str | None, n: int = 6) -> str:
@@ -181,7 +155,9 @@ def lab_view(lab: PrefixLab) -> dict:
         "notes": lab.notes,
         "config": {"model": lm.name, "block_size": cache.block_size, "num_blocks": pool.num_blocks,
                    "page_bytes": cache.page_bytes, "store_bytes": cache.page_bytes * pool.num_blocks,
-                   "max_positions": lm.max_positions},
+                   "max_positions": lm.max_positions, "n_layer": lm.adapter.n_layer,
+                   "n_kv_head": lm.adapter.n_kv_head, "head_dim": lm.adapter.head_dim,
+                   "dtype_bytes": lm.adapter.dtype.itemsize},
         "pool": {"used": pool.num_used_blocks, "evictable": evictable, "empty": pool.num_free_blocks - evictable,
                  "free": pool.num_free_blocks, "evictions": pool.num_evictions, "blocks": pool_strip(pool)},
         "run": counts_view(run),
@@ -194,3 +170,19 @@ def lab_view(lab: PrefixLab) -> dict:
         "block_rows": block_rows(run, pool, cache.is_cached),
         "max_len": max((r.num_tokens for r in run), default=0),
     }
+
+
+def presets_view(models: list | tuple = ()) -> list[dict]:
+    """Each preset's prompts and, per model, their token counts, whether they fit, and the auto block size."""
+    out = []
+    for name, pairs in PRESETS.items():
+        per_model = {}
+        for lm in models:
+            counts = [len(lm.encode(text)) for _, text in pairs]
+            unk = lm.tokenizer.unk_token_id
+            known = unk is None or all(unk not in lm.encode(text) for _, text in pairs)
+            per_model[lm.name] = {"tokens": counts, "fits": known and max(counts) <= lm.max_positions,
+                                  "auto_block_size": auto_block_size(counts)}
+        out.append({"name": name, "groups": list(dict.fromkeys(g for g, _ in pairs)),
+                    "prompts": [{"group": g, "text": t} for g, t in pairs], "models": per_model})
+    return out

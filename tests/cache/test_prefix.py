@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from app.cache.prefix import PrefixCache, PrefixLab, auto_block_size
+from app.cache.prefix import PRESETS, PrefixCache, PrefixLab, auto_block_size
 from app.errors import BadInput, NotFound
-from app.viz.prefix import PRESETS, common_prefix_len
+from app.viz.prefix import common_prefix_len
 
 SYSTEM = "you are a kind helper. answer in one short line and keep it plain.\n"
 
