@@ -200,9 +200,8 @@ class PagedEngine:
         self._admit()
         return seq
 
-    def _admit(self) -> list[int]:
-        """Admit waiting sequences first come, first served, while their blocks fit. Returns those admitted."""
-        admitted: list[int] = []
+    def _admit(self) -> None:
+        """Admit waiting sequences first come, first served, while their blocks fit."""
         while self.waiting:
             seq = self.sequences[self.waiting[0]]
             try:
@@ -211,9 +210,8 @@ class PagedEngine:
             except PoolExhausted as exc:
                 self.stall = {"kind": "admit", "seq_id": seq.seq_id, "needed": exc.needed, "free": exc.free}
                 self.events.append(f"seq {seq.seq_id} waits: needs {exc.needed} blocks, {exc.free} free")
-                return admitted
+                return
             self.waiting.popleft()
-            admitted.append(seq.seq_id)
             table = self.cache.block_tables[seq.seq_id]
             if seq.pending is None:  # a new sequence: prefill picks its first token
                 self._pick(seq, logits[-1])
@@ -223,7 +221,6 @@ class PagedEngine:
                 self.events.append(f"seq {seq.seq_id} recomputed {len(seq.tokens)} tokens into blocks {table}")
             seq.status = RUNNING
             self._finish_if_done(seq)
-        return admitted
 
     def _pick(self, seq: Sequence, logits: torch.Tensor) -> None:
         top = torch.topk(logits, 4).indices.tolist()
@@ -245,12 +242,15 @@ class PagedEngine:
         seq.status = status
 
     def step(self) -> None:
-        """Admit what fits, then one greedy token for every running sequence that can get its slot."""
+        """One greedy token for every running sequence that can get its slot, then admit waiting ones that fit.
+
+        Running sequences go first (as in vLLM's scheduler), so a preempted sequence does not immediately take
+        back the blocks it just gave up; a sequence admitted now does its prefill this step and decodes from the next.
+        """
         self.stall = None
         self.step_count += 1
-        admitted = self._admit()  # their prefill is this step's work for them
         blocked = []
-        for seq in [s for s in self.sequences.values() if s.status == RUNNING and s.seq_id not in admitted]:
+        for seq in [s for s in self.sequences.values() if s.status == RUNNING]:
             try:
                 with self._lock:
                     logits = forward_through(self.lm, PagedSeqStore(self.cache, seq.seq_id), [seq.pending])
@@ -260,6 +260,7 @@ class PagedEngine:
             seq.tokens.append(seq.pending)
             self._pick(seq, logits[-1])
             self._finish_if_done(seq)
+        self._admit()
         if blocked:
             self.stall = {"kind": "grow", "seq_id": blocked[0], "blocked": blocked, "needed": 1,
                           "free": self.cache.num_free_blocks}
@@ -282,7 +283,8 @@ class PagedEngine:
                          parent.max_new, status=RUNNING, parent=seq_id)
         self.cache.fork(seq_id, child.seq_id)
         self.sequences[child.seq_id] = child
-        self.events.append(f"seq {child.seq_id} forks from seq {seq_id}, sharing blocks {self.cache.block_tables[seq_id]}")
+        shared = self.cache.block_tables[seq_id]
+        self.events.append(f"seq {child.seq_id} forks from seq {seq_id}, sharing blocks {shared}")
         return child
 
     def finish(self, seq_id: int) -> None:

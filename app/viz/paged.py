@@ -1,0 +1,141 @@
+"""View data for the /paged page: the block pool map, block tables, capacity, the verification bench.
+
+Pure functions: engine or bench result in, plain JSON-ready data out. No tensors leave this module.
+"""
+
+from __future__ import annotations
+
+from app.cache.paged import blocks_needed
+from app.cache.paged_decode import PagedEngine
+from app.cache.quant import FORMATS, float_bytes_per_token
+from app.model.loading import LoadedModel
+from app.viz.tokens import visible
+
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32)
+
+
+def _text(lm: LoadedModel, ids: list[int]) -> str:
+    return lm.tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+
+
+def pool_view(engine: PagedEngine) -> dict:
+    """Every physical block: who holds it, its ref count, how many of its slots are written, the tokens in them."""
+    cache, lm = engine.cache, engine.lm
+    bs = cache.block_size
+    holders: dict[int, list[tuple[int, int]]] = {}  # block id -> [(seq id, logical block index)]
+    for seq_id, table in cache.block_tables.items():
+        for j, block_id in enumerate(table):
+            holders.setdefault(block_id, []).append((seq_id, j))
+    free_order = {b: i for i, b in enumerate(cache.free_block_queue)}
+    blocks = []
+    for block in cache.blocks:
+        held = holders.get(block.block_id, [])
+        entry = {"id": block.block_id, "ref_cnt": block.ref_cnt, "owners": [s for s, _ in held],
+                 "filled": 0, "slots": [], "free_pos": free_order.get(block.block_id)}
+        if held:
+            seq_id, j = held[0]
+            ids = engine.sequences[seq_id].tokens[j * bs : (j + 1) * bs]
+            entry["filled"] = len(ids)
+            entry["slots"] = [visible(t) for t in lm.token_texts(ids)]
+        entry["waste"] = bs - entry["filled"] if held else 0
+        blocks.append(entry)
+    return {"blocks": blocks, "num_blocks": cache.num_blocks, "block_size": bs,
+            "free": cache.num_free_blocks, "used": cache.num_used_blocks, "bytes_per_block": cache.bytes_per_block,
+            "bytes_total": cache.bytes_per_block * cache.num_blocks, "cow_copies": cache.cow_copies}
+
+
+def sequences_view(engine: PagedEngine) -> list[dict]:
+    lm, cache = engine.lm, engine.cache
+    rows = []
+    for seq in engine.sequences.values():
+        table = cache.block_tables.get(seq.seq_id, [])
+        rows.append({
+            "id": seq.seq_id, "status": seq.status, "parent": seq.parent,
+            "prompt": _text(lm, seq.tokens[: seq.prompt_len]),
+            "generated_text": _text(lm, seq.tokens[seq.prompt_len :]),
+            "next": visible(lm.token_text(seq.pending)) if seq.pending is not None else None,
+            "cached_tokens": cache.num_tokens.get(seq.seq_id, 0), "block_table": list(table),
+            "tail_waste": cache.tail_waste(seq.seq_id) if table else 0,
+            "generated": seq.generated, "max_new": seq.max_new,
+            "preemptions": seq.preemptions, "recomputed_tokens": seq.recomputed_tokens,
+            "can_fork": seq.status == "running" and bool(seq.alternatives),
+        })
+    return rows
+
+
+def capacity_view(
+    *, n_layer: int, n_kv_head: int, head_dim: int, budget_bytes: int, lengths: list[int],
+    block_sizes: tuple[int, ...] = BLOCK_SIZES,
+) -> dict:
+    """For the pool's memory budget: tokens that fit per block size, and the tail waste the given sequences cause.
+
+    ``lengths`` are the token counts of the sequences now in the pool, each counted as if it held its blocks
+    alone (sharing after a fork is ignored here).
+    """
+    per_token = float_bytes_per_token(n_layer=n_layer, n_kv_head=n_kv_head, head_dim=head_dim)
+    rows = []
+    for bs in block_sizes:
+        block_bytes = per_token * bs
+        num_blocks = budget_bytes // block_bytes
+        needed = sum(blocks_needed(n, bs) for n in lengths)
+        waste = needed * bs - sum(lengths)
+        rows.append({
+            "block_size": bs, "block_bytes": block_bytes, "num_blocks": num_blocks, "tokens": num_blocks * bs,
+            "blocks_needed": needed, "waste_slots": waste, "waste_bytes": waste * per_token,
+            "waste_pct": 100.0 * waste / (needed * bs) if needed else 0.0, "max_waste_per_seq": bs - 1,
+        })
+    formats = [{"name": "fp32", "bytes_per_token": per_token, "tokens": budget_bytes // per_token},
+               {"name": "bf16", "bytes_per_token": per_token // 2, "tokens": budget_bytes // (per_token // 2)}]
+    for fmt in FORMATS.values():
+        b = fmt.bytes_per_token(n_layer=n_layer, n_kv_head=n_kv_head, head_dim=head_dim, block_size=16)
+        formats.append({"name": fmt.name, "bytes_per_token": b, "tokens": int(budget_bytes // b)})
+    return {"budget_bytes": budget_bytes, "bytes_per_token": per_token, "lengths": list(lengths),
+            "by_block_size": rows, "by_format": formats}
+
+
+def engine_view(engine: PagedEngine, session_id: str) -> dict:
+    a = engine.lm.adapter
+    cache = engine.cache
+    lengths = [cache.num_tokens[s] for s in cache.block_tables]
+    reserved = cache.num_used_blocks * cache.block_size
+    stored = sum(lengths)
+    return {
+        "session": session_id, "model": engine.lm.name, "step": engine.step_count,
+        "pool": pool_view(engine), "sequences": sequences_view(engine), "waiting": list(engine.waiting),
+        "stall": engine.stall, "events": list(engine.events),
+        "summary": {"tokens_stored": stored, "slots_reserved": reserved,
+                    "tail_waste": sum(cache.tail_waste(s) for s in cache.block_tables)},
+        "capacity": capacity_view(n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim,
+                                  budget_bytes=cache.bytes_per_block * cache.num_blocks, lengths=lengths),
+    }
+
+
+PATH_LABELS = {
+    "full": "full recompute", "contiguous": "contiguous cache", "paged": "paged cache",
+    "int8-head": "int8 / head", "int8-block": "int8 / block", "fp8-e4m3": "fp8 e4m3", "int4-head": "int4 / head",
+}
+
+
+def bench_view(lm: LoadedModel, result: dict) -> dict:
+    """The bench table: one row per step, per path max |Δlogits| vs full recompute and the token it would pick."""
+    paths = result["paths"]
+    first = result["first_divergence"]
+    rows = []
+    for row in result["rows"]:
+        cells = []
+        for name in paths:
+            c = row["cells"][name]
+            cells.append({"path": name, "diff": c["max_abs_diff"], "token": c["token"],
+                          "text": visible(lm.token_text(c["token"])), "same": c["same"],
+                          "first": first[name] == row["step"]})
+        rows.append({"step": row["step"], "position": row["position"], "token": row["token"],
+                     "text": visible(lm.token_text(row["token"])), "cells": cells})
+    return {
+        "model": lm.name, "prompt": _text(lm, result["prompt_ids"]), "steps": result["steps"],
+        "block_size": result["block_size"], "window": result["window"],
+        "paths": [{"name": n, "label": PATH_LABELS.get(n, f"window W={result['window']}"),
+                   "first_divergence": first[n], "max_abs_diff": result["max_abs_diff"][n],
+                   "bytes_per_token": result["bytes_per_token"][n], "bytes_held": result["bytes_held"][n]}
+                  for n in paths],
+        "rows": rows, "generated": _text(lm, result["tokens"][len(result["prompt_ids"]) :]),
+    }

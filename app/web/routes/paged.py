@@ -1,0 +1,133 @@
+"""The paged-cache lab: /paged, and its JSON API under /api/paged/.
+
+Each pool (a ``PagedEngine``) lives in ``state.extras['paged']`` (a bounded ``PagedSessions``); model forwards
+run under ``state.model_lock``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, Field
+
+from app.cache.paged_decode import PagedEngine, PagedSessions
+from app.cache.verify import run_bench
+from app.errors import BadInput
+from app.model.prompts import encode_prompt
+from app.state import AppState
+from app.viz.models import model_card
+from app.viz.paged import bench_view, engine_view
+from app.web.deps import StateDep
+from app.web.render import render
+
+router = APIRouter()
+
+MAX_SESSIONS = 4
+MAX_PROMPT_CHARS = 400
+MAX_PROMPT_TOKENS = 64
+MAX_BENCH_STEPS = 40
+BLOCK_SIZES = (1, 2, 4, 8, 16)
+
+
+class NewPool(BaseModel):
+    model: str | None = None
+    num_blocks: int = Field(24, ge=2, le=64)
+    block_size: Literal[1, 2, 4, 8, 16] = 4
+
+
+class NewSequence(BaseModel):
+    prompt: str = Field(..., max_length=MAX_PROMPT_CHARS)
+    max_new: int = Field(12, ge=1, le=48)
+
+
+def _sessions(state: AppState) -> PagedSessions:
+    return state.extras.setdefault("paged", PagedSessions(MAX_SESSIONS))
+
+
+def _prompt_ids(lm, prompt: str | None) -> list[int]:
+    ids = encode_prompt(lm, prompt, max_chars=MAX_PROMPT_CHARS, reserve=MAX_BENCH_STEPS + 8)
+    if len(ids) > MAX_PROMPT_TOKENS:
+        raise BadInput(f"This lab takes prompts of up to {MAX_PROMPT_TOKENS} tokens; this one has {len(ids)}.")
+    return ids
+
+
+@router.get("/paged", include_in_schema=False)
+def read_paged_page(request: Request, state: StateDep, model: str | None = None):
+    lm = state.model(model)
+    return render(request, "paged.html", page="paged", card=model_card(lm))
+
+
+@router.post("/api/paged/sessions", tags=["paged"])
+def create_pool(state: StateDep, body: NewPool) -> dict:
+    """A new block pool of ``num_blocks`` blocks of ``block_size`` tokens for the chosen model."""
+    lm = state.model(body.model)
+    engine = PagedEngine(lm, num_blocks=body.num_blocks, block_size=body.block_size, lock=state.model_lock)
+    return engine_view(engine, _sessions(state).create(engine))
+
+
+@router.get("/api/paged/sessions/{sid}", tags=["paged"])
+def read_pool(state: StateDep, sid: str) -> dict:
+    return engine_view(_sessions(state).get(sid), sid)
+
+
+@router.post("/api/paged/sessions/{sid}/sequences", tags=["paged"])
+def add_sequence(state: StateDep, sid: str, body: NewSequence) -> dict:
+    """A new request: it is prefilled into the pool if its blocks fit, otherwise it waits."""
+    engine = _sessions(state).get(sid)
+    engine.add(_prompt_ids(engine.lm, body.prompt), body.max_new)
+    return engine_view(engine, sid)
+
+
+@router.post("/api/paged/sessions/{sid}/step", tags=["paged"])
+def step_pool(state: StateDep, sid: str) -> dict:
+    """One decode step: admit waiting sequences that fit, then one greedy token per running sequence."""
+    engine = _sessions(state).get(sid)
+    engine.step()
+    return engine_view(engine, sid)
+
+
+@router.post("/api/paged/sessions/{sid}/wait", tags=["paged"])
+def choose_wait(state: StateDep, sid: str) -> dict:
+    """Pool exhausted, choice 1: wait (nothing is freed; blocked sequences retry at the next step)."""
+    engine = _sessions(state).get(sid)
+    engine.wait()
+    return engine_view(engine, sid)
+
+
+@router.post("/api/paged/sessions/{sid}/sequences/{seq_id}/{action}", tags=["paged"])
+def act_on_sequence(
+    state: StateDep, sid: str, seq_id: int, action: Literal["fork", "finish", "cancel", "preempt"]
+) -> dict:
+    """fork (share its blocks, branch on a runner-up token), finish, cancel, or preempt (free now, recompute later)."""
+    engine = _sessions(state).get(sid)
+    getattr(engine, action)(seq_id)
+    return engine_view(engine, sid)
+
+
+def _bench(state: AppState, prompt: str | None, model: str | None, steps: int, block_size: int, window: int) -> dict:
+    lm = state.model(model)
+    if block_size not in BLOCK_SIZES:
+        raise BadInput(f"Block size must be one of {', '.join(map(str, BLOCK_SIZES))}; got {block_size}.")
+    ids = _prompt_ids(lm, prompt)
+    return bench_view(lm, run_bench(lm, ids, steps=steps, block_size=block_size, window=window,
+                                    lock=state.model_lock))
+
+
+@router.get("/api/paged/bench", tags=["paged"])
+def read_bench(
+    state: StateDep, prompt: str, model: str | None = None, steps: int = Query(16, ge=1, le=MAX_BENCH_STEPS),
+    block_size: int = 4, window: int = Query(8, ge=1, le=512),
+) -> dict:
+    """Verification bench: full recompute vs contiguous vs paged vs quantized vs window, step by step."""
+    return _bench(state, prompt, model, steps, block_size, window)
+
+
+@router.get("/paged/bench", include_in_schema=False)
+def read_bench_fragment(
+    request: Request, state: StateDep, prompt: str | None = None, model: str | None = None,
+    steps: int = Query(16, ge=1, le=MAX_BENCH_STEPS), block_size: int = 4,
+    window: int = Query(8, ge=1, le=512),
+):
+    bench = _bench(state, prompt, model, steps, block_size, window)
+    return render(request, "partials/_paged_bench.html", bench=bench, page="paged")
