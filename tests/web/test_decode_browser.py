@@ -1,0 +1,46 @@
+"""Decode studio in real headless Chromium: prefill, 5 steps, then 10 streamed steps."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+
+def test_prefill_step_and_run(page, live_server):
+    page.goto(live_server + "/decode")
+    page.fill("#prompt", "The cat sat on")
+    page.click("#prefill")
+    page.wait_for_function("document.body.dataset.decodeStep === '0'")
+    assert "cache holds 4" in page.inner_text("#len-badge")
+    assert page.locator("#cache-shapes tbody tr").count() == 6
+    assert page.locator("#cache-shapes tbody tr").first.inner_text().split("\t")[1] == "(1, 12, 4, 64)"
+
+    for n in range(1, 6):
+        page.click("#step")
+        page.wait_for_function(f"document.body.dataset.decodeStep === '{n}'")
+        assert f"cache holds {4 + n}" in page.inner_text("#len-badge")
+    assert "(1, 12, 1, 9)" in page.inner_text("#attn-shape")
+
+    page.fill("#run-n", "10")
+    page.click("#run")
+    page.wait_for_function("document.body.dataset.decodeStep === '15'", timeout=60_000)
+    assert "cache holds 19" in page.inner_text("#len-badge")
+    # Every step's check arrives: same token and a tiny difference.
+    page.wait_for_function("document.querySelectorAll('#equiv td.same.ok').length === 16", timeout=60_000)
+    assert "same tokens" in page.inner_text("#equiv-summary")
+    assert page.js_errors == []
+
+
+def test_stop_ends_a_run_early(page, live_server):
+    page.goto(live_server + "/decode")
+    page.click("#prefill")
+    page.wait_for_function("document.body.dataset.decodeStep === '0'")
+    page.fill("#run-n", "200")
+    page.click("#run")
+    page.wait_for_function("+document.body.dataset.decodeStep >= 2")
+    page.click("#stop")
+    page.wait_for_timeout(500)
+    stopped_at = int(page.evaluate("document.body.dataset.decodeStep"))
+    page.wait_for_timeout(800)
+    assert int(page.evaluate("document.body.dataset.decodeStep")) == stopped_at < 200
