@@ -1,0 +1,40 @@
+"""Fixtures for the Training lab: an app state serving only the built-in model, and a lab writing to a temp dir."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from app.model.loading import ModelRegistry
+from app.settings import Settings
+from app.state import AppState
+from app.training.jobs import ACTIVE, TrainingLab
+
+
+@pytest.fixture
+def lab_state(tiny, tmp_path) -> AppState:
+    registry = ModelRegistry(models={"builtin": tiny}, default="builtin", failures={})
+    return AppState.create(Settings(models=("builtin",), home=tmp_path), registry)
+
+
+@pytest.fixture
+def lab(lab_state, tmp_path):
+    lab = TrainingLab(lab_state, home=tmp_path)
+    yield lab
+    stop_and_wait(lab)
+
+
+def stop_and_wait(lab: TrainingLab) -> None:
+    job = lab.job
+    if job is not None and job.status in ACTIVE:
+        job.stop_event.set()
+    lab.wait(timeout=120)
+
+
+def wait_for_steps(lab: TrainingLab, n: int, timeout: float = 120) -> None:
+    """Poll until the running job has taken ``n`` steps (no assertion on how long that takes)."""
+    deadline = time.monotonic() + timeout
+    while lab.job.next_step < n and lab.job.status == "running":
+        assert time.monotonic() < deadline, "training made no progress"
+        time.sleep(0.01)
