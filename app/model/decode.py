@@ -46,6 +46,7 @@ class DecodeSession:
     cache: object | None = None
     steps: list[Step] = field(default_factory=list)
     generator: torch.Generator = field(default_factory=torch.Generator)
+    texts: list[str] = field(default_factory=list)  # visible text of every id in ``ids``, decoded once
     created: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
 
@@ -85,7 +86,7 @@ class DecodeSession:
         logits = trace["logits"][0, -1]
         state = self.generator.get_state()
         chosen, probs = choose(logits, self.sampling, self.generator)
-        plain = torch.softmax(logits.float(), dim=-1)
+        plain = probs if self.sampling.mode == "greedy" else torch.softmax(logits.float(), dim=-1)
         L = lm.adapter.n_layer
         attention = torch.stack([trace.weights(i)[0, :, -1] for i in range(L)])  # (L, H, Tk)
         newest_k = torch.stack([trace.k(i)[0, :, -1] for i in range(L)])  # (L, H, Dh)
@@ -96,7 +97,7 @@ class DecodeSession:
             cache_len=trace.cache.get_seq_length(),
             chosen=chosen,
             chosen_prob=float(probs[chosen]),
-            rank=int((plain > plain[chosen]).sum()) + 1,
+            rank=0,  # filled from the top-k table below
             top=top_tokens(lm, plain, probs, chosen),
             attention=attention,
             newest_k=newest_k,
@@ -104,7 +105,11 @@ class DecodeSession:
             generator_state=state,
             ms=ms,
         )
+        step.rank = next(t["rank"] for t in step.top if t["chosen"])
         self.steps.append(step)
+        if not self.texts:
+            self.texts = [visible(t) for t in lm.token_texts(self.prompt_ids)]
+        self.texts.append(visible(lm.token_text(chosen)))
         self.last_used = time.monotonic()
         return step
 
@@ -149,21 +154,21 @@ class DecodeSession:
     def release(self) -> None:
         self.cache = None
         self.steps.clear()
+        self.texts.clear()
 
 
 def top_tokens(lm: LoadedModel, plain: torch.Tensor, sampled_from: torch.Tensor, chosen: int, k: int = 8) -> list[dict]:
     """The k most likely tokens (plain softmax), plus the chosen one if it is not among them."""
     values, ids = torch.topk(plain, min(k, plain.numel()))
-    rows = [int(i) for i in ids.tolist()]
-    if chosen not in rows:
-        rows.append(chosen)
+    rows = [(rank + 1, int(i)) for rank, i in enumerate(ids.tolist())]
+    if chosen not in ids.tolist():
+        rows.append((int((plain > plain[chosen]).sum()) + 1, chosen))
     out = []
-    for tid in rows:
+    for rank, tid in rows:
         text = lm.token_text(tid)
         out.append({
             "id": tid, "text": text, "shown": visible(text), "prob": float(plain[tid]),
-            "sample_prob": float(sampled_from[tid]), "chosen": tid == chosen,
-            "rank": int((plain > plain[tid]).sum()) + 1,
+            "sample_prob": float(sampled_from[tid]), "chosen": tid == chosen, "rank": rank,
         })
     return out
 

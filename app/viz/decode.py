@@ -26,7 +26,6 @@ def step_view(session: DecodeSession, step: Step) -> dict:
     a = lm.adapter
     dtype_bytes = next(lm.model.parameters()).element_size()
     generated = len(session.steps) - 1
-    text = [visible(lm.token_text(i)) for i in session.ids]
     return {
         "session": session.id,
         "model": lm.name,
@@ -47,7 +46,7 @@ def step_view(session: DecodeSession, step: Step) -> dict:
                                     head_dim=a.head_dim, dtype_bytes=dtype_bytes),
         "work": work_counts(len(session.prompt_ids), generated),
         "ms": step.ms,
-        "tokens": text,
+        "tokens": session.texts,
         "prompt_len": len(session.prompt_ids),
         "done": session.done,
         "sampling": session.sampling.__dict__,
