@@ -64,7 +64,11 @@
     const box = document.getElementById("head-grid");
     box.textContent = "";
     const n = g.side * g.side;
+    const label = (text) => { const d = document.createElement("div"); d.className = "lbl"; d.textContent = text; return d; };
+    box.appendChild(label(""));
+    for (let h = 0; h < g.n_head; h++) box.appendChild(label("h" + h));
     for (let l = 0; l < g.n_layer; l++) {
+      box.appendChild(label("L" + l));
       for (let h = 0; h < g.n_head; h++) {
         const c = document.createElement("canvas");
         c.width = g.side; c.height = g.side;
