@@ -243,9 +243,22 @@ PRESETS: dict[str, list[tuple[str, str]]] = {
         for q in ("what does a cache keep.", "why are old keys kept.", "is a query cached too.")
     ],
     "chat": [("chat", t) for t in (_TURN1, _TURN2, _TURN3)],
-    "timestamp": [("time at start", f"time now is {t} past ten. {_SYSTEM}{_QUESTION}") for t in _TIMES]
-    + [("time at end", f"{_SYSTEM} time now is {t} past ten.{_QUESTION}") for t in _TIMES],
 }
+
+# A clock the tiny vocabulary can spell. Every run of the timestamp preset reads the clock anew, as a
+# server stamping "Current time: ..." into each request would: run k says "<minute> past <hour>".
+_HOURS = ("ten", "one", "two", "three", "seven", "eight", "nine")
+_MINUTES = ("one", "two", "nine", "three", "seven", "eight", "ten")
+
+
+def timestamp_prompts(run_index: int = 0) -> list[tuple[str, str]]:
+    hour = _HOURS[run_index % len(_HOURS)]
+    times = [f"{_MINUTES[(3 * run_index + j) % len(_MINUTES)]} past {hour}" for j in range(3)]
+    return [("time at start", f"time now is {t}. {_SYSTEM}{_QUESTION}") for t in times] + [
+        ("time at end", f"{_SYSTEM} time now is {t}.{_QUESTION}") for t in times]
+
+
+PRESETS["timestamp"] = timestamp_prompts(0)
 
 
 
@@ -283,6 +296,7 @@ class PrefixLab:
         self.totals = LabCounts()
         self.last_run: list[int] = []
         self.notes: list[str] = []
+        self.timestamp_runs = 0  # the timestamp preset's clock
 
     @property
     def running(self) -> list[PrefixRequest]:
@@ -408,11 +422,12 @@ def run_lab(state, *, model: str | None, preset: str | None, prompts: list[str] 
     if preset and preset != "custom":
         if preset not in PRESETS:
             raise BadInput(f"Unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}.")
-        pairs = PRESETS[preset]
+        pairs = timestamp_prompts(get_lab(state).timestamp_runs) if preset == "timestamp" else PRESETS[preset]
     else:
         pairs = [("custom", p) for p in (prompts or []) if p.strip()]
     lab = get_lab(state)
     with state.model_lock:
+        lab.timestamp_runs += preset == "timestamp"
         lab.run(lm, pairs, block_size=parse_block_size(block_size), num_blocks=num_blocks, salt=salt or None)
     return lab
 

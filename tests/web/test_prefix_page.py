@@ -148,3 +148,12 @@ def test_browser_runs_the_timestamp_preset(page, live_server):
     page.click("#finish-all")
     page.wait_for_selector("#prefix-pool .pb.evictable")
     assert page.js_errors == []
+
+
+def test_timestamp_rerun_reads_a_new_clock(client):
+    client.post("/api/prefix/run", json={"preset": "timestamp", "model": "builtin"})
+    body = client.post("/api/prefix/run", json={"preset": "timestamp", "model": "builtin"}).json()
+    groups = {g["group"]: g for g in body["groups"]}
+    assert groups["time at start"]["hit_tokens"] == 0  # a new time at the front: still nothing reused
+    assert groups["time at end"]["requests_hit"] == 3  # the system prompt before the time keeps hitting
+    assert body["requests"][0]["request_id"] == 7 and "past one" in body["requests"][0]["text"]
