@@ -171,6 +171,11 @@ class PagedEngine:
         self._next_id = 0
         self._lock = lock or nullcontext()
 
+    @property
+    def lock(self):
+        """Held by the web layer around an action and the view that follows it (the model lock, re-entrant)."""
+        return self._lock
+
     # --- lifecycle ---------------------------------------------------------------------------------
     def _live(self) -> int:
         return sum(s.status in (RUNNING, WAITING) for s in self.sequences.values())

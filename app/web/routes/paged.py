@@ -6,6 +6,7 @@ run under ``state.model_lock``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from fastapi import APIRouter, Query, Request
@@ -45,6 +46,14 @@ def _sessions(state: AppState) -> PagedSessions:
     return state.extras.setdefault("paged", PagedSessions(MAX_SESSIONS))
 
 
+def _act(state: AppState, sid: str, action: Callable[[PagedEngine], object]) -> dict:
+    """Run one action on a pool and read its view back, both under the lock, so concurrent clicks can't interleave."""
+    engine = _sessions(state).get(sid)
+    with engine.lock:
+        action(engine)
+        return engine_view(engine, sid)
+
+
 def _prompt_ids(lm, prompt: str | None) -> list[int]:
     ids = encode_prompt(lm, prompt, max_chars=MAX_PROMPT_CHARS, reserve=MAX_BENCH_STEPS + 8)
     if len(ids) > MAX_PROMPT_TOKENS:
@@ -63,36 +72,30 @@ def create_pool(state: StateDep, body: NewPool) -> dict:
     """A new block pool of ``num_blocks`` blocks of ``block_size`` tokens for the chosen model."""
     lm = state.model(body.model)
     engine = PagedEngine(lm, num_blocks=body.num_blocks, block_size=body.block_size, lock=state.model_lock)
-    return engine_view(engine, _sessions(state).create(engine))
+    return _act(state, _sessions(state).create(engine), lambda engine: None)
 
 
 @router.get("/api/paged/sessions/{sid}", tags=["paged"])
 def read_pool(state: StateDep, sid: str) -> dict:
-    return engine_view(_sessions(state).get(sid), sid)
+    return _act(state, sid, lambda engine: None)
 
 
 @router.post("/api/paged/sessions/{sid}/sequences", tags=["paged"])
 def add_sequence(state: StateDep, sid: str, body: NewSequence) -> dict:
     """A new request: it is prefilled into the pool if its blocks fit, otherwise it waits."""
-    engine = _sessions(state).get(sid)
-    engine.add(_prompt_ids(engine.lm, body.prompt), body.max_new)
-    return engine_view(engine, sid)
+    return _act(state, sid, lambda engine: engine.add(_prompt_ids(engine.lm, body.prompt), body.max_new))
 
 
 @router.post("/api/paged/sessions/{sid}/step", tags=["paged"])
 def step_pool(state: StateDep, sid: str) -> dict:
-    """One decode step: admit waiting sequences that fit, then one greedy token per running sequence."""
-    engine = _sessions(state).get(sid)
-    engine.step()
-    return engine_view(engine, sid)
+    """One decode step: one greedy token per running sequence, then admit waiting sequences that fit."""
+    return _act(state, sid, PagedEngine.step)
 
 
 @router.post("/api/paged/sessions/{sid}/wait", tags=["paged"])
 def choose_wait(state: StateDep, sid: str) -> dict:
     """Pool exhausted, choice 1: wait (nothing is freed; blocked sequences retry at the next step)."""
-    engine = _sessions(state).get(sid)
-    engine.wait()
-    return engine_view(engine, sid)
+    return _act(state, sid, PagedEngine.wait)
 
 
 @router.post("/api/paged/sessions/{sid}/sequences/{seq_id}/{action}", tags=["paged"])
@@ -100,9 +103,7 @@ def act_on_sequence(
     state: StateDep, sid: str, seq_id: int, action: Literal["fork", "finish", "cancel", "preempt"]
 ) -> dict:
     """fork (share its blocks, branch on a runner-up token), finish, cancel, or preempt (free now, recompute later)."""
-    engine = _sessions(state).get(sid)
-    getattr(engine, action)(seq_id)
-    return engine_view(engine, sid)
+    return _act(state, sid, lambda engine: getattr(engine, action)(seq_id))
 
 
 def _bench(state: AppState, prompt: str | None, model: str | None, steps: int, block_size: int, window: int) -> dict:
