@@ -19,6 +19,7 @@ def main() -> None:
     p.add_argument("--height", type=int, default=1000)
     p.add_argument("--full", action="store_true", help="the whole page, not just the viewport")
     p.add_argument("--click", action="append", default=[], help="CSS selectors to click, in order")
+    p.add_argument("--then", default=None, help="CSS selector to wait for after the clicks")
     args = p.parse_args()
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=ARGS)
@@ -30,6 +31,8 @@ def main() -> None:
         for sel in args.click:
             page.click(sel)
             page.wait_for_timeout(800)
+        if args.then:
+            page.wait_for_selector(args.then, timeout=120_000)
         page.wait_for_timeout(500)
         page.screenshot(path=args.out, full_page=args.full)
         b.close()
