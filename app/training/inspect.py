@@ -49,7 +49,7 @@ def _matrix(t: torch.Tensor | None, index: tuple) -> list[list[float]] | None:
     m = t.detach()[index].float()
     if m.dim() == 1:
         m = m.unsqueeze(0)  # a bias is shown as one row
-    return [[round(float(x), 6) for x in row] for row in m[:MAX_ROWS]]
+    return [[float(f"{float(x):.7g}") for x in row] for row in m[:MAX_ROWS]]  # significant digits: v is ~1e-7
 
 
 def param_view(model: nn.Module, optimizer: torch.optim.Optimizer, name: str, part: str | None = None) -> dict:
