@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
-import socket
 import statistics
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -130,12 +128,6 @@ def table(headers: list[str], rows: list[list[object]]) -> str:
 
 # --- the app under uvicorn ----------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def make_state(lm, home: Path | None = None):
     """An AppState holding only ``lm`` (as tests/conftest.py make_state)."""
     from app.model.loading import ModelRegistry
@@ -151,26 +143,10 @@ def make_state(lm, home: Path | None = None):
 @contextmanager
 def live_server(state) -> Iterator[str]:
     """The real app under uvicorn in a thread on a free loopback port; yields its base URL."""
-    import uvicorn
+    from tests.live import serve_in_thread
 
-    from app.web.main import create_app
-
-    app = create_app(state=state)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           h11_max_incomplete_event_size=512 * 1024))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    if not server.started:
-        raise RuntimeError("uvicorn did not start")
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serve_in_thread(state) as url:
+        yield url
 
 
 @contextmanager

@@ -8,9 +8,6 @@ and loaded back through ``from_pretrained``; its tokenizer is the real GPT-2 BPE
 from __future__ import annotations
 
 import os
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +17,7 @@ from fastapi.testclient import TestClient
 from app.model.loading import LoadedModel, ModelRegistry, load_builtin, load_dir
 from app.settings import Settings
 from app.state import AppState
+from tests.live import serve_in_thread
 from tests.shaped_model import build_distilgpt2_shaped
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -81,33 +79,12 @@ def tiny_client(settings, tiny) -> TestClient:
 
 # --- a live server and a real browser ------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
-def live_server(tmp_path_factory, distil, tiny, kv_home):
+def live_server(distil, tiny, kv_home):
     """The real app under uvicorn on a loopback port, for the browser tests."""
-    import uvicorn
-
-    from app.web.main import create_app
-
     settings = Settings(models=("distilgpt2", "builtin"), home=kv_home, session_ttl_s=600)
-    app = create_app(state=make_state(settings, distil, tiny))
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           h11_max_incomplete_event_size=512 * 1024))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert server.started, "uvicorn did not start"
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serve_in_thread(make_state(settings, distil, tiny)) as url:
+        yield url
 
 
 CHROMIUM = os.environ.get("KVSCOPE_CHROMIUM", "/usr/bin/chromium")

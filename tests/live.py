@@ -1,0 +1,39 @@
+"""The real app under uvicorn in a background thread on a free loopback port (browser tests, benchmarks)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve_in_thread(state) -> Iterator[str]:
+    """Serve ``create_app(state=state)`` and yield its base URL; the server stops on exit."""
+    import uvicorn
+
+    from app.web.main import create_app
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(state=state), host="127.0.0.1", port=port,
+                                           log_level="warning", h11_max_incomplete_event_size=512 * 1024))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    if not server.started:
+        raise RuntimeError("uvicorn did not start")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
