@@ -29,7 +29,7 @@
     let data = null;
     try { data = await r.json(); } catch (e) { data = null; }
     if (!r.ok) {
-      const msg = (data && data.detail) || ("Request failed (" + r.status + ").");
+      const msg = (data && data.detail) || kv.t("js.error.request_failed", { status: r.status });
       kv.showError(msg);
       const err = new Error(msg); err.status = r.status; throw err;
     }
@@ -39,7 +39,7 @@
   async function prefill() {
     document.getElementById("error").textContent = "";
     await release();
-    setBusy(true); status("prefill…");
+    setBusy(true); status(kv.t("js.decode.prefilling"));
     try {
       const v = await post("/api/decode/sessions", {
         prompt: $("prompt").value, model: $("model").value, mode: $("mode").value,
@@ -70,7 +70,7 @@
     const n = Math.max(1, +$("run-n").value || 1);
     running = true; setBusy(true);
     for (let i = 0; i < n && running; i++) {
-      status(`step ${i + 1} of ${n}`);
+      status(kv.t("js.decode.running", { i: i + 1, n }));
       const v = await step();
       if (!v || v.done) break;
     }
@@ -93,7 +93,7 @@
 
   function offerRebuild() {
     const area = $("error");
-    const b = el("button", "Rebuild the session from its tokens", "secondary");
+    const b = el("button", kv.t("js.decode.rebuild"), "secondary");
     const old = S.id;
     b.addEventListener("click", async () => {
       try {
@@ -117,7 +117,7 @@
   }
 
   function show(v) {
-    $("len-badge").textContent = `${v.tokens.length} tokens · cache holds ${v.cache_len}`;
+    $("len-badge").textContent = kv.t("js.decode.len_badge", { n: v.tokens.length, cache: v.cache_len });
     const seq = $("seq"); seq.textContent = "";
     v.tokens.forEach((t, i) => {
       const li = el("li", null, "tok " + (i < v.prompt_len ? "prompt" : "gen") + (i === v.tokens.length - 1 ? " pending" : ""));
@@ -125,30 +125,34 @@
       li.appendChild(el("span", i, "tok-pos"));
       seq.appendChild(li);
     });
-    $("step-title").textContent = v.phase === "prefill" ? "Prefill (step 0)" : `Decode step ${v.index}`;
+    const L = v.layers_computed;
+    $("step-title").textContent = v.phase === "prefill" ? kv.t("js.decode.title_prefill")
+      : kv.t("js.decode.title_step", { i: v.index });
     $("step-explain").textContent = v.phase === "prefill"
-      ? `All ${v.fed.length} prompt tokens go through all ${v.layers_computed} layers in one pass; the cache is empty before and holds ${v.cache_len} positions after.`
-      : `Only the newest token goes in, input shape (1, 1). It passes through all ${v.layers_computed} layers once; the ${v.past} earlier positions are read from the cache, not recomputed.`;
+      ? kv.t("js.decode.explain_prefill", { n: v.fed.length, layers: L, cache: v.cache_len })
+      : kv.t("js.decode.explain_step", { layers: L, past: v.past });
     const facts = $("step-facts"); facts.textContent = "";
     const fed = v.fed.length > 6 ? v.fed.slice(0, 3).map((f) => f.shown).join(" ") + " … " + v.fed.slice(-2).map((f) => f.shown).join(" ") : v.fed.map((f) => f.shown).join(" ");
     for (const [k, val] of [
-      ["fed in", fed], ["input shape", `(${v.input_shape.join(", ")})`], ["computed this step", `${v.fed.length} token(s) × ${v.layers_computed} layers`],
-      ["read from cache", `${v.past} positions × ${v.layers_computed} layers`], ["cache length after", v.cache_len],
-      ["attention shape per layer", `(${v.attention.shape.join(", ")})`], ["logits shape", `(1, ${v.fed.length}, …) → last row used`],
-      ["measured forward time", `${kv.fmt(v.ms, 1)} ms`],
+      ["fed", fed], ["input", `(${v.input_shape.join(", ")})`],
+      ["computed", kv.t("js.decode.fact.computed_value", { n: v.fed.length, layers: L })],
+      ["read", kv.t("js.decode.fact.read_value", { past: v.past, layers: L })], ["cache_len", v.cache_len],
+      ["attn_shape", `(${v.attention.shape.join(", ")})`], ["logits", kv.t("js.decode.fact.logits_value", { n: v.fed.length })],
+      ["ms", `${kv.fmt(v.ms, 1)} ms`],
     ]) {
-      const tr = el("tr"); tr.appendChild(el("th", k, "l")); tr.appendChild(el("td", val, "l mono")); facts.appendChild(tr);
+      const tr = el("tr"); tr.appendChild(el("th", kv.t("js.decode.fact." + k), "l")); tr.appendChild(el("td", val, "l mono"));
+      facts.appendChild(tr);
     }
     const tb = $("topk").querySelector("tbody"); tb.textContent = "";
     for (const t of v.top) {
       const tr = el("tr", null, t.chosen ? "pick" : "");
       tr.appendChild(el("td", t.rank)); tr.appendChild(el("td", t.shown, "l mono")); tr.appendChild(el("td", t.id));
       tr.appendChild(el("td", kv.fmt(t.prob))); tr.appendChild(el("td", kv.fmt(t.sample_prob)));
-      tr.appendChild(el("td", t.chosen ? "← chosen" : "", "l"));
+      tr.appendChild(el("td", t.chosen ? kv.t("js.decode.chosen") : "", "l"));
       tb.appendChild(tr);
     }
-    $("cache-bytes").textContent = `${v.cache_bytes.toLocaleString()} bytes`;
-    $("formula").textContent = "2 (K and V) · layers · kv_heads · tokens · head_dim · bytes = " + v.formula.text;
+    $("cache-bytes").textContent = kv.t("js.decode.bytes", { n: v.cache_bytes.toLocaleString() });
+    $("formula").textContent = kv.t("js.decode.formula", { text: v.formula.text });
     const cs = $("cache-shapes").querySelector("tbody"); cs.textContent = "";
     for (const c of v.cache_shapes) {
       const tr = el("tr");
@@ -169,16 +173,17 @@
     const layer = +$("attn-layer").value || 0;
     const z = [];
     for (let h = 0; h < H; h++) z.push(Array.from(data.subarray((layer * H + h) * T, (layer * H + h + 1) * T)));
-    $("attn-shape").textContent = `layer ${layer}: (1, ${H}, 1, ${T})`;
+    $("attn-shape").textContent = kv.t("js.decode.attn_shape", { layer, heads: H, tokens: T });
     Plotly.react("attn-heatmap", [{
       type: "heatmap", z, colorscale: "Blues", reversescale: true, zmin: 0, zmax: 1,
       x: [...Array(T).keys()], y: [...Array(H).keys()],
-      hovertemplate: "head %{y} → position %{x} " + "<br>weight = %{z:.6f}<extra></extra>",
-      colorbar: { title: { text: "softmax weight" } },
+      hovertemplate: kv.t("js.decode.hover_attn", { h: "%{y}", p: "%{x}" }) + "<br>" + kv.t("js.kind.weights") +
+        " = %{z:.6f}<extra></extra>",
+      colorbar: { title: { text: kv.t("js.kind.weights") } },
     }], {
       margin: { l: 60, r: 10, t: 10, b: 50 }, font: kv.plotFont,
-      xaxis: { title: { text: "cached position (key) — newest at the right" } },
-      yaxis: { title: { text: "head" }, autorange: "reversed", dtick: 1 },
+      xaxis: { title: { text: kv.t("js.decode.axis_position_key") } },
+      yaxis: { title: { text: kv.t("js.decode.axis_head") }, autorange: "reversed", dtick: 1 },
     }, { responsive: true, displaylogo: false });
   }
 
@@ -193,11 +198,12 @@
     const y = [...Array(n).keys()].map((i) => c.start + i);
     Plotly.react("cache-rows", [{
       type: "heatmap", z, y, x: [...Array(d).keys()], colorscale: "RdBu", zmid: 0,
-      hovertemplate: "position %{y}, dim %{x}<br>K = %{z:.4f}<extra></extra>", colorbar: { title: { text: "K value" } },
+      hovertemplate: "%{y}, %{x}<br>K = %{z:.4f}<extra></extra>", colorbar: { title: { text: kv.t("js.decode.k_value") } },
     }], {
       margin: { l: 60, r: 10, t: 30, b: 50 }, font: kv.plotFont,
-      title: { text: `K rows of layer ${layer}, head ${head}: cache shape (${c.k_shape.join(", ")})`, font: { size: 14 } },
-      xaxis: { title: { text: "head_dim" } }, yaxis: { title: { text: "position" }, autorange: "reversed" },
+      title: { text: kv.t("js.decode.k_rows_title", { layer, head, shape: c.k_shape.join(", ") }), font: { size: 14 } },
+      xaxis: { title: { text: kv.t("js.decode.axis_head_dim") } },
+      yaxis: { title: { text: kv.t("js.decode.axis_position") }, autorange: "reversed" },
       shapes: [{ type: "rect", xref: "paper", x0: 0, x1: 1, y0: c.total - 1.5, y1: c.total - 0.5, line: { color: "#e39b00", width: 3 } }],
     }, { responsive: true, displaylogo: false });
   }
@@ -205,7 +211,7 @@
   async function addEquivRow(v) {
     const tr = el("tr");
     tr.dataset.step = v.index;
-    const fed = v.fed.length > 3 ? `${v.fed.length} prompt tokens` : v.fed.map((f) => f.shown).join(" ");
+    const fed = v.fed.length > 3 ? kv.t("js.decode.prompt_tokens", { n: v.fed.length }) : v.fed.map((f) => f.shown).join(" ");
     for (const [val, cls] of [[v.index], [fed, "l mono"], [`(${v.input_shape.join(", ")})`], [v.cache_len],
       [v.chosen.shown, "l mono"], [kv.fmt(v.chosen.prob)], ["…", "diff"], ["…", "same"], [kv.fmt(v.ms, 1)], ["…", "full"]]) {
       tr.appendChild(el("td", val, cls));
@@ -216,14 +222,15 @@
     try { r = await kv.getJSON(`/api/decode/${S.id}/verify/${v.index}`); } catch (e) { return; }
     tr.querySelector(".diff").textContent = r.max_abs_diff.toExponential(2);
     const same = tr.querySelector(".same");
-    same.textContent = r.same_token ? "✓ yes" : "✗ no";
+    same.textContent = kv.t(r.same_token ? "js.decode.same_yes" : "js.decode.same_no");
     same.className = r.same_token ? "same ok" : "same bad";
     tr.querySelector(".full").textContent = kv.fmt(r.recompute_ms, 1);
     S.steps.push(r);
     const worst = Math.max(...S.steps.map((s) => s.max_abs_diff));
     const allSame = S.steps.every((s) => s.same_token);
     const sum = $("equiv-summary");
-    sum.textContent = `${S.steps.length} steps checked · max |Δ| ${worst.toExponential(2)} · ${allSame ? "same tokens" : "tokens differ"}`;
+    sum.textContent = kv.t("js.decode.summary", { n: S.steps.length, diff: worst.toExponential(2),
+      verdict: kv.t(allSame ? "js.decode.same_tokens" : "js.decode.tokens_differ") });
     sum.className = "pill " + (allSame && worst < 1e-3 ? "ok" : "bad");
     drawTimes();
   }
@@ -231,24 +238,25 @@
   function drawCost(v) {
     const w = v.work, x = [...Array(w.tokens_cached.length).keys()];
     const lay = (yt) => ({ margin: { l: 80, r: 10, t: 10, b: 50 }, font: kv.plotFont,
-      xaxis: { title: { text: "tokens generated" } }, yaxis: { title: { text: yt } }, legend: { orientation: "h", y: 1.12 } });
+      xaxis: { title: { text: kv.t("js.decode.axis_generated") }, dtick: x.length < 12 ? 1 : undefined },
+      yaxis: { title: { text: yt } }, legend: { orientation: "h", y: 1.12 } });
     Plotly.react("cost-tokens", [
-      { x, y: w.tokens_recompute, name: "full recompute Σ(L+t)", mode: "lines+markers" },
-      { x, y: w.tokens_cached, name: "with KV cache L+T", mode: "lines+markers" },
-    ], lay("tokens pushed through the layers"), { responsive: true, displaylogo: false });
+      { x, y: w.tokens_recompute, name: kv.t("js.decode.series_tokens_full"), mode: "lines+markers" },
+      { x, y: w.tokens_cached, name: kv.t("js.decode.series_tokens_cached"), mode: "lines+markers" },
+    ], lay(kv.t("js.decode.axis_tokens")), { responsive: true, displaylogo: false });
     Plotly.react("cost-pairs", [
-      { x, y: w.pairs_recompute, name: "full recompute O((L+T)³)", mode: "lines+markers" },
-      { x, y: w.pairs_cached, name: "with KV cache O((L+T)²)", mode: "lines+markers" },
-    ], lay("query·key pairs scored"), { responsive: true, displaylogo: false });
+      { x, y: w.pairs_recompute, name: kv.t("js.decode.series_pairs_full"), mode: "lines+markers" },
+      { x, y: w.pairs_cached, name: kv.t("js.decode.series_pairs_cached"), mode: "lines+markers" },
+    ], lay(kv.t("js.decode.axis_pairs")), { responsive: true, displaylogo: false });
   }
 
   function drawTimes() {
     const x = S.steps.map((s) => s.index);
     Plotly.react("cost-time", [
-      { x, y: S.steps.map((s) => s.recompute_ms), name: "full recompute (measured)", mode: "lines+markers" },
-      { x, y: S.steps.map((s) => s.cached_ms), name: "cached step (measured)", mode: "lines+markers" },
+      { x, y: S.steps.map((s) => s.recompute_ms), name: kv.t("js.decode.series_time_full"), mode: "lines+markers" },
+      { x, y: S.steps.map((s) => s.cached_ms), name: kv.t("js.decode.series_time_cached"), mode: "lines+markers" },
     ], { margin: { l: 80, r: 10, t: 10, b: 50 }, font: kv.plotFont, legend: { orientation: "h", y: 1.12 },
-      xaxis: { title: { text: "step (0 = prefill)" } }, yaxis: { title: { text: "time per step (ms)" } } },
+      xaxis: { title: { text: kv.t("js.decode.axis_step") } }, yaxis: { title: { text: kv.t("js.decode.axis_ms") } } },
     { responsive: true, displaylogo: false });
   }
 

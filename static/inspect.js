@@ -73,7 +73,7 @@
         const c = document.createElement("canvas");
         c.width = g.side; c.height = g.side;
         c.dataset.layer = l; c.dataset.head = h;
-        c.title = `layer ${l}, head ${h}`;
+        c.title = kv.t("js.inspect.grid_cell", { layer: l, head: h });
         const ctx = c.getContext("2d");
         const img = ctx.createImageData(g.side, g.side);
         const off = (l * g.n_head + h) * n;
@@ -112,7 +112,7 @@
     return z;
   }
 
-  const TITLES = { weights: "softmax weight", masked: "masked score", scores: "raw score QKᵀ/√d" };
+  const title = (kind) => kv.t("js.kind." + kind);
 
   async function drawHead() {
     const want = `${S.layer}/${S.head}/${S.kind}`;
@@ -129,25 +129,27 @@
       zmin: m.kind === "weights" ? 0 : undefined, zmax: m.kind === "weights" ? 1 : undefined,
       zmid: m.kind === "weights" ? undefined : 0,
       hoverongaps: false,
-      colorbar: { title: { text: TITLES[m.kind], side: "right" } },
-      hovertemplate: "query %{y} → key %{x}<br>" + TITLES[m.kind] + " = %{z:.6f}<extra></extra>",
+      colorbar: { title: { text: title(m.kind), side: "right" } },
+      hovertemplate: kv.t("js.inspect.hover_cell", { q: "%{y}", k: "%{x}" }) + "<br>" + title(m.kind) +
+        " = %{z:.6f}<extra></extra>",
     };
     if (small) {
       trace.customdata = z.map((row, i) => row.map((_, j) => [S.labels[i], S.labels[j]]));
-      trace.hovertemplate = "query %{y} %{customdata[0]} → key %{x} %{customdata[1]}<br>" + TITLES[m.kind] + " = %{z:.6f}<extra></extra>";
+      trace.hovertemplate = kv.t("js.inspect.hover_cell", { q: "%{y} %{customdata[0]}", k: "%{x} %{customdata[1]}" }) +
+        "<br>" + title(m.kind) + " = %{z:.6f}<extra></extra>";
     }
     const layout = {
       margin: { l: small ? 90 : 60, r: 10, t: 10, b: small ? 90 : 55 }, font: kv.plotFont,
       plot_bgcolor: "#c9ccd3",
-      xaxis: Object.assign({ title: { text: "key token (position) — being read" }, tickangle: small ? -60 : 0 }, ticks),
-      yaxis: Object.assign({ title: { text: "query token (position) — reading" }, autorange: "reversed" }, ticks),
+      xaxis: Object.assign({ title: { text: kv.t("js.inspect.axis_key") }, tickangle: small ? -60 : 0 }, ticks),
+      yaxis: Object.assign({ title: { text: kv.t("js.inspect.axis_query") }, autorange: "reversed" }, ticks),
     };
     await Plotly.react("heatmap", [trace], layout, { responsive: true, displaylogo: false });
     const el = document.getElementById("heatmap");
     el.removeAllListeners && el.removeAllListeners("plotly_click");
     el.on("plotly_click", (ev) => { if (ev.points && ev.points.length) select({ q: ev.points[0].y }); });
     document.getElementById("head-label").textContent =
-      `layer ${S.layer} · head ${S.head} · (${m.rows} × ${m.cols})`;
+      kv.t("js.inspect.head_label", { layer: S.layer, head: S.head, rows: m.rows, cols: m.cols });
     document.body.dataset.heatmapDrawn = String((+document.body.dataset.heatmapDrawn || 0) + 1);
     drawRow();
   }
@@ -161,15 +163,16 @@
     const small = n <= 80;
     Plotly.react("row-chart", [{
       type: "bar", x, y, marker: { color: "#3a72c4" },
-      hovertemplate: "key %{x}<br>" + TITLES[S.matrix.kind] + " = %{y:.6f}<extra></extra>",
+      hovertemplate: kv.t("js.inspect.hover_key", { k: "%{x}" }) + "<br>" + title(S.matrix.kind) +
+        " = %{y:.6f}<extra></extra>",
     }], {
       margin: { l: 70, r: 10, t: 10, b: small ? 90 : 50 }, font: kv.plotFont,
-      xaxis: Object.assign({ title: { text: "key token (position)" } },
+      xaxis: Object.assign({ title: { text: kv.t("js.inspect.axis_key_short") } },
         small ? { tickvals: x, ticktext: x.map((i) => S.labels[i]), tickangle: -60 } : {}),
-      yaxis: { title: { text: TITLES[S.matrix.kind] } },
+      yaxis: { title: { text: title(S.matrix.kind) } },
     }, { responsive: true, displaylogo: false });
     document.getElementById("row-label").textContent =
-      `query ${S.q} ${S.labels[S.q] || ""} · layer ${S.layer} · head ${S.head}`;
+      kv.t("js.inspect.row_label", { q: S.q, token: S.labels[S.q] || "", layer: S.layer, head: S.head });
   }
 
   document.addEventListener("DOMContentLoaded", init);

@@ -2,6 +2,17 @@
 (function () {
   "use strict";
   const kv = (window.kv = window.kv || {});
+  let strings = null;
+
+  /* A UI string from the server's translation catalog ("js." keys), with {name} placeholders filled. */
+  kv.t = function (key, vars) {
+    if (strings === null) {
+      const el = document.getElementById("i18n-strings");
+      strings = el ? JSON.parse(el.textContent) : {};
+    }
+    const text = strings[key] || key;
+    return vars ? text.replace(/\{(\w+)\}/g, (m, name) => (name in vars ? String(vars[name]) : m)) : text;
+  };
 
   kv.b64ToBytes = function (b64) {
     const bin = atob(b64);
@@ -19,7 +30,7 @@
     let body = null;
     try { body = await r.json(); } catch (e) { body = null; }
     if (!r.ok) {
-      kv.showError((body && body.detail) || ("Request failed (" + r.status + ")."));
+      kv.showError((body && body.detail) || kv.t("js.error.request_failed", { status: r.status }));
       throw new Error("HTTP " + r.status);
     }
     return body;
@@ -31,7 +42,7 @@
     const box = document.createElement("div");
     box.className = "error-box";
     const b = document.createElement("b");
-    b.textContent = "Not done: ";
+    b.textContent = kv.t("js.error.prefix") + " ";
     box.appendChild(b);
     box.appendChild(document.createTextNode(message)); // always text, never HTML
     area.appendChild(box);

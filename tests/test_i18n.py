@@ -30,3 +30,13 @@ def test_every_shape_step_has_an_explanation(state, tiny):
 
 def test_placeholders_are_filled():
     assert translate("tokens.count", n=7) == "7 tokens"
+
+
+def test_every_script_key_exists_in_english():
+    """Page scripts read their strings through kv.t("js....") from the catalog the page embeds."""
+    keys = set()
+    for path in (ROOT / "static").glob("*.js"):
+        keys |= set(re.findall(r"""kv\.t\(\s*["'](js\.[a-z0-9_.]+)["']""", path.read_text()))
+    assert keys, "no kv.t() calls found"
+    missing = sorted(k for k in keys if not k.endswith(".") and k not in catalog("en"))
+    assert not missing, missing

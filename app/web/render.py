@@ -7,7 +7,7 @@ from pathlib import Path
 from fastapi import Request
 from fastapi.templating import Jinja2Templates
 
-from app.i18n import DEFAULT_LANG, translator
+from app.i18n import DEFAULT_LANG, catalog, translator
 from app.viz.shapes import fmt_shape
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,10 +25,18 @@ def human_bytes(n: float) -> str:
     return f"{n} B"
 
 
+def js_strings(lang: str) -> dict[str, str]:
+    """The catalog's "js." strings, for the page scripts (English where a language lacks one)."""
+    merged = {k: v for k, v in catalog(DEFAULT_LANG).items() if k.startswith("js.")}
+    merged.update({k: v for k, v in catalog(lang).items() if k.startswith("js.")})
+    return merged
+
+
 def render(request: Request, template: str, status_code: int = 200, headers: dict | None = None, **context):
     lang = request.query_params.get("lang") or DEFAULT_LANG
     context.setdefault("_", translator(lang))
     context.setdefault("lang", lang)
+    context.setdefault("js_strings", js_strings(lang))
     state = request.app.state.kv
     context.setdefault("state", state)
     if "card" not in context:
