@@ -175,7 +175,7 @@
     for (let h = 0; h < H; h++) z.push(Array.from(data.subarray((layer * H + h) * T, (layer * H + h + 1) * T)));
     $("attn-shape").textContent = kv.t("js.decode.attn_shape", { layer, heads: H, tokens: T });
     Plotly.react("attn-heatmap", [{
-      type: "heatmap", z, colorscale: "Blues", reversescale: true, zmin: 0, zmax: 1,
+      type: "heatmap", z, colorscale: kv.WEIGHT_SCALE, zmin: 0, zmax: 1,
       x: [...Array(T).keys()], y: [...Array(H).keys()],
       hovertemplate: kv.t("js.decode.hover_attn", { h: "%{y}", p: "%{x}" }) + "<br>" + kv.t("js.kind.weights") +
         " = %{z:.6f}<extra></extra>",

@@ -121,11 +121,11 @@
     const z = unpack(m);
     S.matrix = { z, kind: m.kind };
     const idx = [...Array(m.cols).keys()];
-    const small = m.cols <= 80;
+    const small = m.cols <= 32; // token labels on the axes only while they fit
     const ticks = small ? { tickvals: idx, ticktext: idx.map((i) => S.labels[i]) } : {};
     const trace = {
       type: "heatmap", z, x: idx, y: idx.slice(0, m.rows),
-      colorscale: m.kind === "weights" ? "Blues" : "RdBu", reversescale: true,
+      colorscale: m.kind === "weights" ? kv.WEIGHT_SCALE : "RdBu", reversescale: m.kind !== "weights",
       zmin: m.kind === "weights" ? 0 : undefined, zmax: m.kind === "weights" ? 1 : undefined,
       zmid: m.kind === "weights" ? undefined : 0,
       hoverongaps: false,
@@ -133,14 +133,14 @@
       hovertemplate: kv.t("js.inspect.hover_cell", { q: "%{y}", k: "%{x}" }) + "<br>" + title(m.kind) +
         " = %{z:.6f}<extra></extra>",
     };
-    if (small) {
+    if (m.cols <= 256) { // name the tokens on hover (skipped for long prompts: the payload grows as T²)
       trace.customdata = z.map((row, i) => row.map((_, j) => [S.labels[i], S.labels[j]]));
       trace.hovertemplate = kv.t("js.inspect.hover_cell", { q: "%{y} %{customdata[0]}", k: "%{x} %{customdata[1]}" }) +
         "<br>" + title(m.kind) + " = %{z:.6f}<extra></extra>";
     }
     const layout = {
       margin: { l: small ? 90 : 60, r: 10, t: 10, b: small ? 90 : 55 }, font: kv.plotFont,
-      plot_bgcolor: "#c9ccd3",
+      plot_bgcolor: kv.MASK_COLOUR, // cells left empty (null) are the masked future
       xaxis: Object.assign({ title: { text: kv.t("js.inspect.axis_key") }, tickangle: small ? -60 : 0 }, ticks),
       yaxis: Object.assign({ title: { text: kv.t("js.inspect.axis_query") }, autorange: "reversed" }, ticks),
     };
@@ -160,7 +160,7 @@
     const n = S.q + 1; // keys the query may read
     const x = [...Array(n).keys()];
     const y = row.slice(0, n);
-    const small = n <= 80;
+    const small = n <= 48;
     Plotly.react("row-chart", [{
       type: "bar", x, y, marker: { color: "#3a72c4" },
       hovertemplate: kv.t("js.inspect.hover_key", { k: "%{x}" }) + "<br>" + title(S.matrix.kind) +

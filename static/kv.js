@@ -53,4 +53,7 @@
     return Number(x).toFixed(d === undefined ? 4 : d);
   };
   kv.plotFont = { size: 15, family: "system-ui, sans-serif" };
+  /* Attention weights: white (0) to dark blue (1); masked cells show the tan plot background. */
+  kv.WEIGHT_SCALE = [[0, "#ffffff"], [0.25, "#9ecae1"], [0.6, "#3182bd"], [1, "#08306b"]];
+  kv.MASK_COLOUR = "#e8d9b5";
 })();
