@@ -22,11 +22,8 @@
     while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
     return (i === 0 ? n.toFixed(0) : n.toFixed(1)) + " " + units[i];
   }
-  function showError(msg) {
-    const box = el("div", "error-box");
-    box.append(el("b", null, "Not done:"), document.createTextNode(" " + msg));
-    $("error").replaceChildren(box);
-  }
+  const showError = (msg) => window.kv.showError(msg);
+  const t = (key, vars) => window.kv.t(key, vars);
 
   async function call(method, url, body) {
     if (busy) return null;
@@ -37,13 +34,13 @@
         method, headers: body ? { "Content-Type": "application/json" } : {},
         body: body ? JSON.stringify(body) : undefined,
       });
-      const data = await r.json().catch(() => ({ detail: "The server sent an unreadable answer." }));
-      if (!r.ok) { showError(data.detail || "Request failed."); stopPlay(); return null; }
+      const data = await r.json().catch(() => ({ detail: t("js.error.unreadable") }));
+      if (!r.ok) { showError(data.detail || t("js.error.request_failed", { status: r.status })); stopPlay(); return null; }
       $("error").replaceChildren();
       render(data);
       return data;
     } catch (e) {
-      showError("The server cannot be reached."); stopPlay(); return null;
+      showError(t("js.error.unreachable")); stopPlay(); return null;
     } finally {
       busy = false;
       $("paged-busy").style.display = "";

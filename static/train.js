@@ -20,16 +20,7 @@
 
   Plotly.newPlot(plot, init.figure.data, init.figure.layout, plotCfg);
 
-  function showError(message) {
-    const area = $("#error");
-    area.textContent = "";
-    const box = document.createElement("div");
-    box.className = "error-box";
-    const title = document.createElement("b");
-    title.textContent = T["error.title"] + " ";
-    box.append(title, document.createTextNode(message));
-    area.append(box);
-  }
+  const showError = (message) => window.kv.showError(message);
 
   async function call(method, url, body) {
     const res = await fetch(url, {
