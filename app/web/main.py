@@ -58,6 +58,12 @@ def _error_response(request: Request, status: int, message: str):
         # Show the message in the page's error area and leave the current view as it was.
         return render(request, "partials/_error.html", status_code=status, message=message,
                       headers={"HX-Retarget": "#error", "HX-Reswap": "innerHTML"})
+    if not request.url.path.startswith("/api/") and "text/html" in request.headers.get("accept", ""):
+        # A person followed a link or typed a URL: a page with the message, not raw JSON.
+        try:
+            return render(request, "error.html", status_code=status, message=message, page=None)
+        except Exception:  # the error page itself must never turn a clear message into a 500
+            log.exception("error page failed")
     return JSONResponse({"detail": message}, status_code=status)
 
 

@@ -109,3 +109,12 @@ def test_offline_page_says_why_and_how_to_fetch(tiny_client):
     assert "built-in tiny model" in r.text
     assert "kvscope download distilgpt2" in r.text
     assert tiny_client.get("/healthz").json()["default"] == "builtin"
+
+
+def test_a_browser_gets_an_html_error_page(client):
+    r = client.get("/", params={"prompt": "hi", "layer": 99}, headers={"Accept": "text/html"})
+    assert r.status_code == 422
+    assert "text/html" in r.headers["content-type"]
+    assert "Layer 99 does not exist" in r.text
+    r = client.get("/api/trace", params={"prompt": ""}, headers={"Accept": "text/html"})
+    assert r.json()["detail"]  # the API answers JSON whatever the Accept header says
