@@ -14,6 +14,8 @@ from pathlib import Path
 
 LOCALES = Path(__file__).with_name("locales")
 DEFAULT_LANG = "en"
+# BCP 47 tags for <html lang>, where a catalog's file name is not one already.
+HTML_LANG = {"zh": "zh-Hans"}
 
 
 @lru_cache
@@ -28,8 +30,17 @@ def catalog(lang: str) -> dict[str, str]:
     return merged
 
 
+@lru_cache
+def _languages() -> tuple[str, ...]:
+    return tuple(sorted({p.name.split(".")[0] for p in LOCALES.glob("*.json")}))
+
+
 def available_languages() -> list[str]:
-    return sorted({p.name.split(".")[0] for p in LOCALES.glob("*.json")})
+    return list(_languages())
+
+
+def html_lang(lang: str) -> str:
+    return HTML_LANG.get(lang, lang)
 
 
 def translate(key: str, lang: str = DEFAULT_LANG, **values: object) -> str:

@@ -40,3 +40,33 @@ def test_every_script_key_exists_in_english():
     assert keys, "no kv.t() calls found"
     missing = sorted(k for k in keys if not k.endswith(".") and k not in catalog("en"))
     assert not missing, missing
+
+
+def _placeholders(text: str) -> list[str]:
+    return sorted(re.findall(r"\{(\w*)\}", text))
+
+
+def test_every_english_key_is_translated_to_chinese_with_the_same_placeholders():
+    """Each en*.json file has a zh*.json twin with every key, each keeping exactly the same {placeholders}."""
+    import json
+
+    locales = ROOT / "app" / "locales"
+    english_files = sorted(locales.glob("en*.json"))
+    assert len(english_files) >= 7
+    for en_path in english_files:
+        zh_path = locales / ("zh" + en_path.name[2:])
+        assert zh_path.exists(), zh_path.name
+        en, zh = (json.loads(p.read_text(encoding="utf-8")) for p in (en_path, zh_path))
+        assert sorted(zh) == sorted(en), (zh_path.name, sorted(en.keys() ^ zh.keys()))
+        for key, text in en.items():
+            assert zh[key].strip(), (zh_path.name, key)
+            assert _placeholders(zh[key]) == _placeholders(text), (zh_path.name, key, zh[key])
+
+
+def test_chinese_is_offered_and_falls_back_to_english_key_by_key():
+    from app.i18n import available_languages, html_lang
+
+    assert available_languages() == ["en", "zh"]
+    assert html_lang("zh") == "zh-Hans" and html_lang("en") == "en"
+    assert translate("tokens.count", "zh", n=7) == "7 个 token"
+    assert translate("no.such.key", "zh") == "no.such.key"

@@ -7,10 +7,11 @@ from pathlib import Path
 from fastapi import Request
 from fastapi.templating import Jinja2Templates
 
-from app.i18n import DEFAULT_LANG, catalog, translator
+from app.i18n import DEFAULT_LANG, available_languages, catalog, html_lang, translator
 from app.viz.shapes import fmt_shape
 
 ROOT = Path(__file__).resolve().parents[2]
+LANG_COOKIE = "kvscope_lang"
 TEMPLATES = Jinja2Templates(directory=str(ROOT / "templates"))
 TEMPLATES.env.filters["shape"] = fmt_shape
 TEMPLATES.env.filters["num"] = lambda x, d=4: f"{x:.{d}f}"
@@ -32,10 +33,21 @@ def js_strings(lang: str) -> dict[str, str]:
     return merged
 
 
+def request_lang(request: Request) -> str:
+    """The page language: ``?lang=`` if it names a catalog, else the ``kvscope_lang`` cookie, else English."""
+    languages = available_languages()
+    for candidate in (request.query_params.get("lang"), request.cookies.get(LANG_COOKIE)):
+        if candidate in languages:
+            return candidate
+    return DEFAULT_LANG
+
+
 def render(request: Request, template: str, status_code: int = 200, headers: dict | None = None, **context):
-    lang = request.query_params.get("lang") or DEFAULT_LANG
+    lang = request_lang(request)
     context.setdefault("_", translator(lang))
     context.setdefault("lang", lang)
+    context.setdefault("html_lang", html_lang(lang))
+    context.setdefault("languages", [(code, catalog(code).get("lang.name", code)) for code in available_languages()])
     context.setdefault("js_strings", js_strings(lang))
     state = request.app.state.kv
     context.setdefault("state", state)

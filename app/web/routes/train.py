@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
-from app.i18n import DEFAULT_LANG, translator
+from app.i18n import translator
 from app.model.builtin import TRAIN_CONFIG, corpus_text
 from app.training.jobs import LIMITS, MAX_TEXT_CHARS, MIN_TEXT_CHARS, TRAINED_NAME, lab_for, make_spec
 from app.viz.training import ARTICLE_MAX_DIFF, loss_figure, page_strings, param_figures
 from app.web.deps import StateDep
-from app.web.render import render
+from app.web.render import render, request_lang
 
 router = APIRouter()
 
@@ -36,7 +36,7 @@ class ResumeRequest(BaseModel):
 def read_train_page(request: Request, state: StateDep):
     lab = lab_for(state)
     status = lab.status()
-    _ = translator(request.query_params.get("lang") or DEFAULT_LANG)
+    _ = translator(request_lang(request))
     init = {"status": status, "figure": loss_figure([tuple(p) for p in status["losses"]], _),
             "i18n": page_strings(_), "default_param": DEFAULT_PARAM}
     return render(
@@ -92,10 +92,12 @@ def read_parameter_names(state: StateDep) -> list[dict]:
 
 @router.get("/api/train/param", tags=["train"])
 def read_parameter(
-    state: StateDep, name: str = DEFAULT_PARAM, part: str | None = "q", lang: str = DEFAULT_LANG
+    request: Request, state: StateDep, name: str = DEFAULT_PARAM, part: str | None = "q", lang: str | None = None
 ) -> dict:
-    """One parameter's value, grad, exp_avg, exp_avg_sq and AdamW step, with a heatmap spec for each."""
-    return param_figures(lab_for(state).parameter(name, part), translator(lang))
+    """One parameter's value, grad, exp_avg, exp_avg_sq and AdamW step, with a heatmap spec for each.
+
+    Axis titles are in ``lang`` (else the language cookie, else English)."""
+    return param_figures(lab_for(state).parameter(name, part), translator(request_lang(request)))
 
 
 @router.get("/api/train/step", tags=["train"])
