@@ -16,8 +16,10 @@ deps: $(BIN)/python
 test-deps: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 
+# Chromium, and CJK fonts so the Chinese UI's browser tests and screenshots show characters, not boxes.
 chromium:
-	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
+	@{ command -v chromium && fc-list :lang=zh | grep -q .; } >/dev/null 2>&1 || \
+	  { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium fonts-noto-cjk; }
 
 ## Install and start the server on http://127.0.0.1:8000 (falls back to the built-in model offline).
 serve: deps

@@ -152,7 +152,10 @@
       tb.appendChild(tr);
     }
     $("cache-bytes").textContent = kv.t("js.decode.bytes", { n: v.cache_bytes.toLocaleString() });
-    $("formula").textContent = kv.t("js.decode.formula", { text: v.formula.text });
+    const f = v.formula; // the numbers from the server, the unit in the page's language
+    const product = [2, f.layers, f.kv_heads, f.tokens, f.head_dim, f.dtype_bytes].join(" · ");
+    $("formula").textContent = kv.t("js.decode.formula", {
+      text: product + " = " + kv.t("js.decode.bytes", { n: f.total.toLocaleString() }) });
     const cs = $("cache-shapes").querySelector("tbody"); cs.textContent = "";
     for (const c of v.cache_shapes) {
       const tr = el("tr");

@@ -110,3 +110,11 @@ def test_click_chinese_and_it_sticks(page, live_server):
     page.wait_for_selector("html[lang='en']")
     assert page.inner_text("h1") == catalog("en")["decode.title"]
     assert page.js_errors == []
+
+
+def test_training_api_axis_titles_follow_the_cookie(client):
+    """The training page's script fetches parameter heatmaps without ?lang=: the cookie decides their axis titles."""
+    client.cookies.set(LANG_COOKIE, "zh")
+    assert catalog("zh")["train.param.axis_x"] in client.get("/api/train/param").text
+    client.cookies.set(LANG_COOKIE, "en")
+    assert catalog("en")["train.param.axis_x"] in client.get("/api/train/param").text
