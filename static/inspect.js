@@ -120,6 +120,7 @@
     if (want !== `${S.layer}/${S.head}/${S.kind}`) return; // a newer selection is on its way
     const z = unpack(m);
     S.matrix = { z, kind: m.kind };
+    await kv.plotlyReady();
     const idx = [...Array(m.cols).keys()];
     const small = m.cols <= 32; // token labels on the axes only while they fit
     const ticks = small ? { tickvals: idx, ticktext: idx.map((i) => S.labels[i]) } : {};
@@ -155,7 +156,7 @@
   }
 
   function drawRow() {
-    if (!S.matrix) return;
+    if (!S.matrix || !window.Plotly) return; // drawHead draws the row once Plotly has loaded
     const row = S.matrix.z[S.q] || [];
     const n = S.q + 1; // keys the query may read
     const x = [...Array(n).keys()];

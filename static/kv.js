@@ -53,6 +53,16 @@
     return Number(x).toFixed(d === undefined ? 4 : d);
   };
   kv.plotFont = { size: 15, family: "system-ui, sans-serif" };
+  /* Resolves once Plotly is there. Pages may load its 4.8 MB bundle with async (id="plotly-js"), so
+     data can be fetched and the canvas grid drawn while the browser is still parsing it. */
+  kv.plotlyReady = function () {
+    return new Promise((resolve) => {
+      if (window.Plotly) return resolve(window.Plotly);
+      const tag = document.getElementById("plotly-js");
+      if (!tag) return resolve(window.Plotly);
+      tag.addEventListener("load", () => resolve(window.Plotly), { once: true });
+    });
+  };
   /* Attention weights: white (0) to dark blue (1); masked cells show the tan plot background. */
   kv.WEIGHT_SCALE = [[0, "#ffffff"], [0.25, "#9ecae1"], [0.6, "#3182bd"], [1, "#08306b"]];
   kv.MASK_COLOUR = "#e8d9b5";
