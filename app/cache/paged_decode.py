@@ -293,17 +293,17 @@ class PagedEngine:
         return child
 
     def finish(self, seq_id: int) -> None:
-        seq = self.get(seq_id)
-        if seq.status not in (RUNNING, WAITING):
-            raise BadInput(f"Sequence {seq_id} is already {seq.status}.")
-        self._release(seq, FINISHED)
-        self.stall = None
+        self._end(seq_id, FINISHED)
 
     def cancel(self, seq_id: int) -> None:
+        self._end(seq_id, CANCELLED)
+
+    def _end(self, seq_id: int, status: str) -> None:
+        """Finishing and cancelling release the same way (blocks freed tail first); only the status differs."""
         seq = self.get(seq_id)
         if seq.status not in (RUNNING, WAITING):
             raise BadInput(f"Sequence {seq_id} is already {seq.status}.")
-        self._release(seq, CANCELLED)
+        self._release(seq, status)
         self.stall = None
 
     def preempt(self, seq_id: int) -> None:

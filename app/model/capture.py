@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+from transformers import DynamicCache
 
 from app.model.adapter import GPT2Adapter, HookPoint
 from app.model.trace import ShapeStep, Trace
@@ -108,8 +109,6 @@ def run_traced(
     keep_cache: bool = True,
 ) -> Trace:
     """One forward pass over ``token_ids`` (appended after ``cache`` if given), fully captured."""
-    from transformers import DynamicCache
-
     past = cache.get_seq_length() if cache is not None else 0
     if keep_cache and cache is None:
         cache = DynamicCache(config=model.config)

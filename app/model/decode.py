@@ -15,8 +15,7 @@ import torch
 
 from app.model.capture import run_traced
 from app.model.loading import LoadedModel
-from app.model.sampling import Sampling, choose
-from app.viz.tokens import visible
+from app.model.sampling import Candidate, Sampling, choose, top_candidates
 
 
 @dataclass
@@ -28,7 +27,7 @@ class Step:
     chosen: int
     chosen_prob: float  # in the distribution it was drawn from
     rank: int  # 1 = the most likely token under the model's plain softmax
-    top: list[dict]
+    top: list[Candidate]  # the most likely tokens, and the chosen one
     attention: torch.Tensor  # (L, H, Tk) weights of the last fed token over every cached position
     newest_k: torch.Tensor  # (L, H, Dh) K of the last fed token, as appended to the cache
     logits: torch.Tensor  # (V,) last position
@@ -46,7 +45,7 @@ class DecodeSession:
     cache: object | None = None
     steps: list[Step] = field(default_factory=list)
     generator: torch.Generator = field(default_factory=torch.Generator)
-    texts: list[str] = field(default_factory=list)  # visible text of every id in ``ids``, decoded once
+    texts: list[str] = field(default_factory=list)  # text of every id in ``ids``, decoded once
     created: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
 
@@ -86,7 +85,8 @@ class DecodeSession:
         logits = trace["logits"][0, -1]
         state = self.generator.get_state()
         chosen, probs = choose(logits, self.sampling, self.generator)
-        plain = probs if self.sampling.mode == "greedy" else torch.softmax(logits.float(), dim=-1)
+        plain = trace["probs"][0]  # softmax of the same last-position logits, computed by the capture
+        top = top_candidates(plain, k=8, sampled_from=probs, chosen=chosen)
         L = lm.adapter.n_layer
         attention = torch.stack([trace.weights(i)[0, :, -1] for i in range(L)])  # (L, H, Tk)
         newest_k = torch.stack([trace.k(i)[0, :, -1] for i in range(L)])  # (L, H, Dh)
@@ -97,19 +97,18 @@ class DecodeSession:
             cache_len=trace.cache.get_seq_length(),
             chosen=chosen,
             chosen_prob=float(probs[chosen]),
-            rank=0,  # filled from the top-k table below
-            top=top_tokens(lm, plain, probs, chosen),
+            rank=next(c.rank for c in top if c.id == chosen),
+            top=top,
             attention=attention,
             newest_k=newest_k,
             logits=logits.clone(),
             generator_state=state,
             ms=ms,
         )
-        step.rank = next(t["rank"] for t in step.top if t["chosen"])
         self.steps.append(step)
         if not self.texts:
-            self.texts = [visible(t) for t in lm.token_texts(self.prompt_ids)]
-        self.texts.append(visible(lm.token_text(chosen)))
+            self.texts = lm.token_texts(self.prompt_ids)
+        self.texts.append(lm.token_text(chosen))
         self.last_used = time.monotonic()
         return step
 
@@ -155,22 +154,6 @@ class DecodeSession:
         self.cache = None
         self.steps.clear()
         self.texts.clear()
-
-
-def top_tokens(lm: LoadedModel, plain: torch.Tensor, sampled_from: torch.Tensor, chosen: int, k: int = 8) -> list[dict]:
-    """The k most likely tokens (plain softmax), plus the chosen one if it is not among them."""
-    values, ids = torch.topk(plain, min(k, plain.numel()))
-    rows = [(rank + 1, int(i)) for rank, i in enumerate(ids.tolist())]
-    if chosen not in ids.tolist():
-        rows.append((int((plain > plain[chosen]).sum()) + 1, chosen))
-    out = []
-    for rank, tid in rows:
-        text = lm.token_text(tid)
-        out.append({
-            "id": tid, "text": text, "shown": visible(text), "prob": float(plain[tid]),
-            "sample_prob": float(sampled_from[tid]), "chosen": tid == chosen, "rank": rank,
-        })
-    return out
 
 
 def kv_bytes_formula(*, layers: int, kv_heads: int, tokens: int, head_dim: int, dtype_bytes: int) -> dict:

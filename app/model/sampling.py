@@ -58,3 +58,23 @@ def choose(logits: torch.Tensor, s: Sampling, generator: torch.Generator) -> tup
         return int(torch.argmax(logits)), torch.softmax(logits.float(), dim=-1)
     probs = filtered_probs(logits, s)
     return int(torch.multinomial(probs, 1, generator=generator)), probs
+
+
+@dataclass(frozen=True)
+class Candidate:
+    rank: int  # 1 = the most likely token under the plain softmax
+    id: int
+    prob: float  # plain softmax of the logits
+    sample_prob: float  # in the distribution actually drawn from (equal to prob for greedy)
+
+
+def top_candidates(
+    plain: torch.Tensor, *, k: int, sampled_from: torch.Tensor | None = None, chosen: int | None = None
+) -> list[Candidate]:
+    """The k most likely token ids of a (V,) distribution, plus ``chosen`` if it is not among them."""
+    sampled_from = plain if sampled_from is None else sampled_from
+    ids = torch.topk(plain, min(k, plain.numel())).indices.tolist()
+    ranked = [(rank + 1, int(i)) for rank, i in enumerate(ids)]
+    if chosen is not None and chosen not in ids:
+        ranked.append((int((plain > plain[chosen]).sum()) + 1, chosen))
+    return [Candidate(rank, tid, float(plain[tid]), float(sampled_from[tid])) for rank, tid in ranked]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from app.errors import BadInput
 from app.model.decode import DecodeSession, Step, kv_bytes_formula, work_counts
 from app.viz.attention import b64_f32
-from app.viz.tokens import visible
+from app.viz.tokens import candidate_rows, visible
 
 
 def cache_shapes(session: DecodeSession) -> list[dict]:
@@ -31,13 +31,14 @@ def step_view(session: DecodeSession, step: Step) -> dict:
         "model": lm.name,
         "index": step.index,
         "phase": "prefill" if step.index == 0 else "decode",
-        "fed": [{"id": i, "shown": visible(lm.token_text(i))} for i in step.fed_ids],
+        "fed": [{"id": i, "shown": visible(t)}
+                for i, t in zip(step.fed_ids, session.texts[step.past : step.past + len(step.fed_ids)], strict=True)],
         "input_shape": [1, len(step.fed_ids)],
         "past": step.past,
         "cache_len": step.cache_len,
-        "chosen": {"id": step.chosen, "shown": visible(lm.token_text(step.chosen)), "prob": step.chosen_prob,
+        "chosen": {"id": step.chosen, "shown": visible(session.texts[step.cache_len]), "prob": step.chosen_prob,
                    "rank": step.rank},
-        "top": step.top,
+        "top": candidate_rows(lm, step.top, chosen=step.chosen),
         "attention": {"shape": [1, a.n_head, 1, step.cache_len], "layers": a.n_layer, "heads": a.n_head,
                       "data": b64_f32(step.attention)},
         "cache_shapes": cache_shapes(session),
@@ -46,7 +47,7 @@ def step_view(session: DecodeSession, step: Step) -> dict:
                                     head_dim=a.head_dim, dtype_bytes=dtype_bytes),
         "work": work_counts(len(session.prompt_ids), generated),
         "ms": step.ms,
-        "tokens": session.texts,
+        "tokens": [visible(t) for t in session.texts],
         "prompt_len": len(session.prompt_ids),
         "done": session.done,
         "sampling": session.sampling.__dict__,

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import torch
-
 from app.errors import BadInput
 from app.model.loading import LoadedModel
+from app.model.sampling import top_candidates
 from app.model.trace import Trace
 from app.viz.attention import KINDS, arithmetic, check_indexes, embedding_rows
 from app.viz.models import model_card
 from app.viz.shapes import shape_groups
-from app.viz.tokens import token_strip, visible
-
-
-def top_k(lm: LoadedModel, probs: torch.Tensor, k: int = 10) -> list[dict]:
-    """The k most likely next tokens from a (V,) distribution."""
-    values, ids = torch.topk(probs, k=min(k, probs.numel()))
-    out = []
-    for rank, (p, tid) in enumerate(zip(values.tolist(), ids.tolist(), strict=True)):
-        text = lm.token_text(tid)
-        out.append({"rank": rank + 1, "id": tid, "text": text, "shown": visible(text), "prob": p})
-    return out
+from app.viz.tokens import candidate_rows, token_strip
 
 
 def query_view(trace: Trace, *, layer: int, head: int, q: int, limit: int | None = 48) -> dict:
@@ -49,7 +38,7 @@ def inspect_view(
         "n_tokens": trace.n_tokens,
         "tokens": token_strip(trace.token_ids, trace.token_texts),
         "shape_trace": shape_groups(trace.steps),
-        "top_k": top_k(lm, trace["probs"][0]),
+        "top_k": candidate_rows(lm, top_candidates(trace["probs"][0], k=10)),
         "sel": {"layer": layer, "head": head, "q": q, "kind": kind},
         "query": sel,
     }

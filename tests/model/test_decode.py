@@ -81,3 +81,14 @@ def test_filters_keep_what_they_promise():
     p = filtered_probs(logits, Sampling(mode="sample", top_p=0.9))
     kept = (p > 0).sum().item()
     assert full[: kept - 1].sum() < 0.9 <= full[:kept].sum() + 1e-6
+
+
+def test_top_candidates_add_the_chosen_token_with_its_rank():
+    from app.model.sampling import top_candidates
+
+    plain = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    sampled = torch.tensor([0.0, 0.0, 0.0, 1.0])
+    c = top_candidates(plain, k=2, sampled_from=sampled, chosen=3)
+    assert [(x.rank, x.id) for x in c] == [(1, 0), (2, 1), (4, 3)]
+    assert c[-1].sample_prob == 1.0 and abs(c[-1].prob - 0.05) < 1e-7
+    assert len(top_candidates(plain, k=2, chosen=1)) == 2  # already listed: not repeated

@@ -118,3 +118,15 @@ def test_a_browser_gets_an_html_error_page(client):
     assert "Layer 99 does not exist" in r.text
     r = client.get("/api/trace", params={"prompt": ""}, headers={"Accept": "text/html"})
     assert r.json()["detail"]  # the API answers JSON whatever the Accept header says
+
+
+def test_next_token_table_is_the_softmax_of_the_last_logits(client, distil):
+    import torch
+
+    body = client.get("/api/trace", params={"prompt": "The cat sat on"}).json()
+    with torch.no_grad():
+        logits = distil.model(input_ids=torch.tensor([[464, 3797, 3332, 319]])).logits[0, -1]
+    p, ids = torch.topk(torch.softmax(logits, -1), 10)
+    assert [r["id"] for r in body["top_k"]] == ids.tolist()
+    assert all(abs(r["prob"] - q) < 1e-6 for r, q in zip(body["top_k"], p.tolist(), strict=True))
+    assert [r["rank"] for r in body["top_k"]] == list(range(1, 11))
