@@ -193,18 +193,22 @@
   async function drawCacheRows() {
     if (!S) return;
     const layer = +$("cache-layer").value || 0, head = +$("cache-head").value || 0;
+    const which = $("cache-kv").value === "v" ? "v" : "k";
     let c;
     try { c = await kv.getJSON(`/api/decode/${S.id}/cache/${layer}/${head}?last=24`); } catch (e) { return; }
-    const k = kv.b64ToF32(c.k), n = c.total - c.start, d = c.head_dim;
+    const k = kv.b64ToF32(c[which]), n = c.total - c.start, d = c.head_dim;
+    const name = which.toUpperCase();
     const z = [];
     for (let i = 0; i < n; i++) z.push(Array.from(k.subarray(i * d, (i + 1) * d)));
     const y = [...Array(n).keys()].map((i) => c.start + i);
     Plotly.react("cache-rows", [{
       type: "heatmap", z, y, x: [...Array(d).keys()], colorscale: "RdBu", zmid: 0,
-      hovertemplate: "%{y}, %{x}<br>K = %{z:.4f}<extra></extra>", colorbar: { title: { text: kv.t("js.decode.k_value") } },
+      hovertemplate: "%{y}, %{x}<br>" + name + " = %{z:.4f}<extra></extra>",
+      colorbar: { title: { text: kv.t("js.decode.kv_value", { kv: name }) } },
     }], {
       margin: { l: 60, r: 10, t: 30, b: 50 }, font: kv.plotFont,
-      title: { text: kv.t("js.decode.k_rows_title", { layer, head, shape: c.k_shape.join(", ") }), font: { size: 14 } },
+      title: { text: kv.t("js.decode.kv_rows_title", { kv: name, layer, head, shape: c.k_shape.join(", ") }),
+        font: { size: 14 } },
       xaxis: { title: { text: kv.t("js.decode.axis_head_dim") } },
       yaxis: { title: { text: kv.t("js.decode.axis_position") }, autorange: "reversed" },
       shapes: [{ type: "rect", xref: "paper", x0: 0, x1: 1, y0: c.total - 1.5, y1: c.total - 0.5, line: { color: "#e39b00", width: 3 } }],
@@ -272,6 +276,7 @@
     $("attn-layer").addEventListener("change", () => S && drawAttention(S.last));
     $("cache-layer").addEventListener("change", drawCacheRows);
     $("cache-head").addEventListener("change", drawCacheRows);
+    $("cache-kv").addEventListener("change", drawCacheRows);
     window.addEventListener("pagehide", () => { if (S) navigator.sendBeacon(`/api/decode/${S.id}/close`); });
   });
 })();

@@ -85,3 +85,15 @@ def test_trace_store_is_bounded(client, state):
     state.traces.max_bytes = 1  # nothing fits: traces are computed, returned, not kept
     assert client.get("/api/trace", params={"prompt": "hello"}).status_code == 200
     assert len(state.traces) == 0
+
+
+def test_full_embedding_fragment_has_every_number(client, state, key):
+    r = client.get(f"/inspect/{key}/embedding/1", headers={"HX-Request": "true"})
+    assert r.status_code == 200
+    _, trace = state.trace_by_key(key)
+    import re
+
+    h0 = re.search(r'data-vector="h0">([^<]*)<', r.text).group(1).split(", ")
+    assert len(h0) == 768
+    assert np.allclose([float(x) for x in h0], trace["embed.h0"][0, 1].numpy(), atol=1e-4)
+    assert client.get(f"/inspect/{key}/embedding/9").status_code == 422

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request
 
+from app.viz.attention import embedding_rows
 from app.viz.inspect import inspect_view, query_view
 from app.viz.models import model_card
 from app.web.deps import StateDep, is_htmx
@@ -41,3 +42,11 @@ def read_query_panels(
     lm, trace = state.trace_by_key(key)
     qv = query_view(trace, layer=layer, head=head, q=q, limit=None if all_rows else 48)
     return render(request, "partials/_query_panels.html", qv=qv, key=key, card=model_card(lm))
+
+
+@router.get("/inspect/{key}/embedding/{pos}")
+def read_embedding_panel(request: Request, state: StateDep, key: str, pos: int):
+    """Every number of one token's wte row, wpe row and h0: an htmx fragment."""
+    lm, trace = state.trace_by_key(key)
+    return render(request, "partials/_embedding_full.html", e=embedding_rows(trace, pos, first=None),
+                  card=model_card(lm))
