@@ -78,7 +78,12 @@ def _validation_message(exc: RequestValidationError) -> str:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(UserError)
     async def on_user_error(request: Request, exc: UserError):
-        return _error_response(request, exc.status, exc.message)
+        from app.web.render import request_lang
+
+        response = _error_response(request, exc.status, exc.text(request_lang(request)))
+        if getattr(exc, "retry_after", None):
+            response.headers["Retry-After"] = str(exc.retry_after)
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError):
