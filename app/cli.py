@@ -29,9 +29,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_download(args: argparse.Namespace) -> int:
     from huggingface_hub import snapshot_download
 
-    from app.model.loading import DISTILGPT2_ID, load_dir
+    from app.model.catalog import CATALOG
+    from app.model.loading import load_dir
 
-    repo = DISTILGPT2_ID if args.name == "distilgpt2" else args.name
+    if args.name not in CATALOG:
+        print(f"{args.name!r} is not in KVScope's catalog. Choose one of:", file=sys.stderr)
+        for entry in CATALOG.values():
+            print(f"  {entry.name:14} {entry.hub_id:28} {entry.note}", file=sys.stderr)
+        print("Any other checkpoint: download it yourself and pass its directory to "
+              "`kvscope serve --model DIR`.", file=sys.stderr)
+        return 2
+    repo = CATALOG[args.name].hub_id
     print(f"Downloading {repo} into the Hugging Face cache ...", flush=True)
     try:
         path = snapshot_download(
@@ -53,12 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=None, help="port (default 8000)")
     serve.add_argument(
         "--model", action="append",
-        help="a model to offer: distilgpt2, builtin, or a local checkpoint directory (repeatable; "
-             "default: distilgpt2 then builtin)",
+        help="a model to offer: a catalog name (distilgpt2, smollm2-135m, qwen2.5-0.5b), builtin, or a local "
+             "checkpoint directory of a supported family (repeatable; default: distilgpt2 then builtin)",
     )
     serve.set_defaults(func=cmd_serve)
     download = sub.add_parser("download", help="fetch a model into the local cache (with a progress bar)")
-    download.add_argument("name", help="distilgpt2, or a hub id of a GPT-2-family model")
+    download.add_argument("name", help="a catalog name: distilgpt2, smollm2-135m or qwen2.5-0.5b")
     download.set_defaults(func=cmd_download)
     args = parser.parse_args(argv)
     return args.func(args)

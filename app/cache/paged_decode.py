@@ -1,17 +1,11 @@
-"""Decoding a GPT-2-family model through a KV store of our own: paged, quantized, windowed or plain.
+"""Decoding through a KV store of our own: paged, quantized, windowed or plain; and the /paged scheduler.
 
-``forward_through`` runs the model's own modules (wte, wpe, ln_1, c_attn, c_proj, ln_2, mlp, ln_f, lm_head)
-and does the attention itself, so the K/V it reads come from the store and nowhere else::
-
-    h = wte[ids] + wpe[pos]                                  # (1, T, D)
-    per layer:  q, k, v = split(c_attn(ln_1(h)))             # (1, H, T, Dh) each
-                K, V, kpos = store.attend_kv(layer, k, v)    # store writes k, v, returns all visible keys
-                w = softmax(q Kᵀ / √Dh, masked: kpos <= pos, and pos - kpos < W for a window)   # (H, T, Tk)
-                h = h + c_proj(merge(w V));  h = h + mlp(ln_2(h))
-    logits = lm_head(ln_f(h))                                # (T, V)
-
-A KV store has ``length`` (tokens stored), ``window`` (None or W), ``begin(T)`` (reserve room for T new
-tokens; raises before changing anything if it cannot), ``attend_kv(layer, k, v)`` and ``end(T)``.
+The model side lives behind the adapter: ``lm.adapter.forward_through(store, ids)`` runs the model's own
+modules and does the attention itself (``app.model.attention.attend``), so the K/V it reads come from the
+store and nowhere else, for every model family. A KV store has ``length`` (tokens stored), ``window`` (None
+or W), ``begin(T)`` (reserve room for T new tokens; raises before changing anything if it cannot),
+``attend_kv(layer, k, v)`` -> (keys, values, key positions), with k, v of shape (H_kv, T, Dh), and ``end(T)``.
+For RoPE models the K a store receives is already rotated to its position.
 
 ``PagedEngine`` is the small scheduler the /paged page drives: several sequences decoding greedily through
 one ``PagedKVCache``, forked, finished, cancelled, preempted and recomputed, one step at a time.
@@ -86,40 +80,9 @@ class PagedSeqStore:
         pass
 
 
-def _attn_scale(lm: LoadedModel, layer: int) -> float:
-    config = lm.model.config
-    scale = lm.adapter.head_dim**-0.5 if config.scale_attn_weights else 1.0
-    return scale / (layer + 1) if config.scale_attn_by_inverse_layer_idx else scale
-
-
-@torch.no_grad()
 def forward_through(lm: LoadedModel, store, ids: list[int]) -> torch.Tensor:
-    """Run ``ids`` (the next T tokens) through the model reading and writing K/V via ``store``: logits (T, V)."""
-    a = lm.adapter
-    if a.family != "gpt2":
-        raise ValueError("forward_through implements the GPT-2 block")
-    tr = lm.model.transformer
-    T, start = len(ids), store.length
-    if start + T > a.max_positions:
-        raise BadInput(f"{lm.name} has {a.max_positions} positions; this sequence would need {start + T}.")
-    store.begin(T)
-    pos = torch.arange(start, start + T)  # (T,)
-    h = tr.wte(torch.tensor([ids])) + tr.wpe(pos)[None]  # (1, T, D)
-    for i, block in enumerate(tr.h):
-        q, k, v = a.split_qkv(block.attn.c_attn(block.ln_1(h)))  # (1, H, T, Dh) each
-        keys, values, kpos = store.attend_kv(i, k[0], v[0])  # (H, Tk, Dh), (H, Tk, Dh), (Tk,)
-        scores = q[0] @ keys.transpose(-1, -2) * _attn_scale(lm, i)  # (H, T, Tk)
-        allowed = kpos[None, :] <= pos[:, None]  # (T, Tk) causal
-        if store.window:
-            allowed &= (pos[:, None] - kpos[None, :]) < store.window
-        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-        weights = torch.softmax(scores, dim=-1)  # (H, T, Tk)
-        merged = (weights @ values).transpose(0, 1).reshape(1, T, a.d_model)  # (1, T, D)
-        h = h + block.attn.c_proj(merged)
-        h = h + block.mlp(block.ln_2(h))
-    logits = lm.model.lm_head(tr.ln_f(h))[0]  # (T, V)
-    store.end(T)
-    return logits
+    """Run ``ids`` (the next T tokens) through ``lm`` reading and writing K/V via ``store``: logits (T, V)."""
+    return lm.adapter.forward_through(store, ids)
 
 
 # --- the scheduler the page drives ---------------------------------------------------------------------

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import torch
 from transformers import DynamicCache
 
-from app.model.adapter import GPT2Adapter, HookPoint
+from app.model.adapters import HookPoint, ModelAdapter
 from app.model.trace import ShapeStep, Trace
 
 
@@ -42,7 +42,7 @@ def _hook_for(point: HookPoint, rec: Recorder):
 
 
 @contextmanager
-def capture(adapter: GPT2Adapter) -> Iterator[Recorder]:
+def capture(adapter: ModelAdapter) -> Iterator[Recorder]:
     """Attach one hook per hook point for the duration of the block."""
     rec = Recorder()
     handles = []
@@ -59,23 +59,6 @@ def hook_count(model: torch.nn.Module) -> int:
     """Forward (pre-)hooks on all modules. transformers keeps a few of its own, so tests compare
     this number before and after a capture rather than expecting zero."""
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
-
-
-def _derive(adapter: GPT2Adapter, rec: Recorder) -> dict[str, torch.Tensor]:
-    """Insert the derived per-head tensors right after the captured tensor they come from."""
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in rec.tensors.items():
-        if name.endswith(".attn.weights"):
-            continue  # placed with q/k/v below: the attention module's hook fires after c_proj's
-        out[name] = tensor
-        if name.endswith(".attn.qkv"):
-            prefix = name[: -len("qkv")]
-            q, k, v = adapter.split_qkv(tensor)
-            out[prefix + "q"], out[prefix + "k"], out[prefix + "v"] = q, k, v
-            out[prefix + "weights"] = rec.tensors[prefix + "weights"]
-        elif name.endswith(".attn.merged"):
-            out[name[: -len("merged")] + "head_out"] = adapter.split_heads(tensor)
-    return out
 
 
 def _shape_steps(trace: Trace, params: dict[str, tuple]) -> list[ShapeStep]:
@@ -101,7 +84,7 @@ def _shape_steps(trace: Trace, params: dict[str, tuple]) -> list[ShapeStep]:
 @torch.no_grad()
 def run_traced(
     model: torch.nn.Module,
-    adapter: GPT2Adapter,
+    adapter: ModelAdapter,
     token_ids: list[int],
     token_texts: list[str],
     *,
@@ -115,7 +98,7 @@ def run_traced(
     input_ids = torch.tensor([token_ids], dtype=torch.long)
     with capture(adapter) as rec:
         out = model(input_ids=input_ids, cache=cache if keep_cache else None, use_cache=keep_cache)
-    tensors = _derive(adapter, rec)
+    tensors = adapter.derive(rec.tensors)
     tensors["probs"] = torch.softmax(out.logits[:, -1].float(), dim=-1)  # (B, V) next-token distribution
     trace = Trace(
         token_ids=list(token_ids),

@@ -1,10 +1,14 @@
 """Loading models once, from configured sources only.
 
 A model spec is one of:
-  * ``distilgpt2``: the real DistilGPT-2 from the Hugging Face cache, or the hub when it can be
-    reached. This is the default whenever its weights can be had.
-  * ``builtin``: the tiny character-level model, trained on first use and cached on disk.
-  * a path to a local directory holding a GPT-2-family checkpoint.
+  * a catalog name (``app/model/catalog.py``): ``distilgpt2`` (the default whenever its weights can be
+    had), ``smollm2-135m``, ``qwen2.5-0.5b`` ... from the Hugging Face cache, or the hub when it can be
+    reached;
+  * ``builtin``: the tiny character-level model, trained on first use and cached on disk;
+  * a path to a local directory holding a checkpoint of a supported family (``app/model/adapters``).
+
+The adapter is chosen from the checkpoint's ``config.model_type``; an unsupported type is refused from
+its config alone, before any weights are read.
 
 Requests can only choose among the names of models loaded at start-up; nothing a request sends is
 ever passed to ``from_pretrained``. ``trust_remote_code`` is never set.
@@ -20,19 +24,26 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from app.model.adapter import GPT2Adapter
+from app.model.adapters import ModelAdapter, adapter_class, adapter_for, supported_model_types
 from app.model.builtin import ensure_builtin
+from app.model.catalog import CATALOG, download_command
 
 log = logging.getLogger(__name__)
 
-DISTILGPT2_ID = "distilbert/distilgpt2"
-DOWNLOAD_COMMAND = "kvscope download distilgpt2"
+DISTILGPT2_ID = CATALOG["distilgpt2"].hub_id
+DOWNLOAD_COMMAND = download_command("distilgpt2")
 
 
 class ModelUnavailable(RuntimeError):
-    """A configured model could not be loaded; the message says why, for the page to show."""
+    """A configured model could not be loaded; a catalog key and parameters say why, for the page to show."""
+
+    def __init__(self, key: str, /, **params: object) -> None:
+        from app.i18n import translate
+
+        self.key, self.params = key, params
+        super().__init__(translate(key, "en", **params))
 
 
 @dataclass
@@ -41,7 +52,7 @@ class LoadedModel:
     source: str  # where the weights came from
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
-    adapter: GPT2Adapter
+    adapter: ModelAdapter
     is_builtin: bool = False
     meta: dict = field(default_factory=dict)
 
@@ -62,43 +73,61 @@ class LoadedModel:
 def load_dir(
     path: str | Path, *, name: str, source: str | None = None, local_only: bool = True, cache_dir: str | None = None
 ) -> LoadedModel:
-    """Load a GPT-2-family checkpoint with eager attention (needed for attention weights)."""
+    """Load a checkpoint of a supported family with eager attention (needed for attention weights).
+
+    Raises ``UnsupportedModel`` from the config alone when no adapter reads its model type."""
     kw = {"local_files_only": local_only, "cache_dir": cache_dir}
+    config = AutoConfig.from_pretrained(str(path), **kw)
+    if adapter_class(getattr(config, "model_type", None)) is None:
+        raise UnsupportedModel(getattr(config, "model_type", None))
     model = AutoModelForCausalLM.from_pretrained(
         str(path), attn_implementation="eager", dtype=torch.float32, **kw
     ).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(path), **kw)
-    adapter = GPT2Adapter(model)
+    adapter = adapter_for(model)
     return LoadedModel(name=name, source=source or str(path), model=model, tokenizer=tokenizer, adapter=adapter)
 
 
+class UnsupportedModel(ValueError):
+    def __init__(self, model_type: str | None) -> None:
+        self.model_type = model_type
+        super().__init__(f"unsupported model type {model_type!r}")
+
+
+_hub_probe: dict[str, bool] = {}
+
+
 def hub_reachable(timeout: float = 3.0) -> bool:
-    """A quick TCP check, so an offline start doesn't sit through the hub client's retries."""
+    """A quick TCP check, so an offline start doesn't sit through the hub client's retries (asked once)."""
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
         return False
     host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    if host not in _hub_probe:
+        try:
+            with socket.create_connection((host, 443), timeout=timeout):
+                _hub_probe[host] = True
+        except OSError:
+            _hub_probe[host] = False
+    return _hub_probe[host]
+
+
+def load_catalog(name: str, cache_dir: str | None = None) -> LoadedModel:
+    """A catalog model from the local Hugging Face cache, else from the hub when it can be reached."""
+    entry = CATALOG[name]
     try:
-        with socket.create_connection((host, 443), timeout=timeout):
-            return True
+        return load_dir(entry.hub_id, name=name, source=f"{entry.hub_id} (local cache)", cache_dir=cache_dir)
     except OSError:
-        return False
+        if not hub_reachable():
+            raise ModelUnavailable("err.model.not_cached", model=entry.title, command=download_command(name)) from None
+        try:
+            return load_dir(entry.hub_id, name=name, source=f"{entry.hub_id} (hub)", local_only=False,
+                            cache_dir=cache_dir)
+        except OSError as exc:
+            raise ModelUnavailable("err.model.download_failed", model=entry.title, why=str(exc)) from None
 
 
 def load_distilgpt2(cache_dir: str | None = None) -> LoadedModel:
-    try:
-        lm = load_dir(DISTILGPT2_ID, name="distilgpt2", source=f"{DISTILGPT2_ID} (local cache)", cache_dir=cache_dir)
-    except OSError:
-        if not hub_reachable():
-            raise ModelUnavailable(
-                "DistilGPT-2 is not in the local Hugging Face cache and the hub cannot be reached."
-            ) from None
-        try:
-            lm = load_dir(
-                DISTILGPT2_ID, name="distilgpt2", source=f"{DISTILGPT2_ID} (hub)", local_only=False, cache_dir=cache_dir
-            )
-        except OSError as exc:
-            raise ModelUnavailable(f"DistilGPT-2 could not be downloaded: {exc}") from None
-    return lm
+    return load_catalog("distilgpt2", cache_dir)
 
 
 def load_builtin(home: Path) -> LoadedModel:
@@ -109,17 +138,22 @@ def load_builtin(home: Path) -> LoadedModel:
 
 
 def load_spec(spec: str, home: Path, hf_cache: str | None = None) -> LoadedModel:
-    if spec == "distilgpt2":
-        return load_distilgpt2(hf_cache)
+    if spec in CATALOG:
+        return load_catalog(spec, hf_cache)
     if spec == "builtin":
         return load_builtin(home)
     path = Path(spec).expanduser()
     if not path.is_dir():
-        raise ModelUnavailable(f"{spec!r} is not a directory holding a model.")
+        if "/" in spec and not spec.startswith((".", "/", "~")):
+            raise ModelUnavailable("err.model.not_in_catalog", spec=spec, names=", ".join(CATALOG))
+        raise ModelUnavailable("err.model.not_a_dir", spec=spec)
     try:
         return load_dir(path, name=path.name, source=str(path))
+    except UnsupportedModel as exc:
+        raise ModelUnavailable("err.model.unsupported", spec=spec, model_type=str(exc.model_type),
+                               supported=", ".join(supported_model_types())) from None
     except (OSError, ValueError) as exc:
-        raise ModelUnavailable(f"{spec!r} could not be loaded as a GPT-2-family model: {exc}") from None
+        raise ModelUnavailable("err.model.not_loadable", spec=spec, why=str(exc)) from None
 
 
 @dataclass
@@ -128,7 +162,17 @@ class ModelRegistry:
 
     models: dict[str, LoadedModel]
     default: str
-    failures: dict[str, str]  # spec -> why it could not be loaded
+    failures: dict[str, str]  # spec -> why it could not be loaded (English)
+    reasons: dict[str, tuple[str, dict]] = field(default_factory=dict)  # spec -> (catalog key, params)
+
+    def reason(self, spec: str, lang: str = "en") -> str:
+        """Why ``spec`` could not be loaded, in ``lang``."""
+        from app.i18n import translate
+
+        if spec in self.reasons:
+            key, params = self.reasons[spec]
+            return translate(key, lang, **params)
+        return self.failures.get(spec, "")
 
     def get(self, name: str | None) -> LoadedModel:
         return self.models[name or self.default]
@@ -145,16 +189,18 @@ class ModelRegistry:
 def load_registry(specs: tuple[str, ...], home: Path, hf_cache: str | None = None) -> ModelRegistry:
     models: dict[str, LoadedModel] = {}
     failures: dict[str, str] = {}
+    reasons: dict[str, tuple[str, dict]] = {}
     for spec in specs:
         try:
             lm = load_spec(spec, home, hf_cache)
         except ModelUnavailable as exc:
             log.warning("model %s unavailable: %s", spec, exc)
             failures[spec] = str(exc)
+            reasons[spec] = (exc.key, exc.params)
             continue
         models[lm.name] = lm
     if not models:
         # Never start with nothing: the built-in model needs no network.
         lm = load_builtin(home)
         models[lm.name] = lm
-    return ModelRegistry(models=models, default=next(iter(models)), failures=failures)
+    return ModelRegistry(models=models, default=next(iter(models)), failures=failures, reasons=reasons)

@@ -7,12 +7,12 @@ what transformers itself returned.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 
-from app.model.adapter import GPT2Adapter
+from app.model import attention
+from app.model.adapters import ModelAdapter
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Trace:
     token_texts: list[str]
     tensors: dict[str, torch.Tensor]  # every captured and derived tensor, in execution order
     steps: list[ShapeStep]
-    adapter: GPT2Adapter
+    adapter: ModelAdapter
     past_length: int = 0  # tokens already in the cache before this forward
     cache: object | None = None  # transformers' Cache after this forward, if one was kept
     meta: dict = field(default_factory=dict)
@@ -60,13 +60,13 @@ class Trace:
         return self.past_length + self.n_tokens
 
     def q(self, layer: int) -> torch.Tensor:
-        return self.tensors[f"blocks.{layer}.attn.q"]  # (B, H, T, Dh)
+        return self.tensors[f"blocks.{layer}.attn.q"]  # (B, H, T, Dh) as attention uses them (rotated for RoPE)
 
     def k(self, layer: int) -> torch.Tensor:
-        return self.tensors[f"blocks.{layer}.attn.k"]  # (B, H, T, Dh) new tokens only
+        return self.tensors[f"blocks.{layer}.attn.k"]  # (B, H_kv, T, Dh) new tokens only
 
     def v(self, layer: int) -> torch.Tensor:
-        return self.tensors[f"blocks.{layer}.attn.v"]  # (B, H, T, Dh) new tokens only
+        return self.tensors[f"blocks.{layer}.attn.v"]  # (B, H_kv, T, Dh) new tokens only
 
     def keys(self, layer: int) -> torch.Tensor:
         """All keys the new tokens attend to (cached + new): (B, H_kv, Tk, Dh)."""
@@ -82,23 +82,32 @@ class Trace:
     def weights(self, layer: int) -> torch.Tensor:
         return self.tensors[f"blocks.{layer}.attn.weights"]  # (B, H, T, Tk)
 
-    # --- recomputed from Q and K -----------------------------------------------------------------
+    # --- recomputed from Q and K (app.model.attention, the one place attention is written) ------------
+    def positions(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions of the new tokens (T,) and of every key they may read (Tk,)."""
+        return torch.arange(self.past_length, self.total_length), torch.arange(self.total_length)
+
     def scores(self, layer: int, head: int | None = None) -> torch.Tensor:
-        """Raw scores QK^T / sqrt(Dh), every pair, future ones included: (B, H, T, Tk)."""
-        q, k = self.q(layer), self.keys(layer)
+        """Raw scores q·kᵀ·scale, every pair, future ones included: (B, H, T, Tk) (H = 1 for one head).
+
+        Query head h reads KV head ``adapter.kv_map[h]`` (grouped-query attention)."""
+        a = self.adapter
+        q, k, kv_map = self.q(layer), self.keys(layer), a.kv_map
         if head is not None:
-            q, k = q[:, head : head + 1], k[:, head : head + 1]
-        return q @ k.transpose(-1, -2) / math.sqrt(self.adapter.head_dim)
+            q, kv_map = q[:, head : head + 1], (a.kv_map[head],)
+        return attention.scores(q, k, kv_map, a.attn_scale(layer))
 
     def causal_mask(self) -> torch.Tensor:
-        """True where query i may read key j: j <= past + i. (T, Tk)"""
-        rows = torch.arange(self.n_tokens).unsqueeze(1) + self.past_length
-        cols = torch.arange(self.total_length).unsqueeze(0)
-        return cols <= rows
+        """True where query i may read key j: j <= past + i (and inside the model's own window). (T, Tk)"""
+        q_pos, k_pos = self.positions()
+        return attention.allowed(q_pos, k_pos, self.adapter.model_window)
 
     def masked_scores(self, layer: int, head: int | None = None) -> torch.Tensor:
         """Scores with future positions set to -inf, what softmax receives."""
-        return self.scores(layer, head).masked_fill(~self.causal_mask(), float("-inf"))
+        return attention.masked(self.scores(layer, head), self.causal_mask())
+
+    def kv_head(self, head: int) -> int:
+        return self.adapter.kv_map[head]
 
     def nbytes(self) -> int:
         seen: set[int] = set()

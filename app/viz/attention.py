@@ -8,12 +8,12 @@ the ~6 MB a JSON list of decimals would take.
 from __future__ import annotations
 
 import base64
-import math
 
 import torch
 import torch.nn.functional as F
 
 from app.errors import BadInput
+from app.model import attention
 from app.model.trace import Trace
 from app.viz.tokens import visible
 
@@ -31,11 +31,11 @@ def b64_u8(t: torch.Tensor) -> str:
 def check_indexes(trace: Trace, *, layer: int | None = None, head: int | None = None, pos: int | None = None) -> None:
     a = trace.adapter
     if layer is not None and not 0 <= layer < a.n_layer:
-        raise BadInput(f"Layer {layer} does not exist: this model has layers 0 to {a.n_layer - 1}.")
+        raise BadInput("err.index.layer", layer=layer, last=a.n_layer - 1)
     if head is not None and not 0 <= head < a.n_head:
-        raise BadInput(f"Head {head} does not exist: each layer has heads 0 to {a.n_head - 1}.")
+        raise BadInput("err.index.head", head=head, last=a.n_head - 1)
     if pos is not None and not 0 <= pos < trace.n_tokens:
-        raise BadInput(f"Token position {pos} does not exist: the prompt has positions 0 to {trace.n_tokens - 1}.")
+        raise BadInput("err.index.pos", pos=pos, last=trace.n_tokens - 1)
 
 
 def lower_triangle(m: torch.Tensor, past: int = 0) -> torch.Tensor:
@@ -48,7 +48,7 @@ def lower_triangle(m: torch.Tensor, past: int = 0) -> torch.Tensor:
 def head_matrix(trace: Trace, layer: int, head: int, kind: str = "weights") -> dict:
     """One head's (T, Tk) matrix: softmax weights (captured), masked or raw scores (from Q and K)."""
     if kind not in KINDS:
-        raise BadInput(f"Unknown view {kind!r}: choose one of {', '.join(KINDS)}.")
+        raise BadInput("err.index.kind", kind=kind, kinds=", ".join(KINDS))
     check_indexes(trace, layer=layer, head=head)
     if kind == "weights":
         m = trace.weights(layer)[0, head]
@@ -93,19 +93,25 @@ def grid_thumbnails(trace: Trace, size: int = 48, gamma: float = 0.5) -> dict:
 def arithmetic(trace: Trace, layer: int, head: int, pos: int, *, limit: int = 48) -> dict:
     """Q·K·V for one query, recomputed step by step from the captured Q, K, V and compared with the model.
 
-    Rows are the visible keys (0..pos). When there are more than ``limit``, the ``limit`` with the
-    largest weights are listed (all are used in the sums).
+    Query head ``head`` reads KV head ``kv_map[head]`` (the same K/V as the other heads of its group under
+    grouped-query attention). Rows are the visible keys (0..pos). When there are more than ``limit``, the
+    ``limit`` with the largest weights are listed (all are used in the sums).
     """
     check_indexes(trace, layer=layer, head=head, pos=pos)
-    d = trace.adapter.head_dim
+    a = trace.adapter
+    kv = a.kv_map[head]
+    n = trace.past_length + pos + 1
     q = trace.q(layer)[0, head, pos]  # (Dh,)
-    k = trace.keys(layer)[0, head, : trace.past_length + pos + 1]  # (pos+1, Dh)
-    v = trace.values(layer)[0, head, : trace.past_length + pos + 1]  # (pos+1, Dh)
+    k = trace.keys(layer)[0, kv, :n]  # (pos+1, Dh)
+    v = trace.values(layer)[0, kv, :n]  # (pos+1, Dh)
+    scale = a.attn_scale(layer)
+    q_pos = torch.tensor([trace.past_length + pos])
+    weights_2d, out_2d = attention.attend(q[None, None], k[None], v[None], q_pos=q_pos, k_pos=torch.arange(n),
+                                          kv_map=(0,), scale=scale, window=a.model_window)
     dots = k @ q  # (pos+1,)
-    scaled = dots / math.sqrt(d)
-    weights = torch.softmax(scaled, dim=0)
-    out = weights @ v  # (Dh,)
-    captured_w = trace.weights(layer)[0, head, pos, : trace.past_length + pos + 1]
+    scaled = dots * scale
+    weights, out = weights_2d[0, 0], out_2d[0, 0]  # (pos+1,), (Dh,)
+    captured_w = trace.weights(layer)[0, head, pos, :n]
     captured_out = trace[f"blocks.{layer}.attn.head_out"][0, head, pos]
     order = torch.argsort(weights, descending=True)[:limit].sort().values if weights.numel() > limit else None
     idx = order.tolist() if order is not None else list(range(weights.numel()))
@@ -125,10 +131,14 @@ def arithmetic(trace: Trace, layer: int, head: int, pos: int, *, limit: int = 48
     return {
         "layer": layer,
         "head": head,
+        "kv_head": kv,
+        "group": [h for h in range(a.n_head) if a.kv_map[h] == kv],
         "pos": pos,
         "token": visible(texts[pos]),
-        "head_dim": d,
-        "sqrt_d": math.sqrt(d),
+        "head_dim": a.head_dim,
+        "scale": scale,
+        "sqrt_d": 1 / scale,
+        "rotary": a.rotary,
         "q": [round(x, 4) for x in q.tolist()],
         "rows": rows,
         "shown": len(rows),
@@ -142,21 +152,27 @@ def arithmetic(trace: Trace, layer: int, head: int, pos: int, *, limit: int = 48
 
 
 def embedding_rows(trace: Trace, pos: int, *, first: int | None = 8) -> dict:
-    """The wte row, wpe row and h0 = wte + wpe of the token at ``pos`` (the first numbers, or all)."""
+    """The token-table row, the position-table row (GPT-2) and h0 of the token at ``pos``.
+
+    Rotary models (Llama family) have no position table: h0 is the token row itself, and positions
+    enter later, as a rotation of q and k in every layer (``position`` is None then)."""
     check_indexes(trace, pos=pos)
+    a = trace.adapter
     wte = trace["embed.wte"][0, pos]
-    wpe = trace["embed.wpe"][0, pos]
+    wpe = trace["embed.wpe"][0, pos] if "embed.wpe" in trace.tensors else None
     h0 = trace["embed.h0"][0, pos]
     n = wte.numel() if first is None else first
+    table = a.position_table
     return {
         "pos": pos,
         "id": trace.token_ids[pos],
         "token": visible(trace.token_texts[pos]),
         "width": wte.numel(),
         "shown": n,
+        "rotary": a.rotary,
         "wte": [round(x, 4) for x in wte[:n].tolist()],
-        "wpe": [round(x, 4) for x in wpe[:n].tolist()],
+        "wpe": [round(x, 4) for x in wpe[:n].tolist()] if wpe is not None else None,
         "h0": [round(x, 4) for x in h0[:n].tolist()],
-        "wte_shape": tuple(trace.adapter.wte.shape),
-        "wpe_shape": tuple(trace.adapter.wpe.shape),
+        "wte_shape": tuple(a.token_table.shape),
+        "wpe_shape": tuple(table.shape) if table is not None else None,
     }

@@ -59,9 +59,9 @@ def cache_rows(session: DecodeSession, layer: int, head: int, last: int = 24) ->
     """The newest ``last`` cached K and V rows of one layer and head: (rows, Dh) each."""
     a = session.lm.adapter
     if not 0 <= layer < a.n_layer:
-        raise BadInput(f"Layer {layer} does not exist: this model has layers 0 to {a.n_layer - 1}.")
+        raise BadInput("err.index.layer", layer=layer, last=a.n_layer - 1)
     if not 0 <= head < a.n_kv_head:
-        raise BadInput(f"Head {head} does not exist: each layer has KV heads 0 to {a.n_kv_head - 1}.")
+        raise BadInput("err.index.kv_head", head=head, last=a.n_kv_head - 1)
     if session.cache is None:
         raise BadInput("This session has no cache yet.")
     k, v = a.layer_cache(session.cache, layer)

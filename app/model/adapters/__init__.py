@@ -1,0 +1,47 @@
+"""Model families. Each module here defines one ``ModelAdapter`` subclass; this package finds them all.
+
+Adding a family means adding a module (see README, "Adding a model family"): loading picks the adapter
+whose ``model_types`` contains the checkpoint's ``config.model_type``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from app.model.adapters.base import HookPoint, ModelAdapter
+
+__all__ = ["HookPoint", "ModelAdapter", "adapter_for", "adapter_class", "supported_model_types"]
+
+
+def _families() -> list[type[ModelAdapter]]:
+    for info in pkgutil.iter_modules(__path__):
+        if info.name != "base":
+            importlib.import_module(f"{__name__}.{info.name}")
+    return [cls for cls in _subclasses(ModelAdapter) if getattr(cls, "model_types", None)]
+
+
+def _subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_subclasses(sub)]
+    return out
+
+
+def supported_model_types() -> list[str]:
+    return sorted({t for cls in _families() for t in cls.model_types})
+
+
+def adapter_class(model_type: str | None) -> type[ModelAdapter] | None:
+    for cls in _families():
+        if model_type in cls.model_types:
+            return cls
+    return None
+
+
+def adapter_for(model) -> ModelAdapter:
+    cls = adapter_class(getattr(model.config, "model_type", None))
+    if cls is None:
+        raise ValueError(f"unsupported model type {model.config.model_type!r}; "
+                         f"supported: {', '.join(supported_model_types())}")
+    return cls(model)

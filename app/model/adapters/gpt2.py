@@ -1,0 +1,131 @@
+"""GPT-2 family: GPT-2, DistilGPT-2, the built-in tiny model.
+
+Learned absolute positions (a ``wpe`` table added to the token embedding), LayerNorm, one fused
+projection ``c_attn`` for q, k and v, a GELU MLP, plain multi-head attention (H_kv = H).
+
+Family-specific hook points, besides the shared ones (see ``base``)::
+
+    embed.wpe               # (1, T, D)    wpe row of each position
+    embed.h0                # (B, T, D)    h0 = wte + wpe
+    blocks.{i}.attn.qkv     # (B, T, 3D)   fused projection c_attn; q, k, v are its three D-wide slices
+    blocks.{i}.mlp.fc       # (B, T, 4D)   c_fc output, before GELU
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from app.model.adapters.base import HookPoint, ModelAdapter, params_of
+from app.model.attention import attend
+
+
+class GPT2Adapter(ModelAdapter):
+    family = "gpt2"
+    model_types = ("gpt2",)
+
+    def read_sizes(self, config) -> None:
+        self.n_layer = config.n_layer
+        self.n_head = config.n_head
+        self.n_kv_head = config.n_head  # plain multi-head attention
+        self.d_model = config.n_embd
+        self.head_dim = config.n_embd // config.n_head
+        self.d_mlp = config.n_inner or 4 * config.n_embd
+        self.max_positions = config.n_positions
+        self.vocab_size = config.vocab_size
+
+    @property
+    def token_table(self) -> torch.Tensor:
+        return self.model.transformer.wte.weight  # (V, D)
+
+    @property
+    def position_table(self) -> torch.Tensor:
+        return self.model.transformer.wpe.weight  # (n_positions, D)
+
+    # kept for the pages' older names
+    wte = token_table
+    wpe = position_table
+
+    def hook_points(self) -> list[HookPoint]:
+        tr = self.model.transformer
+        points = [
+            HookPoint("embed.wte", tr.wte, "output", params_of(tr.wte, "transformer.wte")),
+            HookPoint("embed.wpe", tr.wpe, "output", params_of(tr.wpe, "transformer.wpe")),
+            HookPoint("embed.h0", tr.drop, "output", ()),
+        ]
+        for i, block in enumerate(tr.h):
+            p, b = f"transformer.h.{i}", f"blocks.{i}"
+            attn, mlp = block.attn, block.mlp
+            points += [
+                HookPoint(f"{b}.ln_1", block.ln_1, "output", params_of(block.ln_1, f"{p}.ln_1")),
+                HookPoint(f"{b}.attn.qkv", attn.c_attn, "output", params_of(attn.c_attn, f"{p}.attn.c_attn")),
+                HookPoint(f"{b}.attn.weights", attn, "output1", ()),
+                HookPoint(f"{b}.attn.merged", attn.c_proj, "input0", ()),
+                HookPoint(f"{b}.attn.out", attn.c_proj, "output", params_of(attn.c_proj, f"{p}.attn.c_proj")),
+                HookPoint(f"{b}.resid_mid", block.ln_2, "input0", ()),
+                HookPoint(f"{b}.ln_2", block.ln_2, "output", params_of(block.ln_2, f"{p}.ln_2")),
+                HookPoint(f"{b}.mlp.fc", mlp.c_fc, "output", params_of(mlp.c_fc, f"{p}.mlp.c_fc")),
+                HookPoint(f"{b}.mlp.hidden", mlp.act, "output", ()),
+                HookPoint(f"{b}.mlp.out", mlp.c_proj, "output", params_of(mlp.c_proj, f"{p}.mlp.c_proj")),
+                HookPoint(f"{b}.resid_out", block, "output", ()),
+            ]
+        points += [
+            HookPoint("ln_f", tr.ln_f, "output", params_of(tr.ln_f, "transformer.ln_f")),
+            HookPoint("logits", self.model.lm_head, "output", (("lm_head.weight", self.model.lm_head.weight),)),
+        ]
+        return points
+
+    def split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, T, 3D) -> q, k, v each (B, H, T, Dh): the same split and view GPT-2's forward does."""
+        q, k, v = qkv.split(self.d_model, dim=2)  # (B, T, D) each
+        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
+
+    def derive(self, captured: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for name, tensor in captured.items():
+            if name.endswith(".attn.weights"):
+                continue  # placed with q/k/v below: the attention module's hook fires after c_proj's
+            out[name] = tensor
+            if name.endswith(".attn.qkv"):
+                prefix = name[: -len("qkv")]
+                out[prefix + "q"], out[prefix + "k"], out[prefix + "v"] = self.split_qkv(tensor)
+                out[prefix + "weights"] = captured[prefix + "weights"]
+            elif name.endswith(".attn.merged"):
+                out[name[: -len("merged")] + "head_out"] = self.split_heads(tensor)
+        return out
+
+    def attn_scale(self, layer: int) -> float:
+        config = self.config
+        scale = self.head_dim**-0.5 if config.scale_attn_weights else 1.0
+        return scale / (layer + 1) if config.scale_attn_by_inverse_layer_idx else scale
+
+    @torch.no_grad()
+    def forward_through(self, store, ids: list[int]) -> torch.Tensor:
+        """h = wte[ids] + wpe[pos]; per block: ln_1 → c_attn → attend over the store's K/V → c_proj → + MLP."""
+        tr = self.model.transformer
+        T, start = len(ids), store.length
+        self.check_room(start, T)
+        store.begin(T)
+        pos = torch.arange(start, start + T)  # (T,)
+        h = tr.wte(torch.tensor([ids])) + tr.wpe(pos)[None]  # (1, T, D)
+        window = store.window
+        for i, block in enumerate(tr.h):
+            q, k, v = self.split_qkv(block.attn.c_attn(block.ln_1(h)))  # (1, H, T, Dh) each
+            keys, values, kpos = store.attend_kv(i, k[0], v[0])  # (H, Tk, Dh), (H, Tk, Dh), (Tk,)
+            _, out = attend(q[0], keys, values, q_pos=pos, k_pos=kpos, kv_map=self.kv_map,
+                            scale=self.attn_scale(i), window=window)  # (H, T, Dh)
+            merged = out.transpose(0, 1).reshape(1, T, self.d_model)  # (1, T, D)
+            h = h + block.attn.c_proj(merged)
+            h = h + block.mlp(block.ln_2(h))
+        logits = self.model.lm_head(tr.ln_f(h))[0]  # (T, V)
+        store.end(T)
+        return logits
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.transformer.ln_f(h)
+
+    def unembed(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(h)
+
+    def output_projection(self, layer: int) -> nn.Module:
+        return self.model.transformer.h[layer].attn.c_proj

@@ -1,0 +1,74 @@
+"""Scaled dot-product attention, written once: every recomputation in KVScope goes through here.
+
+The captured-trace views (raw and masked scores, the arithmetic of one query), the decoder that reads K/V
+from a store of our own (paged, quantized, windowed) and the compression policies all call these functions,
+so the arithmetic a page explains is the arithmetic the checks run.
+
+Grouped-query attention: a model has H query heads but only H_kv key/value heads (H_kv divides H); query
+head h reads key/value head ``kv_map[h]`` (``h // (H / H_kv)`` for the usual layout). Plain multi-head
+attention is the case H_kv = H, ``kv_map = (0, 1, …, H-1)``::
+
+    q        (H, T, Dh)     one row per query head and new token
+    k, v     (H_kv, Tk, Dh) every key/value the new tokens may read
+    k[kv_map]               (H, Tk, Dh): the key head each query head shares
+    scores = q · kᵀ · scale                                   (H, T, Tk)
+    masked : -inf where the key is in the query's future (k_pos > q_pos) or outside a sliding window
+    weights = softmax(masked)                                 (H, T, Tk)
+    out     = weights · v[kv_map]                             (H, T, Dh)
+
+Leading batch dimensions are allowed on every tensor (``(..., H, T, Dh)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def kv_map_for(n_head: int, n_kv_head: int) -> tuple[int, ...]:
+    """The usual grouping: consecutive query heads share a KV head (``repeat_kv`` in transformers)."""
+    if n_kv_head < 1 or n_head % n_kv_head:
+        raise ValueError(f"{n_head} query heads cannot share {n_kv_head} KV heads evenly")
+    group = n_head // n_kv_head
+    return tuple(h // group for h in range(n_head))
+
+
+def expand_kv(x: torch.Tensor, kv_map: Sequence[int]) -> torch.Tensor:
+    """(..., H_kv, Tk, Dh) -> (..., H, Tk, Dh): each query head gets the K (or V) head it reads."""
+    if len(kv_map) == x.shape[-3] and list(kv_map) == list(range(len(kv_map))):
+        return x  # plain multi-head attention: nothing to repeat
+    return x.index_select(-3, torch.as_tensor(kv_map, dtype=torch.long))
+
+
+def scores(q: torch.Tensor, k: torch.Tensor, kv_map: Sequence[int], scale: float) -> torch.Tensor:
+    """Raw scores q·kᵀ·scale for every (query, key) pair, future ones included: (..., H, T, Tk)."""
+    return q @ expand_kv(k, kv_map).transpose(-1, -2) * scale
+
+
+def allowed(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """(T, Tk) True where a query at ``q_pos`` may read a key at ``k_pos``: not in its future, and inside
+    the last ``window`` positions when a sliding window is set."""
+    ok = k_pos[None, :] <= q_pos[:, None]
+    if window:
+        ok &= (q_pos[:, None] - k_pos[None, :]) < window
+    return ok
+
+
+def masked(s: torch.Tensor, ok: torch.Tensor, fill: float = float("-inf")) -> torch.Tensor:
+    return s.masked_fill(~ok, fill)
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_pos: torch.Tensor, k_pos: torch.Tensor,
+    kv_map: Sequence[int], scale: float, window: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of ``q`` over ``k``/``v``: (weights (..., H, T, Tk), per-head output (..., H, T, Dh)).
+
+    Masked cells get the dtype's lowest finite value rather than -inf, as transformers' eager attention does,
+    so a row is never all -inf.
+    """
+    s = scores(q, k, kv_map, scale)
+    s = masked(s, allowed(q_pos, k_pos, window), torch.finfo(s.dtype).min)
+    weights = torch.softmax(s, dim=-1)
+    return weights, weights @ expand_kv(v, kv_map)

@@ -1,0 +1,34 @@
+"""The models a server may fetch from the Hugging Face hub, by the short names the UI and CLI use.
+
+Only these hub ids are ever downloaded (``kvscope download NAME``, or at start-up when a configured name
+is not in the local cache and the hub can be reached); any other checkpoint must be a local directory.
+Sizes are the checkpoints' own config values, for the page to say what it is about to fetch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    name: str  # what the UI, the settings and the CLI call it
+    hub_id: str
+    title: str
+    family: str  # adapter family that reads it
+    note: str  # one line for the README and the CLI's list
+
+
+CATALOG: dict[str, CatalogEntry] = {e.name: e for e in (
+    CatalogEntry("distilgpt2", "distilbert/distilgpt2", "DistilGPT-2", "gpt2",
+                 "6 layers, 12 heads, d=768, learned positions, 82M parameters"),
+    CatalogEntry("smollm2-135m", "HuggingFaceTB/SmolLM2-135M", "SmolLM2-135M", "llama",
+                 "30 layers, 9 query heads sharing 3 KV heads (GQA), head_dim 64, RoPE, 135M parameters"),
+    CatalogEntry("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B", "Qwen2.5-0.5B", "llama",
+                 "24 layers, 14 query heads sharing 2 KV heads (GQA), head_dim 64, RoPE, QKV bias, 494M parameters"),
+)}
+
+
+def download_command(name: str) -> str:
+    """The command a user runs to fetch ``name`` ahead of time (as installed by ``make serve``)."""
+    return f".venv/bin/kvscope download {name}"
