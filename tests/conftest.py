@@ -18,7 +18,7 @@ from app.model.loading import LoadedModel, ModelRegistry, load_builtin, load_dir
 from app.settings import Settings
 from app.state import AppState
 from tests.live import serve_in_thread
-from tests.shaped_model import build_distilgpt2_shaped
+from tests.shaped_model import TINY_FAMILIES, build_distilgpt2_shaped, build_tiny_family
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -31,6 +31,35 @@ def distil_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def distil(distil_dir) -> LoadedModel:
     return load_dir(distil_dir, name="distilgpt2", source="DistilGPT-2-shaped model with random weights (tests)")
+
+
+@pytest.fixture(scope="session")
+def family_models(tmp_path_factory) -> dict[str, LoadedModel]:
+    """Tiny random checkpoints of the Llama family (llama, qwen2 with QKV bias, qwen3 with q/k norm), each
+    saved and loaded back through ``from_pretrained`` like a downloaded one (tests/shaped_model.py)."""
+    out = {}
+    for fam in TINY_FAMILIES:
+        path = build_tiny_family(tmp_path_factory.mktemp(f"tiny-{fam}"), fam)
+        out[fam] = load_dir(path, name=f"tiny-{fam}", source=f"tiny random {fam} checkpoint (tests)")
+    return out
+
+
+@pytest.fixture(scope="session")
+def llama(family_models) -> LoadedModel:
+    """8 query heads sharing 2 KV heads, head_dim 12 != 64 / 8, RoPE, RMSNorm, SwiGLU."""
+    return family_models["llama"]
+
+
+# Every family KVScope reads, for suites that must hold on each: the DistilGPT-2-shaped GPT-2 and the
+# tiny Llama-family checkpoints.
+ALL_FAMILIES = ("distil", *TINY_FAMILIES)
+
+
+@pytest.fixture(params=ALL_FAMILIES)
+def any_model(request) -> LoadedModel:
+    if request.param == "distil":
+        return request.getfixturevalue("distil")
+    return request.getfixturevalue("family_models")[request.param]
 
 
 @pytest.fixture(scope="session")

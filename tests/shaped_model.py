@@ -36,3 +36,33 @@ def build_distilgpt2_shaped(target: Path) -> Path:
     vocab, merges = gpt2_tokenizer_files()
     GPT2TokenizerFast(vocab=str(vocab), merges=str(merges), model_max_length=1024).save_pretrained(target)
     return target
+
+
+def _save_gpt2_tokenizer(target: Path, max_length: int) -> None:
+    vocab, merges = gpt2_tokenizer_files()
+    GPT2TokenizerFast(vocab=str(vocab), merges=str(merges), model_max_length=max_length).save_pretrained(target)
+
+
+# Tiny random checkpoints of the Llama family, small enough for every test to run on each of them:
+# 8 query heads sharing 2 KV heads (groups of 4), and a head_dim (12) that is not d_model / n_heads (64 / 8 = 8),
+# so a size derived instead of read from the config, or a key indexed by the query head, fails loudly.
+# initializer_range 0.2 makes attention sharp, so indexing errors cannot hide behind near-uniform weights.
+TINY_FAMILIES = ("llama", "qwen2", "qwen3")
+
+
+def build_tiny_family(target: Path, family: str = "llama") -> Path:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed({"llama": 11, "qwen2": 12, "qwen3": 13}[family])
+    common = dict(
+        vocab_size=50257, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, head_dim=12, max_position_embeddings=256, initializer_range=0.2,
+        bos_token_id=50256, eos_token_id=50256, tie_word_embeddings=True, rope_theta=10000.0,
+    )
+    if family == "qwen2":
+        common.pop("head_dim")  # Qwen2 derives head_dim = hidden / heads; QKV projections carry a bias
+        common.update(hidden_size=96, num_attention_heads=8, num_key_value_heads=2)
+    config = AutoConfig.for_model(family, **common)
+    AutoModelForCausalLM.from_config(config).eval().save_pretrained(target, safe_serialization=True)
+    _save_gpt2_tokenizer(target, 256)
+    return target

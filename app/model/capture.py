@@ -13,6 +13,7 @@ from contextlib import contextmanager
 import torch
 from transformers import DynamicCache
 
+from app.model import attention
 from app.model.adapters import HookPoint, ModelAdapter
 from app.model.trace import ShapeStep, Trace
 
@@ -75,7 +76,7 @@ def _shape_steps(trace: Trace, params: dict[str, tuple]) -> list[ShapeStep]:
             layer = int(name.split(".")[1])
             q = trace.q(layer).to("meta")
             k = trace.keys(layer).to("meta")
-            shape = tuple((q @ k.transpose(-1, -2)).shape)
+            shape = tuple(attention.scores(q, k, trace.adapter.kv_map, 1.0).shape)
             steps.append(ShapeStep(f"blocks.{layer}.attn.scores", shape, (), True))
             steps.append(ShapeStep(f"blocks.{layer}.attn.masked_scores", shape, (), True))
     return steps

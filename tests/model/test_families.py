@@ -1,0 +1,233 @@
+"""Every model family through the same boundary, each number checked a second, independent way.
+
+Runs on the DistilGPT-2-shaped GPT-2 and on tiny random Llama / Qwen2 (QKV bias) / Qwen3 (q/k norm)
+checkpoints with 8 query heads sharing 2 KV heads and head_dim 12 (not 64 / 8).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from app.cache.paged import PagedKVCache
+from app.cache.paged_decode import FloatKVStore, PagedSeqStore, forward_through
+from app.cache.prefix import PrefixCache
+from app.model.capture import capture, hook_count, run_traced
+from app.model.decode import DecodeSession, kv_bytes_formula
+from app.model.sampling import Sampling
+from app.viz.attention import arithmetic, embedding_rows
+
+PROMPT = "The cat sat on the mat because it was tired of standing."
+
+# fp32 noise between two correct attention implementations on sharp attention (REFERENCE.md): ~1e-4.
+TOL = 2e-4
+
+
+def _ids(lm):
+    return lm.encode(PROMPT)
+
+
+def test_head_to_kv_head_map_equals_the_config(any_model):
+    a, c = any_model.adapter, any_model.model.config
+    n_kv = getattr(c, "num_key_value_heads", None) or a.n_head
+    assert a.n_kv_head == n_kv
+    assert len(a.kv_map) == a.n_head
+    group = a.n_head // n_kv
+    # transformers' repeat_kv: KV head j serves query heads j*group .. (j+1)*group - 1
+    for h in range(a.n_head):
+        assert a.kv_map[h] == h // group
+    if a.family == "llama":
+        assert a.head_dim == getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        assert a.position_table is None and a.rotary
+
+
+def test_recomputed_attention_equals_transformers(any_model):
+    lm = any_model
+    ids = _ids(lm)
+    before = hook_count(lm.model)
+    trace = run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids))
+    assert hook_count(lm.model) == before
+    with torch.no_grad():
+        ref = lm.model(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False)
+    for layer in range(lm.adapter.n_layer):
+        theirs = ref.attentions[layer]  # (1, H, T, T)
+        assert trace.weights(layer).shape == theirs.shape
+        assert torch.equal(trace.weights(layer), theirs)  # the hook keeps what the model computed
+        mine = torch.softmax(trace.masked_scores(layer), dim=-1)  # from captured (rotated) q and k
+        assert (mine - theirs).abs().max() < TOL
+        future = torch.triu(torch.ones(len(ids), len(ids), dtype=torch.bool), 1)
+        assert mine[0][:, future].abs().max() == 0
+    assert torch.allclose(trace["logits"], ref.logits, atol=1e-5)
+
+
+def test_cached_keys_are_the_hooked_rotated_keys(any_model):
+    lm = any_model
+    ids = _ids(lm)
+    trace = run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids))
+    for layer in range(lm.adapter.n_layer):
+        k, v = lm.adapter.layer_cache(trace.cache, layer)
+        assert k.shape == (1, lm.adapter.n_kv_head, len(ids), lm.adapter.head_dim)
+        assert torch.equal(k, trace.k(layer))
+        assert torch.equal(v, trace.v(layer))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_rotation_matches_transformers_own_function(family_models, family):
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    lm = family_models[family]
+    ids = _ids(lm)
+    trace = run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids))
+    cos, sin = trace["rope.cos"], trace["rope.sin"]
+    for layer in range(lm.adapter.n_layer):
+        q_pre, k_pre = trace[f"blocks.{layer}.attn.q_prerope"], trace[f"blocks.{layer}.attn.k_prerope"]
+        q, k = apply_rotary_pos_emb(q_pre, k_pre, cos, sin)
+        assert torch.equal(q, trace.q(layer)) and torch.equal(k, trace.k(layer))
+        # and the adapter's own rotation of a vector at given positions agrees
+        pos = torch.arange(len(ids))
+        assert torch.allclose(lm.adapter.rotate(k_pre[0, 1], pos), trace.k(layer)[0, 1], atol=1e-6)
+    if family == "qwen2":
+        assert lm.model.model.layers[0].self_attn.q_proj.bias is not None  # QKV bias really is there
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_rotary_scores_depend_only_on_distance(family_models, family):
+    a = family_models[family].adapter
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, a.head_dim, generator=g), torch.randn(1, a.head_dim, generator=g)
+    base = float(a.rotate(q, torch.tensor([7])) @ a.rotate(k, torch.tensor([3])).T)
+    for shift in (1, 20, 100):
+        moved = float(a.rotate(q, torch.tensor([7 + shift])) @ a.rotate(k, torch.tensor([3 + shift])).T)
+        assert abs(moved - base) < 1e-4
+    other = float(a.rotate(q, torch.tensor([9])) @ a.rotate(k, torch.tensor([3])).T)
+    assert abs(other - base) > 1e-3  # a different distance gives a different score
+
+
+def test_arithmetic_panel_uses_the_group_kv_head(any_model):
+    lm = any_model
+    ids = _ids(lm)
+    trace = run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids))
+    a = lm.adapter
+    for head in (0, a.n_head - 1):
+        m = arithmetic(trace, a.n_layer - 1, head, len(ids) - 1)
+        assert m["kv_head"] == a.kv_map[head]
+        assert head in m["group"] and len(m["group"]) == a.group_size
+        assert m["max_abs_diff_weights"] < TOL
+        assert m["max_abs_diff_out"] < 1e-3
+        assert abs(m["weight_sum"] - 1) < 1e-5
+
+
+def test_embedding_rows_say_whether_a_position_table_exists(any_model):
+    lm = any_model
+    ids = _ids(lm)
+    trace = run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids))
+    e = embedding_rows(trace, 2, first=None)
+    row = lm.adapter.token_table[ids[2]]
+    assert e["wte"] == [round(x, 4) for x in row.tolist()]
+    if lm.adapter.rotary:
+        assert e["wpe"] is None and e["wpe_shape"] is None
+        assert e["h0"] == e["wte"]  # nothing is added to the token embedding
+    else:
+        assert e["wpe_shape"] == tuple(lm.adapter.position_table.shape)
+
+
+def test_forward_through_a_plain_store_equals_the_model(any_model):
+    lm = any_model
+    ids = _ids(lm)
+    store = FloatKVStore(lm.adapter.n_layer)
+    logits = forward_through(lm, store, ids[:-3])
+    for t in ids[-3:]:
+        logits = torch.cat((logits, forward_through(lm, store, [t])))
+    with torch.no_grad():
+        ref = lm.model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
+    assert (logits - ref).abs().max() < 1e-4
+
+
+def test_cached_decode_equals_full_recompute_for_20_steps(any_model):
+    lm = any_model
+    session = DecodeSession(id="t", lm=lm, prompt_ids=_ids(lm), sampling=Sampling(), max_steps=30)
+    for _ in range(21):
+        session.step()
+    for i in range(len(session.steps)):
+        check = session.verify(i)
+        assert check["same_token"]
+        assert check["max_abs_diff"] < 1e-3
+
+
+def test_cache_bytes_equal_the_formula_with_kv_heads(any_model):
+    lm = any_model
+    a = lm.adapter
+    session = DecodeSession(id="t", lm=lm, prompt_ids=_ids(lm), sampling=Sampling(), max_steps=5)
+    for _ in range(3):
+        session.step()
+    f = kv_bytes_formula(layers=a.n_layer, kv_heads=a.n_kv_head, tokens=session.cache_len, head_dim=a.head_dim,
+                         dtype_bytes=4)
+    assert session.cache_bytes() == f["total"]
+    k, _ = a.layer_cache(session.cache, 0)
+    assert k.shape == (1, a.n_kv_head, session.cache_len, a.head_dim)
+
+
+def test_paged_equals_contiguous_for_30_steps(any_model):
+    lm = any_model
+    a = lm.adapter
+    ids = _ids(lm)[:12]
+    pool = PagedKVCache(num_blocks=16, block_size=4, n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim,
+                        dtype=a.dtype)
+    store = PagedSeqStore(pool, 0)
+    cache = DynamicCache(config=lm.model.config)
+    with torch.no_grad():
+        ref = lm.model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True).logits[0, -1]
+    logits = forward_through(lm, store, ids)[-1]
+    for _ in range(30):
+        assert (logits - ref).abs().max() < 1e-3
+        nxt = int(torch.argmax(ref))
+        assert int(torch.argmax(logits)) == nxt
+        with torch.no_grad():
+            ref = lm.model(input_ids=torch.tensor([[nxt]]), cache=cache, use_cache=True).logits[0, -1]
+        logits = forward_through(lm, store, [nxt])[-1]
+    assert len(pool.block_tables[0]) == -(-(12 + 30) // 4)
+
+
+def test_prefix_reuse_equals_from_scratch(any_model):
+    lm = any_model
+    cache = PrefixCache(lm, block_size=4, num_blocks=32)
+    shared = "You are a helpful assistant. Answer briefly. "
+    first = cache.prefill(lm.encode(shared + "What is a cat?"), request_id=0)
+    second = cache.prefill(lm.encode(shared + "What is a dog?"), request_id=1)
+    assert first.num_hit_blocks == 0
+    assert second.num_hit_blocks >= 2
+    assert second.max_abs_diff < 1e-3
+    assert second.next_token_reuse == second.next_token_full
+
+
+def test_ablating_a_head_equals_removing_its_output_by_hand(any_model):
+    lm = any_model
+    a = lm.adapter
+    ids = _ids(lm)
+    layer, head = a.n_layer - 1, 1
+    with capture(a) as rec, torch.no_grad():
+        lm.model(input_ids=torch.tensor([ids]), use_cache=False)
+    merged = rec.tensors[f"blocks.{layer}.attn.merged"].clone()  # (1, T, H·Dh)
+    resid_mid = rec.tensors[f"blocks.{layer}.resid_mid"]
+    attn_out = rec.tensors[f"blocks.{layer}.attn.out"]
+    merged[..., head * a.head_dim : (head + 1) * a.head_dim] = 0
+    with torch.no_grad():
+        expected_mid = resid_mid - attn_out + a.output_projection(layer)(merged)
+    with a.ablate({layer: [head]}), capture(a) as rec2, torch.no_grad():
+        lm.model(input_ids=torch.tensor([ids]), use_cache=False)
+    assert torch.allclose(rec2.tensors[f"blocks.{layer}.resid_mid"], expected_mid, atol=1e-5)
+    assert hook_count(lm.model) == hook_count(lm.model)  # nothing left behind is checked below
+    with torch.no_grad():
+        again = lm.model(input_ids=torch.tensor([ids]), use_cache=False).logits
+    assert torch.equal(again, rec.tensors["logits"])  # the ablation hook is gone
+
+
+def test_logit_lens_of_the_last_layer_is_the_models_logits(any_model):
+    lm = any_model
+    a = lm.adapter
+    ids = _ids(lm)
+    trace = run_traced(lm.model, a, ids, lm.token_texts(ids))
+    with torch.no_grad():
+        lens = a.unembed(a.final_norm(trace[f"blocks.{a.n_layer - 1}.resid_out"]))
+    assert torch.allclose(lens, trace["logits"], atol=1e-5)
