@@ -8,6 +8,7 @@ from app.model.sampling import top_candidates
 from app.model.trace import Trace
 from app.viz.attention import KINDS, arithmetic, check_indexes, embedding_rows
 from app.viz.models import model_card
+from app.viz.rotary import rotary_view
 from app.viz.shapes import shape_groups
 from app.viz.tokens import candidate_rows, token_strip
 
@@ -21,6 +22,7 @@ def query_view(trace: Trace, *, layer: int, head: int, q: int, limit: int | None
         "q": q,
         "embedding": embedding_rows(trace, q),
         "math": arithmetic(trace, layer, head, q, limit=limit or trace.n_tokens),
+        "rotary": rotary_view(trace, layer, head, q) if trace.adapter.rotary else None,
     }
 
 
@@ -37,7 +39,7 @@ def inspect_view(
         "model": model_card(lm),
         "n_tokens": trace.n_tokens,
         "tokens": token_strip(trace.token_ids, trace.token_texts),
-        "shape_trace": shape_groups(trace.steps),
+        "shape_trace": shape_groups(trace.steps, trace.adapter.family),
         "top_k": candidate_rows(lm, top_candidates(trace["probs"][0], k=10)),
         "sel": {"layer": layer, "head": head, "q": q, "kind": kind},
         "query": sel,

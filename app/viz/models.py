@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from app.model.decode import kv_bytes_formula
 from app.model.loading import LoadedModel
 
 
 def model_card(lm: LoadedModel) -> dict:
     a = lm.adapter
+    per_token = kv_bytes_formula(layers=a.n_layer, kv_heads=a.n_kv_head, tokens=1, head_dim=a.head_dim,
+                                 dtype_bytes=a.dtype.itemsize)["per_token"]
+    mha = kv_bytes_formula(layers=a.n_layer, kv_heads=a.n_head, tokens=1, head_dim=a.head_dim,
+                           dtype_bytes=a.dtype.itemsize)["per_token"]
     return {
+        **a.describe(),
+        "dtype_bytes": a.dtype.itemsize,
+        "kv_bytes_per_token": per_token,
+        "mha_bytes_per_token": mha,
+        "gqa_saving": a.n_head // a.n_kv_head,
         "name": lm.name,
         "source": lm.source,
         "builtin": lm.is_builtin,
