@@ -113,7 +113,7 @@
       for (let i = 0; i < v.attention.layers; i++) s.appendChild(Object.assign(el("option", i), { value: i }));
     }
     const h = $("cache-head"); h.textContent = "";
-    for (let i = 0; i < v.attention.heads; i++) h.appendChild(Object.assign(el("option", i), { value: i }));
+    for (let i = 0; i < v.formula.kv_heads; i++) h.appendChild(Object.assign(el("option", i), { value: i }));
   }
 
   function show(v) {
