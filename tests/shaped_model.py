@@ -66,3 +66,20 @@ def build_tiny_family(target: Path, family: str = "llama") -> Path:
     AutoModelForCausalLM.from_config(config).eval().save_pretrained(target, safe_serialization=True)
     _save_gpt2_tokenizer(target, 256)
     return target
+
+
+def build_smollm2_shaped(target: Path) -> Path:
+    """A SmolLM2-135M-shaped Llama with random weights: 30 layers, 9 query heads sharing 3 KV heads,
+    head_dim 64, d=576, SwiGLU 1536, RoPE θ=100000. Its vocabulary is GPT-2's (50257) rather than SmolLM2's
+    (49152), because the real GPT-2 tokenizer is the one available offline; timings barely change."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(135)
+    config = LlamaConfig(
+        vocab_size=50257, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, head_dim=64, max_position_embeddings=2048, rope_theta=100000.0,
+        tie_word_embeddings=True, bos_token_id=50256, eos_token_id=50256,
+    )
+    LlamaForCausalLM(config).eval().save_pretrained(target, safe_serialization=True)
+    _save_gpt2_tokenizer(target, 2048)
+    return target

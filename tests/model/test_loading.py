@@ -25,3 +25,43 @@ def test_local_checkpoint_directory_loads(distil_dir, kv_home):
 def test_missing_directory_is_a_clear_error(tmp_path, kv_home):
     with pytest.raises(ModelUnavailable, match="not a directory"):
         load_spec(str(tmp_path / "nope"), kv_home)
+
+
+def test_an_unsupported_model_type_is_refused_from_its_config(tmp_path, kv_home, monkeypatch):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
+    import app.model.loading as loading
+
+    called = []
+    monkeypatch.setattr(loading.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: called.append(1))  # must never be reached
+    with pytest.raises(ModelUnavailable) as err:
+        load_spec(str(tmp_path), kv_home)
+    assert "bert" in str(err.value) and "llama" in str(err.value) and "gpt2" in str(err.value)
+    assert called == []
+
+
+def test_a_hub_id_outside_the_catalog_is_refused(kv_home):
+    with pytest.raises(ModelUnavailable, match="catalog"):
+        load_spec("someone/some-model", kv_home)
+
+
+def test_the_server_starts_with_the_others(monkeypatch, tmp_path, kv_home, tiny):
+    import json
+
+    bad = tmp_path / "bert"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    reg = load_registry((str(bad), "builtin"), kv_home, hf_cache=str(tmp_path / "hf"))
+    assert reg.names == ["builtin"]
+    assert "Supported model types" in reg.failures[str(bad)]
+    assert "支持的模型类型" in reg.reason(str(bad), "zh")
+
+
+def test_the_cli_refuses_a_hub_id_outside_the_catalog(capsys):
+    from app.cli import main
+
+    assert main(["download", "someone/some-model"]) == 2
+    assert "smollm2-135m" in capsys.readouterr().err
