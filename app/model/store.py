@@ -1,4 +1,12 @@
-"""Traces kept in memory while a user clicks around, bounded by a byte budget (LRU)."""
+"""Traces kept in memory while a user clicks around, bounded by a byte budget (LRU), slimmed to what pages show.
+
+A full capture holds every hooked tensor: at T=200 on DistilGPT-2 about 115 MB, most of it the logits of
+every position (T × 50 257 floats), the MLP hidden states and the KV cache (the same numbers as K and V).
+The pages read only the tensors in ``PAGE_TENSORS``: embeddings, Q/K/V per head, attention weights, each
+head's output, and the next-token distribution (``probs``, the last position only, from which the top-k is
+taken). ``slim`` keeps those and nothing else, about 4× less. The shape trace was read off every tensor at
+capture time, so it still lists them all.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +15,19 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
 from app.model.trace import Trace
+
+# Tensor names the pages read (by suffix): the inspect views, the arithmetic panel and the embedding rows.
+PAGE_TENSORS = ("embed.wte", "embed.wpe", "embed.h0", ".attn.q", ".attn.k", ".attn.v", ".attn.weights",
+                ".attn.head_out", "probs")
+
+
+def slim(trace: Trace) -> Trace:
+    """The same trace with only ``PAGE_TENSORS`` kept and no KV cache (keys and values are its K and V)."""
+    if trace.past_length:  # a decode step's trace reads older keys from the cache: keep it whole
+        return trace
+    kept = {name: t for name, t in trace.tensors.items() if name.endswith(PAGE_TENSORS)}
+    return Trace(token_ids=trace.token_ids, token_texts=trace.token_texts, tensors=kept, steps=trace.steps,
+                 adapter=trace.adapter, past_length=0, cache=None, meta=trace.meta)
 
 
 class TraceStore:
