@@ -22,9 +22,9 @@ from app.state import AppState
 from app.web import assets
 from app.web.deps import is_htmx
 from app.web.middleware import BodyLimit
-from app.web.security import HostAndOrigin, OwnerCookie, SecurityHeaders, allowed_hosts
 from app.web.render import ROOT, render
 from app.web.routes import all_routers
+from app.web.security import HostAndOrigin, OwnerCookie, SecurityHeaders, allowed_hosts
 
 log = logging.getLogger("kvscope")
 
