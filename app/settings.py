@@ -37,6 +37,8 @@ class Settings:
     # Memory for captured traces kept while a user clicks around (least recently used evicted first).
     # A trace keeps only what the pages show (about 0.13 MB per token on DistilGPT-2).
     trace_cache_bytes: int = 256 * 1024**2
+    # A trace nobody looked at for this long is dropped (a later click recomputes it from its key).
+    trace_ttl_s: float = 45.0
     # Decode sessions: idle ones are released after the TTL (a timer checks every ``purge_interval_s``).
     session_ttl_s: float = 900.0
     max_sessions: int = 16

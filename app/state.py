@@ -8,8 +8,8 @@ registry           the loaded models           the server                      s
 model_lock         ``ModelGate``: one forward  the server                      shutdown
                    at a time, short work first,
                    a bounded queue
-traces             captured traces, slimmed    shared (content-addressed: the  LRU, ``trace_cache_bytes`` in all
-                   to what the pages show      same model + tokens, same key)
+traces             captured traces, slimmed    shared (content-addressed: the  idle ``trace_ttl_s``, LRU within
+                   to what the pages show      same model + tokens, same key)  ``trace_cache_bytes``
 trace_index        trace key -> model, tokens  shared                          10 000 newest keys (recomputable)
 sessions           decode sessions             the browser that made them      idle ``session_ttl_s``, or the
                                                                                browser's 4th; ``session_cache_bytes``
@@ -81,7 +81,7 @@ class AppState:
         state = cls(
             settings=s,
             registry=registry,
-            traces=TraceStore(s.trace_cache_bytes),
+            traces=TraceStore(s.trace_cache_bytes, ttl_s=s.trace_ttl_s),
             sessions=SessionStore(ttl_s=ttl, max_sessions=s.max_sessions, max_bytes=s.session_cache_bytes,
                                   max_steps=s.max_decode_steps, max_per_owner=s.max_sessions_per_browser),
             paged_pools=OwnedTable(kind="pools", per_owner=s.max_paged_pools_per_browser,
@@ -131,7 +131,7 @@ class AppState:
     # --- expiry -------------------------------------------------------------------------------------------
     def purge(self) -> int:
         """Release every expired session, pool and lab now; give freed memory back to the OS."""
-        n = self.sessions.purge() + self.paged_pools.purge() + self.prefix_labs.purge()
+        n = self.sessions.purge() + self.paged_pools.purge() + self.prefix_labs.purge() + self.traces.purge()
         release_free_memory()
         return n
 

@@ -11,6 +11,7 @@ capture time, so it still lists them all.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
@@ -36,9 +37,11 @@ class TraceStore:
     A trace larger than the whole budget is returned to the caller but not kept.
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, ttl_s: float = float("inf")) -> None:
         self.max_bytes = max_bytes
+        self.ttl_s = ttl_s  # a trace nobody looked at for this long is dropped by ``purge`` (recomputable)
         self._items: OrderedDict[Hashable, tuple[Trace, int]] = OrderedDict()
+        self._used: dict[Hashable, float] = {}
         self._lock = threading.Lock()
         self.bytes = 0
         self.hits = 0
@@ -48,6 +51,7 @@ class TraceStore:
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
+                self._used[key] = time.monotonic()
                 self.hits += 1
                 return self._items[key][0]
         trace = compute()
@@ -56,11 +60,24 @@ class TraceStore:
             self.misses += 1
             if size <= self.max_bytes and key not in self._items:
                 while self._items and self.bytes + size > self.max_bytes:
-                    _, (_, old) = self._items.popitem(last=False)
+                    old_key, (_, old) = self._items.popitem(last=False)
+                    self._used.pop(old_key, None)
                     self.bytes -= old
                 self._items[key] = (trace, size)
+                self._used[key] = time.monotonic()
                 self.bytes += size
         return trace
+
+    def purge(self) -> int:
+        """Drop traces idle for more than ``ttl_s``; returns how many."""
+        now = time.monotonic()
+        with self._lock:
+            old = [k for k in self._items if now - self._used.get(k, now) > self.ttl_s]
+            for k in old:
+                _, size = self._items.pop(k)
+                self._used.pop(k, None)
+                self.bytes -= size
+            return len(old)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -68,4 +85,5 @@ class TraceStore:
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._used.clear()
             self.bytes = 0
