@@ -12,7 +12,7 @@ One client (a browser: its own cookie jar) does what a student does on Inspect a
     DELETE /api/decode/{sid}             the tab closes
 
 with a seeded think time of 0-150 ms between clicks. A "busy" answer (429/503 with Retry-After) is counted,
-then retried after min(Retry-After, 2) s, as the page does. First one client alone (the single-client
+then retried after min(Retry-After, 2) s. After a warm-up client, first one client alone (the single-client
 baseline, same server, same run), then N clients together. Reported: p50/p95 per request type, counts by
 status, RSS before (after the baseline), peak during the load and a minute after it.
 
@@ -187,7 +187,8 @@ def scenario(model: str, clients: int, prompt_chars: int, settle_s: float) -> di
                 time.sleep(0.5)
         sampler = Sampler(proc.pid)
         sampler.start()
-        alone = crowd(base, 1, prompt_chars, SEED + 1)  # also warms the server up
+        crowd(base, 1, prompt_chars, SEED + 2)  # warm-up, not counted
+        alone = crowd(base, 1, prompt_chars, SEED + 1)
         time.sleep(2)
         before = rss(proc.pid)
         sampler.reset()
