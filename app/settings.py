@@ -29,16 +29,37 @@ class Settings:
     hf_cache: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
+    # Host names the server answers to besides localhost, 127.0.0.1 and ``host`` (DNS-rebinding guard).
+    # With host 0.0.0.0 (classroom mode) this machine's names and any IP address are accepted as well.
+    allowed_hosts: tuple[str, ...] = ()
     # Input limits.
     max_prompt_chars: int = 20_000
     max_body_bytes: int = 64 * 1024
     # Memory for captured traces kept while a user clicks around (least recently used evicted first).
-    trace_cache_bytes: int = 2 * 1024**3
-    # Decode sessions.
+    # A trace keeps only what the pages show (about 0.13 MB per token on DistilGPT-2).
+    trace_cache_bytes: int = 256 * 1024**2
+    # A trace nobody looked at for this long is dropped (a later click recomputes it from its key).
+    trace_ttl_s: float = 45.0
+    # Decode sessions: idle ones are released after the TTL (a timer checks every ``purge_interval_s``).
     session_ttl_s: float = 900.0
     max_sessions: int = 16
-    session_cache_bytes: int = 1024**3
+    max_sessions_per_browser: int = 3
+    session_cache_bytes: int = 384 * 1024**2
     max_decode_steps: int = 256
+    # Paged-cache lab: block pools per server and per browser, and the memory all pools may hold.
+    max_paged_pools: int = 24
+    max_paged_pools_per_browser: int = 2
+    paged_cache_bytes: int = 256 * 1024**2
+    # Prefix-cache lab: one per browser; how many at once and the memory all their caches may hold.
+    max_prefix_labs: int = 64
+    prefix_cache_bytes: int = 256 * 1024**2
+    # Admission control for model work (app/admission.py): requests waiting for the model at once,
+    # per browser, and the longest wait before "busy, retry in N s".
+    queue_max_waiting: int = 48
+    queue_per_browser: int = 4
+    queue_max_wait_s: float = 60.0
+    # How often expired sessions, pools and labs are released.
+    purge_interval_s: float = 15.0
     # Torch threads for the model (0 = torch's default).
     torch_threads: int = 0
 
@@ -50,7 +71,7 @@ class Settings:
             raw = env.get(f"KVSCOPE_{f.name.upper()}")
             if raw is None:
                 continue
-            if f.name == "models":
+            if f.name in ("models", "allowed_hosts"):
                 values[f.name] = tuple(m.strip() for m in raw.split(",") if m.strip())
             elif f.name == "home":
                 values[f.name] = Path(raw)

@@ -1,24 +1,59 @@
-"""What the server holds for its lifetime: settings, the loaded models, traces kept for reuse.
+"""What the server holds, who it belongs to, and how long it lives. Everything is created in ``AppState.create``.
 
-Model forwards are serialised by ``model_lock``: torch already uses every core for one forward,
-and a shared model must not run two captures with hooks at once.
+=================  ==========================  ==============================  ==================================
+field              what                        belongs to                      lives until
+=================  ==========================  ==============================  ==================================
+registry           the loaded models           the server                      shutdown (a trained model is added
+                                                                               under a new name, never swapped in)
+model_lock         ``ModelGate``: one forward  the server                      shutdown
+                   at a time, short work first,
+                   a bounded queue
+traces             captured traces, slimmed    shared (content-addressed: the  idle ``trace_ttl_s``, LRU within
+                   to what the pages show      same model + tokens, same key)  ``trace_cache_bytes``
+trace_index        trace key -> model, tokens  shared                          10 000 newest keys (recomputable)
+sessions           decode sessions             the browser that made them      idle ``session_ttl_s``, or the
+                                                                               browser's 4th; ``session_cache_bytes``
+paged_pools        paged-lab block pools       the browser that made them      idle ``session_ttl_s``, or the
+                                                                               browser's 3rd; ``paged_cache_bytes``
+prefix_labs        prefix-cache lab            one per browser                 idle ``session_ttl_s``;
+                                                                               ``prefix_cache_bytes`` in all
+training           the Training lab            the server (one job at a time,  shutdown
+                                               every browser sees it)
+=================  ==========================  ==============================  ==================================
+
+A browser is its ``kvscope_owner`` cookie (``app/web/security.py``). The janitor thread (``start_janitor``)
+releases whatever expired every ``purge_interval_s`` and hands freed memory back to the OS.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import hashlib
+import logging
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from app.admission import ModelGate
+from app.cache.paged_decode import PagedEngine
+from app.cache.prefix import PrefixLab
 from app.errors import BadInput, Expired
 from app.model.capture import run_traced
 from app.model.loading import LoadedModel, ModelRegistry
 from app.model.prompts import encode_prompt
 from app.model.sessions import SessionStore
-from app.model.store import TraceStore
+from app.model.store import TraceStore, slim
 from app.model.trace import Trace
+from app.owned import OwnedTable
 from app.settings import Settings
+
+if TYPE_CHECKING:
+    from app.training.jobs import TrainingLab
+
+log = logging.getLogger("kvscope")
 
 
 @dataclass
@@ -27,27 +62,48 @@ class AppState:
     registry: ModelRegistry
     traces: TraceStore
     sessions: SessionStore
-    # trace key -> (model name, token ids): small, so it outlives the traces themselves and lets an
-    # evicted trace be recomputed from a page's link.
-    trace_index: OrderedDict[str, tuple[str, tuple[int, ...]]] = field(default_factory=OrderedDict)
-    model_lock: threading.RLock = field(default_factory=threading.RLock)
-    extras: dict = field(default_factory=dict)
+    paged_pools: OwnedTable[PagedEngine]
+    prefix_labs: OwnedTable[PrefixLab]
+    model_lock: ModelGate
+    # trace key -> (model name, token ids, the model object it ran on): small, so it outlives the traces
+    # themselves and lets an evicted trace be recomputed from a page's link.
+    trace_index: OrderedDict[str, tuple[str, tuple[int, ...], weakref.ref]] = field(default_factory=OrderedDict)
+    training: TrainingLab = field(init=False)
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _janitor: threading.Thread | None = field(default=None, repr=False)
 
     @classmethod
     def create(cls, settings: Settings, registry: ModelRegistry) -> AppState:
-        sessions = SessionStore(ttl_s=settings.session_ttl_s, max_sessions=settings.max_sessions,
-                                max_bytes=settings.session_cache_bytes, max_steps=settings.max_decode_steps)
-        return cls(settings=settings, registry=registry, traces=TraceStore(settings.trace_cache_bytes),
-                   sessions=sessions)
+        from app.training.jobs import TrainingLab
 
+        s = settings
+        ttl = s.session_ttl_s
+        state = cls(
+            settings=s,
+            registry=registry,
+            traces=TraceStore(s.trace_cache_bytes, ttl_s=s.trace_ttl_s),
+            sessions=SessionStore(ttl_s=ttl, max_sessions=s.max_sessions, max_bytes=s.session_cache_bytes,
+                                  max_steps=s.max_decode_steps, max_per_owner=s.max_sessions_per_browser),
+            paged_pools=OwnedTable(kind="pools", per_owner=s.max_paged_pools_per_browser,
+                                   max_items=s.max_paged_pools, ttl_s=ttl, max_bytes=s.paged_cache_bytes),
+            prefix_labs=OwnedTable(kind="labs", per_owner=1, max_items=s.max_prefix_labs, ttl_s=ttl,
+                                   max_bytes=s.prefix_cache_bytes),
+            model_lock=ModelGate(max_waiting=s.queue_max_waiting, per_owner=s.queue_per_browser,
+                                 max_wait_s=s.queue_max_wait_s),
+        )
+        state.training = TrainingLab(state)
+        return state
+
+    # --- models and traces ----------------------------------------------------------------------------
     def model(self, name: str | None) -> LoadedModel:
         if name and name not in self.registry.models:
             raise BadInput(f"Unknown model {name!r}; this server runs: {', '.join(self.registry.names)}.")
         return self.registry.get(name)
 
-    def _key(self, model: str, ids: list[int] | tuple[int, ...]) -> str:
-        digest = hashlib.sha256(f"{model}|{','.join(map(str, ids))}".encode()).hexdigest()[:20]
-        self.trace_index[digest] = (model, tuple(ids))
+    def _key(self, lm: LoadedModel, ids: list[int] | tuple[int, ...]) -> str:
+        # id(lm) makes a model loaded again under the same name (other weights) give other keys.
+        digest = hashlib.sha256(f"{lm.name}|{id(lm)}|{','.join(map(str, ids))}".encode()).hexdigest()[:20]
+        self.trace_index[digest] = (lm.name, tuple(ids), weakref.ref(lm))
         self.trace_index.move_to_end(digest)
         while len(self.trace_index) > 10_000:
             self.trace_index.popitem(last=False)
@@ -55,17 +111,53 @@ class AppState:
 
     def _compute(self, lm: LoadedModel, ids: list[int]) -> Trace:
         with self.model_lock:
-            return run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids))
+            return slim(run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids)))
 
     def trace_prompt(self, model: str | None, prompt: str | None) -> tuple[LoadedModel, str, Trace]:
         lm = self.model(model)
         ids = encode_prompt(lm, prompt, max_chars=self.settings.max_prompt_chars)
-        key = self._key(lm.name, ids)
+        key = self._key(lm, ids)
         return lm, key, self.traces.get_or_compute(key, lambda: self._compute(lm, ids))
 
     def trace_by_key(self, key: str) -> tuple[LoadedModel, Trace]:
         if key not in self.trace_index:
             raise Expired("This view has expired on the server: submit the prompt again.")
-        name, ids = self.trace_index[key]
-        lm = self.registry.get(name)
+        name, ids, ref = self.trace_index[key]
+        lm = self.registry.models.get(name)
+        if lm is None or ref() is not lm:  # the model this view was made with is no longer served
+            raise Expired("sturdy.model_changed", model=name)
         return lm, self.traces.get_or_compute(key, lambda: self._compute(lm, list(ids)))
+
+    # --- expiry -------------------------------------------------------------------------------------------
+    def purge(self) -> int:
+        """Release every expired session, pool and lab now; give freed memory back to the OS."""
+        n = self.sessions.purge() + self.paged_pools.purge() + self.prefix_labs.purge() + self.traces.purge()
+        release_free_memory()
+        return n
+
+    def start_janitor(self) -> None:
+        if self._janitor is not None:
+            return
+        self._stop.clear()
+
+        def loop() -> None:
+            while not self._stop.wait(self.settings.purge_interval_s):
+                try:
+                    self.purge()
+                except Exception:  # the janitor must outlive any one bad object
+                    log.exception("purge failed")
+
+        self._janitor = threading.Thread(target=loop, name="kvscope-janitor", daemon=True)
+        self._janitor.start()
+
+    def stop_janitor(self) -> None:
+        self._stop.set()
+        if self._janitor is not None:
+            self._janitor.join(timeout=5)
+        self._janitor = None
+
+
+def release_free_memory() -> None:
+    """Ask glibc to return freed heap pages to the OS (no-op elsewhere): RSS falls when sessions end."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -74,7 +74,7 @@ def tiny(kv_home) -> LoadedModel:
 
 @pytest.fixture(scope="session")
 def settings(kv_home) -> Settings:
-    return Settings(models=("distilgpt2", "builtin"), home=kv_home)
+    return Settings(models=("distilgpt2", "builtin"), home=kv_home, allowed_hosts=("testserver",))
 
 
 def make_state(settings: Settings, *models: LoadedModel, failures: dict | None = None) -> AppState:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from app.cache.paged import PagedKVCache, PoolExhausted, blocks_needed
-from app.errors import BadInput, Expired
+from app.errors import BadInput
 from app.model.loading import LoadedModel
 
 
@@ -347,31 +347,3 @@ class PagedEngine:
         """The 'wait' choice: leave everything as it is; the next step tries again."""
         self.events.append("wait: nothing preempted, the blocked sequence retries next step")
         self.stall = None
-
-
-# --- bounded server-side sessions -------------------------------------------------------------------
-
-class PagedSessions:
-    """Engines by session id, least recently used evicted first (kept in ``state.extras['paged']``)."""
-
-    def __init__(self, max_sessions: int = 4) -> None:
-        self.max_sessions = max_sessions
-        self.engines: OrderedDict[str, PagedEngine] = OrderedDict()
-        self._counter = 0
-        self._guard = threading.Lock()
-
-    def create(self, engine: PagedEngine) -> str:
-        with self._guard:
-            self._counter += 1
-            sid = f"p{self._counter}"
-            self.engines[sid] = engine
-            while len(self.engines) > self.max_sessions:
-                self.engines.popitem(last=False)
-            return sid
-
-    def get(self, sid: str) -> PagedEngine:
-        with self._guard:
-            if sid not in self.engines:
-                raise Expired("This block pool has expired on the server: press Reset to start a new one.")
-            self.engines.move_to_end(sid)
-            return self.engines[sid]

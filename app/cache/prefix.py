@@ -15,15 +15,16 @@ request's last blocks are evicted before its first ones.
 At least one token is always computed (its logits are the next-token prediction), so a prompt that is
 entirely cached still recomputes its last block, as in vLLM.
 
-``PrefixLab`` is the bounded object the web page keeps in ``state.extras["prefix"]``: one cache
-(capacity in blocks), and at most ``MAX_STORED_REQUESTS`` request records. Callers hold
-``state.model_lock`` around every method that runs the model or touches the pool.
+``PrefixLab`` is the bounded object the web page keeps for each browser in ``state.prefix_labs``: one
+cache (capacity in blocks), and at most ``MAX_STORED_REQUESTS`` request records. Callers hold the lab's
+own lock around every method, and the model gate around every method that runs the model.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -299,6 +300,8 @@ class PrefixLab:
         self.last_run: list[int] = []
         self.notes: list[str] = []
         self.timestamp_runs = 0  # the timestamp preset's clock
+        # Called with a new cache's bytes before it is allocated; raises if the server's labs have no room.
+        self.admit: Callable[[int], None] | None = None
 
     @property
     def running(self) -> list[PrefixRequest]:
@@ -315,8 +318,11 @@ class PrefixLab:
             raise BadInput(f"{num_blocks} blocks of {block_size} tokens for {lm.name} would take "
                            f"{store / 1024**2:.0f} MiB; the limit is {MAX_STORE_BYTES // 1024**2} MiB.")
         c = self.cache
-        if c and (c.lm.name, c.block_size, c.pool.num_blocks) == (lm.name, block_size, num_blocks):
+        # ``c.lm is lm``: a model loaded again under the same name has other weights; its cache starts empty.
+        if c and c.lm is lm and (c.block_size, c.pool.num_blocks) == (block_size, num_blocks):
             return
+        if self.admit is not None:
+            self.admit(store)
         note = (f"New cache: {lm.name}, block size {block_size}, {num_blocks} blocks (was {c.lm.name}, "
                 f"{c.block_size}, {c.pool.num_blocks}); cached blocks dropped.") if c else None
         self.reset()
@@ -346,8 +352,12 @@ class PrefixLab:
         encoded = [encode_prompt(lm, text, max_chars=MAX_PROMPT_CHARS) for _, text in prompts]
         unk = lm.tokenizer.unk_token_id
         if unk is not None and any(unk in ids for ids in encoded):
-            raise BadInput(f"These prompts use characters {lm.name} does not know (they would all become the "
-                           "same unknown token): " + _unknown_chars(lm, [t for _, t in prompts]))
+            # GPT-2's unknown id is its end-of-text id, and its byte-level BPE knows every character:
+            # refuse only when some character really maps to the unknown token.
+            bad = _unknown_chars(lm, [t for _, t in prompts])
+            if bad:
+                raise BadInput(f"These prompts use characters {lm.name} does not know (they would all become the "
+                               "same unknown token): " + bad)
         self.notes = []
         self.configure(lm, block_size or auto_block_size([len(ids) for ids in encoded]), num_blocks)
         assert self.cache is not None
@@ -396,12 +406,25 @@ def _unknown_chars(lm: LoadedModel, texts: list[str]) -> str:
     return " ".join(repr(c) for c in bad[:20])
 
 
-def get_lab(state) -> PrefixLab:
-    """The page's lab in ``state.extras``, created on first use."""
-    lab = state.extras.get("prefix")
-    if lab is None:
-        lab = state.extras["prefix"] = PrefixLab()
-    return lab
+def lab_entry(state, owner: str = ""):
+    """This browser's lab (an ``Entry`` of ``state.prefix_labs``: the lab and its lock), made on first use."""
+    labs = state.prefix_labs
+    entry = labs.find(owner, owner)
+    if entry is None:
+        labs.create(owner, PrefixLab, sid=owner)
+        entry = labs.entry(owner, owner)
+        entry.obj.admit = lambda nbytes: labs.resize(owner, owner, nbytes)
+    return entry
+
+
+def get_lab(state, owner: str = "") -> PrefixLab:
+    return lab_entry(state, owner).obj
+
+
+def peek_lab(state, owner: str = "") -> PrefixLab:
+    """This browser's lab to show; a browser that never ran one sees an empty lab (nothing is kept for it)."""
+    entry = state.prefix_labs.find(owner, owner)
+    return entry.obj if entry is not None else PrefixLab()
 
 
 def parse_block_size(value: str | int | None) -> int | None:
@@ -418,31 +441,34 @@ def parse_block_size(value: str | int | None) -> int | None:
 
 
 def run_lab(state, *, model: str | None, preset: str | None, prompts: list[str] | None,
-            block_size: str | int | None, num_blocks: int, salt: str | None) -> PrefixLab:
-    """Run a preset (or the given prompts) through the page's prefix cache."""
+            block_size: str | int | None, num_blocks: int, salt: str | None, owner: str = "") -> PrefixLab:
+    """Run a preset (or the given prompts) through this browser's prefix cache."""
     lm = state.model(model)
-    if preset and preset != "custom":
-        if preset not in PRESETS:
-            raise BadInput(f"Unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}.")
-        pairs = timestamp_prompts(get_lab(state).timestamp_runs) if preset == "timestamp" else PRESETS[preset]
-    else:
-        pairs = [("custom", p) for p in (prompts or []) if p.strip()]
-    lab = get_lab(state)
-    with state.model_lock:
-        lab.timestamp_runs += preset == "timestamp"
-        lab.run(lm, pairs, block_size=parse_block_size(block_size), num_blocks=num_blocks, salt=salt or None)
+    if preset and preset != "custom" and preset not in PRESETS:
+        raise BadInput(f"Unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}.")
+    entry = lab_entry(state, owner)
+    lab = entry.obj
+    with entry.lock:
+        if preset and preset != "custom":
+            pairs = timestamp_prompts(lab.timestamp_runs) if preset == "timestamp" else PRESETS[preset]
+        else:
+            pairs = [("custom", p) for p in (prompts or []) if p.strip()]
+        with state.model_lock:
+            lab.run(lm, pairs, block_size=parse_block_size(block_size), num_blocks=num_blocks, salt=salt or None)
+            lab.timestamp_runs += preset == "timestamp"
     return lab
 
 
-def finish_lab(state, *, request_id: int | None, reason: str = "finished") -> PrefixLab:
-    lab = get_lab(state)
-    with state.model_lock:
-        lab.finish(request_id, reason=reason)
-    return lab
+def finish_lab(state, *, request_id: int | None, reason: str = "finished", owner: str = "") -> PrefixLab:
+    entry = lab_entry(state, owner)
+    with entry.lock:
+        entry.obj.finish(request_id, reason=reason)
+    return entry.obj
 
 
-def reset_lab(state) -> PrefixLab:
-    lab = get_lab(state)
-    with state.model_lock:
-        lab.reset()
-    return lab
+def reset_lab(state, owner: str = "") -> PrefixLab:
+    entry = lab_entry(state, owner)
+    with entry.lock:
+        entry.obj.reset()
+        state.prefix_labs.resize(owner, owner, 0)
+    return entry.obj

@@ -1,92 +1,177 @@
-"""Decode sessions: an id, a time-to-live, and caps on how many and how many bytes.
+"""Decode sessions: an owner, an unguessable id, a time-to-live, and hard caps on how many and how many bytes.
 
-Expired or deleted sessions leave a tombstone (their token ids and sampling), so the page can say
-the session expired and rebuild it. Releasing a session drops its KV cache, so the memory returns.
+Who may do what, and the locks that make the caps hard::
+
+    store lock     the table of sessions, tombstones and byte reservations (held briefly, never during a forward)
+    session lock   one per session: "is it done?", "does its next step fit?" and the step itself run under it,
+                   so two clicks on one session take turns and can never pass the limits together
+
+- A session belongs to the browser that made it (its owner cookie). Another browser sees it as
+  nonexistent (410), as it would a guessed id.
+- Caps: ``max_sessions`` per server (beyond it: busy, retry later) and ``max_per_owner`` per browser
+  (beyond it the browser's own least recently used session is ended; its tokens are kept so it can be rebuilt).
+- Bytes: before a prefill or a step, its growth (K/V of the new tokens plus the step's record) is reserved
+  under the store lock; if the reservation would take all sessions past ``max_bytes`` it is refused.
+  So the total never goes over the cap, even with many clicks at once.
+- Expired or deleted sessions leave a tombstone (their token ids, sampling, owner and the model they ran
+  on), so the page can say the session expired and rebuild it. ``purge`` (a timer calls it) releases expired
+  sessions; releasing drops the KV cache, so the memory returns.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
 import threading
 import time
+import weakref
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from app.errors import Busy, Expired
+from app.errors import BadInput, Busy, Expired
 from app.model.decode import DecodeSession
 from app.model.loading import LoadedModel
 from app.model.sampling import Sampling
 
 
+def step_growth(session: DecodeSession, n_new: int) -> int:
+    """Bytes a forward of ``n_new`` tokens adds to a session: their K/V, the logits and attention row it keeps."""
+    a = session.lm.adapter
+    kv = 2 * a.n_layer * a.n_kv_head * a.head_dim * a.dtype.itemsize * n_new
+    tk = session.cache_len + n_new
+    record = 4 * (session.lm.model.config.vocab_size + a.n_layer * a.n_head * (tk + a.head_dim))
+    return kv + record
+
+
 class SessionStore:
-    def __init__(self, *, ttl_s: float, max_sessions: int, max_bytes: int, max_steps: int) -> None:
+    def __init__(self, *, ttl_s: float, max_sessions: int, max_bytes: int, max_steps: int,
+                 max_per_owner: int = 3) -> None:
         self.ttl_s = ttl_s
         self.max_sessions = max_sessions
+        self.max_per_owner = max_per_owner
         self.max_bytes = max_bytes
         self.max_steps = max_steps
         self._live: dict[str, DecodeSession] = {}
+        self._owner: dict[str, str] = {}
+        self._locks: dict[str, threading.RLock] = {}
         self._tombstones: OrderedDict[str, dict] = OrderedDict()
+        self._reserved = 0
         self._lock = threading.Lock()
 
-    def create(self, lm: LoadedModel, prompt_ids: list[int], sampling: Sampling) -> DecodeSession:
+    # --- life cycle ---------------------------------------------------------------------------------
+    def create(self, lm: LoadedModel, prompt_ids: list[int], sampling: Sampling, *, owner: str = "") -> DecodeSession:
         with self._lock:
             self._purge_expired()
+            mine = [sid for sid, o in self._owner.items() if o == owner]
+            while len(mine) >= self.max_per_owner:
+                oldest = min(mine, key=lambda s: self._live[s].last_used)
+                self._bury(oldest)
+                mine.remove(oldest)
             if len(self._live) >= self.max_sessions:
-                raise Busy(f"The server is busy: {len(self._live)} decode sessions are running (the limit). "
-                           "Try again in a minute.")
+                raise Busy("sturdy.sessions_full", retry_after=60, n=len(self._live))
             if self._bytes() >= self.max_bytes:
-                raise Busy("The server is busy: decode sessions use all the cache memory allowed. Try again soon.")
-            session = DecodeSession(id=secrets.token_urlsafe(9), lm=lm, prompt_ids=list(prompt_ids),
+                raise Busy("sturdy.sessions_memory_full", retry_after=30)
+            session = DecodeSession(id=secrets.token_urlsafe(12), lm=lm, prompt_ids=list(prompt_ids),
                                     sampling=sampling, max_steps=self.max_steps)
             self._live[session.id] = session
+            self._owner[session.id] = owner
+            self._locks[session.id] = threading.RLock()
             return session
 
-    def get(self, sid: str) -> DecodeSession:
+    def get(self, sid: str, owner: str = "") -> DecodeSession:
         with self._lock:
             self._purge_expired()
             session = self._live.get(sid)
-            if session is None:
-                if sid in self._tombstones:
+            if session is None or self._owner.get(sid) != owner:
+                stone = self._tombstones.get(sid)
+                if stone is not None and stone["owner"] == owner:
                     raise Expired("This decode session has ended or expired and its KV cache was released. "
                                   "Rebuild it from its tokens to continue.")
                 raise Expired("This decode session does not exist (the server may have restarted). Start again.")
             session.last_used = time.monotonic()
             return session
 
-    def tombstone(self, sid: str) -> dict | None:
-        return self._tombstones.get(sid)
+    @contextmanager
+    def hold(self, sid: str, owner: str = "") -> Iterator[DecodeSession]:
+        """The session, with its lock held: one action at a time on one session."""
+        session = self.get(sid, owner)
+        lock = self._locks.get(sid)
+        if lock is None:  # ended between the lookup and here
+            raise Expired("This decode session has ended or expired and its KV cache was released. "
+                          "Rebuild it from its tokens to continue.")
+        with lock:
+            if self._live.get(sid) is not session:
+                raise Expired("This decode session has ended or expired and its KV cache was released. "
+                              "Rebuild it from its tokens to continue.")
+            yield session
 
-    def check_budget(self, session: DecodeSession) -> None:
-        """Refuse to grow past the byte cap: the caller stops before the next step."""
-        with self._lock:
-            if self._bytes() > self.max_bytes:
-                raise Busy("Decode sessions use all the cache memory allowed; stop or reset a session to go on.")
+    def tombstone(self, sid: str, owner: str = "") -> dict | None:
+        stone = self._tombstones.get(sid)
+        return stone if stone is not None and stone["owner"] == owner else None
 
-    def delete(self, sid: str) -> bool:
+    def delete(self, sid: str, owner: str = "") -> bool:
         with self._lock:
-            session = self._live.pop(sid, None)
-            if session is None:
+            if sid not in self._live or self._owner.get(sid) != owner:
                 return False
-            self._bury(session)
+            self._bury(sid)
             return True
 
-    def _bury(self, session: DecodeSession) -> None:
+    def purge(self) -> int:
+        """Release every expired session now (the server's timer calls this); returns how many."""
+        with self._lock:
+            return self._purge_expired()
+
+    # --- memory ---------------------------------------------------------------------------------------
+    @contextmanager
+    def room(self, session: DecodeSession, n_new: int) -> Iterator[None]:
+        """Reserve the bytes a forward of ``n_new`` tokens adds, or refuse before running it."""
+        need = step_growth(session, n_new)
+        with self._lock:
+            if need > self.max_bytes:
+                raise BadInput("sturdy.session_too_big", need=_mib(need), cap=_mib(self.max_bytes))
+            if self._bytes() + self._reserved + need > self.max_bytes:
+                raise Busy("sturdy.sessions_memory_full", retry_after=30)
+            self._reserved += need
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._reserved -= need
+
+    # --- internals --------------------------------------------------------------------------------------
+    def _bury(self, sid: str) -> None:
+        session = self._live.pop(sid)
+        owner = self._owner.pop(sid, "")
+        self._locks.pop(sid, None)
         self._tombstones[session.id] = {
-            "model": session.lm.name, "ids": session.ids, "prompt_len": len(session.prompt_ids),
-            "sampling": session.sampling.__dict__,
+            "model": session.lm.name, "model_ref": weakref.ref(session.lm), "ids": session.ids,
+            "prompt_len": len(session.prompt_ids), "sampling": session.sampling.__dict__, "owner": owner,
         }
         while len(self._tombstones) > 1000:
             self._tombstones.popitem(last=False)
         session.release()
 
-    def _purge_expired(self) -> None:
+    def _purge_expired(self) -> int:
         now = time.monotonic()
-        for sid in [s for s, sess in self._live.items() if now - sess.last_used > self.ttl_s]:
-            self._bury(self._live.pop(sid))
+        expired = [s for s, sess in self._live.items() if now - sess.last_used > self.ttl_s]
+        for sid in expired:
+            self._bury(sid)
+        return len(expired)
 
     def _bytes(self) -> int:
         return sum(s.nbytes() for s in self._live.values())
 
+    def owned_by(self, owner: str) -> int:
+        with self._lock:
+            return sum(o == owner for o in self._owner.values())
+
     def stats(self) -> dict:
         with self._lock:
+            self._purge_expired()
             return {"sessions": len(self._live), "bytes": self._bytes(), "max_sessions": self.max_sessions,
-                    "max_bytes": self.max_bytes}
+                    "max_per_browser": self.max_per_owner, "max_bytes": self.max_bytes}
+
+
+def _mib(n: int) -> str:
+    return f"{math.ceil(n / 1024**2 * 10) / 10:g} MiB"

@@ -1,12 +1,34 @@
-"""Traces kept in memory while a user clicks around, bounded by a byte budget (LRU)."""
+"""Traces kept in memory while a user clicks around, bounded by a byte budget (LRU), slimmed to what pages show.
+
+A full capture holds every hooked tensor: at T=200 on DistilGPT-2 about 115 MB, most of it the logits of
+every position (T × 50 257 floats), the MLP hidden states and the KV cache (the same numbers as K and V).
+The pages read only the tensors in ``PAGE_TENSORS``: embeddings, Q/K/V per head, attention weights, each
+head's output, and the next-token distribution (``probs``, the last position only, from which the top-k is
+taken). ``slim`` keeps those and nothing else, about 4× less. The shape trace was read off every tensor at
+capture time, so it still lists them all.
+"""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
 from app.model.trace import Trace
+
+# Tensor names the pages read (by suffix): the inspect views, the arithmetic panel and the embedding rows.
+PAGE_TENSORS = ("embed.wte", "embed.wpe", "embed.h0", ".attn.q", ".attn.k", ".attn.v", ".attn.weights",
+                ".attn.head_out", "probs")
+
+
+def slim(trace: Trace) -> Trace:
+    """The same trace with only ``PAGE_TENSORS`` kept and no KV cache (keys and values are its K and V)."""
+    if trace.past_length:  # a decode step's trace reads older keys from the cache: keep it whole
+        return trace
+    kept = {name: t for name, t in trace.tensors.items() if name.endswith(PAGE_TENSORS)}
+    return Trace(token_ids=trace.token_ids, token_texts=trace.token_texts, tensors=kept, steps=trace.steps,
+                 adapter=trace.adapter, past_length=0, cache=None, meta=trace.meta)
 
 
 class TraceStore:
@@ -15,9 +37,11 @@ class TraceStore:
     A trace larger than the whole budget is returned to the caller but not kept.
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, ttl_s: float = float("inf")) -> None:
         self.max_bytes = max_bytes
+        self.ttl_s = ttl_s  # a trace nobody looked at for this long is dropped by ``purge`` (recomputable)
         self._items: OrderedDict[Hashable, tuple[Trace, int]] = OrderedDict()
+        self._used: dict[Hashable, float] = {}
         self._lock = threading.Lock()
         self.bytes = 0
         self.hits = 0
@@ -27,6 +51,7 @@ class TraceStore:
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
+                self._used[key] = time.monotonic()
                 self.hits += 1
                 return self._items[key][0]
         trace = compute()
@@ -35,11 +60,24 @@ class TraceStore:
             self.misses += 1
             if size <= self.max_bytes and key not in self._items:
                 while self._items and self.bytes + size > self.max_bytes:
-                    _, (_, old) = self._items.popitem(last=False)
+                    old_key, (_, old) = self._items.popitem(last=False)
+                    self._used.pop(old_key, None)
                     self.bytes -= old
                 self._items[key] = (trace, size)
+                self._used[key] = time.monotonic()
                 self.bytes += size
         return trace
+
+    def purge(self) -> int:
+        """Drop traces idle for more than ``ttl_s``; returns how many."""
+        now = time.monotonic()
+        with self._lock:
+            old = [k for k in self._items if now - self._used.get(k, now) > self.ttl_s]
+            for k in old:
+                _, size = self._items.pop(k)
+                self._used.pop(k, None)
+                self.bytes -= size
+            return len(old)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -47,4 +85,5 @@ class TraceStore:
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._used.clear()
             self.bytes = 0

@@ -1,4 +1,9 @@
-"""The decode studio's operations: what the routes call, one function each, under the model lock."""
+"""The decode studio's operations: what the routes call, one function each.
+
+Every action on a session holds that session's lock (``SessionStore.hold``): its limits are checked and its
+forward runs under it, so concurrent clicks take turns. Forwards go through the model gate; a step is short
+work (served before queued captures), a prefill or a check is long work.
+"""
 
 from __future__ import annotations
 
@@ -9,43 +14,55 @@ from app.model.sampling import Sampling
 from app.state import AppState
 
 
-def start_session(state: AppState, *, model: str | None, prompt: str | None, sampling: Sampling) -> DecodeSession:
+def start_session(state: AppState, *, model: str | None, prompt: str | None, sampling: Sampling,
+                  owner: str = "") -> DecodeSession:
     lm = state.model(model)
     ids = encode_prompt(lm, prompt, max_chars=state.settings.max_prompt_chars, reserve=1)
-    session = state.sessions.create(lm, ids, sampling.validate())
-    with state.model_lock:
-        session.prefill()
-    return session
+    return _prefilled(state, lm, ids, sampling.validate(), owner)
 
 
-def rebuild_session(state: AppState, old_id: str) -> DecodeSession:
+def rebuild_session(state: AppState, old_id: str, owner: str = "") -> DecodeSession:
     """A new session whose prompt is every token of an ended one: one prefill rebuilds its cache."""
-    stone = state.sessions.tombstone(old_id)
+    stone = state.sessions.tombstone(old_id, owner)
     if stone is None:
         raise Expired("Nothing is known about that session any more: start again from a prompt.")
     lm = state.model(stone["model"])
+    if stone["model_ref"]() is not lm:
+        raise Expired("sturdy.model_changed", model=stone["model"])
     ids = stone["ids"][: lm.max_positions - 1]
-    session = state.sessions.create(lm, ids, Sampling(**stone["sampling"]))
-    with state.model_lock:
-        session.prefill()
+    return _prefilled(state, lm, ids, Sampling(**stone["sampling"]), owner)
+
+
+def _prefilled(state: AppState, lm, ids: list[int], sampling: Sampling, owner: str) -> DecodeSession:
+    session = state.sessions.create(lm, ids, sampling, owner=owner)
+    try:
+        with state.sessions.hold(session.id, owner), state.sessions.room(session, len(ids)), state.model_lock:
+            session.prefill()
+    except Exception:
+        state.sessions.delete(session.id, owner)  # a refused or failed prefill leaves nothing behind
+        raise
     return session
 
 
-def step_session(state: AppState, sid: str) -> tuple[DecodeSession, Step]:
-    session = state.sessions.get(sid)
-    if session.done:
-        raise BadInput(
-            f"This session has reached its limit ({session.max_steps} steps or {session.lm.max_positions} positions)."
-        )
-    state.sessions.check_budget(session)
-    with state.model_lock:
-        step = session.step()
+def step_session(state: AppState, sid: str, owner: str = "") -> tuple[DecodeSession, Step]:
+    with state.sessions.hold(sid, owner) as session:
+        if session.done:
+            raise BadInput(f"This session has reached its limit ({session.max_steps} steps or "
+                           f"{session.lm.max_positions} positions).")
+        with state.sessions.room(session, 1), state.model_lock.short():
+            step = session.step()
     return session, step
 
 
-def verify_step(state: AppState, sid: str, index: int) -> dict:
-    session = state.sessions.get(sid)
+def verify_step(state: AppState, sid: str, index: int, owner: str = "") -> dict:
+    """Not under the session lock: a check only reads steps already taken (the list only grows), so the
+    next step need not wait for it. A session released meanwhile has no steps left: 410."""
+    session = state.sessions.get(sid, owner)
     if not 0 <= index < len(session.steps):
         raise BadInput(f"Step {index} does not exist: this session has steps 0 to {len(session.steps) - 1}.")
     with state.model_lock:
-        return session.verify(index)
+        try:
+            return session.verify(index)
+        except IndexError:
+            raise Expired("This decode session has ended or expired and its KV cache was released. "
+                          "Rebuild it from its tokens to continue.") from None

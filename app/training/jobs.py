@@ -133,7 +133,7 @@ class TrainingJob:
 
 
 class TrainingLab:
-    """The server's single training slot. Kept in ``state.extras["train"]`` (see ``lab_for``)."""
+    """The server's single training slot: ``state.training``, created with the app state (see ``app/state.py``)."""
 
     def __init__(self, state, home: Path | None = None) -> None:
         self.state = state
@@ -314,12 +314,5 @@ class TrainingLab:
                 shutil.rmtree(d, ignore_errors=True)
 
 
-_LAB_LOCK = threading.Lock()
-
-
 def lab_for(state) -> TrainingLab:
-    with _LAB_LOCK:
-        lab = state.extras.get("train")
-        if lab is None:
-            lab = state.extras["train"] = TrainingLab(state)
-        return lab
+    return state.training

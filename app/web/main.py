@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from contextlib import asynccontextmanager
 
+import anyio.to_thread
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,6 +24,7 @@ from app.web.deps import is_htmx
 from app.web.middleware import BodyLimit
 from app.web.render import ROOT, render
 from app.web.routes import all_routers
+from app.web.security import HostAndOrigin, OwnerCookie, SecurityHeaders, allowed_hosts
 
 log = logging.getLogger("kvscope")
 
@@ -39,12 +41,26 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
             app.state.kv = AppState.create(settings, registry)
         for spec, why in app.state.kv.registry.failures.items():
             log.warning("%s: %s", spec, why)
-        yield
+        # Requests waiting for the model sit in worker threads; keep enough threads beyond the model queue's
+        # bound that pages, static files and /healthz are always served.
+        limiter = anyio.to_thread.current_default_thread_limiter()
+        limiter.total_tokens = max(limiter.total_tokens, settings.queue_max_waiting + 32)
+        app.state.kv.start_janitor()
+        try:
+            yield
+        finally:
+            app.state.kv.stop_janitor()
 
     app = FastAPI(title="KVScope", version=__version__, lifespan=lifespan)
     app.state.kv = state
+    # The last added runs first: headers go on every answer, foreign hosts and origins are refused before
+    # anything else runs, then the owner cookie, the body limit and compression.
     app.add_middleware(GZipMiddleware, minimum_size=1024)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(OwnerCookie)
+    app.add_middleware(HostAndOrigin, hosts=allowed_hosts(settings.host, settings.allowed_hosts),
+                       any_ip=settings.host in ("0.0.0.0", "::"))
+    app.add_middleware(SecurityHeaders)
     app.mount("/static", StaticFiles(directory=ROOT / "static"), name="static")
     app.include_router(assets.router)
     for router in all_routers():

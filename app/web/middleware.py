@@ -1,4 +1,10 @@
-"""A request-body size limit, enforced on the bytes actually received (not only Content-Length)."""
+"""A request-body size limit, enforced on the bytes actually received (not only Content-Length).
+
+The body is read here, in full, before the app sees it: a body sent in chunks (no Content-Length)
+that grows past the limit gets the same 413 as one that declares its size up front, instead of
+surfacing as an exception inside the app's form or JSON parser. Bodies are at most ``max_bytes``
+(64 KiB by default), so holding one in memory is cheap.
+"""
 
 from __future__ import annotations
 
@@ -16,21 +22,21 @@ class BodyLimit:
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             return await self._reject(send)
+        chunks: list[bytes] = []
         seen = 0
-
-        async def limited_receive():
-            nonlocal seen
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _TooLarge
-            return message
-
-        try:
-            await self.app(scope, limited_receive, send)
-        except _TooLarge:
-            await self._reject(send)
+            if message["type"] != "http.request":  # the client went away: let the app see it
+                return await self.app(scope, _replay([message], receive), send)
+            body = message.get("body", b"")
+            seen += len(body)
+            if seen > self.max_bytes:
+                return await self._reject(send)
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, _replay([whole], receive), send)
 
     async def _reject(self, send) -> None:
         body = json.dumps({"detail": f"The request body is larger than {self.max_bytes:,} bytes."}).encode()
@@ -39,5 +45,13 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-class _TooLarge(Exception):
-    pass
+def _replay(messages: list[dict], receive):
+    """A receive() that hands out ``messages`` first, then waits on the real one (for disconnects)."""
+    pending = list(messages)
+
+    async def replay():
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replay

@@ -15,7 +15,7 @@ from app.training.jobs import ACTIVE, TrainingLab
 @pytest.fixture
 def lab_state(tiny, tmp_path) -> AppState:
     registry = ModelRegistry(models={"builtin": tiny}, default="builtin", failures={})
-    return AppState.create(Settings(models=("builtin",), home=tmp_path), registry)
+    return AppState.create(Settings(models=("builtin",), home=tmp_path, allowed_hosts=("testserver",)), registry)
 
 
 @pytest.fixture

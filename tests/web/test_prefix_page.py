@@ -130,7 +130,8 @@ def test_lab_state_stays_bounded(client, state):
 
     for _ in range(10):
         client.post("/api/prefix/run", json={"preset": "chat", "model": "builtin"})
-    assert len(state.extras["prefix"].requests) <= MAX_STORED_REQUESTS
+    (lab,) = [e.obj for e in state.prefix_labs._items.values()]
+    assert len(lab.requests) <= MAX_STORED_REQUESTS
 
 
 @pytest.mark.browser

@@ -15,9 +15,7 @@ from tests.training.conftest import stop_and_wait, wait_for_steps
 @pytest.fixture
 def train_client(client, state):
     yield client
-    lab = state.extras.get("train")
-    if lab is not None:
-        stop_and_wait(lab)
+    stop_and_wait(state.training)
 
 
 def page_init(html: str) -> dict:

@@ -13,9 +13,11 @@ router = APIRouter()
 
 
 @router.get("/healthz", tags=["meta"])
-def read_health(state: StateDep) -> dict:
+async def read_health(state: StateDep) -> dict:
+    """Answered on the event loop, never in the worker threads that wait for the model: fast under any load."""
     reg = state.registry
-    return {"status": "ok", "models": reg.names, "default": reg.default, "unavailable": reg.failures}
+    return {"status": "ok", "models": reg.names, "default": reg.default, "unavailable": reg.failures,
+            "queue": state.model_lock.stats()}
 
 
 @router.get("/api/models", tags=["meta"])

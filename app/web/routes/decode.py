@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 from app.model.sampling import Sampling
 from app.model.studio import rebuild_session, start_session, step_session, verify_step
 from app.viz.decode import cache_rows, step_view
-from app.web.deps import StateDep
+from app.web.deps import OwnerDep, SessionsDep, StateDep
 from app.web.render import render
 
 router = APIRouter()
@@ -31,51 +31,54 @@ def read_decode_page(request: Request, state: StateDep, prompt: str = "The cat s
 
 
 @router.post("/api/decode/sessions", tags=["decode"])
-def create_session(state: StateDep, body: StartBody) -> dict:
+def create_session(state: StateDep, owner: OwnerDep, body: StartBody) -> dict:
     """Start a session: prefill the prompt, fill the KV cache, choose the first token."""
     sampling = Sampling(mode=body.mode, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
                         seed=body.seed)
-    session = start_session(state, model=body.model, prompt=body.prompt, sampling=sampling)
+    session = start_session(state, model=body.model, prompt=body.prompt, sampling=sampling, owner=owner)
     return step_view(session, session.steps[-1])
 
 
 @router.post("/api/decode/{sid}/step", tags=["decode"])
-def create_step(state: StateDep, sid: str) -> dict:
+def create_step(state: StateDep, owner: OwnerDep, sid: str) -> dict:
     """Feed the last chosen token (input (1, 1)) through every layer with the cache."""
-    session, step = step_session(state, sid)
-    return step_view(session, step)
+    with state.sessions.hold(sid, owner):  # the view is read before another click can change the session
+        session, step = step_session(state, sid, owner)
+        return step_view(session, step)
 
 
 @router.get("/api/decode/{sid}/verify/{index}", tags=["decode"])
-def read_verify(state: StateDep, sid: str, index: int) -> dict:
+def read_verify(state: StateDep, owner: OwnerDep, sid: str, index: int) -> dict:
     """Recompute step ``index`` from the full prefix with no cache and compare."""
-    return verify_step(state, sid, index)
+    return verify_step(state, sid, index, owner)
 
 
 @router.get("/api/decode/{sid}/cache/{layer}/{head}", tags=["decode"])
-def read_cache_rows(state: StateDep, sid: str, layer: int, head: int, last: int = 24) -> dict:
-    return cache_rows(state.sessions.get(sid), layer, head, max(1, min(last, 256)))
+def read_cache_rows(sessions: SessionsDep, owner: OwnerDep, sid: str, layer: int, head: int, last: int = 24) -> dict:
+    with sessions.hold(sid, owner) as session:
+        return cache_rows(session, layer, head, max(1, min(last, 256)))
 
 
 @router.delete("/api/decode/{sid}", tags=["decode"])
-def delete_session(state: StateDep, sid: str) -> dict:
+def delete_session(sessions: SessionsDep, owner: OwnerDep, sid: str) -> dict:
     """Stop and release the session's KV cache."""
-    return {"released": state.sessions.delete(sid)}
+    return {"released": sessions.delete(sid, owner)}
 
 
 @router.post("/api/decode/{sid}/close", tags=["decode"])
-def close_session(state: StateDep, sid: str) -> dict:
+def close_session(sessions: SessionsDep, owner: OwnerDep, sid: str) -> dict:
     """The same as DELETE, for navigator.sendBeacon when a tab closes."""
-    return {"released": state.sessions.delete(sid)}
+    return {"released": sessions.delete(sid, owner)}
 
 
 @router.post("/api/decode/{sid}/rebuild", tags=["decode"])
-def create_rebuilt(state: StateDep, sid: str) -> dict:
+def create_rebuilt(state: StateDep, owner: OwnerDep, sid: str) -> dict:
     """Start a new session from an ended one's tokens."""
-    session = rebuild_session(state, sid)
+    session = rebuild_session(state, sid, owner)
     return step_view(session, session.steps[-1])
 
 
 @router.get("/api/decode/stats", tags=["decode"])
-def read_stats(state: StateDep) -> dict:
-    return state.sessions.stats()
+def read_stats(sessions: SessionsDep, owner: OwnerDep) -> dict:
+    """Sessions on the whole server (shared by every browser) and how many are this browser's."""
+    return {**sessions.stats(), "mine": sessions.owned_by(owner)}

@@ -1,7 +1,8 @@
 """The paged-cache lab: /paged, and its JSON API under /api/paged/.
 
-Each pool (a ``PagedEngine``) lives in ``state.extras['paged']`` (a bounded ``PagedSessions``); model forwards
-run under ``state.model_lock``.
+Each pool (a ``PagedEngine``) belongs to the browser that made it (``state.paged_pools``: unguessable ids,
+caps per browser and per server, a byte budget). An action holds the pool's own lock; model forwards go
+through the model gate (a step is short work).
 """
 
 from __future__ import annotations
@@ -12,19 +13,19 @@ from typing import Literal
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
-from app.cache.paged_decode import PagedEngine, PagedSessions
+from app.admission import LONG, SHORT
+from app.cache.paged_decode import PagedEngine
 from app.cache.verify import run_bench
 from app.errors import BadInput
 from app.model.prompts import encode_prompt
 from app.state import AppState
 from app.viz.models import model_card
 from app.viz.paged import bench_view, engine_view
-from app.web.deps import StateDep
+from app.web.deps import OwnerDep, StateDep
 from app.web.render import render
 
 router = APIRouter()
 
-MAX_SESSIONS = 4
 MAX_PROMPT_CHARS = 400
 MAX_PROMPT_TOKENS = 64
 MAX_BENCH_STEPS = 40
@@ -42,16 +43,22 @@ class NewSequence(BaseModel):
     max_new: int = Field(12, ge=1, le=48)
 
 
-def _sessions(state: AppState) -> PagedSessions:
-    return state.extras.setdefault("paged", PagedSessions(MAX_SESSIONS))
+def _act(state: AppState, owner: str, sid: str, action: Callable[[PagedEngine], object] | None,
+         kind: str = LONG) -> dict:
+    """Run one action on a pool and read its view back, both under the pool's lock, so concurrent clicks
+    can't interleave; an action (which may run the model) also goes through the model gate."""
+    entry = state.paged_pools.entry(owner, sid)
+    with entry.lock:
+        if action is None:
+            return engine_view(entry.obj, sid)
+        with state.model_lock.use(kind):
+            action(entry.obj)
+            return engine_view(entry.obj, sid)
 
 
-def _act(state: AppState, sid: str, action: Callable[[PagedEngine], object]) -> dict:
-    """Run one action on a pool and read its view back, both under the lock, so concurrent clicks can't interleave."""
-    engine = _sessions(state).get(sid)
-    with engine.lock:
-        action(engine)
-        return engine_view(engine, sid)
+def _pool_bytes(lm, num_blocks: int, block_size: int) -> int:
+    a = lm.adapter
+    return 2 * a.n_layer * a.n_kv_head * a.head_dim * a.dtype.itemsize * num_blocks * block_size
 
 
 def _prompt_ids(lm, prompt: str | None) -> list[int]:
@@ -68,42 +75,46 @@ def read_paged_page(request: Request, state: StateDep, model: str | None = None)
 
 
 @router.post("/api/paged/sessions", tags=["paged"])
-def create_pool(state: StateDep, body: NewPool) -> dict:
-    """A new block pool of ``num_blocks`` blocks of ``block_size`` tokens for the chosen model."""
+def create_pool(state: StateDep, owner: OwnerDep, body: NewPool) -> dict:
+    """A new block pool of ``num_blocks`` blocks of ``block_size`` tokens for the chosen model.
+
+    A browser keeps at most a few pools (its oldest goes); the server's pools share one memory budget."""
     lm = state.model(body.model)
-    engine = PagedEngine(lm, num_blocks=body.num_blocks, block_size=body.block_size, lock=state.model_lock)
-    return _act(state, _sessions(state).create(engine), lambda engine: None)
+    sid, _ = state.paged_pools.create(
+        owner, lambda: PagedEngine(lm, num_blocks=body.num_blocks, block_size=body.block_size, lock=state.model_lock),
+        nbytes=_pool_bytes(lm, body.num_blocks, body.block_size))
+    return _act(state, owner, sid, None)
 
 
 @router.get("/api/paged/sessions/{sid}", tags=["paged"])
-def read_pool(state: StateDep, sid: str) -> dict:
-    return _act(state, sid, lambda engine: None)
+def read_pool(state: StateDep, owner: OwnerDep, sid: str) -> dict:
+    return _act(state, owner, sid, None)
 
 
 @router.post("/api/paged/sessions/{sid}/sequences", tags=["paged"])
-def add_sequence(state: StateDep, sid: str, body: NewSequence) -> dict:
+def add_sequence(state: StateDep, owner: OwnerDep, sid: str, body: NewSequence) -> dict:
     """A new request: it is prefilled into the pool if its blocks fit, otherwise it waits."""
-    return _act(state, sid, lambda engine: engine.add(_prompt_ids(engine.lm, body.prompt), body.max_new))
+    return _act(state, owner, sid, lambda engine: engine.add(_prompt_ids(engine.lm, body.prompt), body.max_new))
 
 
 @router.post("/api/paged/sessions/{sid}/step", tags=["paged"])
-def step_pool(state: StateDep, sid: str) -> dict:
+def step_pool(state: StateDep, owner: OwnerDep, sid: str) -> dict:
     """One decode step: one greedy token per running sequence, then admit waiting sequences that fit."""
-    return _act(state, sid, PagedEngine.step)
+    return _act(state, owner, sid, PagedEngine.step, SHORT)
 
 
 @router.post("/api/paged/sessions/{sid}/wait", tags=["paged"])
-def choose_wait(state: StateDep, sid: str) -> dict:
+def choose_wait(state: StateDep, owner: OwnerDep, sid: str) -> dict:
     """Pool exhausted, choice 1: wait (nothing is freed; blocked sequences retry at the next step)."""
-    return _act(state, sid, PagedEngine.wait)
+    return _act(state, owner, sid, PagedEngine.wait)
 
 
 @router.post("/api/paged/sessions/{sid}/sequences/{seq_id}/{action}", tags=["paged"])
 def act_on_sequence(
-    state: StateDep, sid: str, seq_id: int, action: Literal["fork", "finish", "cancel", "preempt"]
+    state: StateDep, owner: OwnerDep, sid: str, seq_id: int, action: Literal["fork", "finish", "cancel", "preempt"]
 ) -> dict:
     """fork (share its blocks, branch on a runner-up token), finish, cancel, or preempt (free now, recompute later)."""
-    return _act(state, sid, lambda engine: getattr(engine, action)(seq_id))
+    return _act(state, owner, sid, lambda engine: getattr(engine, action)(seq_id))
 
 
 def _bench(state: AppState, prompt: str | None, model: str | None, steps: int, block_size: int, window: int) -> dict:

@@ -12,12 +12,12 @@ from app.cache.prefix import (
     MAX_NUM_BLOCKS,
     MAX_PROMPTS_PER_RUN,
     finish_lab,
-    get_lab,
+    peek_lab,
     reset_lab,
     run_lab,
 )
 from app.viz.prefix import lab_view, presets_view
-from app.web.deps import StateDep, is_htmx
+from app.web.deps import OwnerDep, StateDep, is_htmx
 from app.web.render import render
 
 router = APIRouter()
@@ -53,8 +53,8 @@ def _split_prompts(text: str | None) -> list[str]:
     return [p for p in parts if p.strip()]
 
 
-def _page(request: Request, state, *, form: dict | None = None):
-    view = lab_view(get_lab(state))
+def _page(request: Request, state, owner: str, *, form: dict | None = None):
+    view = lab_view(peek_lab(state, owner))
     template = "partials/_prefix_result.html" if is_htmx(request) else "prefix.html"
     presets = presets_view(list(state.registry.models.values()))
     return render(request, template, page="prefix", view=view, presets=presets, form=form or {},
@@ -64,34 +64,34 @@ def _page(request: Request, state, *, form: dict | None = None):
 # --- page --------------------------------------------------------------------------------------------
 
 @router.get("/prefix", include_in_schema=False)
-def read_prefix_page(request: Request, state: StateDep):
-    return _page(request, state)
+def read_prefix_page(request: Request, state: StateDep, owner: OwnerDep):
+    return _page(request, state, owner)
 
 
 @router.post("/prefix/run", include_in_schema=False)
 def run_prefix_form(
-    request: Request, state: StateDep,
+    request: Request, state: StateDep, owner: OwnerDep,
     model: Annotated[str | None, Form()] = None, preset: Annotated[str, Form()] = "system",
     prompts: Annotated[str | None, Form(max_length=20_000)] = None, block_size: Annotated[str, Form()] = "auto",
     capacity: Annotated[int, Form(ge=1, le=MAX_NUM_BLOCKS)] = DEFAULT_NUM_BLOCKS,
     salt: Annotated[str | None, Form(max_length=64)] = None,
 ):
     run_lab(state, model=model, preset=preset, prompts=_split_prompts(prompts), block_size=block_size,
-            num_blocks=capacity, salt=salt)
-    return _page(request, state)
+            num_blocks=capacity, salt=salt, owner=owner)
+    return _page(request, state, owner)
 
 
 @router.post("/prefix/finish", include_in_schema=False)
-def finish_prefix_form(request: Request, state: StateDep, request_id: Annotated[int | None, Form()] = None,
-                       reason: Annotated[str, Form()] = "finished"):
-    finish_lab(state, request_id=request_id, reason=reason)
-    return _page(request, state)
+def finish_prefix_form(request: Request, state: StateDep, owner: OwnerDep,
+                       request_id: Annotated[int | None, Form()] = None, reason: Annotated[str, Form()] = "finished"):
+    finish_lab(state, request_id=request_id, reason=reason, owner=owner)
+    return _page(request, state, owner)
 
 
 @router.post("/prefix/reset", include_in_schema=False)
-def reset_prefix_form(request: Request, state: StateDep):
-    reset_lab(state)
-    return _page(request, state)
+def reset_prefix_form(request: Request, state: StateDep, owner: OwnerDep):
+    reset_lab(state, owner)
+    return _page(request, state, owner)
 
 
 # --- JSON API ----------------------------------------------------------------------------------------
@@ -103,25 +103,26 @@ def read_prefix_presets(state: StateDep) -> list[dict]:
 
 
 @router.get("/api/prefix/state", tags=["prefix"])
-def read_prefix_state(state: StateDep) -> dict:
-    """The lab as it stands: config, pool counts and blocks, last run's requests, alignment, block rows."""
-    return lab_view(get_lab(state))
+def read_prefix_state(state: StateDep, owner: OwnerDep) -> dict:
+    """This browser's lab as it stands: config, pool counts and blocks, last run's requests, alignment, block rows."""
+    return lab_view(peek_lab(state, owner))
 
 
 @router.post("/api/prefix/run", tags=["prefix"])
-def run_prefix(body: RunBody, state: StateDep) -> dict:
+def run_prefix(body: RunBody, state: StateDep, owner: OwnerDep) -> dict:
     """Finish the previous run, then prefill a preset's prompts (or yours) through the prefix cache."""
     lab = run_lab(state, model=body.model, preset=body.preset, prompts=body.prompts, block_size=body.block_size,
-                  num_blocks=body.capacity, salt=body.salt)
+                  num_blocks=body.capacity, salt=body.salt, owner=owner)
     return lab_view(lab)
 
 
 @router.post("/api/prefix/finish", tags=["prefix"])
-def finish_prefix(body: FinishBody, state: StateDep) -> dict:
+def finish_prefix(body: FinishBody, state: StateDep, owner: OwnerDep) -> dict:
     """End (or cancel) one running request or all of them: their blocks are released tail first."""
-    return lab_view(finish_lab(state, request_id=body.request_id, reason=body.reason))
+    return lab_view(finish_lab(state, request_id=body.request_id, reason=body.reason, owner=owner))
 
 
 @router.post("/api/prefix/reset", tags=["prefix"])
-def reset_prefix(state: StateDep) -> dict:
-    return lab_view(reset_lab(state))
+def reset_prefix(state: StateDep, owner: OwnerDep) -> dict:
+    """Empty this browser's prefix cache (other browsers' labs are their own)."""
+    return lab_view(reset_lab(state, owner))

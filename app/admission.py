@@ -1,0 +1,160 @@
+"""Admission control for model work: one forward at a time, short work first, a bounded queue.
+
+Torch already uses every core for one forward, so model work is serialised. ``ModelGate`` is the
+lock that does it, with three rules a class of 40 browsers needs::
+
+    waiting:  short  [step, step]          <- served first when the gate frees up
+              long   [capture, prefill, prefix run, bench]
+    running:  one holder (re-entrant: the holder's thread may enter again)
+
+- **Short work is not starved.** A decode step (tens of ms) waits for at most the forward running now
+  and the steps ahead of it, never for the captures queued before it.
+- **The queue is bounded.** Beyond ``max_waiting`` waiting requests, or ``per_owner`` waiting requests
+  of one browser, a request is refused at once with "busy, retry in N s" (503, or 429 for one browser
+  asking too much) and a Retry-After header, instead of piling up in the server's threads.
+- **Waiting is bounded.** A request that has waited ``max_wait_s`` gives up with the same answer.
+
+N comes from the measured average time of each kind of work times the queue ahead.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from app.errors import Busy
+
+SHORT, LONG = "short", "long"
+
+# The browser on whose behalf the current request runs (set by the owner-cookie middleware).
+current_owner: ContextVar[str] = ContextVar("kvscope_owner", default="")
+
+
+class Throttled(Busy):
+    """One browser asks for more than its share: 429 Too Many Requests, with Retry-After."""
+
+    status = 429
+
+
+class _Ticket:
+    __slots__ = ("kind", "owner")
+
+    def __init__(self, kind: str, owner: str) -> None:
+        self.kind = kind
+        self.owner = owner
+
+
+class ModelGate:
+    """The model lock, with priorities and a bounded queue (see the module docstring)."""
+
+    def __init__(self, *, max_waiting: int = 48, per_owner: int = 4, max_wait_s: float = 60.0) -> None:
+        self.max_waiting = max_waiting
+        self.per_owner = per_owner
+        self.max_wait_s = max_wait_s
+        self._cond = threading.Condition(threading.Lock())
+        self._queues: dict[str, deque[_Ticket]] = {SHORT: deque(), LONG: deque()}
+        self._holder: int | None = None  # thread id
+        self._depth = 0
+        self._since = 0.0
+        self._kind = LONG
+        self.avg_s = {SHORT: 0.05, LONG: 0.5}  # moving averages of how long each kind holds the gate
+        self.refused = 0
+        self.served = 0
+
+    # --- the lock protocol (``with gate:`` is long work) ----------------------------------------------
+    def __enter__(self) -> ModelGate:
+        self.acquire(LONG)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    @contextmanager
+    def use(self, kind: str = LONG) -> Iterator[None]:
+        self.acquire(kind)
+        try:
+            yield
+        finally:
+            self.release()
+
+    def short(self):
+        return self.use(SHORT)
+
+    def acquire(self, kind: str = LONG) -> None:
+        me = threading.get_ident()
+        owner = current_owner.get()
+        with self._cond:
+            if self._holder == me:
+                self._depth += 1
+                return
+            if self._holder is None and not self._queues[SHORT] and not self._queues[LONG]:
+                self._take(me, kind)
+                return
+            self._admit_or_refuse(owner)
+            ticket = _Ticket(kind, owner)
+            queue = self._queues[kind]
+            queue.append(ticket)
+            deadline = time.monotonic() + self.max_wait_s
+            try:
+                while not (self._holder is None and self._next() is ticket):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self.refused += 1
+                        raise Busy("sturdy.busy_waited", retry_after=self.retry_after(), seconds=round(self.max_wait_s))
+                    self._cond.wait(left)
+            finally:
+                queue.remove(ticket)
+                self._cond.notify_all()
+            self._take(me, kind)
+
+    def release(self) -> None:
+        with self._cond:
+            if self._holder != threading.get_ident():
+                raise RuntimeError("the model gate is released by a thread that does not hold it")
+            self._depth -= 1
+            if self._depth:
+                return
+            held = time.monotonic() - self._since
+            self.avg_s[self._kind] = 0.8 * self.avg_s[self._kind] + 0.2 * held
+            self._holder = None
+            self._cond.notify_all()
+
+    # --- internals --------------------------------------------------------------------------------
+    def _take(self, me: int, kind: str) -> None:
+        self._holder, self._depth, self._since, self._kind = me, 1, time.monotonic(), kind
+        self.served += 1
+
+    def _next(self) -> _Ticket | None:
+        for kind in (SHORT, LONG):
+            if self._queues[kind]:
+                return self._queues[kind][0]
+        return None
+
+    def _admit_or_refuse(self, owner: str) -> None:
+        waiting = self.waiting()
+        if waiting >= self.max_waiting:
+            self.refused += 1
+            raise Busy("sturdy.busy_queue", retry_after=self.retry_after(), waiting=waiting)
+        if owner and sum(t.owner == owner for q in self._queues.values() for t in q) >= self.per_owner:
+            self.refused += 1
+            raise Throttled("sturdy.busy_owner", retry_after=self.retry_after(), limit=self.per_owner)
+
+    def waiting(self) -> int:
+        return len(self._queues[SHORT]) + len(self._queues[LONG])
+
+    def retry_after(self) -> int:
+        """Seconds until the queue ahead has likely drained (at least 1)."""
+        ahead = len(self._queues[SHORT]) * self.avg_s[SHORT] + (len(self._queues[LONG]) + 1) * self.avg_s[LONG]
+        return max(1, math.ceil(ahead))
+
+    def stats(self) -> dict:
+        with self._cond:
+            return {"busy": self._holder is not None, "waiting_short": len(self._queues[SHORT]),
+                    "waiting_long": len(self._queues[LONG]), "max_waiting": self.max_waiting,
+                    "per_browser": self.per_owner, "served": self.served, "refused": self.refused,
+                    "avg_ms": {k: round(v * 1000, 1) for k, v in self.avg_s.items()}}

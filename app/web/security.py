@@ -1,0 +1,179 @@
+"""Who is asking, and from where: the owner cookie, the Host allow-list, the Origin check, security headers.
+
+Each is a small ASGI middleware so it also covers static files and error responses.
+
+- ``OwnerCookie``: every browser gets an unguessable id in an HttpOnly, SameSite=Lax cookie
+  (``kvscope_owner``). Labs, pools and decode sessions belong to it (``app/state.py``).
+- ``HostAndOrigin``: a request whose Host is not on the allow-list gets 400 (DNS rebinding: a page on
+  ``evil.example`` that resolves to 127.0.0.1 still sends ``Host: evil.example``). A state-changing
+  request (not GET/HEAD/OPTIONS) whose Origin (or, lacking one, Referer) is another site gets 403: a page
+  on another site cannot run the labs, stop training or step a pool for a student. Requests without
+  Origin (curl, scripts) are not browsers acting for someone else and pass.
+- ``SecurityHeaders``: a Content-Security-Policy without inline script, ``nosniff``, no framing,
+  no referrer to other sites.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import re
+import secrets
+import socket
+from urllib.parse import urlsplit
+
+from app.admission import current_owner
+from app.i18n import translate
+
+OWNER_COOKIE = "kvscope_owner"
+_OWNER_RE = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
+SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
+       "font-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; "
+       "frame-ancestors 'none'")
+# FastAPI's /docs and /redoc pages load Swagger UI / ReDoc from a CDN with an inline boot script. They show
+# only the OpenAPI schema, never user input, so they get a policy that allows exactly that.
+DOCS_CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
+            "style-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net https://fonts.googleapis.com; "
+            "img-src 'self' data: https://fastapi.tiangolo.com https://cdn.redoc.ly; font-src 'self' "
+            "https://fonts.gstatic.com; connect-src 'self'; object-src 'none'; frame-ancestors 'none'")
+DOCS_PATHS = ("/docs", "/redoc")
+
+
+def _headers(scope) -> dict[bytes, bytes]:
+    return {k.lower(): v for k, v in scope.get("headers") or []}
+
+
+def _cookie(raw: bytes | None, name: str) -> str | None:
+    for part in (raw or b"").decode("latin-1").split(";"):
+        k, _, v = part.strip().partition("=")
+        if k == name:
+            return v
+    return None
+
+
+async def _reply(send, status: int, message: str) -> None:
+    body = json.dumps({"detail": message}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class OwnerCookie:
+    """Reads (or hands out) the browser's owner id; sets ``current_owner`` and ``scope['state']['owner']``."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        owner = _cookie(_headers(scope).get(b"cookie"), OWNER_COOKIE)
+        fresh = owner is None or not _OWNER_RE.match(owner)
+        if fresh:
+            owner = secrets.token_urlsafe(18)
+        scope.setdefault("state", {})["owner"] = owner
+        token = current_owner.set(owner)
+
+        async def send_with_cookie(message):
+            if fresh and message["type"] == "http.response.start":
+                cookie = f"{OWNER_COOKIE}={owner}; Path=/; Max-Age=31536000; HttpOnly; SameSite=Lax"
+                message.setdefault("headers", [])
+                message["headers"] = list(message["headers"]) + [(b"set-cookie", cookie.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_cookie)
+        finally:
+            current_owner.reset(token)
+
+
+def allowed_hosts(host: str, extra: tuple[str, ...] = ()) -> set[str]:
+    """localhost, 127.0.0.1, ::1, the configured host and any extra names; on 0.0.0.0 also this machine's names."""
+    names = {"localhost", "127.0.0.1", "::1", host.lower(), *(h.lower() for h in extra)}
+    if host in ("0.0.0.0", "::"):
+        hostname = socket.gethostname()
+        names |= {hostname.lower(), socket.getfqdn().lower()}
+        with contextlib.suppress(OSError):
+            names |= {info[4][0] for info in socket.getaddrinfo(hostname, None)}
+    return names
+
+
+def _host_only(value: str) -> str:
+    """'Example.com:8000' -> 'example.com'; '[::1]:8000' -> '::1'."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:].split("]", 1)[0]
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+class HostAndOrigin:
+    """Host allow-list for every request; same-origin rule for state-changing ones (see the module docstring).
+
+    With ``any_ip`` (the server listens on every interface: classroom mode) any IP-literal Host is
+    accepted too, since students type the teacher's address; DNS rebinding always arrives with a name.
+    """
+
+    def __init__(self, app, hosts: set[str], any_ip: bool = False) -> None:
+        self.app = app
+        self.hosts = hosts
+        self.any_ip = any_ip
+
+    def _host_ok(self, host: str) -> bool:
+        return host in self.hosts or (self.any_ip and _is_ip(host))
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = _headers(scope)
+        host_header = headers.get(b"host", b"").decode("latin-1")
+        if not self._host_ok(_host_only(host_header)):
+            return await _reply(send, 400, translate("sturdy.host_refused"))
+        if scope["method"] not in SAFE_METHODS:
+            origin = headers.get(b"origin", b"").decode("latin-1")
+            if not origin:
+                origin = headers.get(b"referer", b"").decode("latin-1")
+            if origin and not self._same_origin(origin, host_header):
+                return await _reply(send, 403, translate("sturdy.origin_refused"))
+            if headers.get(b"sec-fetch-site") == b"cross-site":
+                return await _reply(send, 403, translate("sturdy.origin_refused"))
+        return await self.app(scope, receive, send)
+
+    @staticmethod
+    def _same_origin(origin: str, host_header: str) -> bool:
+        if origin == "null":
+            return False
+        parts = urlsplit(origin)
+        return bool(parts.netloc) and parts.netloc.lower() == host_header.strip().lower()
+
+
+class SecurityHeaders:
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        csp = DOCS_CSP if scope["path"].startswith(DOCS_PATHS) else CSP
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                message["headers"] = list(message.get("headers", [])) + [
+                    (b"content-security-policy", csp.encode()),
+                    (b"x-content-type-options", b"nosniff"),
+                    (b"x-frame-options", b"DENY"),
+                    (b"referrer-policy", b"same-origin"),
+                ]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

@@ -1,0 +1,355 @@
+"""Issue 11, "sturdy under a classroom": each probe that found a 500, a leak or a shared lab, as a test.
+
+Numbers in the test names follow the issue's "What probing found" list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.admission import LONG, SHORT, ModelGate, Throttled, current_owner
+from app.errors import BadInput, Busy, Expired
+from app.model.capture import run_traced
+from app.model.sampling import Sampling
+from app.model.store import slim
+from app.model.studio import start_session, step_session
+from app.viz.attention import arithmetic, embedding_rows, grid_thumbnails, head_matrix
+
+
+@pytest.fixture
+def app(state):
+    from app.web.main import create_app
+
+    return create_app(state=state)
+
+
+def browser(app) -> TestClient:
+    """A client with its own cookie jar: one more student's browser."""
+    return TestClient(app)
+
+
+# --- 1. a model loaded again under the same name ------------------------------------------------------
+
+def test_1_stale_trace_keys_and_sessions_get_410_after_the_model_is_replaced(client, state, tiny):
+    key = client.get("/api/trace", params={"prompt": "hello there", "model": "builtin"}).json()["key"]
+    sid = client.post("/api/decode/sessions", json={"prompt": "hello", "model": "builtin"}).json()["session"]
+    assert client.delete(f"/api/decode/{sid}").json()["released"]
+    client.post("/api/prefix/run", json={"preset": "chat", "model": "builtin"})
+    state.registry.models["builtin"] = dataclasses.replace(tiny, source="loaded again")  # other weights, same name
+    try:
+        r = client.get(f"/api/traces/{key}/attention/0/0")
+        assert r.status_code == 410 and "loaded again" in r.json()["detail"]
+        r = client.post(f"/api/decode/{sid}/rebuild")
+        assert r.status_code == 410
+        r = client.post("/api/prefix/run", json={"preset": "chat", "model": "builtin"})
+        assert r.status_code == 200
+        (lab,) = [e.obj for e in state.prefix_labs._items.values()]
+        assert lab.cache.lm is state.registry.models["builtin"]  # a new cache: nothing reused from the old weights
+    finally:
+        state.registry.models["builtin"] = tiny
+
+
+# --- 2. concurrent steps on one session ---------------------------------------------------------------
+
+def test_2_concurrent_steps_never_pass_the_step_or_position_limit(state, tiny):
+    state.sessions.max_steps = 20
+    session = start_session(state, model="builtin", prompt="x" * 120, sampling=Sampling())  # 128 positions
+    results: list[str] = []
+
+    def hammer():
+        for _ in range(12):
+            try:
+                step_session(state, session.id)
+                results.append("ok")
+            except BadInput:
+                results.append("done")
+
+    threads = [threading.Thread(target=hammer) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(session.ids) <= tiny.max_positions + 1  # the last chosen token is never fed
+    assert len(session.steps) - 1 <= session.max_steps
+    assert results.count("ok") == len(session.steps) - 1 and "done" in results
+
+
+# --- 3. chunked bodies ----------------------------------------------------------------------------------
+
+def test_3_chunked_body_over_the_limit_is_413_like_a_declared_one(client, state):
+    big = b'{"prompt": "' + b"a" * (state.settings.max_body_bytes + 10) + b'"}'
+
+    def chunks():
+        for i in range(0, len(big), 8192):
+            yield big[i:i + 8192]
+
+    r = client.post("/api/decode/sessions", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    small = b'{"prompt": "The cat", "model": "builtin"}'
+    r = client.post("/api/decode/sessions", content=iter([small[:10], small[10:]]),
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 200
+
+
+# --- 4. GPT-2's end-of-text token in the prefix lab ---------------------------------------------------
+
+def test_4_prefix_lab_takes_endoftext_on_gpt2(client):
+    r = client.post("/api/prefix/run", json={"prompts": ["Hello<|endoftext|>world, again and again"],
+                                             "model": "distilgpt2"})
+    assert r.status_code == 200, r.text
+
+
+# --- 5 and 8. expiry by the timer, and memory --------------------------------------------------------------
+
+def test_5_expired_sessions_are_released_without_a_lookup(client, state):
+    assert client.post("/api/decode/sessions", json={"prompt": "The cat", "model": "builtin"}).status_code == 200
+    state.sessions.ttl_s = 0.0
+    assert state.purge() >= 1  # what the janitor thread calls every purge_interval_s
+    assert len(state.sessions._live) == 0
+    assert client.get("/api/decode/stats").json()["sessions"] == 0
+
+
+def test_8_a_kept_trace_holds_what_the_pages_show_and_far_less(distil):
+    ids = list(range(1000, 1200))  # 200 tokens
+    full = run_traced(distil.model, distil.adapter, ids, distil.token_texts(ids))
+    thin = slim(full)
+    assert thin.nbytes() * 3 < full.nbytes()
+    assert [s.name for s in thin.steps] == [s.name for s in full.steps]  # the shape trace lists every tensor
+    for view in (lambda t: head_matrix(t, 2, 3, "masked"), lambda t: arithmetic(t, 1, 4, 150, limit=200),
+                 lambda t: embedding_rows(t, 7), lambda t: grid_thumbnails(t, size=16)):
+        assert view(thin) == view(full)
+    assert (thin["probs"] == full["probs"]).all()
+
+
+def test_8_default_budgets_fit_a_4_gib_laptop():
+    from app.settings import Settings
+
+    s = Settings()
+    held = s.trace_cache_bytes + s.session_cache_bytes + s.paged_cache_bytes + s.prefix_cache_bytes
+    assert held <= 1.25 * 1024**3  # plus ~0.8 GB for DistilGPT-2 and the runtime
+
+
+# --- 6. the session byte cap is hard ----------------------------------------------------------------------
+
+def test_6_session_byte_cap_is_never_passed(state):
+    state.sessions.max_bytes = 60_000
+    with pytest.raises(BadInput):  # a prefill alone bigger than the whole cap: refused before it runs
+        start_session(state, model="distilgpt2", prompt="The cat sat on the mat and looked around", sampling=Sampling())
+    assert state.sessions.stats()["sessions"] == 0 and state.sessions.stats()["bytes"] == 0
+    state.sessions.max_bytes = 1_500_000  # a prefill and a few steps (each keeps its 50 257 logits)
+    s = start_session(state, model="distilgpt2", prompt="The cat", sampling=Sampling())
+    refused = None
+    for _ in range(20):
+        try:
+            step_session(state, s.id)
+        except Busy as exc:
+            refused = exc
+            break
+        assert state.sessions.stats()["bytes"] <= state.sessions.max_bytes
+    assert refused is not None and refused.retry_after
+
+
+# --- 7. /healthz never waits for the model ----------------------------------------------------------------
+
+def test_7_healthz_answers_while_the_model_is_busy(client, state):
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        with state.model_lock:
+            held.set()
+            done.wait(60)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        held.wait(10)
+        answers: list[int] = []
+        probe = threading.Thread(target=lambda: answers.append(client.get("/healthz").status_code))
+        probe.start()
+        probe.join(30)  # a hang guard, not a timing assertion: waiting for the model would never answer
+        assert answers == [200]
+    finally:
+        done.set()
+        t.join()
+
+
+# --- 9. each browser's labs are its own --------------------------------------------------------------------
+
+def test_9_prefix_labs_are_per_browser(app):
+    a, b = browser(app), browser(app)
+    assert a.post("/api/prefix/run", json={"preset": "chat", "model": "builtin"}).status_code == 200
+    assert b.post("/api/prefix/reset").status_code == 200
+    assert a.get("/api/prefix/state").json()["requests"]  # A's results survive B's "Empty the cache"
+    assert not b.get("/api/prefix/state").json().get("requests")
+
+
+def test_9_pools_and_sessions_belong_to_their_browser(app, state):
+    a, b = browser(app), browser(app)
+    pool = a.post("/api/paged/sessions", json={"model": "builtin", "num_blocks": 4, "block_size": 4}).json()["session"]
+    assert not re.fullmatch(r"p\d+", pool) and len(pool) >= 16
+    assert b.get(f"/api/paged/sessions/{pool}").status_code == 410
+    assert b.post(f"/api/paged/sessions/{pool}/step").status_code == 410
+    assert a.get(f"/api/paged/sessions/{pool}").status_code == 200
+    sid = a.post("/api/decode/sessions", json={"prompt": "The cat", "model": "builtin"}).json()["session"]
+    assert b.post(f"/api/decode/{sid}/step").status_code == 410
+    assert not b.delete(f"/api/decode/{sid}").json()["released"]
+    assert a.post(f"/api/decode/{sid}/step").status_code == 200
+
+
+def test_9_one_browser_cannot_hold_every_session(app, state):
+    a, b = browser(app), browser(app)
+    per = state.settings.max_sessions_per_browser
+    sids = [a.post("/api/decode/sessions", json={"prompt": "The cat", "model": "builtin"}).json()["session"]
+            for _ in range(per + 2)]
+    assert a.get("/api/decode/stats").json()["mine"] == per
+    assert a.post(f"/api/decode/{sids[0]}/step").status_code == 410  # its own oldest ended (can be rebuilt)
+    assert a.post(f"/api/decode/{sids[0]}/rebuild").status_code == 200
+    assert b.post("/api/decode/sessions", json={"prompt": "The cat", "model": "builtin"}).status_code == 200
+
+
+# --- 10. headers, hosts and origins ---------------------------------------------------------------------------
+
+def test_10_security_headers_and_no_inline_script(client):
+    for path in ("/", "/decode", "/prefix", "/paged", "/train"):
+        r = client.get(path)
+        assert r.status_code == 200
+        csp = r.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "unsafe-inline" not in csp.split("script-src")[1].split(";")[0]
+        assert "frame-ancestors 'none'" in csp
+        assert r.headers["x-content-type-options"] == "nosniff"
+        assert r.headers["referrer-policy"] == "same-origin"
+        inline = [m for m in re.findall(r"<script([^>]*)>", r.text) if "src=" not in m and "application/json" not in m]
+        assert inline == [], path
+        assert not re.search(r"\son[a-z]+=\"", r.text) and "hx-on" not in r.text, path
+
+
+def test_10_foreign_hosts_and_origins_are_refused(client):
+    assert client.get("/healthz", headers={"host": "evil.example"}).status_code == 400
+    assert client.get("/healthz", headers={"host": "localhost:8000"}).status_code == 200
+    r = client.post("/api/prefix/reset", headers={"origin": "http://evil.example"})
+    assert r.status_code == 403
+    assert client.post("/api/prefix/reset", headers={"origin": "null"}).status_code == 403
+    assert client.post("/api/prefix/reset", headers={"origin": "http://testserver"}).status_code == 200
+    assert client.post("/api/prefix/reset").status_code == 200  # no Origin: not a browser acting for someone
+    assert client.get("/api/prefix/state", headers={"origin": "http://evil.example"}).status_code == 200
+
+
+def test_10_classroom_mode_accepts_the_teachers_address_not_names():
+    from app.web.security import HostAndOrigin, allowed_hosts
+
+    mw = HostAndOrigin(None, allowed_hosts("0.0.0.0"), any_ip=True)
+    assert mw._host_ok("192.168.1.20") and mw._host_ok("localhost") and not mw._host_ok("rebind.evil.example")
+
+
+# --- 11. admission control: short work first, a bounded queue ----------------------------------------------------
+
+def _queue(gate: ModelGate, kind: str, order: list[str], owner: str = "") -> threading.Thread:
+    def run():
+        current_owner.set(owner)
+        with gate.use(kind):
+            order.append(kind)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def _wait_for_waiters(gate: ModelGate, n: int) -> None:
+    import time
+
+    for _ in range(2000):
+        if gate.waiting() >= n:
+            return
+        time.sleep(0.005)
+    raise AssertionError("waiters did not queue")
+
+
+class _Holder:
+    """Another thread holds the gate until ``release``."""
+
+    def __init__(self, gate: ModelGate) -> None:
+        self.held, self.done = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(gate,))
+        self.thread.start()
+        self.held.wait(10)
+
+    def _run(self, gate: ModelGate) -> None:
+        with gate:
+            self.held.set()
+            self.done.wait(60)
+
+    def release(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def test_11_a_short_step_overtakes_queued_captures():
+    gate = ModelGate(max_waiting=10, per_owner=10)
+    order: list[str] = []
+    holder = _Holder(gate)
+    threads = [_queue(gate, LONG, order)]
+    _wait_for_waiters(gate, 1)
+    threads.append(_queue(gate, LONG, order))
+    _wait_for_waiters(gate, 2)
+    threads.append(_queue(gate, SHORT, order))
+    _wait_for_waiters(gate, 3)
+    holder.release()
+    for t in threads:
+        t.join()
+    assert order == [SHORT, LONG, LONG]
+
+
+def test_11_the_queue_is_bounded_per_server_and_per_browser():
+    gate = ModelGate(max_waiting=2, per_owner=1)
+    holder = _Holder(gate)
+    threads = [_queue(gate, LONG, [], owner="a")]
+    _wait_for_waiters(gate, 1)
+    token = current_owner.set("a")
+    try:
+        with pytest.raises(Throttled) as one:
+            gate.acquire(LONG)
+    finally:
+        current_owner.reset(token)
+    assert one.value.status == 429 and one.value.retry_after >= 1
+    threads.append(_queue(gate, LONG, [], owner="b"))
+    _wait_for_waiters(gate, 2)
+    with pytest.raises(Busy) as full:
+        gate.acquire(SHORT)
+    assert full.value.status == 503 and full.value.retry_after >= 1
+    holder.release()
+    for t in threads:
+        t.join()
+
+
+def test_11_busy_reaches_the_client_with_retry_after(client, state):
+    state.model_lock.max_waiting = 0
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        with state.model_lock:
+            held.set()
+            done.wait(60)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        held.wait(10)
+        r = client.get("/api/trace", params={"prompt": "busy now?", "model": "builtin"})
+        assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1 and "busy" in r.json()["detail"]
+    finally:
+        done.set()
+        t.join()
+
+
+def test_expired_and_foreign_ids_look_the_same(state):
+    sid = start_session(state, model="builtin", prompt="The cat", sampling=Sampling(), owner="alice").id
+    with pytest.raises(Expired) as foreign:
+        state.sessions.get(sid, "bob")
+    with pytest.raises(Expired) as unknown:
+        state.sessions.get("no-such-session", "bob")
+    assert foreign.value.message == unknown.value.message
