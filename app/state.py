@@ -42,7 +42,7 @@ class AppState:
 
     def model(self, name: str | None) -> LoadedModel:
         if name and name not in self.registry.models:
-            raise BadInput(f"Unknown model {name!r}; this server runs: {', '.join(self.registry.names)}.")
+            raise BadInput("err.model.unknown", name=repr(name), models=", ".join(self.registry.names))
         return self.registry.get(name)
 
     def _key(self, model: str, ids: list[int] | tuple[int, ...]) -> str:
@@ -65,7 +65,7 @@ class AppState:
 
     def trace_by_key(self, key: str) -> tuple[LoadedModel, Trace]:
         if key not in self.trace_index:
-            raise Expired("This view has expired on the server: submit the prompt again.")
+            raise Expired("err.trace.expired")
         name, ids = self.trace_index[key]
         lm = self.registry.get(name)
         return lm, self.traces.get_or_compute(key, lambda: self._compute(lm, list(ids)))

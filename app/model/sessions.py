@@ -31,10 +31,9 @@ class SessionStore:
         with self._lock:
             self._purge_expired()
             if len(self._live) >= self.max_sessions:
-                raise Busy(f"The server is busy: {len(self._live)} decode sessions are running (the limit). "
-                           "Try again in a minute.")
+                raise Busy("err.sessions.too_many", n=len(self._live))
             if self._bytes() >= self.max_bytes:
-                raise Busy("The server is busy: decode sessions use all the cache memory allowed. Try again soon.")
+                raise Busy("err.sessions.memory")
             session = DecodeSession(id=secrets.token_urlsafe(9), lm=lm, prompt_ids=list(prompt_ids),
                                     sampling=sampling, max_steps=self.max_steps)
             self._live[session.id] = session
@@ -46,9 +45,8 @@ class SessionStore:
             session = self._live.get(sid)
             if session is None:
                 if sid in self._tombstones:
-                    raise Expired("This decode session has ended or expired and its KV cache was released. "
-                                  "Rebuild it from its tokens to continue.")
-                raise Expired("This decode session does not exist (the server may have restarted). Start again.")
+                    raise Expired("err.session.ended")
+                raise Expired("err.session.unknown")
             session.last_used = time.monotonic()
             return session
 
@@ -59,7 +57,7 @@ class SessionStore:
         """Refuse to grow past the byte cap: the caller stops before the next step."""
         with self._lock:
             if self._bytes() > self.max_bytes:
-                raise Busy("Decode sessions use all the cache memory allowed; stop or reset a session to go on.")
+                raise Busy("err.sessions.budget")
 
     def delete(self, sid: str) -> bool:
         with self._lock:

@@ -22,7 +22,7 @@ def rebuild_session(state: AppState, old_id: str) -> DecodeSession:
     """A new session whose prompt is every token of an ended one: one prefill rebuilds its cache."""
     stone = state.sessions.tombstone(old_id)
     if stone is None:
-        raise Expired("Nothing is known about that session any more: start again from a prompt.")
+        raise Expired("err.session.forgotten")
     lm = state.model(stone["model"])
     ids = stone["ids"][: lm.max_positions - 1]
     session = state.sessions.create(lm, ids, Sampling(**stone["sampling"]))
@@ -34,9 +34,7 @@ def rebuild_session(state: AppState, old_id: str) -> DecodeSession:
 def step_session(state: AppState, sid: str) -> tuple[DecodeSession, Step]:
     session = state.sessions.get(sid)
     if session.done:
-        raise BadInput(
-            f"This session has reached its limit ({session.max_steps} steps or {session.lm.max_positions} positions)."
-        )
+        raise BadInput("err.session.limit", steps=session.max_steps, positions=session.lm.max_positions)
     state.sessions.check_budget(session)
     with state.model_lock:
         step = session.step()
@@ -46,6 +44,6 @@ def step_session(state: AppState, sid: str) -> tuple[DecodeSession, Step]:
 def verify_step(state: AppState, sid: str, index: int) -> dict:
     session = state.sessions.get(sid)
     if not 0 <= index < len(session.steps):
-        raise BadInput(f"Step {index} does not exist: this session has steps 0 to {len(session.steps) - 1}.")
+        raise BadInput("err.session.step_range", index=index, last=len(session.steps) - 1)
     with state.model_lock:
         return session.verify(index)

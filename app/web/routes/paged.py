@@ -20,7 +20,7 @@ from app.state import AppState
 from app.viz.models import model_card
 from app.viz.paged import bench_view, engine_view
 from app.web.deps import StateDep
-from app.web.render import render
+from app.web.render import render, request_lang
 
 router = APIRouter()
 
@@ -46,18 +46,19 @@ def _sessions(state: AppState) -> PagedSessions:
     return state.extras.setdefault("paged", PagedSessions(MAX_SESSIONS))
 
 
-def _act(state: AppState, sid: str, action: Callable[[PagedEngine], object]) -> dict:
-    """Run one action on a pool and read its view back, both under the lock, so concurrent clicks can't interleave."""
+def _act(request: Request, state: AppState, sid: str, action: Callable[[PagedEngine], object]) -> dict:
+    """Run one action on a pool and read its view back, both under the lock, so concurrent clicks can't interleave.
+    The view's sentences (events, stall, statuses) are in the request's language."""
     engine = _sessions(state).get(sid)
     with engine.lock:
         action(engine)
-        return engine_view(engine, sid)
+        return engine_view(engine, sid, request_lang(request))
 
 
 def _prompt_ids(lm, prompt: str | None) -> list[int]:
     ids = encode_prompt(lm, prompt, max_chars=MAX_PROMPT_CHARS, reserve=MAX_BENCH_STEPS + 8)
     if len(ids) > MAX_PROMPT_TOKENS:
-        raise BadInput(f"This lab takes prompts of up to {MAX_PROMPT_TOKENS} tokens; this one has {len(ids)}.")
+        raise BadInput("err.paged.prompt_tokens", limit=MAX_PROMPT_TOKENS, n=len(ids))
     return ids
 
 
@@ -68,60 +69,62 @@ def read_paged_page(request: Request, state: StateDep, model: str | None = None)
 
 
 @router.post("/api/paged/sessions", tags=["paged"])
-def create_pool(state: StateDep, body: NewPool) -> dict:
+def create_pool(request: Request, state: StateDep, body: NewPool) -> dict:
     """A new block pool of ``num_blocks`` blocks of ``block_size`` tokens for the chosen model."""
     lm = state.model(body.model)
     engine = PagedEngine(lm, num_blocks=body.num_blocks, block_size=body.block_size, lock=state.model_lock)
-    return _act(state, _sessions(state).create(engine), lambda engine: None)
+    return _act(request, state, _sessions(state).create(engine), lambda engine: None)
 
 
 @router.get("/api/paged/sessions/{sid}", tags=["paged"])
-def read_pool(state: StateDep, sid: str) -> dict:
-    return _act(state, sid, lambda engine: None)
+def read_pool(request: Request, state: StateDep, sid: str) -> dict:
+    return _act(request, state, sid, lambda engine: None)
 
 
 @router.post("/api/paged/sessions/{sid}/sequences", tags=["paged"])
-def add_sequence(state: StateDep, sid: str, body: NewSequence) -> dict:
+def add_sequence(request: Request, state: StateDep, sid: str, body: NewSequence) -> dict:
     """A new request: it is prefilled into the pool if its blocks fit, otherwise it waits."""
-    return _act(state, sid, lambda engine: engine.add(_prompt_ids(engine.lm, body.prompt), body.max_new))
+    return _act(request, state, sid, lambda engine: engine.add(_prompt_ids(engine.lm, body.prompt), body.max_new))
 
 
 @router.post("/api/paged/sessions/{sid}/step", tags=["paged"])
-def step_pool(state: StateDep, sid: str) -> dict:
+def step_pool(request: Request, state: StateDep, sid: str) -> dict:
     """One decode step: one greedy token per running sequence, then admit waiting sequences that fit."""
-    return _act(state, sid, PagedEngine.step)
+    return _act(request, state, sid, PagedEngine.step)
 
 
 @router.post("/api/paged/sessions/{sid}/wait", tags=["paged"])
-def choose_wait(state: StateDep, sid: str) -> dict:
+def choose_wait(request: Request, state: StateDep, sid: str) -> dict:
     """Pool exhausted, choice 1: wait (nothing is freed; blocked sequences retry at the next step)."""
-    return _act(state, sid, PagedEngine.wait)
+    return _act(request, state, sid, PagedEngine.wait)
 
 
 @router.post("/api/paged/sessions/{sid}/sequences/{seq_id}/{action}", tags=["paged"])
 def act_on_sequence(
-    state: StateDep, sid: str, seq_id: int, action: Literal["fork", "finish", "cancel", "preempt"]
+    request: Request, state: StateDep, sid: str, seq_id: int, action: Literal["fork", "finish", "cancel", "preempt"]
 ) -> dict:
     """fork (share its blocks, branch on a runner-up token), finish, cancel, or preempt (free now, recompute later)."""
-    return _act(state, sid, lambda engine: getattr(engine, action)(seq_id))
+    return _act(request, state, sid, lambda engine: getattr(engine, action)(seq_id))
 
 
-def _bench(state: AppState, prompt: str | None, model: str | None, steps: int, block_size: int, window: int) -> dict:
+def _bench(request: Request, state: AppState, prompt: str | None, model: str | None, steps: int, block_size: int,
+           window: int) -> dict:
     lm = state.model(model)
     if block_size not in BLOCK_SIZES:
-        raise BadInput(f"Block size must be one of {', '.join(map(str, BLOCK_SIZES))}; got {block_size}.")
+        raise BadInput("err.block_size", sizes=", ".join(map(str, BLOCK_SIZES)))
     ids = _prompt_ids(lm, prompt)
     return bench_view(lm, run_bench(lm, ids, steps=steps, block_size=block_size, window=window,
-                                    lock=state.model_lock))
+                                    lock=state.model_lock), request_lang(request))
 
 
 @router.get("/api/paged/bench", tags=["paged"])
 def read_bench(
-    state: StateDep, prompt: str, model: str | None = None, steps: int = Query(16, ge=1, le=MAX_BENCH_STEPS),
+    request: Request, state: StateDep, prompt: str, model: str | None = None,
+    steps: int = Query(16, ge=1, le=MAX_BENCH_STEPS),
     block_size: int = 4, window: int = Query(8, ge=1, le=512),
 ) -> dict:
     """Verification bench: full recompute vs contiguous vs paged vs quantized vs window, step by step."""
-    return _bench(state, prompt, model, steps, block_size, window)
+    return _bench(request, state, prompt, model, steps, block_size, window)
 
 
 @router.get("/paged/bench", include_in_schema=False)
@@ -130,5 +133,5 @@ def read_bench_fragment(
     steps: int = Query(16, ge=1, le=MAX_BENCH_STEPS), block_size: int = 4,
     window: int = Query(8, ge=1, le=512),
 ):
-    bench = _bench(state, prompt, model, steps, block_size, window)
+    bench = _bench(request, state, prompt, model, steps, block_size, window)
     return render(request, "partials/_paged_bench.html", bench=bench, page="paged")
