@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 SUDO    := $(shell [ "$$(id -u)" = "0" ] || echo sudo)
 
-.PHONY: serve test lint bench venv deps test-deps chromium
+.PHONY: serve test lint bench venv deps test-deps chromium lighthouse-deps lighthouse
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,3 +36,11 @@ lint: test-deps
 bench: test-deps
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python bench/run_all.py
+
+## Lighthouse for bench/lighthouse.py: npm's lighthouse 12.2.3 (13 wants Node 22) under bench/out/node, never committed.
+lighthouse-deps: chromium
+	@test -x bench/out/node/node_modules/.bin/lighthouse || \
+	  { mkdir -p bench/out/node && cd bench/out/node && npm i -E --no-audit --no-fund lighthouse@12.2.3; }
+
+lighthouse: test-deps lighthouse-deps
+	$(BIN)/python bench/lighthouse.py

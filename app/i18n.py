@@ -43,9 +43,28 @@ def html_lang(lang: str) -> str:
     return HTML_LANG.get(lang, lang)
 
 
+class Term(str):
+    """A parameter that is itself a catalog key (a status such as ``status.running``): translated when filled in."""
+
+
+def _value(value: object, lang: str) -> object:
+    if isinstance(value, Term):
+        return translate(str(value), lang)
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(_value(v, lang)) for v in value)
+    return value
+
+
 def translate(key: str, lang: str = DEFAULT_LANG, **values: object) -> str:
+    """The catalog text of ``key`` in ``lang`` (English, then the key itself, when missing), placeholders filled.
+
+    Lists are joined with ", "; ``Term`` values are translated first. When ``n`` is 1 and the catalog has
+    ``<key>.one`` ("1 token" next to "{n} tokens"), that form is used.
+    """
+    if values.get("n") == 1 and f"{key}.one" in catalog(lang):
+        key = f"{key}.one"
     text = catalog(lang).get(key) or catalog(DEFAULT_LANG).get(key) or key
-    return text.format(**values) if values else text
+    return text.format(**{k: _value(v, lang) for k, v in values.items()}) if values else text
 
 
 def translator(lang: str = DEFAULT_LANG) -> Callable[..., str]:

@@ -97,7 +97,7 @@ class AppState:
     # --- models and traces ----------------------------------------------------------------------------
     def model(self, name: str | None) -> LoadedModel:
         if name and name not in self.registry.models:
-            raise BadInput(f"Unknown model {name!r}; this server runs: {', '.join(self.registry.names)}.")
+            raise BadInput("err.model.unknown", name=repr(name), models=", ".join(self.registry.names))
         return self.registry.get(name)
 
     def _key(self, lm: LoadedModel, ids: list[int] | tuple[int, ...]) -> str:
@@ -121,7 +121,7 @@ class AppState:
 
     def trace_by_key(self, key: str) -> tuple[LoadedModel, Trace]:
         if key not in self.trace_index:
-            raise Expired("This view has expired on the server: submit the prompt again.")
+            raise Expired("err.trace.expired")
         name, ids, ref = self.trace_index[key]
         lm = self.registry.models.get(name)
         if lm is None or ref() is not lm:  # the model this view was made with is no longer served

@@ -6,12 +6,6 @@
   let S = null; // {id, last, steps: [], times: []}
   let running = false;
 
-  function el(tag, text, cls) {
-    const e = document.createElement(tag);
-    if (text !== undefined && text !== null) e.textContent = String(text);
-    if (cls) e.className = cls;
-    return e;
-  }
   function setBusy(busy) {
     $("prefill").disabled = busy;
     $("step").disabled = busy || !S || S.last.done;
@@ -21,27 +15,13 @@
   }
   function status(text) { $("status").textContent = text || ""; }
 
-  async function post(url, body) {
-    const r = await fetch(url, {
-      method: "POST", headers: { "Content-Type": "application/json" },
-      body: body ? JSON.stringify(body) : undefined,
-    });
-    let data = null;
-    try { data = await r.json(); } catch (e) { data = null; }
-    if (!r.ok) {
-      const msg = (data && data.detail) || kv.t("js.error.request_failed", { status: r.status });
-      kv.showError(msg);
-      const err = new Error(msg); err.status = r.status; throw err;
-    }
-    return data;
-  }
-
   async function prefill() {
-    document.getElementById("error").textContent = "";
+    kv.plotly();  // start loading the charts' library while the server runs the prefill
+    kv.clearError();
     await release();
     setBusy(true); status(kv.t("js.decode.prefilling"));
     try {
-      const v = await post("/api/decode/sessions", {
+      const v = await kv.postJSON("/api/decode/sessions", {
         prompt: $("prompt").value, model: $("model").value, mode: $("mode").value,
         temperature: +$("temperature").value, top_k: +$("top_k").value, top_p: +$("top_p").value, seed: +$("seed").value,
       });
@@ -56,7 +36,7 @@
   async function step() {
     if (!S) return null;
     try {
-      const v = await post(`/api/decode/${S.id}/step`);
+      const v = await kv.postJSON(`/api/decode/${S.id}/step`);
       S.last = v;
       show(v);
       return v;
@@ -93,11 +73,11 @@
 
   function offerRebuild() {
     const area = $("error");
-    const b = el("button", kv.t("js.decode.rebuild"), "secondary");
+    const b = kv.el("button", { class: "secondary", type: "button" }, kv.t("js.decode.rebuild"));
     const old = S.id;
     b.addEventListener("click", async () => {
       try {
-        const v = await post(`/api/decode/${old}/rebuild`);
+        const v = await kv.postJSON(`/api/decode/${old}/rebuild`);
         S = { id: v.session, last: v, steps: [], rows: [] };
         $("equiv").querySelector("tbody").textContent = "";
         area.textContent = "";
@@ -110,19 +90,20 @@
   function fillSelects(v) {
     for (const id of ["attn-layer", "cache-layer"]) {
       const s = $(id); s.textContent = "";
-      for (let i = 0; i < v.attention.layers; i++) s.appendChild(Object.assign(el("option", i), { value: i }));
+      for (let i = 0; i < v.attention.layers; i++) s.appendChild(Object.assign(kv.el("option", null, i), { value: i }));
     }
+    // The cache holds n_kv_head heads (fewer than the query heads under grouped-query attention).
     const h = $("cache-head"); h.textContent = "";
-    for (let i = 0; i < v.formula.kv_heads; i++) h.appendChild(Object.assign(el("option", i), { value: i }));
+    for (let i = 0; i < v.attention.kv_heads; i++) h.appendChild(Object.assign(kv.el("option", null, i), { value: i }));
   }
 
   function show(v) {
     $("len-badge").textContent = kv.t("js.decode.len_badge", { n: v.tokens.length, cache: v.cache_len });
     const seq = $("seq"); seq.textContent = "";
     v.tokens.forEach((t, i) => {
-      const li = el("li", null, "tok " + (i < v.prompt_len ? "prompt" : "gen") + (i === v.tokens.length - 1 ? " pending" : ""));
-      li.appendChild(el("span", t, "tok-text"));
-      li.appendChild(el("span", i, "tok-pos"));
+      const li = kv.el("li", { class: "tok " + (i < v.prompt_len ? "prompt" : "gen") + (i === v.tokens.length - 1 ? " pending" : "") });
+      li.appendChild(kv.el("span", { class: "tok-text" }, t));
+      li.appendChild(kv.el("span", { class: "tok-pos" }, i));
       seq.appendChild(li);
     });
     const L = v.layers_computed;
@@ -140,15 +121,15 @@
       ["attn_shape", `(${v.attention.shape.join(", ")})`], ["logits", kv.t("js.decode.fact.logits_value", { n: v.fed.length })],
       ["ms", `${kv.fmt(v.ms, 1)} ms`],
     ]) {
-      const tr = el("tr"); tr.appendChild(el("th", kv.t("js.decode.fact." + k), "l")); tr.appendChild(el("td", val, "l mono"));
+      const tr = kv.el("tr", null); tr.appendChild(kv.el("th", { class: "l" }, kv.t("js.decode.fact." + k))); tr.appendChild(kv.el("td", { class: "l mono" }, val));
       facts.appendChild(tr);
     }
     const tb = $("topk").querySelector("tbody"); tb.textContent = "";
     for (const t of v.top) {
-      const tr = el("tr", null, t.chosen ? "pick" : "");
-      tr.appendChild(el("td", t.rank)); tr.appendChild(el("td", t.shown, "l mono")); tr.appendChild(el("td", t.id));
-      tr.appendChild(el("td", kv.fmt(t.prob))); tr.appendChild(el("td", kv.fmt(t.sample_prob)));
-      tr.appendChild(el("td", t.chosen ? kv.t("js.decode.chosen") : "", "l"));
+      const tr = kv.el("tr", { class: t.chosen ? "pick" : "" });
+      tr.appendChild(kv.el("td", null, t.rank)); tr.appendChild(kv.el("td", { class: "l mono" }, t.shown)); tr.appendChild(kv.el("td", null, t.id));
+      tr.appendChild(kv.el("td", null, kv.fmt(t.prob))); tr.appendChild(kv.el("td", null, kv.fmt(t.sample_prob)));
+      tr.appendChild(kv.el("td", { class: "l" }, t.chosen ? kv.t("js.decode.chosen") : ""));
       tb.appendChild(tr);
     }
     $("cache-bytes").textContent = kv.t("js.decode.bytes", { n: v.cache_bytes.toLocaleString() });
@@ -158,9 +139,9 @@
       text: product + " = " + kv.t("js.decode.bytes", { n: f.total.toLocaleString() }) });
     const cs = $("cache-shapes").querySelector("tbody"); cs.textContent = "";
     for (const c of v.cache_shapes) {
-      const tr = el("tr");
-      tr.appendChild(el("td", c.layer, "l")); tr.appendChild(el("td", `(${c.k.join(", ")})`, "l mono"));
-      tr.appendChild(el("td", `(${c.v.join(", ")})`, "l mono")); tr.appendChild(el("td", c.bytes.toLocaleString()));
+      const tr = kv.el("tr", null);
+      tr.appendChild(kv.el("td", { class: "l" }, c.layer)); tr.appendChild(kv.el("td", { class: "l mono" }, `(${c.k.join(", ")})`));
+      tr.appendChild(kv.el("td", { class: "l mono" }, `(${c.v.join(", ")})`)); tr.appendChild(kv.el("td", null, c.bytes.toLocaleString()));
       cs.appendChild(tr);
     }
     drawAttention(v);
@@ -170,7 +151,8 @@
     document.body.dataset.decodeStep = String(v.index);
   }
 
-  function drawAttention(v) {
+  async function drawAttention(v) {
+    await kv.plotly();
     const L = v.attention.layers, H = v.attention.heads, T = v.cache_len;
     const data = kv.b64ToF32(v.attention.data);
     const layer = +$("attn-layer").value || 0;
@@ -187,7 +169,7 @@
       margin: { l: 60, r: 10, t: 10, b: 50 }, font: kv.plotFont,
       xaxis: { title: { text: kv.t("js.decode.axis_position_key") } },
       yaxis: { title: { text: kv.t("js.decode.axis_head") }, autorange: "reversed", dtick: 1 },
-    }, { responsive: true, displaylogo: false });
+    }, kv.PLOT_CONFIG);
   }
 
   async function drawCacheRows() {
@@ -196,6 +178,7 @@
     const which = $("cache-kv").value === "v" ? "v" : "k";
     let c;
     try { c = await kv.getJSON(`/api/decode/${S.id}/cache/${layer}/${head}?last=24`); } catch (e) { return; }
+    await kv.plotly();
     const k = kv.b64ToF32(c[which]), n = c.total - c.start, d = c.head_dim;
     const name = which.toUpperCase();
     const z = [];
@@ -212,19 +195,22 @@
       xaxis: { title: { text: kv.t("js.decode.axis_head_dim") } },
       yaxis: { title: { text: kv.t("js.decode.axis_position") }, autorange: "reversed" },
       shapes: [{ type: "rect", xref: "paper", x0: 0, x1: 1, y0: c.total - 1.5, y1: c.total - 0.5, line: { color: "#e39b00", width: 3 } }],
-    }, { responsive: true, displaylogo: false });
+    }, kv.PLOT_CONFIG);
   }
 
   async function addEquivRow(v) {
-    const tr = el("tr");
+    const tr = kv.el("tr", null);
     tr.dataset.step = v.index;
     const fed = v.fed.length > 3 ? kv.t("js.decode.prompt_tokens", { n: v.fed.length }) : v.fed.map((f) => f.shown).join(" ");
     for (const [val, cls] of [[v.index], [fed, "l mono"], [`(${v.input_shape.join(", ")})`], [v.cache_len],
       [v.chosen.shown, "l mono"], [kv.fmt(v.chosen.prob)], ["…", "diff"], ["…", "same"], [kv.fmt(v.ms, 1)], ["…", "full"]]) {
-      tr.appendChild(el("td", val, cls));
+      tr.appendChild(kv.el("td", { class: cls }, val));
     }
+    // Keep the newest row in view inside the table's own box; the page itself never scrolls (Stop stays put).
+    const box = $("equiv-scroll");
+    const atEnd = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
     $("equiv").querySelector("tbody").appendChild(tr);
-    tr.scrollIntoView({ block: "nearest" });
+    if (atEnd) box.scrollTop = box.scrollHeight;
     let r;
     try { r = await kv.getJSON(`/api/decode/${S.id}/verify/${v.index}`); } catch (e) { return; }
     tr.querySelector(".diff").textContent = r.max_abs_diff.toExponential(2);
@@ -242,7 +228,8 @@
     drawTimes();
   }
 
-  function drawCost(v) {
+  async function drawCost(v) {
+    await kv.plotly();
     const w = v.work, x = [...Array(w.tokens_cached.length).keys()];
     const lay = (yt) => ({ margin: { l: 80, r: 10, t: 10, b: 50 }, font: kv.plotFont,
       xaxis: { title: { text: kv.t("js.decode.axis_generated") }, dtick: x.length < 12 ? 1 : undefined },
@@ -250,28 +237,38 @@
     Plotly.react("cost-tokens", [
       { x, y: w.tokens_recompute, name: kv.t("js.decode.series_tokens_full"), mode: "lines+markers" },
       { x, y: w.tokens_cached, name: kv.t("js.decode.series_tokens_cached"), mode: "lines+markers" },
-    ], lay(kv.t("js.decode.axis_tokens")), { responsive: true, displaylogo: false });
+    ], lay(kv.t("js.decode.axis_tokens")), kv.PLOT_CONFIG);
     Plotly.react("cost-pairs", [
       { x, y: w.pairs_recompute, name: kv.t("js.decode.series_pairs_full"), mode: "lines+markers" },
       { x, y: w.pairs_cached, name: kv.t("js.decode.series_pairs_cached"), mode: "lines+markers" },
-    ], lay(kv.t("js.decode.axis_pairs")), { responsive: true, displaylogo: false });
+    ], lay(kv.t("js.decode.axis_pairs")), kv.PLOT_CONFIG);
   }
 
-  function drawTimes() {
+  async function drawTimes() {
+    await kv.plotly();
     const x = S.steps.map((s) => s.index);
     Plotly.react("cost-time", [
       { x, y: S.steps.map((s) => s.recompute_ms), name: kv.t("js.decode.series_time_full"), mode: "lines+markers" },
       { x, y: S.steps.map((s) => s.cached_ms), name: kv.t("js.decode.series_time_cached"), mode: "lines+markers" },
     ], { margin: { l: 80, r: 10, t: 10, b: 50 }, font: kv.plotFont, legend: { orientation: "h", y: 1.12 },
       xaxis: { title: { text: kv.t("js.decode.axis_step") } }, yaxis: { title: { text: kv.t("js.decode.axis_ms") } } },
-    { responsive: true, displaylogo: false });
+    kv.PLOT_CONFIG);
+  }
+
+  /* Temperature, top-k, top-p and the seed only matter when sampling: greedy mode turns them off. */
+  function syncMode() {
+    const greedy = $("mode").value === "greedy";
+    for (const id of ["temperature", "top_k", "top_p", "seed"]) $(id).disabled = greedy;
   }
 
   document.addEventListener("DOMContentLoaded", () => {
+    syncMode();
+    $("mode").addEventListener("change", syncMode);
     $("prefill").addEventListener("click", prefill);
     $("step").addEventListener("click", async () => { setBusy(true); await step(); setBusy(false); });
     $("run").addEventListener("click", run);
-    $("stop").addEventListener("click", () => { running = false; setBusy(false); });
+    // Stop: no new step starts; the one in flight finishes, then run() re-enables the buttons.
+    $("stop").addEventListener("click", () => { running = false; $("stop").disabled = true; });
     $("reset").addEventListener("click", reset);
     $("attn-layer").addEventListener("change", () => S && drawAttention(S.last));
     $("cache-layer").addEventListener("change", drawCacheRows);

@@ -15,8 +15,13 @@
     S = {
       key: root.dataset.key, T: +root.dataset.tokens, L: +root.dataset.layers, H: +root.dataset.heads,
       layer: +root.dataset.layer, head: +root.dataset.head, q: +root.dataset.q, kind: root.dataset.kind,
-      labels: labels(), matrix: null,
+      KV: +root.dataset.kvHeads || +root.dataset.heads, labels: labels(), matrix: null, grid: null,
+      scale: new URL(window.location.href).searchParams.get("scale") || "sqrt",
     };
+    const scale = document.getElementById("sel-scale");
+    if (!kv.SCALES[S.scale]) S.scale = "sqrt";
+    scale.value = S.scale;
+    scale.addEventListener("change", (e) => { S.scale = e.target.value; syncUrl(); paintGrid(); drawHead(); });
     document.querySelectorAll("#token-strip .tok").forEach((el) => {
       el.addEventListener("click", () => select({ q: +el.dataset.pos }));
       el.addEventListener("keydown", (e) => { if (e.key === "Enter") select({ q: +el.dataset.pos }); });
@@ -36,6 +41,7 @@
     u.searchParams.set("head", S.head);
     u.searchParams.set("q", S.q);
     u.searchParams.set("kind", S.kind);
+    u.searchParams.set("scale", S.scale);
     window.history.replaceState(null, "", u.toString());
   }
 
@@ -58,39 +64,60 @@
     document.querySelectorAll("#token-strip .tok").forEach((el) => el.classList.toggle("sel", +el.dataset.pos === S.q));
   }
 
+  /* Query head h reads KV head h // (n_head / n_kv_head): heads sharing one KV head form a group (GPT-2: groups of one). */
+  const kvGroup = (h) => Math.floor(h / (S.H / S.KV));
+  const GROUP_COLOURS = ["#1f5fbf", "#d08a00", "#1c8a4a", "#a4001d", "#6a3fb5", "#008b8b", "#8a4b00", "#c2185b"];
+
   async function drawGrid() {
     const g = await kv.getJSON(`/api/traces/${S.key}/grid`);
-    const bytes = kv.b64ToBytes(g.data);
+    S.grid = g;
+    S.grid.bytes = kv.b64ToBytes(g.data);
     const box = document.getElementById("head-grid");
     box.textContent = "";
-    const n = g.side * g.side;
-    const label = (text) => { const d = document.createElement("div"); d.className = "lbl"; d.textContent = text; return d; };
+    const label = (text, cls) => kv.el("div", { class: "lbl" + (cls ? " " + cls : "") }, text);
+    const grouped = S.KV < S.H;
     box.appendChild(label(""));
-    for (let h = 0; h < g.n_head; h++) box.appendChild(label("h" + h));
+    for (let h = 0; h < g.n_head; h++) {
+      const d = label(grouped ? `h${h}·kv${kvGroup(h)}` : "h" + h, "group");
+      d.style.borderBottomColor = GROUP_COLOURS[kvGroup(h) % GROUP_COLOURS.length];
+      d.title = kv.t("js.inspect.kv_group", { head: h, kv: kvGroup(h) });
+      box.appendChild(d);
+    }
     for (let l = 0; l < g.n_layer; l++) {
       box.appendChild(label("L" + l));
       for (let h = 0; h < g.n_head; h++) {
-        const c = document.createElement("canvas");
-        c.width = g.side; c.height = g.side;
-        c.dataset.layer = l; c.dataset.head = h;
-        c.title = kv.t("js.inspect.grid_cell", { layer: l, head: h });
-        const ctx = c.getContext("2d");
-        const img = ctx.createImageData(g.side, g.side);
-        const off = (l * g.n_head + h) * n;
-        for (let i = 0; i < n; i++) {
-          const v = bytes[off + i];
-          img.data[4 * i] = 255 - Math.round(v * 0.85);
-          img.data[4 * i + 1] = 255 - Math.round(v * 0.62);
-          img.data[4 * i + 2] = 255 - Math.round(v * 0.25);
-          img.data[4 * i + 3] = 255;
-        }
-        ctx.putImageData(img, 0, 0);
+        const c = kv.el("canvas", { width: g.side, height: g.side, "data-layer": l, "data-head": h,
+          title: kv.t("js.inspect.grid_cell", { layer: l, head: h }) + (grouped ? " · kv " + kvGroup(h) : "") });
         c.addEventListener("click", () => select({ layer: l, head: h }));
         box.appendChild(c);
       }
     }
+    paintGrid();
     markGrid();
     document.body.dataset.gridDrawn = "1";
+  }
+
+  /* The grid's pixels in the chosen colour scale, so the grid and the big map agree. The server sends
+     weight**gamma as uint8; the weight is recovered, then scaled like the heatmap's colours. */
+  function paintGrid() {
+    const g = S.grid;
+    if (!g) return;
+    const n = g.side * g.side, f = kv.SCALES[S.scale].f, lut = new Uint8ClampedArray(256 * 3);
+    for (let v = 0; v < 256; v++) {
+      const [r, gg, b] = kv.weightColour(f(Math.pow(v / 255, 1 / g.gamma)));
+      lut[3 * v] = r; lut[3 * v + 1] = gg; lut[3 * v + 2] = b;
+    }
+    document.querySelectorAll("#head-grid canvas").forEach((c) => {
+      const ctx = c.getContext("2d");
+      const img = ctx.createImageData(g.side, g.side);
+      const off = (+c.dataset.layer * g.n_head + +c.dataset.head) * n;
+      for (let i = 0; i < n; i++) {
+        const v = g.bytes[off + i];
+        img.data[4 * i] = lut[3 * v]; img.data[4 * i + 1] = lut[3 * v + 1]; img.data[4 * i + 2] = lut[3 * v + 2];
+        img.data[4 * i + 3] = 255;
+      }
+      ctx.putImageData(img, 0, 0);
+    });
   }
 
   function markGrid() {
@@ -120,13 +147,20 @@
     if (want !== `${S.layer}/${S.head}/${S.kind}`) return; // a newer selection is on its way
     const z = unpack(m);
     S.matrix = { z, kind: m.kind };
-    await kv.plotlyReady();
+    if (!window.Plotly) {
+      // First paint without Plotly: the same cells on a canvas now, the interactive chart once Plotly has loaded.
+      paintCanvas(m, z);
+      await kv.plotlyWhenUsed();
+      if (want !== `${S.layer}/${S.head}/${S.kind}` || S.matrix.z !== z) return;
+      document.getElementById("heatmap").textContent = "";
+    }
     const idx = [...Array(m.cols).keys()];
     const small = m.cols <= 32; // token labels on the axes only while they fit
     const ticks = small ? { tickvals: idx, ticktext: idx.map((i) => S.labels[i]) } : {};
+    const weights = m.kind === "weights";
     const trace = {
       type: "heatmap", z, x: idx, y: idx.slice(0, m.rows),
-      colorscale: m.kind === "weights" ? kv.WEIGHT_SCALE : "RdBu", reversescale: m.kind !== "weights",
+      colorscale: weights ? kv.weightScale(S.scale) : "RdBu", reversescale: !weights,
       zmin: m.kind === "weights" ? 0 : undefined, zmax: m.kind === "weights" ? 1 : undefined,
       zmid: m.kind === "weights" ? undefined : 0,
       hoverongaps: false,
@@ -134,29 +168,81 @@
       hovertemplate: kv.t("js.inspect.hover_cell", { q: "%{y}", k: "%{x}" }) + "<br>" + title(m.kind) +
         " = %{z:.6f}<extra></extra>",
     };
-    if (m.cols <= 256) { // name the tokens on hover (skipped for long prompts: the payload grows as T²)
-      trace.customdata = z.map((row, i) => row.map((_, j) => [S.labels[i], S.labels[j]]));
-      trace.hovertemplate = kv.t("js.inspect.hover_cell", { q: "%{y} %{customdata[0]}", k: "%{x} %{customdata[1]}" }) +
+    if (m.cols <= 256) { // position and token on hover (skipped for long prompts: the payload grows as T²)
+      const tok = S.labels.map((t, i) => kv.t("js.inspect.pos_token", { pos: i, token: t }));
+      trace.customdata = z.map((row, i) => row.map((_, j) => [tok[i], tok[j]]));
+      trace.hovertemplate = kv.t("js.inspect.hover_cell", { q: "%{customdata[0]}", k: "%{customdata[1]}" }) +
         "<br>" + title(m.kind) + " = %{z:.6f}<extra></extra>";
     }
+    const axis = { zeroline: false, showgrid: false };
     const layout = {
       margin: { l: small ? 90 : 60, r: 10, t: 10, b: small ? 90 : 55 }, font: kv.plotFont,
       plot_bgcolor: kv.MASK_COLOUR, // cells left empty (null) are the masked future
-      xaxis: Object.assign({ title: { text: kv.t("js.inspect.axis_key") }, tickangle: small ? -60 : 0 }, ticks),
-      yaxis: Object.assign({ title: { text: kv.t("js.inspect.axis_query") }, autorange: "reversed" }, ticks),
+      xaxis: Object.assign({ title: { text: kv.t("js.inspect.axis_key") }, tickangle: small ? -60 : 0 }, axis, ticks),
+      yaxis: Object.assign({ title: { text: kv.t("js.inspect.axis_query") }, autorange: "reversed" }, axis, ticks),
+      shapes: marks(m.cols, null),
     };
-    await Plotly.react("heatmap", [trace], layout, { responsive: true, displaylogo: false });
+    S.cols = m.cols;
+    await Plotly.react("heatmap", [trace], layout, kv.PLOT_CONFIG);
     const el = document.getElementById("heatmap");
     el.removeAllListeners && el.removeAllListeners("plotly_click");
+    el.removeAllListeners && el.removeAllListeners("plotly_hover");
+    el.removeAllListeners && el.removeAllListeners("plotly_unhover");
     el.on("plotly_click", (ev) => { if (ev.points && ev.points.length) select({ q: ev.points[0].y }); });
+    el.on("plotly_hover", (ev) => { if (ev.points && ev.points.length) markHeat(ev.points[0].x); });
+    el.on("plotly_unhover", () => markHeat(null));
     document.getElementById("head-label").textContent =
       kv.t("js.inspect.head_label", { layer: S.layer, head: S.head, rows: m.rows, cols: m.cols });
     document.body.dataset.heatmapDrawn = String((+document.body.dataset.heatmapDrawn || 0) + 1);
+    document.body.dataset.heatmapPlotly = String((+document.body.dataset.heatmapPlotly || 0) + 1);
     drawRow();
+  }
+
+  /* The heatmap as a plain canvas, cell colours exactly as Plotly will draw them (weights on the chosen
+     scale, scores on a blue–white–red scale around 0, masked cells in the mask colour). */
+  function paintCanvas(m, z) {
+    const box = document.getElementById("heatmap");
+    const c = kv.el("canvas", { width: m.cols, height: m.rows, class: "heat-canvas",
+      "aria-label": kv.t("js.inspect.head_label", { layer: S.layer, head: S.head, rows: m.rows, cols: m.cols }) });
+    const ctx = c.getContext("2d"), img = ctx.createImageData(m.cols, m.rows);
+    const weights = m.kind === "weights", f = kv.SCALES[S.scale].f, mask = kv.MASK_RGB;
+    let span = 0;
+    if (!weights) for (const row of z) for (const v of row) if (v !== null && isFinite(v)) span = Math.max(span, Math.abs(v));
+    for (let i = 0; i < m.rows; i++) {
+      for (let j = 0; j < m.cols; j++) {
+        const v = z[i][j], o = 4 * (i * m.cols + j);
+        let rgb;
+        if (v === null || !isFinite(v)) rgb = mask;
+        else if (weights) rgb = kv.weightColour(f(v));
+        else { const u = span ? v / span : 0; rgb = u >= 0 ? [255, 255 - 200 * u, 255 - 200 * u] : [255 + 200 * u, 255 + 200 * u, 255]; }
+        img.data[o] = rgb[0]; img.data[o + 1] = rgb[1]; img.data[o + 2] = rgb[2]; img.data[o + 3] = 255;
+      }
+    }
+    ctx.putImageData(img, 0, 0);
+    box.replaceChildren(c);
+    document.getElementById("head-label").textContent =
+      kv.t("js.inspect.head_label", { layer: S.layer, head: S.head, rows: m.rows, cols: m.cols });
+    document.body.dataset.heatmapDrawn = String((+document.body.dataset.heatmapDrawn || 0) + 1);
+  }
+
+  /* The selected query's row framed; the hovered key's column too (both as layout shapes: no redraw of cells). */
+  function marks(cols, key) {
+    const out = [{ type: "rect", xref: "x", yref: "y", x0: -0.5, x1: cols - 0.5, y0: S.q - 0.5, y1: S.q + 0.5,
+      line: { color: "#d08a00", width: 3 }, fillcolor: "rgba(0,0,0,0)" }];
+    if (key !== null && key !== undefined) out.push({ type: "rect", xref: "x", yref: "y", x0: key - 0.5, x1: key + 0.5,
+      y0: -0.5, y1: S.matrix.z.length - 0.5, line: { color: "#6a3fb5", width: 2, dash: "dot" }, fillcolor: "rgba(0,0,0,0)" });
+    return out;
+  }
+  function markHeat(key) {
+    if (!S.matrix || !window.Plotly || !document.getElementById("heatmap").layout || S.hoverKey === key) return;
+    S.hoverKey = key;
+    Plotly.relayout("heatmap", { shapes: marks(S.cols, key) });
   }
 
   function drawRow() {
     if (!S.matrix || !window.Plotly) return; // drawHead draws the row once Plotly has loaded
+    S.hoverKey = undefined;
+    markHeat(null);
     const row = S.matrix.z[S.q] || [];
     const n = S.q + 1; // keys the query may read
     const x = [...Array(n).keys()];
@@ -171,7 +257,7 @@
       xaxis: Object.assign({ title: { text: kv.t("js.inspect.axis_key_short") } },
         small ? { tickvals: x, ticktext: x.map((i) => S.labels[i]), tickangle: -60 } : {}),
       yaxis: { title: { text: title(S.matrix.kind) } },
-    }, { responsive: true, displaylogo: false });
+    }, kv.PLOT_CONFIG);
     document.getElementById("row-label").textContent =
       kv.t("js.inspect.row_label", { q: S.q, token: S.labels[S.q] || "", layer: S.layer, head: S.head });
   }

@@ -3,6 +3,8 @@
   "use strict";
   const kv = (window.kv = window.kv || {});
   let strings = null;
+  /* The page's language ("en", "zh"): every request a page makes carries it, so answers match the page. */
+  kv.lang = (document.documentElement.dataset.lang || "en");
 
   /* A UI string from the server's translation catalog ("js." keys), with {name} placeholders filled. */
   kv.t = function (key, vars) {
@@ -10,6 +12,7 @@
       const el = document.getElementById("i18n-strings");
       strings = el ? JSON.parse(el.textContent) : {};
     }
+    if (vars && +vars.n === 1 && strings[key + ".one"]) key += ".one";  // "1 token" beside "{n} tokens"
     const text = strings[key] || key;
     return vars ? text.replace(/\{(\w+)\}/g, (m, name) => (name in vars ? String(vars[name]) : m)) : text;
   };
@@ -24,16 +27,37 @@
     const bytes = kv.b64ToBytes(b64);
     return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
   };
-  /* Fetch JSON; on an error status, show the server's message in #error and throw. */
-  kv.getJSON = async function (url) {
-    const r = await fetch(url);
-    let body = null;
-    try { body = await r.json(); } catch (e) { body = null; }
-    if (!r.ok) {
-      kv.showError((body && body.detail) || kv.t("js.error.request_failed", { status: r.status }));
-      throw new Error("HTTP " + r.status);
+  /* The one way pages talk to the JSON API. On an error status the server's message (already in the page's
+     language) is shown in #error and the promise rejects with an Error carrying .status; a network failure
+     says so the same way. */
+  kv.request = async function (method, url, body) {
+    let r;
+    try {
+      r = await fetch(url, body === undefined ? { method, headers: { "X-KVScope-Lang": kv.lang } } : {
+        method, headers: { "Content-Type": "application/json", "X-KVScope-Lang": kv.lang }, body: JSON.stringify(body),
+      });
+    } catch (e) {
+      kv.showError(kv.t("js.error.unreachable"));
+      throw Object.assign(new Error("unreachable"), { status: 0 });
     }
-    return body;
+    let data = null;
+    try { data = await r.json(); } catch (e) { data = null; }
+    if (!r.ok) {
+      const msg = (data && data.detail) || kv.t("js.error.request_failed", { status: r.status });
+      kv.showError(msg);
+      throw Object.assign(new Error(msg), { status: r.status });
+    }
+    return data;
+  };
+  kv.getJSON = (url) => kv.request("GET", url);
+  kv.postJSON = (url, body) => kv.request("POST", url, body);
+  kv.clearError = function () { const a = document.getElementById("error"); if (a) a.textContent = ""; };
+  /* Bytes for people: 1,536 → "1.5 KiB" (the same units as the server's |bytes filter). */
+  kv.bytes = function (n) {
+    const units = ["B", "KiB", "MiB", "GiB"];
+    let i = 0;
+    while (Math.abs(n) >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+    return (i === 0 ? n.toFixed(0) : n.toFixed(1)) + " " + units[i];
   };
   kv.showError = function (message) {
     const area = document.getElementById("error");
@@ -53,17 +77,124 @@
     return Number(x).toFixed(d === undefined ? 4 : d);
   };
   kv.plotFont = { size: 15, family: "system-ui, sans-serif" };
-  /* Resolves once Plotly is there. Pages may load its 4.8 MB bundle with async (id="plotly-js"), so
-     data can be fetched and the canvas grid drawn while the browser is still parsing it. */
-  kv.plotlyReady = function () {
-    return new Promise((resolve) => {
-      if (window.Plotly) return resolve(window.Plotly);
-      const tag = document.getElementById("plotly-js");
-      if (!tag) return resolve(window.Plotly);
-      tag.addEventListener("load", () => resolve(window.Plotly), { once: true });
-    });
+  /* One Plotly config for every chart: no mode bar (its tooltips are English only; drag still zooms,
+     a double click resets). */
+  kv.PLOT_CONFIG = { responsive: true, displaylogo: false, displayModeBar: false };
+  /* Plotly (4.8 MB, ~1 s to parse) is loaded only by pages that draw, only when they first need it, and
+     never before the first paint: kv.plotly() adds its script tag once and resolves when it has run. Its
+     URL (versioned, so the browser caches it) is in <meta name="kv-plotly">. */
+  let plotlyLoading = null;
+  kv.plotly = function () {
+    if (window.Plotly) return Promise.resolve(window.Plotly);
+    if (!plotlyLoading) {
+      plotlyLoading = new Promise((resolve, reject) => {
+        const meta = document.querySelector("meta[name=kv-plotly]");
+        const tag = document.createElement("script");
+        tag.src = meta ? meta.content : "/vendor/plotly.min.js";
+        tag.onload = () => resolve(window.Plotly);
+        tag.onerror = () => { plotlyLoading = null; reject(new Error("plotly")); };
+        // After the first paint: two animation frames, so what the server sent is on screen first.
+        requestAnimationFrame(() => requestAnimationFrame(() => document.head.appendChild(tag)));
+      });
+    }
+    return plotlyLoading;
   };
+  /* Plotly once the reader starts using the page (moves the pointer, scrolls, presses a key), or after a few
+     quiet seconds: a page that has already painted its data (Inspect's canvas heatmap) stays responsive
+     while it loads and parses. */
+  let plotlyWanted = null;
+  kv.plotlyWhenUsed = function (quietMs) {
+    if (window.Plotly) return Promise.resolve(window.Plotly);
+    if (!plotlyWanted) {
+      plotlyWanted = new Promise((resolve) => {
+        const events = ["pointermove", "pointerdown", "keydown", "wheel", "touchstart", "scroll"];
+        let timer = null;
+        const go = () => {
+          clearTimeout(timer);
+          events.forEach((e) => window.removeEventListener(e, go, true));
+          resolve(kv.plotly());
+        };
+        events.forEach((e) => window.addEventListener(e, go, { capture: true, passive: true, once: true }));
+        timer = setTimeout(go, quietMs || 8000);
+      });
+    }
+    return plotlyWanted;
+  };
+  /* Page-wide behaviour (no inline handlers: the Content-Security-Policy allows no inline script). */
+  document.addEventListener("click", function (e) {
+    const t = e.target;
+    // The page's address may have changed since it was rendered (htmx push, replaceState): go back to where we are now.
+    const a = t.closest && t.closest("a[data-lang]");
+    if (a) a.href = "/lang/" + a.dataset.lang + "?next=" + encodeURIComponent(location.pathname + location.search);
+    const close = t.closest && t.closest("[data-dismiss]");
+    if (close && close.parentElement) close.parentElement.remove();
+  });
+  document.addEventListener("htmx:configRequest", function (e) { e.detail.headers["X-KVScope-Lang"] = kv.lang; });
+  // Forms driven entirely by a page script never submit themselves: their buttons act.
+  document.addEventListener("submit", function (e) {
+    if (e.target.id === "decode-form" || (e.target.matches && e.target.matches("form[data-no-submit]"))) {
+      e.preventDefault();
+    }
+  });
+  // A new request from a form that says so clears the previous error message.
+  document.addEventListener("htmx:beforeRequest", function (e) {
+    const elt = e.detail && e.detail.elt;
+    if (elt && elt.closest && elt.closest("[data-clears-error]")) {
+      const box = document.getElementById("error");
+      if (box) box.innerHTML = "";
+    }
+  });
+
   /* Attention weights: white (0) to dark blue (1); masked cells show the tan plot background. */
   kv.WEIGHT_SCALE = [[0, "#ffffff"], [0.25, "#9ecae1"], [0.6, "#3182bd"], [1, "#08306b"]];
+  /* Colour scales for weights in [0, 1]: f(w) in [0, 1] is where w falls on WEIGHT_SCALE. √ is the default:
+     with ~100 tokens most weights are small and a linear map is nearly white. log spans 1e-4 … 1. */
+  kv.SCALES = {
+    linear: { f: (w) => w },
+    sqrt: { f: (w) => Math.sqrt(Math.max(0, w)) },
+    log: { f: (w) => Math.max(0, (Math.log10(Math.max(w, 1e-4)) + 4) / 4) },
+  };
+  const hex = (c) => [1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16));
+  /* The colour of position t in [0, 1] on WEIGHT_SCALE, as [r, g, b]. */
+  kv.weightColour = function (t) {
+    const s = kv.WEIGHT_SCALE;
+    t = Math.min(1, Math.max(0, t));
+    for (let i = 1; i < s.length; i++) {
+      if (t <= s[i][0]) {
+        const a = hex(s[i - 1][1]), b = hex(s[i][1]), u = (t - s[i - 1][0]) / (s[i][0] - s[i - 1][0]);
+        return a.map((x, k) => Math.round(x + (b[k] - x) * u));
+      }
+    }
+    return hex(s[s.length - 1][1]);
+  };
+  /* A Plotly colorscale over raw weights 0…1 that colours w like weightColour(f(w)): the cells keep their
+     exact values (hover shows them), only the colour mapping bends. */
+  kv.weightScale = function (name) {
+    const f = kv.SCALES[name].f, stops = [], N = 40;
+    for (let i = 0; i <= N; i++) {
+      const w = name === "log" ? (i === 0 ? 0 : Math.pow(10, -4 + (4 * i) / N))
+        : name === "sqrt" ? Math.pow(i / N, 2) : i / N;
+      const c = kv.weightColour(f(w));
+      if (!stops.length || w > stops[stops.length - 1][0]) stops.push([w, `rgb(${c.join(",")})`]);
+    }
+    stops[stops.length - 1][0] = 1;
+    return stops;
+  };
+  /* One DOM builder for every page: kv.el("td", { class: "l", "data-k": 3 }, text or nodes…). */
+  kv.el = function (tag, attrs, ...children) {
+    const n = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") n.className = v;
+      else if (k === "text") n.textContent = String(v);
+      else n.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const c of children) {
+      if (c === null || c === undefined) continue;
+      n.append(c instanceof Node ? c : String(c));
+    }
+    return n;
+  };
   kv.MASK_COLOUR = "#e8d9b5";
+  kv.MASK_RGB = [0xe8, 0xd9, 0xb5];
 })();

@@ -5,42 +5,22 @@
   const $ = (id) => document.getElementById(id);
   const lab = $("paged-lab");
   if (!lab) return;
-  const labels = {};
-  $("paged-labels").content.querySelectorAll("[data-k]").forEach((n) => { labels[n.dataset.k] = n.textContent; });
   let sid = null, timer = null, busy = false, last = null;
 
   const color = (seq) => PALETTE[seq % PALETTE.length];
-  function el(tag, cls, text) {
-    const n = document.createElement(tag);
-    if (cls) n.className = cls;
-    if (text !== undefined && text !== null) n.textContent = String(text);
-    return n;
-  }
-  function fmtBytes(n) {
-    const units = ["B", "KiB", "MiB", "GiB"];
-    let i = 0;
-    while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
-    return (i === 0 ? n.toFixed(0) : n.toFixed(1)) + " " + units[i];
-  }
-  const showError = (msg) => window.kv.showError(msg);
-  const t = (key, vars) => window.kv.t(key, vars);
+  const kv = window.kv, t = kv.t;
 
   async function call(method, url, body) {
     if (busy) return null;
     busy = true;
     $("paged-busy").style.display = "inline";
     try {
-      const r = await fetch(url, {
-        method, headers: body ? { "Content-Type": "application/json" } : {},
-        body: body ? JSON.stringify(body) : undefined,
-      });
-      const data = await r.json().catch(() => ({ detail: t("js.error.unreadable") }));
-      if (!r.ok) { showError(data.detail || t("js.error.request_failed", { status: r.status })); stopPlay(); return null; }
-      $("error").replaceChildren();
+      const data = await kv.request(method, url, body);
+      kv.clearError();
       render(data);
       return data;
     } catch (e) {
-      showError(t("js.error.unreachable")); stopPlay(); return null;
+      stopPlay(); return null;  // kv.request has shown the message
     } finally {
       busy = false;
       $("paged-busy").style.display = "";
@@ -59,31 +39,32 @@
   // --- drawing -------------------------------------------------------------------------------------
   function drawPool(view) {
     const pool = view.pool, before = last ? last.pool.blocks : null;
-    $("pool-shape").textContent = `${pool.num_blocks} × ${pool.block_size} slots · ${fmtBytes(pool.bytes_total)}`;
+    $("pool-shape").textContent = t("js.paged.pool_shape", { n: pool.num_blocks, size: pool.block_size, bytes: kv.bytes(pool.bytes_total) });
     const boxes = pool.blocks.map((b, i) => {
-      const box = el("div", "blk");
+      const box = kv.el("div", { class: "blk" });
       box.dataset.block = b.id;
       box.dataset.ref = b.ref_cnt;
-      const head = el("div");
-      head.append(el("span", "bid", "#" + b.id));
+      const head = kv.el("div", null);
+      head.append(kv.el("span", { class: "bid" }, "#" + b.id));
       if (b.ref_cnt === 0) {
         box.classList.add("free");
-        head.append(el("span", "owner", "free" + (b.free_pos !== null ? " · q" + b.free_pos : "")));
+        head.append(kv.el("span", { class: "owner" }, b.free_pos !== null ? t("js.paged.free_pos", { q: b.free_pos }) : t("js.paged.free")));
       } else {
         box.style.background = color(b.owners[0]);
         box.style.borderColor = b.owners.length > 1 ? "" : color(b.owners[0]);
-        head.append(el("span", "owner", "seq " + b.owners.join(", ")));
-        if (b.ref_cnt > 1) { box.classList.add("shared"); box.append(el("span", "ref", "×" + b.ref_cnt)); }
+        head.append(kv.el("span", { class: "owner" }, t("js.paged.seq", { id: b.owners.join(", ") })));
+        if (b.ref_cnt > 1) { box.classList.add("shared"); box.append(kv.el("span", { class: "ref" }, "×" + b.ref_cnt)); }
       }
       box.append(head);
-      const slots = el("div", "slots");
+      const slots = kv.el("div", { class: "slots" });
       for (let s = 0; s < pool.block_size; s++) {
-        const slot = el("span", "slot", s < b.slots.length ? b.slots[s] : "");
-        if (b.ref_cnt > 0 && s >= b.filled) { slot.classList.add("waste"); slot.title = "tail waste"; }
+        const slot = kv.el("span", { class: "slot" }, s < b.slots.length ? b.slots[s] : "");
+        if (b.ref_cnt > 0 && s >= b.filled) { slot.classList.add("waste"); slot.title = t("js.paged.tail_waste"); }
         slots.append(slot);
       }
       box.append(slots);
-      box.title = b.ref_cnt ? `block ${b.id}: ref_cnt ${b.ref_cnt}, ${b.filled}/${pool.block_size} slots written` : `block ${b.id}: free`;
+      box.title = b.ref_cnt ? t("js.paged.block_title", { id: b.id, ref: b.ref_cnt, filled: b.filled, size: pool.block_size })
+        : t("js.paged.block_free", { id: b.id });
       if (before && before[i] && (before[i].filled !== b.filled || before[i].ref_cnt !== b.ref_cnt
           || before[i].owners.join() !== b.owners.join())) box.classList.add("flash");
       return box;
@@ -92,33 +73,33 @@
     const sum = {
       step: view.step, used: pool.used, free: pool.free, tokens: view.summary.tokens_stored,
       slots: view.summary.slots_reserved, waste: view.summary.tail_waste, cow: pool.cow_copies,
-      block_bytes: fmtBytes(pool.bytes_per_block),
+      block_bytes: kv.bytes(pool.bytes_per_block),
     };
     $("pool-summary").querySelectorAll("dd").forEach((dd) => { dd.textContent = sum[dd.dataset.k]; });
   }
 
   function drawSequences(view) {
     const rows = view.sequences.slice().reverse().map((s) => {
-      const tr = el("tr", s.status);
+      const tr = kv.el("tr", { class: s.status });
       tr.dataset.seq = s.id;
-      const idCell = el("td");
-      const sw = el("span", "swatch"); sw.style.background = color(s.id);
+      const idCell = kv.el("td", null);
+      const sw = kv.el("span", { class: "swatch" }); sw.style.background = color(s.id);
       idCell.append(sw, document.createTextNode(s.id + (s.parent !== null ? ` ← ${s.parent}` : "")));
-      const st = el("td", "l"); st.append(el("span", "status " + s.status, s.status));
-      if (s.preemptions) st.append(el("div", "explain", `preempted ×${s.preemptions}, recomputed ${s.recomputed_tokens}`));
-      const txt = el("td", "l txt");
-      txt.append(el("span", null, s.prompt), el("span", "gen", s.generated_text));
-      if (s.next !== null && (s.status === "running" || s.status === "waiting")) txt.append(el("span", "next", s.next));
-      const bt = el("td", "l");
+      const st = kv.el("td", { class: "l" }); st.append(kv.el("span", { class: "status " + s.status }, s.status_text));
+      if (s.preemptions) st.append(kv.el("div", { class: "explain" }, t("js.paged.preempted", { n: s.preemptions, tokens: s.recomputed_tokens })));
+      const txt = kv.el("td", { class: "l txt" });
+      txt.append(kv.el("span", null, s.prompt), kv.el("span", { class: "gen" }, s.generated_text));
+      if (s.next !== null && (s.status === "running" || s.status === "waiting")) txt.append(kv.el("span", { class: "next" }, s.next));
+      const bt = kv.el("td", { class: "l" });
       s.block_table.forEach((b, j) => {
-        const chip = el("span", "bt"); chip.append(el("small", null, j + "→"), document.createTextNode(b));
+        const chip = kv.el("span", { class: "bt" }); chip.append(kv.el("small", null, j + "→"), document.createTextNode(b));
         chip.style.borderColor = color(s.id); bt.append(chip);
       });
-      const waste = el("td", null, s.block_table.length ? s.tail_waste : "");
-      const acts = el("td", "l");
+      const waste = kv.el("td", null, s.block_table.length ? s.tail_waste : "");
+      const acts = kv.el("td", { class: "l" });
       if (s.status === "running" || s.status === "waiting") {
         const add = (k, enabled) => {
-          const b = el("button", "secondary", labels[k]); b.type = "button"; b.dataset.action = k; b.disabled = !enabled;
+          const b = kv.el("button", { class: "secondary" }, t("js.paged." + k)); b.type = "button"; b.dataset.action = k; b.disabled = !enabled;
           b.addEventListener("click", () => act(`/sequences/${s.id}/${k}`)); acts.append(b);
         };
         add("fork", s.can_fork); add("finish", true); add("cancel", true); add("preempt", s.status === "running");
@@ -128,19 +109,17 @@
     });
     $("seq-table").tBodies[0].replaceChildren(...rows);
     $("seq-empty").hidden = rows.length > 0;
-    $("events").replaceChildren(...view.events.slice().reverse().map((e) => el("li", null, e)));
+    $("events").replaceChildren(...view.events.slice().reverse().map((e) => kv.el("li", null, e)));
   }
 
   function drawStall(view) {
     const st = view.stall;
     $("stall").hidden = !st;
     if (!st) return;
-    $("stall-what").textContent = st.kind === "admit"
-      ? `seq ${st.seq_id} waits to be admitted: it needs ${st.needed} block(s), ${st.free} free.`
-      : `seq ${st.blocked.join(", ")} cannot write its next token: ${st.needed} block needed, ${st.free} free.`;
+    $("stall-what").textContent = st.text;  // the server's sentence, in the page's language
     const running = view.sequences.filter((s) => s.status === "running");
     $("preempt-buttons").replaceChildren(...running.slice().reverse().map((s) => {
-      const b = el("button", "secondary", labels.preempt_seq.replace("{id}", s.id));
+      const b = kv.el("button", { class: "secondary" }, t("js.paged.preempt_seq", { id: s.id }));
       b.type = "button"; b.dataset.preempt = s.id;
       b.addEventListener("click", () => act(`/sequences/${s.id}/preempt`));
       return b;
@@ -151,19 +130,19 @@
 
   function drawCapacity(view) {
     const cap = view.capacity;
-    $("cap-per-token").textContent = fmtBytes(cap.bytes_per_token);
-    $("cap-budget").textContent = fmtBytes(cap.budget_bytes);
+    $("cap-per-token").textContent = kv.bytes(cap.bytes_per_token);
+    $("cap-budget").textContent = kv.bytes(cap.budget_bytes);
     $("cap-blocks").tBodies[0].replaceChildren(...cap.by_block_size.map((r) => {
-      const tr = el("tr", r.block_size === view.pool.block_size ? "pick" : null);
+      const tr = kv.el("tr", { class: r.block_size === view.pool.block_size ? "pick" : null });
       tr.dataset.bs = r.block_size;
-      [r.block_size, fmtBytes(r.block_bytes), r.num_blocks, r.tokens.toLocaleString("en"), r.blocks_needed,
-       r.waste_slots, r.waste_pct.toFixed(1)].forEach((v) => tr.append(el("td", null, v)));
+      [r.block_size, kv.bytes(r.block_bytes), r.num_blocks, r.tokens.toLocaleString("en"), r.blocks_needed,
+       r.waste_slots, r.waste_pct.toFixed(1)].forEach((v) => tr.append(kv.el("td", null, v)));
       return tr;
     }));
     $("cap-formats").tBodies[0].replaceChildren(...cap.by_format.map((r) => {
-      const tr = el("tr");
-      tr.append(el("td", "l", r.name), el("td", null, r.bytes_per_token.toLocaleString("en")),
-                el("td", null, r.tokens.toLocaleString("en")));
+      const tr = kv.el("tr", null);
+      tr.append(kv.el("td", { class: "l" }, r.name), kv.el("td", null, r.bytes_per_token.toLocaleString("en")),
+                kv.el("td", null, r.tokens.toLocaleString("en")));
       return tr;
     }));
   }

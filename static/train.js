@@ -1,15 +1,15 @@
 // Training lab: start/stop/resume, the live loss curve, and the parameter/optimizer-state heatmaps.
 // Polls /api/train/status (every 500 ms while a run is active, every 2 s otherwise) so every open page
 // follows the server's one job. Server text is inserted with textContent only.
-(() => {
+// Everything waits for Plotly, which kv.plotly() loads after the page's first paint.
+window.kv.plotly().then(() => {
   "use strict";
   const init = JSON.parse(document.getElementById("train-init").textContent);
-  const T = init.i18n;
+  const kv = window.kv;
   const ACTIVE = ["running", "stopping", "publishing"];
   const $ = (sel) => document.querySelector(sel);
-  const fill = (tpl, vals) => tpl.replace(/\{(\w+)\}/g, (m, k) => (k in vals ? String(vals[k]) : m));
   const fmtShape = (s) => "(" + s.join(", ") + ")";
-  const plotCfg = { responsive: true, displaylogo: false };
+  const plotCfg = kv.PLOT_CONFIG;
 
   const plot = $("#loss-plot");
   let jobId = init.status.job;
@@ -20,31 +20,19 @@
 
   Plotly.newPlot(plot, init.figure.data, init.figure.layout, plotCfg);
 
-  const showError = (message) => window.kv.showError(message);
-
-  async function call(method, url, body) {
-    const res = await fetch(url, {
-      method,
-      headers: body ? { "Content-Type": "application/json" } : {},
-      body: body ? JSON.stringify(body) : undefined,
-    });
-    const data = await res.json().catch(() => ({ detail: res.statusText }));
-    if (!res.ok) throw new Error(data.detail || res.statusText);
-    return data;
-  }
 
   function fire(name) { document.body.dispatchEvent(new CustomEvent(name)); }
 
   function showStatus(s) {
     const pill = $("#train-status");
     pill.dataset.status = s.status;
-    pill.textContent = T["train.status." + s.status] || s.status;
+    pill.textContent = kv.t("train.status." + s.status);
     pill.className = "pill" + (s.status === "done" ? " ok" : s.status === "failed" ? " bad" : "");
     const progress = $("#train-progress");
-    progress.textContent = s.job ? fill(T["train.status.line"], {
+    progress.textContent = s.job ? kv.t("train.status.line", {
       step: s.step, steps: s.steps, loss: s.last_loss === null ? "–" : s.last_loss.toFixed(4),
     }) : "";
-    if (s.error) showError(s.error);
+    if (s.error) kv.showError(s.error);
     const active = ACTIVE.includes(s.status);
     $("#train-start").disabled = active;
     $("#train-stop").disabled = s.status !== "running";
@@ -68,6 +56,8 @@
     plot.dataset.points = String(seen);
     showStatus(s);
     if (s.status === "done" && status !== "done") fire("train-done");
+    // A run that stops or ends leaves new weights: the step panel's "on this batch now" loss is read again.
+    if (ACTIVE.includes(status) && !ACTIVE.includes(s.status)) fire("train-settled");
     if (s.step !== lastParamStep && (s.status !== "running" || s.step - lastParamStep >= 10)) showParam();
     status = s.status;
     return true;
@@ -82,7 +72,7 @@
     inFlight = true;
     let again = false;
     try {
-      again = !apply(await call("GET", "/api/train/status?since=" + seen));
+      again = !apply(await kv.request("GET", "/api/train/status?since=" + seen));
     } catch (e) {
       /* the server may be restarting: try again on the next tick */
     } finally {
@@ -98,13 +88,13 @@
     const name = $("#param-name").value;
     const part = $("#param-part").value;
     try {
-      const v = await call("GET", "/api/train/param?name=" + encodeURIComponent(name) + "&part=" + part);
+      const v = await kv.request("GET", "/api/train/param?name=" + encodeURIComponent(name) + "&part=" + part);
       lastParamStep = v.step;
-      $("#param-summary").textContent = fill(T["train.param.summary"], {
+      $("#param-summary").textContent = kv.t("train.param.summary", {
         name: v.name + (v.slice || ""), shape: fmtShape(v.shape), view: fmtShape(v.view_shape), step: v.step,
       });
-      let note = v.slice ? fill(T["train.param.fused_note"], { slice: v.slice, part: T["train.param.part_" + v.part] }) : "";
-      if (v.rows_shown < (v.view_shape.length > 1 ? v.view_shape[0] : 1)) note += " " + fill(T["train.param.rows_cut"], { n: v.rows_shown });
+      let note = v.slice ? kv.t("train.param.fused_note", { slice: v.slice, part: kv.t("train.param.part_" + v.part) }) : "";
+      if (v.rows_shown < (v.view_shape.length > 1 ? v.view_shape[0] : 1)) note += " " + kv.t("train.param.rows_cut", { n: v.rows_shown });
       $("#param-note").textContent = note;
       for (const key of ["value", "grad", "exp_avg", "exp_avg_sq"]) {
         const fig = v.figures[key];
@@ -120,11 +110,11 @@
           Plotly.purge(div);
           div.hidden = true;
           empty.hidden = false;
-          empty.textContent = key === "grad" ? T["train.param.no_grad"] : T["train.param.no_state"];
+          empty.textContent = key === "grad" ? kv.t("train.param.no_grad") : kv.t("train.param.no_state");
         }
       }
     } catch (e) {
-      showError(e.message);
+      // kv.request showed the message
     } finally {
       paramBusy = false;
     }
@@ -141,17 +131,17 @@
       steps: Number(f.get("steps")), lr: Number(f.get("lr")), batch_size: Number(f.get("batch_size")),
       block_size: Number(f.get("block_size")), seed: Number(f.get("seed")), target: f.get("target"),
     };
-    try { await call("POST", "/api/train/start", body); } catch (e) { showError(e.message); }
+    try { await kv.request("POST", "/api/train/start", body); } catch (e) { /* kv.request showed the message */ }
     schedule(0);
   });
   $("#train-stop").addEventListener("click", async () => {
-    try { showStatus(await call("POST", "/api/train/stop")); } catch (e) { showError(e.message); }
+    try { showStatus(await kv.request("POST", "/api/train/stop")); } catch (e) { /* kv.request showed the message */ }
     schedule(0);
   });
   $("#train-resume").addEventListener("click", async () => {
     $("#error").textContent = "";
     const steps = Number(new FormData(form).get("steps"));
-    try { await call("POST", "/api/train/resume", { steps }); status = "running"; } catch (e) { showError(e.message); }
+    try { await kv.request("POST", "/api/train/resume", { steps }); status = "running"; } catch (e) { /* shown */ }
     schedule(0);
   });
   $("#train-text").addEventListener("input", () => { $("#source-text").checked = true; });
@@ -162,4 +152,4 @@
   showStatus(init.status);
   showParam();
   schedule(0);
-})();
+});

@@ -22,6 +22,7 @@ import torch
 
 from app.cache.paged import PagedKVCache, PoolExhausted, blocks_needed
 from app.errors import BadInput
+from app.i18n import Term
 from app.model.loading import LoadedModel
 
 
@@ -138,7 +139,7 @@ class PagedEngine:
         self.sequences: OrderedDict[int, Sequence] = OrderedDict()
         self.waiting: deque[int] = deque()
         self.max_sequences = max_sequences
-        self.events: deque[str] = deque(maxlen=log_size)
+        self.events: deque[tuple[str, dict]] = deque(maxlen=log_size)  # (catalog key, parameters)
         self.stall: dict | None = None
         self.step_count = 0
         self._next_id = 0
@@ -168,7 +169,7 @@ class PagedEngine:
 
     def _new_id(self) -> int:
         if self._live() >= self.max_sequences:
-            raise BadInput(f"At most {self.max_sequences} sequences may be running or waiting at once.")
+            raise BadInput("err.paged.too_many", n=self.max_sequences)
         self._make_room()
         self._next_id += 1
         return self._next_id - 1
@@ -177,11 +178,11 @@ class PagedEngine:
         """A new request. ``admit=False`` only queues it (vLLM's add_request): the next ``step`` admits it."""
         need = blocks_needed(len(prompt_ids), self.cache.block_size)
         if need > self.cache.num_blocks:
-            raise BadInput(f"This prompt needs {need} blocks; the whole pool has {self.cache.num_blocks}.")
+            raise BadInput("err.paged.too_big", need=need, total=self.cache.num_blocks)
         seq = Sequence(self._new_id(), len(prompt_ids), list(prompt_ids), None, max_new)
         self.sequences[seq.seq_id] = seq
         self.waiting.append(seq.seq_id)
-        self.events.append(f"seq {seq.seq_id} arrives ({len(prompt_ids)} prompt tokens)")
+        self.events.append(("ev.arrives", {"seq": seq.seq_id, "n": len(prompt_ids)}))
         self.stall = None
         if admit:
             self._admit()
@@ -200,18 +201,18 @@ class PagedEngine:
                     logits = forward_through(self.lm, PagedSeqStore(self.cache, seq.seq_id), feed)
             except PoolExhausted as exc:
                 self.stall = {"kind": "admit", "seq_id": seq.seq_id, "needed": exc.needed, "free": exc.free}
-                self.events.append(f"seq {seq.seq_id} waits: needs {exc.needed} blocks, {exc.free} free")
+                self.events.append(("ev.waits", {"seq": seq.seq_id, "needed": exc.needed, "free": exc.free}))
                 return
             self.waiting.popleft()
             table = self.cache.block_tables[seq.seq_id]
             if seq.pending is None:  # a new sequence: prefill picks its first token
                 self._pick(seq, logits[-1])
-                self.events.append(f"seq {seq.seq_id} prefilled into blocks {table}")
+                self.events.append(("ev.prefilled", {"seq": seq.seq_id, "blocks": list(table)}))
             else:  # a preempted one: its history and pending token recomputed, the next token picked from them
                 seq.recomputed_tokens += len(feed)
                 seq.tokens.append(seq.pending)
                 self._pick(seq, logits[-1])
-                self.events.append(f"seq {seq.seq_id} recomputed {len(feed)} tokens into blocks {table}")
+                self.events.append(("ev.recomputed", {"seq": seq.seq_id, "n": len(feed), "blocks": list(table)}))
             seq.status = RUNNING
             seq.admitted, self._admissions = self._admissions, self._admissions + 1
             self._finish_if_done(seq)
@@ -231,9 +232,9 @@ class PagedEngine:
     def _release(self, seq: Sequence, status: str) -> None:
         if seq.seq_id in self.cache.block_tables:
             freed = self.cache.free(seq.seq_id)
-            self.events.append(f"seq {seq.seq_id} {status}: blocks {freed} back to the free queue")
+            self.events.append((f"ev.{status}.freed", {"seq": seq.seq_id, "blocks": list(freed)}))
         else:
-            self.events.append(f"seq {seq.seq_id} {status}")
+            self.events.append((f"ev.{status}", {"seq": seq.seq_id}))
         if seq.seq_id in self.waiting:
             self.waiting.remove(seq.seq_id)
         seq.status = status
@@ -278,7 +279,7 @@ class PagedEngine:
         if blocked:
             self.stall = {"kind": "grow", "seq_id": blocked[0], "blocked": blocked, "needed": 1,
                           "free": self.cache.num_free_blocks}
-            self.events.append(f"pool exhausted: seq {', '.join(map(str, blocked))} cannot get a new block")
+            self.events.append(("ev.exhausted", {"seqs": list(blocked)}))
 
     def _running(self) -> list[Sequence]:
         """Running sequences in admission order (vLLM's running list)."""
@@ -292,28 +293,28 @@ class PagedEngine:
             self.waiting.appendleft(seq.seq_id)
         else:  # the user freed blocks for the sequence waiting to be admitted: it goes first, then this one
             self.waiting.insert(self.waiting.index(stalled) + 1, seq.seq_id)
-        self.events.append(f"seq {seq.seq_id} preempted: blocks {freed} freed, {len(seq.tokens)} tokens to recompute")
+        self.events.append(("ev.preempted", {"seq": seq.seq_id, "blocks": list(freed), "n": len(seq.tokens)}))
 
     # --- the user's actions --------------------------------------------------------------------------
     def get(self, seq_id: int) -> Sequence:
         if seq_id not in self.sequences:
-            raise BadInput(f"There is no sequence {seq_id}.")
+            raise BadInput("err.paged.no_seq", seq=seq_id)
         return self.sequences[seq_id]
 
     def fork(self, seq_id: int) -> Sequence:
         """Parallel sampling in miniature: the child shares every block and continues with a runner-up token."""
         parent = self.get(seq_id)
         if parent.status != RUNNING:
-            raise BadInput(f"Sequence {seq_id} is {parent.status}; only a running sequence can fork.")
+            raise BadInput("err.paged.fork_status", seq=seq_id, status=Term(f"status.{parent.status}"))
         if not parent.alternatives:
-            raise BadInput(f"Sequence {seq_id} has no runner-up token left to branch on: step once first.")
+            raise BadInput("err.paged.no_runner_up", seq=seq_id)
         child = Sequence(self._new_id(), parent.prompt_len, list(parent.tokens), parent.alternatives.pop(0),
                          parent.max_new, status=RUNNING, parent=seq_id, admitted=self._admissions)
         self._admissions += 1
         self.cache.fork(seq_id, child.seq_id)
         self.sequences[child.seq_id] = child
         shared = self.cache.block_tables[seq_id]
-        self.events.append(f"seq {child.seq_id} forks from seq {seq_id}, sharing blocks {shared}")
+        self.events.append(("ev.forks", {"seq": child.seq_id, "parent": seq_id, "blocks": list(shared)}))
         return child
 
     def finish(self, seq_id: int) -> None:
@@ -326,7 +327,7 @@ class PagedEngine:
         """Finishing and cancelling release the same way (blocks freed tail first); only the status differs."""
         seq = self.get(seq_id)
         if seq.status not in (RUNNING, WAITING):
-            raise BadInput(f"Sequence {seq_id} is already {seq.status}.")
+            raise BadInput("err.paged.already", seq=seq_id, status=Term(f"status.{seq.status}"))
         self._release(seq, status)
         self.stall = None
 
@@ -339,11 +340,11 @@ class PagedEngine:
         """
         seq = self.get(seq_id)
         if seq.status != RUNNING:
-            raise BadInput(f"Sequence {seq_id} is {seq.status}; only a running sequence can be preempted.")
+            raise BadInput("err.paged.preempt_status", seq=seq_id, status=Term(f"status.{seq.status}"))
         self._preempt(seq, front=False)
         self.stall = None
 
     def wait(self) -> None:
         """The 'wait' choice: leave everything as it is; the next step tries again."""
-        self.events.append("wait: nothing preempted, the blocked sequence retries next step")
+        self.events.append(("ev.wait", {}))
         self.stall = None

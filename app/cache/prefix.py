@@ -145,12 +145,10 @@ class PrefixCache:
         self.pool.touch(hits)  # before allocating, so the hits cannot be evicted by our own allocation
         try:
             new_blocks = self.pool.get_new_blocks(n_blocks - len(hits))
-        except NoFreeBlocks as exc:
+        except NoFreeBlocks:
+            free = len(self.pool.free_block_queue)
             self.pool.free_blocks(reversed(hits))
-            raise BadInput(
-                f"The cache is full: this request needs {n_blocks - len(hits)} new blocks ({exc}). Finish the "
-                "running requests or give the cache more blocks."
-            ) from None
+            raise BadInput("err.prefix.full", need=n_blocks - len(hits), free=free) from None
         blocks = hits + new_blocks
         req = PrefixRequest(request_id=request_id, group=group, text=text, token_ids=list(token_ids), salt=salt,
                             block_size=bs, block_hashes=hashes, blocks=blocks,
@@ -298,7 +296,7 @@ class PrefixLab:
         self.next_id = 1
         self.totals = LabCounts()
         self.last_run: list[int] = []
-        self.notes: list[str] = []
+        self.notes: list[tuple[str, dict]] = []  # (catalog key, parameters)
         self.timestamp_runs = 0  # the timestamp preset's clock
         # Called with a new cache's bytes before it is allocated; raises if the server's labs have no room.
         self.admit: Callable[[int], None] | None = None
@@ -310,21 +308,21 @@ class PrefixLab:
     def configure(self, lm: LoadedModel, block_size: int, num_blocks: int) -> None:
         """Use this model, block size and capacity; any change starts an empty cache."""
         if block_size not in BLOCK_SIZES:
-            raise BadInput(f"Block size must be one of {', '.join(map(str, BLOCK_SIZES))}.")
+            raise BadInput("err.block_size", sizes=", ".join(map(str, BLOCK_SIZES)))
         if not 1 <= num_blocks <= MAX_NUM_BLOCKS:
-            raise BadInput(f"Capacity must be between 1 and {MAX_NUM_BLOCKS} blocks.")
+            raise BadInput("err.prefix.capacity", n=MAX_NUM_BLOCKS)
         store = num_blocks * PrefixCache.page_bytes_for(lm, block_size)
         if store > MAX_STORE_BYTES:
-            raise BadInput(f"{num_blocks} blocks of {block_size} tokens for {lm.name} would take "
-                           f"{store / 1024**2:.0f} MiB; the limit is {MAX_STORE_BYTES // 1024**2} MiB.")
+            raise BadInput("err.prefix.store", n=num_blocks, size=block_size, model=lm.name,
+                           mib=f"{store / 1024**2:.0f}", limit=MAX_STORE_BYTES // 1024**2)
         c = self.cache
         # ``c.lm is lm``: a model loaded again under the same name has other weights; its cache starts empty.
         if c and c.lm is lm and (c.block_size, c.pool.num_blocks) == (block_size, num_blocks):
             return
         if self.admit is not None:
             self.admit(store)
-        note = (f"New cache: {lm.name}, block size {block_size}, {num_blocks} blocks (was {c.lm.name}, "
-                f"{c.block_size}, {c.pool.num_blocks}); cached blocks dropped.") if c else None
+        note = ("prefix.note.new_cache", {"model": lm.name, "size": block_size, "n": num_blocks, "old_model": c.lm.name,
+                                          "old_size": c.block_size, "old_n": c.pool.num_blocks}) if c else None
         self.reset()
         self.cache = PrefixCache(lm, block_size=block_size, num_blocks=num_blocks)
         self.cache.warm_up()
@@ -344,11 +342,11 @@ class PrefixLab:
         """Finish the previous run's requests, then prefill ``prompts`` ((group, text) pairs) in order.
         Requests of one run stay running together, so their shared blocks show ref counts > 1."""
         if not prompts:
-            raise BadInput("No prompts to run: pick a preset or type at least one prompt.")
+            raise BadInput("err.prefix.no_prompts")
         if len(prompts) > MAX_PROMPTS_PER_RUN:
-            raise BadInput(f"At most {MAX_PROMPTS_PER_RUN} prompts per run.")
+            raise BadInput("err.prefix.too_many", n=MAX_PROMPTS_PER_RUN)
         if salt is not None and len(salt) > MAX_SALT_CHARS:
-            raise BadInput(f"The cache salt may have at most {MAX_SALT_CHARS} characters.")
+            raise BadInput("err.prefix.salt", n=MAX_SALT_CHARS)
         encoded = [encode_prompt(lm, text, max_chars=MAX_PROMPT_CHARS) for _, text in prompts]
         unk = lm.tokenizer.unk_token_id
         if unk is not None and any(unk in ids for ids in encoded):
@@ -356,10 +354,23 @@ class PrefixLab:
             # refuse only when some character really maps to the unknown token.
             bad = _unknown_chars(lm, [t for _, t in prompts])
             if bad:
-                raise BadInput(f"These prompts use characters {lm.name} does not know (they would all become the "
-                               "same unknown token): " + bad)
+                raise BadInput("err.prefix.unknown_chars", model=lm.name, chars=bad)
         self.notes = []
-        self.configure(lm, block_size or auto_block_size([len(ids) for ids in encoded]), num_blocks)
+        block_size = block_size or auto_block_size([len(ids) for ids in encoded])
+        # The run's requests stay running together, so all their blocks must fit at once. The default capacity
+        # grows to fit a run (and says so) rather than failing halfway; a capacity the user chose is kept, so
+        # a student can still watch a too-small cache run full.
+        need = blocks_for_run(encoded, block_size, salt or None)
+        if need > num_blocks and num_blocks == DEFAULT_NUM_BLOCKS:
+            if need > MAX_NUM_BLOCKS:
+                raise BadInput("err.prefix.run_too_big", n=len(encoded), need=need, size=block_size,
+                               limit=MAX_NUM_BLOCKS)
+            grown = [("prefix.note.grown", {"n": len(encoded), "need": need, "size": block_size, "chosen": num_blocks})]
+            num_blocks = need
+        else:
+            grown = []
+        self.configure(lm, block_size, num_blocks)
+        self.notes.extend(grown)
         assert self.cache is not None
         for req in self.running:
             self.cache.free(req)
@@ -385,7 +396,7 @@ class PrefixLab:
     def finish(self, request_id: int | None = None, *, reason: str = "finished") -> list[PrefixRequest]:
         """End one running request (or all of them): its blocks lose a reference, tail first."""
         if reason not in ("finished", "cancelled"):
-            raise BadInput("reason must be 'finished' or 'cancelled'.")
+            raise BadInput("err.prefix.reason")
         if self.cache is None:
             return []
         if request_id is None:
@@ -393,8 +404,7 @@ class PrefixLab:
         elif request_id in self.requests:
             targets = [self.requests[request_id]]
         else:
-            raise NotFound(f"No request #{request_id} in the lab (it may have been dropped; the lab keeps "
-                           f"the last {MAX_STORED_REQUESTS}).")
+            raise NotFound("err.prefix.no_request", id=request_id, n=MAX_STORED_REQUESTS)
         for req in targets:
             self.cache.free(req, reason=reason)
         return targets
@@ -427,6 +437,18 @@ def peek_lab(state, owner: str = "") -> PrefixLab:
     return entry.obj if entry is not None else PrefixLab()
 
 
+def blocks_for_run(encoded: list[list[int]], block_size: int, salt: str | None = None) -> int:
+    """Blocks the requests of one run hold at once: full blocks with the same prefix are shared (one block
+    each), every partial tail block is its own."""
+    full: set[tuple] = set()
+    tails = 0
+    for ids in encoded:
+        n_full = len(ids) // block_size
+        full.update((salt, tuple(ids[: (b + 1) * block_size])) for b in range(n_full))
+        tails += len(ids) % block_size > 0
+    return len(full) + tails
+
+
 def parse_block_size(value: str | int | None) -> int | None:
     """``"auto"``/None -> None (chosen from the prompts), else one of ``BLOCK_SIZES``."""
     if value in (None, "", "auto"):
@@ -436,7 +458,7 @@ def parse_block_size(value: str | int | None) -> int | None:
     except (TypeError, ValueError):
         size = -1
     if size not in BLOCK_SIZES:
-        raise BadInput(f"Block size must be auto or one of {', '.join(map(str, BLOCK_SIZES))}.")
+        raise BadInput("err.prefix.block_size", sizes=", ".join(map(str, BLOCK_SIZES)))
     return size
 
 
@@ -445,7 +467,7 @@ def run_lab(state, *, model: str | None, preset: str | None, prompts: list[str] 
     """Run a preset (or the given prompts) through this browser's prefix cache."""
     lm = state.model(model)
     if preset and preset != "custom" and preset not in PRESETS:
-        raise BadInput(f"Unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}.")
+        raise BadInput("err.prefix.preset", preset=repr(preset), presets=", ".join(PRESETS))
     entry = lab_entry(state, owner)
     lab = entry.obj
     with entry.lock:

@@ -23,15 +23,15 @@ class Sampling:
 
     def validate(self) -> Sampling:
         if self.mode not in ("greedy", "sample"):
-            raise BadInput(f"Unknown sampling mode {self.mode!r}: use greedy or sample.")
+            raise BadInput("err.sampling.mode", mode=repr(self.mode))
         if not 0.05 <= self.temperature <= 5.0:
-            raise BadInput("Temperature must be between 0.05 and 5.")
+            raise BadInput("err.sampling.temperature")
         if not 0 <= self.top_k <= 1000:
-            raise BadInput("top-k must be between 0 (off) and 1000.")
+            raise BadInput("err.sampling.top_k")
         if not 0.01 <= self.top_p <= 1.0:
-            raise BadInput("top-p must be between 0.01 and 1.")
+            raise BadInput("err.sampling.top_p")
         if not 0 <= self.seed < 2**31:
-            raise BadInput("The seed must be a whole number between 0 and 2^31 - 1.")
+            raise BadInput("err.sampling.seed")
         return self
 
 

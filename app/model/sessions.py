@@ -86,9 +86,8 @@ class SessionStore:
             if session is None or self._owner.get(sid) != owner:
                 stone = self._tombstones.get(sid)
                 if stone is not None and stone["owner"] == owner:
-                    raise Expired("This decode session has ended or expired and its KV cache was released. "
-                                  "Rebuild it from its tokens to continue.")
-                raise Expired("This decode session does not exist (the server may have restarted). Start again.")
+                    raise Expired("err.session.ended")
+                raise Expired("err.session.unknown")
             session.last_used = time.monotonic()
             return session
 
@@ -98,12 +97,10 @@ class SessionStore:
         session = self.get(sid, owner)
         lock = self._locks.get(sid)
         if lock is None:  # ended between the lookup and here
-            raise Expired("This decode session has ended or expired and its KV cache was released. "
-                          "Rebuild it from its tokens to continue.")
+            raise Expired("err.session.ended")
         with lock:
             if self._live.get(sid) is not session:
-                raise Expired("This decode session has ended or expired and its KV cache was released. "
-                              "Rebuild it from its tokens to continue.")
+                raise Expired("err.session.ended")
             yield session
 
     def tombstone(self, sid: str, owner: str = "") -> dict | None:

@@ -25,7 +25,7 @@ def rebuild_session(state: AppState, old_id: str, owner: str = "") -> DecodeSess
     """A new session whose prompt is every token of an ended one: one prefill rebuilds its cache."""
     stone = state.sessions.tombstone(old_id, owner)
     if stone is None:
-        raise Expired("Nothing is known about that session any more: start again from a prompt.")
+        raise Expired("err.session.forgotten")
     lm = state.model(stone["model"])
     if stone["model_ref"]() is not lm:
         raise Expired("sturdy.model_changed", model=stone["model"])
@@ -47,8 +47,7 @@ def _prefilled(state: AppState, lm, ids: list[int], sampling: Sampling, owner: s
 def step_session(state: AppState, sid: str, owner: str = "") -> tuple[DecodeSession, Step]:
     with state.sessions.hold(sid, owner) as session:
         if session.done:
-            raise BadInput(f"This session has reached its limit ({session.max_steps} steps or "
-                           f"{session.lm.max_positions} positions).")
+            raise BadInput("err.session.limit", steps=session.max_steps, positions=session.lm.max_positions)
         with state.sessions.room(session, 1), state.model_lock.short():
             step = session.step()
     return session, step
@@ -59,10 +58,9 @@ def verify_step(state: AppState, sid: str, index: int, owner: str = "") -> dict:
     next step need not wait for it. A session released meanwhile has no steps left: 410."""
     session = state.sessions.get(sid, owner)
     if not 0 <= index < len(session.steps):
-        raise BadInput(f"Step {index} does not exist: this session has steps 0 to {len(session.steps) - 1}.")
+        raise BadInput("err.session.step_range", index=index, last=len(session.steps) - 1)
     with state.model_lock:
         try:
             return session.verify(index)
         except IndexError:
-            raise Expired("This decode session has ended or expired and its KV cache was released. "
-                          "Rebuild it from its tokens to continue.") from None
+            raise Expired("err.session.ended") from None

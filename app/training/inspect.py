@@ -37,7 +37,7 @@ def _part_slice(name: str, p: torch.Tensor, part: str | None) -> tuple[tuple, st
     if not name.endswith(FUSED_QKV_SUFFIXES) or part in (None, "", "all"):
         return (..., ), None
     if part not in PARTS:
-        raise BadInput(f"Unknown part {part!r}: choose q, k, v or all.")
+        raise BadInput("err.train.part", part=repr(part))
     d = p.shape[-1] // 3
     lo, hi = PARTS[part] * d, (PARTS[part] + 1) * d
     return (..., slice(lo, hi)), f"[..., {lo}:{hi}]"
@@ -56,7 +56,7 @@ def param_view(model: nn.Module, optimizer: torch.optim.Optimizer, name: str, pa
     """One parameter as training sees it now. Call it between steps (under the trainer's lock)."""
     params = dict(model.named_parameters())
     if name not in params:
-        raise BadInput(f"Unknown parameter {name!r}.")
+        raise BadInput("err.train.param", name=repr(name))
     p = params[name]
     index, slice_label = _part_slice(name, p, part)
     state = optimizer.state.get(p, {})
@@ -128,7 +128,7 @@ def cached_vs_full(model: nn.Module, prompt_ids: list[int], n_new: int = 8) -> d
 
     n_positions = model.config.n_positions
     if not prompt_ids or len(prompt_ids) + n_new > n_positions:
-        raise BadInput(f"Prompt plus new tokens must fit in {n_positions} positions.")
+        raise BadInput("err.train.fit", n=n_positions)
     was_training = model.training
     model.eval()
     try:

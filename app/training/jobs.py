@@ -77,18 +77,18 @@ def make_spec(
     elif source == "text":
         text = (text or "").replace("\r\n", "\n")
         if len(text.strip()) < MIN_TEXT_CHARS:
-            raise BadInput(f"Paste at least {MIN_TEXT_CHARS} characters of text to train on.")
+            raise BadInput("err.train.text_short", n=MIN_TEXT_CHARS)
         if len(text) > MAX_TEXT_CHARS:
-            raise BadInput(f"The text is {len(text):,} characters; the limit is {MAX_TEXT_CHARS:,}.")
+            raise BadInput("err.train.text_long", n=f"{len(text):,}", limit=f"{MAX_TEXT_CHARS:,}")
     else:
-        raise BadInput("Choose the built-in corpus or a pasted text.")
+        raise BadInput("err.train.source")
     if target not in TARGETS:
-        raise BadInput(f"The trained model can be registered as {' or '.join(TARGETS)}.")
+        raise BadInput("err.train.target", targets=" / ".join(TARGETS))
     values = {"steps": steps, "lr": lr, "batch_size": batch_size, "block_size": block_size, "seed": seed}
     for key, value in values.items():
         lo, hi = LIMITS[key]
         if not (lo <= value <= hi):
-            raise BadInput(f"{key} must be between {lo:g} and {hi:g} (got {value:g}).")
+            raise BadInput("err.train.range", name=key, lo=f"{lo:g}", hi=f"{hi:g}", value=f"{value:g}")
     config = replace(TRAIN_CONFIG, steps=int(steps), lr=float(lr), batch_size=int(batch_size),
                      block_size=int(block_size), seed=int(seed))
     return JobSpec(source=source, text=text, config=config, target=target)
@@ -157,7 +157,7 @@ class TrainingLab:
         with self._lock:
             job = self.job
             if job is None or job.status != "running":
-                raise BadInput("No training run is in progress.")
+                raise BadInput("err.train.not_running")
             job.status = "stopping"
             job.stop_event.set()
         return self.status()
@@ -168,11 +168,11 @@ class TrainingLab:
             self._refuse_if_active()
             job = self.job
             if job is None or job.status != "stopped":
-                raise BadInput("There is no stopped run to resume; start a new one.")
+                raise BadInput("err.train.no_resume")
             if steps is not None:
                 lo, hi = LIMITS["steps"]
                 if not (max(lo, job.next_step + 1) <= steps <= hi):
-                    raise BadInput(f"steps must be between {job.next_step + 1} and {hi:g} to resume this run.")
+                    raise BadInput("err.train.resume_steps", lo=job.next_step + 1, hi=f"{hi:g}")
                 job.spec = replace(job.spec, config=replace(job.spec.config, steps=int(steps)))
             self._launch(job)
         return self.status()
@@ -241,10 +241,7 @@ class TrainingLab:
     def _refuse_if_active(self) -> None:
         job = self.job
         if job is not None and job.status in ACTIVE:
-            raise Busy(
-                f"A training run is already in progress (step {job.next_step} of {job.spec.config.steps}); "
-                "stop it or wait for it to finish."
-            )
+            raise Busy("err.train.busy", step=job.next_step, steps=job.spec.config.steps)
 
     def _launch(self, job: TrainingJob) -> None:
         job.status = "running"
@@ -267,7 +264,7 @@ class TrainingLab:
         except Exception as exc:  # the run is lost, the registered models are not
             log.exception("training job %s failed", job.id)
             with self._lock:
-                job.error = f"Training failed: {exc}"
+                job.error = str(exc)  # the page says "Training failed: …" in its language (err.train.failed)
                 job.status = "failed"
         finally:
             job.seconds += time.perf_counter() - t0

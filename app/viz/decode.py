@@ -5,7 +5,7 @@ from __future__ import annotations
 from app.errors import BadInput
 from app.model.decode import DecodeSession, Step, kv_bytes_formula, work_counts
 from app.viz.attention import b64_f32
-from app.viz.tokens import candidate_rows, visible
+from app.viz.tokens import candidate_rows, honest_text, honest_texts, visible
 
 
 def cache_shapes(session: DecodeSession) -> list[dict]:
@@ -31,15 +31,16 @@ def step_view(session: DecodeSession, step: Step) -> dict:
         "model": lm.name,
         "index": step.index,
         "phase": "prefill" if step.index == 0 else "decode",
-        "fed": [{"id": i, "shown": visible(t)}
+        "fed": [{"id": i, "shown": visible(honest_text(lm, i, t))}
                 for i, t in zip(step.fed_ids, session.texts[step.past : step.past + len(step.fed_ids)], strict=True)],
         "input_shape": [1, len(step.fed_ids)],
         "past": step.past,
         "cache_len": step.cache_len,
-        "chosen": {"id": step.chosen, "shown": visible(session.texts[step.cache_len]), "prob": step.chosen_prob,
-                   "rank": step.rank},
+        "chosen": {"id": step.chosen, "shown": visible(honest_text(lm, step.chosen, session.texts[step.cache_len])),
+                   "prob": step.chosen_prob, "rank": step.rank},
         "top": candidate_rows(lm, step.top, chosen=step.chosen),
         "attention": {"shape": [1, a.n_head, 1, step.cache_len], "layers": a.n_layer, "heads": a.n_head,
+                      "kv_heads": a.n_kv_head,
                       "data": b64_f32(step.attention)},
         "cache_shapes": cache_shapes(session),
         "cache_bytes": session.cache_bytes(),
@@ -47,7 +48,7 @@ def step_view(session: DecodeSession, step: Step) -> dict:
                                     head_dim=a.head_dim, dtype_bytes=dtype_bytes),
         "work": work_counts(len(session.prompt_ids), generated),
         "ms": step.ms,
-        "tokens": [visible(t) for t in session.texts],
+        "tokens": [visible(t) for t in honest_texts(lm, session.ids, session.texts)],
         "prompt_len": len(session.prompt_ids),
         "done": session.done,
         "sampling": session.sampling.__dict__,
@@ -63,7 +64,7 @@ def cache_rows(session: DecodeSession, layer: int, head: int, last: int = 24) ->
     if not 0 <= head < a.n_kv_head:
         raise BadInput("err.index.kv_head", head=head, last=a.n_kv_head - 1)
     if session.cache is None:
-        raise BadInput("This session has no cache yet.")
+        raise BadInput("err.session.no_cache")
     k, v = a.layer_cache(session.cache, layer)
     T = k.shape[2]
     start = max(0, T - last)

@@ -10,7 +10,7 @@ from app.viz.attention import KINDS, arithmetic, check_indexes, embedding_rows
 from app.viz.models import model_card
 from app.viz.rotary import rotary_view
 from app.viz.shapes import shape_groups
-from app.viz.tokens import candidate_rows, token_strip
+from app.viz.tokens import candidate_rows, honest_texts, token_strip
 
 
 def query_view(trace: Trace, *, layer: int, head: int, q: int, limit: int | None = 48) -> dict:
@@ -31,14 +31,14 @@ def inspect_view(
     kind: str = "weights",
 ) -> dict:
     if kind not in KINDS:
-        raise BadInput(f"Unknown view {kind!r}: choose one of {', '.join(KINDS)}.")
+        raise BadInput("err.inspect.kind", kind=repr(kind), kinds=", ".join(KINDS))
     q = trace.n_tokens - 1 if q is None else q
     sel = query_view(trace, layer=layer, head=head, q=q)
     return {
         "key": key,
         "model": model_card(lm),
         "n_tokens": trace.n_tokens,
-        "tokens": token_strip(trace.token_ids, trace.token_texts),
+        "tokens": token_strip(trace.token_ids, honest_texts(lm, trace.token_ids, trace.token_texts)),
         "shape_trace": shape_groups(trace.steps, trace.adapter.family),
         "top_k": candidate_rows(lm, top_candidates(trace["probs"][0], k=10)),
         "sel": {"layer": layer, "head": head, "q": q, "kind": kind},

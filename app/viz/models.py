@@ -6,6 +6,12 @@ from app.model.decode import kv_bytes_formula
 from app.model.loading import LoadedModel
 
 
+def is_char_level(lm: LoadedModel) -> bool:
+    """One character per token (the built-in model): no merges, so spaces are tokens of their own."""
+    vocab = lm.tokenizer.get_vocab()
+    return len(vocab) <= 1024 and all(len(piece) == 1 for piece in vocab if not piece.startswith("<"))
+
+
 def model_card(lm: LoadedModel) -> dict:
     a = lm.adapter
     per_token = kv_bytes_formula(layers=a.n_layer, kv_heads=a.n_kv_head, tokens=1, head_dim=a.head_dim,
@@ -30,4 +36,5 @@ def model_card(lm: LoadedModel) -> dict:
         "max_positions": a.max_positions,
         "vocab_size": a.vocab_size,
         "parameters": a.parameter_count(),
+        "char_level": is_char_level(lm),
     }

@@ -9,8 +9,9 @@ from app.cache.kv_bytes import bytes_per_token
 from app.cache.paged import blocks_needed
 from app.cache.paged_decode import PagedEngine
 from app.cache.quant import FORMATS, float_bytes_per_token
+from app.i18n import DEFAULT_LANG, translate
 from app.model.loading import LoadedModel
-from app.viz.tokens import visible
+from app.viz.tokens import honest_text, honest_texts, visible
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32)
 
@@ -37,7 +38,7 @@ def pool_view(engine: PagedEngine) -> dict:
             seq_id, j = held[0]
             ids = engine.sequences[seq_id].tokens[j * bs : (j + 1) * bs]
             entry["filled"] = len(ids)
-            entry["slots"] = [visible(t) for t in lm.token_texts(ids)]
+            entry["slots"] = [visible(t) for t in honest_texts(lm, ids)]
         entry["waste"] = bs - entry["filled"] if held else 0
         blocks.append(entry)
     return {"blocks": blocks, "num_blocks": cache.num_blocks, "block_size": bs,
@@ -45,16 +46,17 @@ def pool_view(engine: PagedEngine) -> dict:
             "bytes_total": cache.bytes_per_block * cache.num_blocks, "cow_copies": cache.cow_copies}
 
 
-def sequences_view(engine: PagedEngine) -> list[dict]:
+def sequences_view(engine: PagedEngine, lang: str = DEFAULT_LANG) -> list[dict]:
     lm, cache = engine.lm, engine.cache
     rows = []
     for seq in engine.sequences.values():
         table = cache.block_tables.get(seq.seq_id, [])
         rows.append({
-            "id": seq.seq_id, "status": seq.status, "parent": seq.parent,
+            "id": seq.seq_id, "status": seq.status, "status_text": translate(f"status.{seq.status}", lang),
+            "parent": seq.parent,
             "prompt": _text(lm, seq.tokens[: seq.prompt_len]),
             "generated_text": _text(lm, seq.tokens[seq.prompt_len :]),
-            "next": visible(lm.token_text(seq.pending)) if seq.pending is not None else None,
+            "next": visible(honest_text(lm, seq.pending)) if seq.pending is not None else None,
             "cached_tokens": cache.num_tokens.get(seq.seq_id, 0), "block_table": list(table),
             "tail_waste": cache.tail_waste(seq.seq_id) if table else 0,
             "generated": seq.generated, "max_new": seq.max_new,
@@ -95,7 +97,19 @@ def capacity_view(
             "by_block_size": rows, "by_format": formats}
 
 
-def engine_view(engine: PagedEngine, session_id: str) -> dict:
+def stall_view(stall: dict | None, lang: str = DEFAULT_LANG) -> dict | None:
+    """The stall, with the sentence that says it (admission: the waiting sequence; growth: the blocked ones)."""
+    if stall is None:
+        return None
+    if stall["kind"] == "admit":
+        text = translate("ev.stall.admit", lang, seq=stall["seq_id"], needed=stall["needed"], free=stall["free"])
+    else:
+        text = translate("ev.stall.grow", lang, seqs=stall["blocked"], needed=stall["needed"], free=stall["free"])
+    return {**stall, "text": text}
+
+
+def engine_view(engine: PagedEngine, session_id: str, lang: str = DEFAULT_LANG) -> dict:
+    """Everything the page draws. The event log and the stall are catalog keys in the engine, sentences here."""
     a = engine.lm.adapter
     cache = engine.cache
     lengths = [cache.num_tokens[s] for s in cache.block_tables]
@@ -103,8 +117,8 @@ def engine_view(engine: PagedEngine, session_id: str) -> dict:
     stored = sum(lengths)
     return {
         "session": session_id, "model": engine.lm.name, "step": engine.step_count,
-        "pool": pool_view(engine), "sequences": sequences_view(engine), "waiting": list(engine.waiting),
-        "stall": engine.stall, "events": list(engine.events),
+        "pool": pool_view(engine), "sequences": sequences_view(engine, lang), "waiting": list(engine.waiting),
+        "stall": stall_view(engine.stall, lang), "events": [translate(k, lang, **p) for k, p in engine.events],
         "summary": {"tokens_stored": stored, "slots_reserved": reserved,
                     "tail_waste": sum(cache.tail_waste(s) for s in cache.block_tables)},
         "capacity": capacity_view(n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim,
@@ -112,13 +126,16 @@ def engine_view(engine: PagedEngine, session_id: str) -> dict:
     }
 
 
-PATH_LABELS = {
-    "full": "full recompute", "contiguous": "contiguous cache", "paged": "paged cache",
-    "int8-head": "int8 / head", "int8-block": "int8 / block", "fp8-e4m3": "fp8 e4m3", "int4-head": "int4 / head",
-}
+def path_label(name: str, window: int, lang: str = DEFAULT_LANG) -> str:
+    """A verification-bench path's name for people: ``bench.path.<name>`` in the catalog."""
+    return translate(f"bench.path.{name}", lang, window=window) if name in PATHS else \
+        translate("bench.path.window", lang, window=window)
 
 
-def bench_view(lm: LoadedModel, result: dict) -> dict:
+PATHS = ("full", "contiguous", "paged", "int8-head", "int8-block", "fp8-e4m3", "int4-head")
+
+
+def bench_view(lm: LoadedModel, result: dict, lang: str = DEFAULT_LANG) -> dict:
     """The bench table: one row per step, per path max |Δlogits| vs full recompute and the token it would pick."""
     paths = result["paths"]
     first = result["first_divergence"]
@@ -128,14 +145,14 @@ def bench_view(lm: LoadedModel, result: dict) -> dict:
         for name in paths:
             c = row["cells"][name]
             cells.append({"path": name, "diff": c["max_abs_diff"], "token": c["token"],
-                          "text": visible(lm.token_text(c["token"])), "same": c["same"],
+                          "text": visible(honest_text(lm, c["token"])), "same": c["same"],
                           "first": first[name] == row["step"]})
         rows.append({"step": row["step"], "position": row["position"], "token": row["token"],
-                     "text": visible(lm.token_text(row["token"])), "cells": cells})
+                     "text": visible(honest_text(lm, row["token"])), "cells": cells})
     return {
         "model": lm.name, "prompt": _text(lm, result["prompt_ids"]), "steps": result["steps"],
         "block_size": result["block_size"], "window": result["window"],
-        "paths": [{"name": n, "label": PATH_LABELS.get(n, f"window W={result['window']}"),
+        "paths": [{"name": n, "label": path_label(n, result["window"], lang),
                    "first_divergence": first[n], "max_abs_diff": result["max_abs_diff"][n],
                    "bytes_per_token": result["bytes_per_token"][n], "bytes_held": result["bytes_held"][n]}
                   for n in paths],

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from app.cache.blocks import BlockPool
 from app.cache.prefix import PRESETS, PrefixLab, PrefixRequest, auto_block_size
-from app.viz.tokens import visible
+from app.i18n import DEFAULT_LANG, translate
+from app.viz.tokens import honest_text, honest_texts, visible
 
 
 def short_hash(h: str | None, n: int = 6) -> str:
@@ -138,21 +139,22 @@ def request_row(req: PrefixRequest, token_text) -> dict:
     }
 
 
-def lab_view(lab: PrefixLab) -> dict:
+def lab_view(lab: PrefixLab, lang: str = DEFAULT_LANG) -> dict:
     """Everything the page and the JSON API show about the lab's current state."""
     cache = lab.cache
+    notes = [translate(key, lang, **params) for key, params in lab.notes]
     if cache is None:
-        return {"empty": True, "notes": lab.notes}
+        return {"empty": True, "notes": notes}
     lm, pool = cache.lm, cache.pool
     run = [lab.requests[i] for i in lab.last_run if i in lab.requests]
-    texts = {r.request_id: lm.token_texts(r.token_ids) for r in run}
+    texts = {r.request_id: honest_texts(lm, r.token_ids) for r in run}
     groups: dict[str, list[PrefixRequest]] = {}
     for r in run:
         groups.setdefault(r.group, []).append(r)
     evictable = pool.num_evictable_blocks
     return {
         "empty": False,
-        "notes": lab.notes,
+        "notes": notes,
         "config": {"model": lm.name, "block_size": cache.block_size, "num_blocks": pool.num_blocks,
                    "page_bytes": cache.page_bytes, "store_bytes": cache.page_bytes * pool.num_blocks,
                    "max_positions": lm.max_positions, "n_layer": lm.adapter.n_layer,
@@ -165,7 +167,7 @@ def lab_view(lab: PrefixLab) -> dict:
         "totals": {**lab.totals.__dict__, "request_hit_rate": rate(lab.totals.requests_hit, lab.totals.requests),
                    "token_hit_rate": rate(lab.totals.hit_tokens, lab.totals.tokens),
                    "tokens_saved": lab.totals.hit_tokens},
-        "requests": [request_row(r, lm.token_text) for r in run],
+        "requests": [request_row(r, lambda i: honest_text(lm, i)) for r in run],
         "alignment": alignment_rows(run, texts),
         "block_rows": block_rows(run, pool, cache.is_cached),
         "max_len": max((r.num_tokens for r in run), default=0),

@@ -37,7 +37,7 @@ def loss_figure(losses: list[tuple[int, float]], _: Callable[..., str]) -> dict:
     }
 
 
-JS_STRINGS = (
+SCRIPT_STRINGS = (
     "train.status.idle", "train.status.ready", "train.status.running", "train.status.stopping",
     "train.status.stopped", "train.status.publishing", "train.status.done", "train.status.failed",
     "train.param.no_grad", "train.param.no_state", "train.param.fused_note", "train.param.rows_cut",
@@ -46,17 +46,13 @@ JS_STRINGS = (
 )
 
 
-def page_strings(_: Callable[..., str]) -> dict[str, str]:
-    """The translated strings the page's script fills in itself ({name} placeholders left for it)."""
-    return {key: _(key) for key in JS_STRINGS}
-
-
-def heatmap_figure(matrix: list[list[float]] | None, *, x_title: str, y_title: str, diverging: bool = True) -> dict:
+def heatmap_figure(matrix: list[list[float]] | None, *, x_title: str, y_title: str, diverging: bool = True,
+                   hover: str = "row %{y}, col %{x}") -> dict:
     """One tensor as a heatmap; a diverging scale centred on 0 for signed tensors, sequential otherwise."""
     if matrix is None:
         return {"data": [], "layout": {}}
     peak = max((abs(v) for row in matrix for v in row), default=1.0) or 1.0
-    trace = {"z": matrix, "type": "heatmap", "hovertemplate": "row %{y}, col %{x}: %{z:.3g}<extra></extra>"}
+    trace = {"z": matrix, "type": "heatmap", "hovertemplate": hover + ": %{z:.3g}<extra></extra>"}
     if diverging:
         trace.update(colorscale="RdBu", reversescale=True, zmin=-peak, zmax=peak)
     else:
@@ -77,6 +73,7 @@ def param_figures(view: dict, _: Callable[..., str]) -> dict:
     out = {k: v for k, v in view.items() if k != "matrices"}
     out["figures"] = {
         k: heatmap_figure(m, x_title=_("train.param.axis_x"), y_title=_("train.param.axis_y"),
+                          hover=_("train.param.hover", row="%{y}", col="%{x}"),
                           diverging=k != "exp_avg_sq")
         for k, m in view["matrices"].items()
     }

@@ -1,14 +1,25 @@
-"""Third-party front-end files, served from the installed Python packages (never committed)."""
+"""Front-end files: our static/ folder and third-party files served from installed Python packages (never
+committed), each with a cache lifetime.
+
+Pages link every file through ``asset(url)``, which appends ``?v=<content hash>``: such a URL names one exact
+content, so browsers may keep it a year without asking again; a changed file gets a new URL.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+from functools import lru_cache
 from pathlib import Path
 
-from fastapi import APIRouter, HTTPException
-from fastapi.responses import FileResponse
+from fastapi import APIRouter
+from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.staticfiles import StaticFiles
+
+from app.errors import NotFound
 
 router = APIRouter()
+STATIC = Path(__file__).resolve().parents[2] / "static"
 
 
 def _package_file(package: str, *parts: str) -> Path | None:
@@ -22,13 +33,83 @@ def _package_file(package: str, *parts: str) -> Path | None:
 VENDOR = {
     "htmx.min.js": ("js_lib_htmx", "static", "htmx", "htmx.min.js"),  # htmx 2.0.3 (django-js-lib-htmx)
     "plotly.min.js": ("plotly", "package_data", "plotly.min.js"),  # shipped with the plotly package
+    # The API docs' assets (fastapi-offline ships them), so /docs and /redoc need no CDN.
+    "swagger-ui-bundle.js": ("fastapi_offline", "static", "swagger-ui-bundle.js"),
+    "swagger-ui.css": ("fastapi_offline", "static", "swagger-ui.css"),
+    "redoc.standalone.js": ("fastapi_offline", "static", "redoc.standalone.js"),
 }
+MEDIA = {".js": "text/javascript", ".css": "text/css"}
+# Vendored files change only when the installed package does: a day in the browser cache, revalidated after.
+VENDOR_CACHE = "public, max-age=86400"
+IMMUTABLE = "public, max-age=31536000, immutable"  # a ?v=<hash> URL never changes content
+UNVERSIONED = "public, max-age=300"  # a bare URL (an old page, a hand-typed link): re-checked after 5 minutes
+
+
+def _cache_control(query: bytes | str) -> str:
+    return IMMUTABLE if ("v=" in (query.decode() if isinstance(query, bytes) else query)) else UNVERSIONED
+
+
+class CachedStatic(StaticFiles):
+    """StaticFiles with a Cache-Control header: a year for versioned URLs, five minutes otherwise."""
+
+    async def get_response(self, path, scope):
+        response = await super().get_response(path, scope)
+        if response.status_code in (200, 304):
+            response.headers["Cache-Control"] = _cache_control(scope.get("query_string", b""))
+        return response
+
+
+@lru_cache
+def _file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:10]
+
+
+def asset(url: str) -> str:
+    """``/static/kv.js`` → ``/static/kv.js?v=3f9a…`` (the content's hash), the same for ``/vendor/`` files."""
+    if url.startswith("/static/"):
+        path = STATIC / url.removeprefix("/static/")
+    elif url.startswith("/vendor/") and url.removeprefix("/vendor/") in VENDOR:
+        path = _package_file(*VENDOR[url.removeprefix("/vendor/")])
+    else:
+        path = None
+    return f"{url}?v={_file_hash(path)}" if path is not None and path.exists() else url
 
 
 @router.get("/vendor/{name}", include_in_schema=False)
-def read_vendor(name: str) -> FileResponse:
+def read_vendor(name: str, v: str | None = None) -> FileResponse:
     where = VENDOR.get(name)
     path = _package_file(*where) if where else None
     if path is None:
-        raise HTTPException(404, f"No vendored asset {name!r}.")
-    return FileResponse(path, media_type="text/javascript", headers={"Cache-Control": "public, max-age=86400"})
+        raise NotFound("err.vendor", name=repr(name))
+    cache = IMMUTABLE if v else VENDOR_CACHE
+    return FileResponse(path, media_type=MEDIA[path.suffix], headers={"Cache-Control": cache})
+
+
+DOCS_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>KVScope API</title>{head}<link rel="icon" href="/static/favicon.svg"></head>
+<body>{body}</body></html>"""
+
+
+@router.get("/docs", include_in_schema=False)
+def read_docs() -> HTMLResponse:
+    """Swagger UI from the installed package; started by static/api-docs.js (no inline script)."""
+    return HTMLResponse(DOCS_PAGE.format(
+        head='<link rel="stylesheet" href="/vendor/swagger-ui.css">',
+        body='<div id="swagger-ui" data-openapi="/openapi.json"></div>'
+             '<script src="/vendor/swagger-ui-bundle.js"></script><script src="/static/api-docs.js"></script>'))
+
+
+@router.get("/redoc", include_in_schema=False)
+def read_redoc() -> HTMLResponse:
+    """ReDoc from the installed package (its standalone bundle reads the spec-url attribute itself). Its
+    sidebar links a logo on a CDN: images are limited to this server, so even that is never fetched."""
+    return HTMLResponse(DOCS_PAGE.format(
+        head="", body='<redoc spec-url="/openapi.json"></redoc><script src="/vendor/redoc.standalone.js"></script>'),
+        headers={"Content-Security-Policy": "img-src 'self' data:"})
+
+
+@router.get("/favicon.ico", include_in_schema=False)
+def read_favicon() -> FileResponse:
+    """Browsers ask for /favicon.ico whatever the page links: the same small SVG as the pages' icon."""
+    return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml", headers={"Cache-Control": VENDOR_CACHE})

@@ -11,18 +11,18 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse
-from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import __version__
 from app.errors import UserError
+from app.i18n import translate
 from app.model.loading import load_registry
 from app.settings import Settings, get_settings
 from app.state import AppState
 from app.web import assets
 from app.web.deps import is_htmx
 from app.web.middleware import BodyLimit
-from app.web.render import ROOT, render
+from app.web.render import ROOT, localize, render, request_lang
 from app.web.routes import all_routers
 from app.web.security import HostAndOrigin, OwnerCookie, SecurityHeaders, allowed_hosts
 
@@ -51,7 +51,7 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
         finally:
             app.state.kv.stop_janitor()
 
-    app = FastAPI(title="KVScope", version=__version__, lifespan=lifespan)
+    app = FastAPI(title="KVScope", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)  # assets.py
     app.state.kv = state
     # The last added runs first: headers go on every answer, foreign hosts and origins are refused before
     # anything else runs, then the owner cookie, the body limit and compression.
@@ -61,7 +61,7 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
     app.add_middleware(HostAndOrigin, hosts=allowed_hosts(settings.host, settings.allowed_hosts),
                        any_ip=settings.host in ("0.0.0.0", "::"))
     app.add_middleware(SecurityHeaders)
-    app.mount("/static", StaticFiles(directory=ROOT / "static"), name="static")
+    app.mount("/static", assets.CachedStatic(directory=ROOT / "static"), name="static")
     app.include_router(assets.router)
     for router in all_routers():
         app.include_router(router)
@@ -83,19 +83,18 @@ def _error_response(request: Request, status: int, message: str):
     return JSONResponse({"detail": message}, status_code=status)
 
 
-def _validation_message(exc: RequestValidationError) -> str:
+def _validation_message(exc: RequestValidationError, lang: str) -> str:
+    """Which field is wrong, with pydantic's own reason (its wording stays English: it names a rule)."""
     parts = []
     for err in exc.errors():
         where = ".".join(str(x) for x in err.get("loc", ()) if x not in ("query", "path", "body"))
         parts.append(f"{where}: {err.get('msg', 'invalid')}" if where else err.get("msg", "invalid"))
-    return "Invalid request: " + "; ".join(parts)
+    return translate("err.invalid", lang, details="; ".join(parts))
 
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(UserError)
     async def on_user_error(request: Request, exc: UserError):
-        from app.web.render import request_lang
-
         response = _error_response(request, exc.status, exc.text(request_lang(request)))
         if getattr(exc, "retry_after", None):
             response.headers["Retry-After"] = str(exc.retry_after)
@@ -103,16 +102,17 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError):
-        return _error_response(request, 422, _validation_message(exc))
+        return _error_response(request, 422, _validation_message(exc, request_lang(request)))
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http(request: Request, exc: StarletteHTTPException):
-        message = exc.detail if isinstance(exc.detail, str) else "Request failed."
-        if exc.status_code == 404 and message == "Not Found":
-            message = f"Nothing at {request.url.path}."
+        lang = request_lang(request)
+        message = localize(exc.detail, lang) if isinstance(exc.detail, str) else translate("err.request_failed", lang)
+        if exc.status_code == 404 and exc.detail == "Not Found":
+            message = translate("err.not_found", lang, path=request.url.path)
         return _error_response(request, exc.status_code, message)
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception):
         log.exception("unexpected error on %s", request.url.path)
-        return _error_response(request, 500, "Something went wrong on the server; the error was logged.")
+        return _error_response(request, 500, translate("err.server", request_lang(request)))

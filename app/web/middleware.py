@@ -21,7 +21,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._reject(send)
+            return await self._reject(scope, send)
         chunks: list[bytes] = []
         seen = 0
         while True:
@@ -31,15 +31,21 @@ class BodyLimit:
             body = message.get("body", b"")
             seen += len(body)
             if seen > self.max_bytes:
-                return await self._reject(send)
+                return await self._reject(scope, send)
             chunks.append(body)
             if not message.get("more_body", False):
                 break
         whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
         await self.app(scope, _replay([whole], receive), send)
 
-    async def _reject(self, send) -> None:
-        body = json.dumps({"detail": f"The request body is larger than {self.max_bytes:,} bytes."}).encode()
+    async def _reject(self, scope, send) -> None:
+        from starlette.requests import Request
+
+        from app.i18n import translate
+        from app.web.render import request_lang
+
+        text = translate("err.too_large", request_lang(Request(scope)), n=f"{self.max_bytes:,}")
+        body = json.dumps({"detail": text}, ensure_ascii=False).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from fastapi import Request
@@ -12,10 +13,19 @@ from app.viz.shapes import fmt_shape
 
 ROOT = Path(__file__).resolve().parents[2]
 LANG_COOKIE = "kvscope_lang"
+LANG_HEADER = "x-kvscope-lang"
 TEMPLATES = Jinja2Templates(directory=str(ROOT / "templates"))
 TEMPLATES.env.filters["shape"] = fmt_shape
 TEMPLATES.env.filters["num"] = lambda x, d=4: f"{x:.{d}f}"
 TEMPLATES.env.filters["bytes"] = lambda n: human_bytes(n)
+TEMPLATES.env.globals["localize"] = lambda text, lang: localize(text, lang)
+TEMPLATES.env.globals["asset"] = lambda url: _asset(url)
+
+
+def _asset(url: str) -> str:
+    from app.web.assets import asset
+
+    return asset(url)
 
 
 def human_bytes(n: float) -> str:
@@ -34,21 +44,62 @@ def js_strings(lang: str) -> dict[str, str]:
 
 
 def request_lang(request: Request) -> str:
-    """The page language: ``?lang=`` if it names a catalog, else the ``kvscope_lang`` cookie, else English."""
+    """The language of a page or an API answer: ``?lang=`` if it names a catalog, else the page's own language
+    (the ``X-KVScope-Lang`` header that kv.js and htmx requests carry, so a page opened with ``?lang=zh`` gets
+    Chinese answers), else the ``kvscope_lang`` cookie, else the first catalog language in Accept-Language
+    (by q-value; ``zh-CN`` counts as ``zh``), else English."""
     languages = available_languages()
-    for candidate in (request.query_params.get("lang"), request.cookies.get(LANG_COOKIE)):
+    for candidate in (request.query_params.get("lang"), request.headers.get(LANG_HEADER),
+                      request.cookies.get(LANG_COOKIE)):
         if candidate in languages:
             return candidate
-    return DEFAULT_LANG
+    return accept_language(request.headers.get("accept-language", ""), languages) or DEFAULT_LANG
 
 
-def render(request: Request, template: str, status_code: int = 200, headers: dict | None = None, **context):
+def accept_language(header: str, languages: list[str]) -> str | None:
+    """The best of ``languages`` in an Accept-Language header (``"zh-CN,zh;q=0.9,en;q=0.8"`` → ``"zh"``)."""
+    ranked = []
+    for i, part in enumerate(header.split(",")):
+        tag, _, params = part.strip().partition(";")
+        q = 1.0
+        if params.strip().startswith("q="):
+            try:
+                q = float(params.strip()[2:])
+            except ValueError:
+                q = 0.0
+        base = tag.strip().lower().split("-")[0]
+        if base in languages and q > 0:
+            ranked.append((-q, i, base))
+    return min(ranked)[2] if ranked else None
+
+
+def localize(text: str, lang: str) -> str:
+    """A message that may be a catalog key or the English text of a catalog entry, in ``lang``.
+
+    For messages made outside the catalog's reach (a model loader's reason, say): when the English text is
+    exactly one catalog entry without placeholders, its translation is shown; otherwise the text as it is.
+    """
+    if text in catalog(DEFAULT_LANG):
+        return translator(lang)(text)
+    key = _english_index().get(text)
+    return translator(lang)(key) if key else text
+
+
+@lru_cache
+def _english_index() -> dict[str, str]:
+    return {v: k for k, v in catalog(DEFAULT_LANG).items() if "{" not in v}
+
+
+def render(request: Request, template: str, status_code: int = 200, headers: dict | None = None,
+           script_keys: tuple[str, ...] = (), **context):
+    """A page or fragment in the request's language. Page scripts read strings with ``kv.t(key)``: every
+    "js." key, plus ``script_keys`` (a page's own keys its script fills in)."""
     lang = request_lang(request)
     context.setdefault("_", translator(lang))
     context.setdefault("lang", lang)
     context.setdefault("html_lang", html_lang(lang))
     context.setdefault("languages", [(code, catalog(code).get("lang.name", code)) for code in available_languages()])
-    context.setdefault("js_strings", js_strings(lang))
+    context.setdefault("js_strings", {**js_strings(lang), **{k: translator(lang)(k) for k in script_keys}})
     state = request.app.state.kv
     context.setdefault("state", state)
     if "card" not in context:

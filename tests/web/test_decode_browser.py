@@ -44,3 +44,34 @@ def test_stop_ends_a_run_early(page, live_server):
     stopped_at = int(page.evaluate("document.body.dataset.decodeStep"))
     page.wait_for_timeout(800)
     assert int(page.evaluate("document.body.dataset.decodeStep")) == stopped_at < 200
+
+
+def test_a_real_mouse_reaches_stop_during_run_n_and_the_page_does_not_scroll(page, live_server):
+    """The user's view: steps stream in, the page stays where it is, and a real click on Stop ends the run."""
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.goto(live_server + "/decode?model=builtin")
+    page.click("#prefill")
+    page.wait_for_function("document.body.dataset.decodeStep === '0'")
+    page.fill("#run-n", "200")
+    page.click("#run")
+    page.wait_for_function("+document.body.dataset.decodeStep >= 6", timeout=60_000)
+    assert page.evaluate("window.scrollY") == 0  # steps do not scroll the page
+    box = page.locator("#stop").bounding_box()
+    assert box and box["y"] >= 0 and box["y"] + box["height"] <= 720  # Stop is on screen
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    at_click = int(page.evaluate("document.body.dataset.decodeStep"))
+    page.mouse.down()
+    page.mouse.up()
+    page.wait_for_function("document.getElementById('run').disabled === false", timeout=30_000)
+    ended = int(page.evaluate("document.body.dataset.decodeStep"))
+    page.wait_for_timeout(600)
+    assert int(page.evaluate("document.body.dataset.decodeStep")) == ended <= at_click + 1
+
+
+def test_greedy_mode_turns_the_sampling_settings_off(page, live_server):
+    page.goto(live_server + "/decode?model=builtin")
+    for name in ("temperature", "top_k", "top_p", "seed"):
+        assert page.locator(f"#{name}").is_disabled()
+    page.select_option("#mode", "sample")
+    for name in ("temperature", "top_k", "top_p", "seed"):
+        assert page.locator(f"#{name}").is_enabled()

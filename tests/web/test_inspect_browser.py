@@ -59,3 +59,25 @@ def test_html_in_a_prompt_is_text_and_runs_nothing(page, live_server):
     assert page.locator("#result img").count() == 0
     assert dialogs == []
     assert page.js_errors == []
+
+
+def test_heatmap_marks_the_query_row_names_positions_and_scales_colours(page, live_server):
+    page.goto(live_server + "/?model=builtin&prompt=abab+abab&q=3")
+    page.wait_for_function("document.body.dataset.heatmapPlotly >= '1'")  # after the canvas first paint
+    info = page.evaluate("""() => { const h = document.getElementById('heatmap');
+      return { shapes: h.layout.shapes, zx: h.layout.xaxis.zeroline, zy: h.layout.yaxis.zeroline,
+               hover: h.data[0].hovertemplate, cd: h.data[0].customdata[3][1],
+               scale: JSON.stringify(h.data[0].colorscale), sqrt: JSON.stringify(kv.weightScale('sqrt')),
+               linear: JSON.stringify(kv.weightScale('linear')) }; }""")
+    row = info["shapes"][0]
+    assert (row["y0"], row["y1"]) == (2.5, 3.5)  # the selected query row is framed
+    assert info["zx"] is False and info["zy"] is False  # no stray zero line across row 0
+    assert "customdata[0]" in info["hover"] and info["cd"][1].startswith("1 ")  # position then token
+    assert page.input_value("#sel-scale") == "sqrt" and info["scale"] == info["sqrt"] != info["linear"]
+    page.click("#token-strip .tok[data-pos='5']")
+    page.wait_for_function("document.getElementById('heatmap').layout.shapes[0].y0 === 4.5")
+    page.select_option("#sel-scale", "linear")
+    page.wait_for_function("JSON.stringify(document.getElementById('heatmap').data[0].colorscale)"
+                           " === JSON.stringify(kv.weightScale('linear'))")
+    assert "scale=linear" in page.url
+    assert page.js_errors == []

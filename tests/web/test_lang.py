@@ -83,10 +83,14 @@ def test_htmx_fragment_follows_the_cookie(client):
     assert catalog("zh")["tokens.title"] in html and catalog("zh")["shapes.title"] in html
 
 
-def test_server_error_messages_stay_english(client):
+def test_server_error_messages_follow_the_cookie(client):
     client.cookies.set(LANG_COOKIE, "zh")
-    r = client.get("/api/trace", params={"prompt": ""})
-    assert r.status_code == 422 and "empty" in r.json()["detail"]
+    try:
+        r = client.get("/api/trace", params={"prompt": ""})
+        assert r.status_code == 422 and "提示词是空的" in r.json()["detail"]
+    finally:
+        client.cookies.delete(LANG_COOKIE)
+    assert "empty" in client.get("/api/trace", params={"prompt": ""}).json()["detail"]
 
 
 @pytest.mark.browser

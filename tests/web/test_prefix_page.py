@@ -158,3 +158,34 @@ def test_timestamp_rerun_reads_a_new_clock(client):
     assert groups["time at start"]["hit_tokens"] == 0  # a new time at the front: still nothing reused
     assert groups["time at end"]["requests_hit"] == 3  # the system prompt before the time keeps hitting
     assert body["requests"][0]["request_id"] == 7 and "past one" in body["requests"][0]["text"]
+
+
+def test_timestamp_preset_at_block_size_4_runs_with_nothing_else_running(client):
+    """Its six requests stay running together: a cache chosen too small grows to fit them, and says so."""
+    client.post("/api/prefix/reset")
+    r = client.post("/api/prefix/run", json={"preset": "timestamp", "model": "builtin", "block_size": 4})
+    assert r.status_code == 200, r.json()
+    body = r.json()
+    assert len(body["requests"]) == 6 and any("need" in str(n) or "blocks" in str(n) for n in body["notes"])
+
+
+def test_blocks_for_run_counts_shared_full_blocks_once():
+    from app.cache.prefix import blocks_for_run
+
+    assert blocks_for_run([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6, 7]], 4) == 1 + 2  # one shared block, two tails
+    assert blocks_for_run([[1, 2, 3, 4], [1, 2, 3, 4]], 4, salt="a") == 1
+
+
+def test_side_by_side_shows_where_requests_differ_at_1280px(page, live_server):
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.goto(live_server + "/prefix")
+    page.check("input[name=preset][value=timestamp]")
+    page.click("#run")
+    page.wait_for_selector("#prefix-align td.k-diff", timeout=120_000)
+    page.wait_for_timeout(300)
+    seen = page.evaluate("""() => {
+      const box = document.querySelector('#prefix-align .align-scroll').getBoundingClientRect();
+      return [...document.querySelectorAll('#prefix-align td.k-diff')].map((td) => {
+        const r = td.getBoundingClientRect(); return r.left >= box.left && r.right <= box.right; }); }""")
+    assert seen and any(seen), seen
+    assert page.js_errors == []

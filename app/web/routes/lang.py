@@ -36,7 +36,7 @@ def safe_next(target: str | None) -> str:
 @router.get("/lang/{code}")
 def switch_language(code: str, next: str = "/"):
     if code not in available_languages():
-        raise NotFound(f"Unknown language {code!r}. Available: {', '.join(available_languages())}.")
+        raise NotFound("err.lang", code=repr(code), langs=", ".join(available_languages()))
     response = RedirectResponse(safe_next(next), status_code=303)
     response.set_cookie(LANG_COOKIE, code, max_age=COOKIE_MAX_AGE_S, path="/", samesite="lax")
     return response

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from app.admission import LONG, SHORT
+from app.cache.kv_bytes import dtype_name, page_bytes
 from app.cache.paged_decode import PagedEngine
 from app.cache.verify import run_bench
 from app.errors import BadInput
@@ -22,7 +23,7 @@ from app.state import AppState
 from app.viz.models import model_card
 from app.viz.paged import bench_view, engine_view
 from app.web.deps import OwnerDep, StateDep
-from app.web.render import render
+from app.web.render import render, request_lang
 
 router = APIRouter()
 
@@ -43,28 +44,31 @@ class NewSequence(BaseModel):
     max_new: int = Field(12, ge=1, le=48)
 
 
-def _act(state: AppState, owner: str, sid: str, action: Callable[[PagedEngine], object] | None,
+def _act(request: Request, state: AppState, owner: str, sid: str, action: Callable[[PagedEngine], object] | None,
          kind: str = LONG) -> dict:
     """Run one action on a pool and read its view back, both under the pool's lock, so concurrent clicks
-    can't interleave; an action (which may run the model) also goes through the model gate."""
+    can't interleave; an action (which may run the model) also goes through the model gate. The view's
+    sentences (events, stall, statuses) are in the request's language."""
+    lang = request_lang(request)
     entry = state.paged_pools.entry(owner, sid)
     with entry.lock:
         if action is None:
-            return engine_view(entry.obj, sid)
+            return engine_view(entry.obj, sid, lang)
         with state.model_lock.use(kind):
             action(entry.obj)
-            return engine_view(entry.obj, sid)
+            return engine_view(entry.obj, sid, lang)
 
 
 def _pool_bytes(lm, num_blocks: int, block_size: int) -> int:
     a = lm.adapter
-    return 2 * a.n_layer * a.n_kv_head * a.head_dim * a.dtype.itemsize * num_blocks * block_size
+    return int(num_blocks * page_bytes(block_size=block_size, n_layer=a.n_layer, n_kv_head=a.n_kv_head,
+                                       head_dim=a.head_dim, dtype=dtype_name(a.dtype)))
 
 
 def _prompt_ids(lm, prompt: str | None) -> list[int]:
     ids = encode_prompt(lm, prompt, max_chars=MAX_PROMPT_CHARS, reserve=MAX_BENCH_STEPS + 8)
     if len(ids) > MAX_PROMPT_TOKENS:
-        raise BadInput(f"This lab takes prompts of up to {MAX_PROMPT_TOKENS} tokens; this one has {len(ids)}.")
+        raise BadInput("err.paged.prompt_tokens", limit=MAX_PROMPT_TOKENS, n=len(ids))
     return ids
 
 
@@ -75,7 +79,7 @@ def read_paged_page(request: Request, state: StateDep, model: str | None = None)
 
 
 @router.post("/api/paged/sessions", tags=["paged"])
-def create_pool(state: StateDep, owner: OwnerDep, body: NewPool) -> dict:
+def create_pool(request: Request, state: StateDep, owner: OwnerDep, body: NewPool) -> dict:
     """A new block pool of ``num_blocks`` blocks of ``block_size`` tokens for the chosen model.
 
     A browser keeps at most a few pools (its oldest goes); the server's pools share one memory budget."""
@@ -83,56 +87,60 @@ def create_pool(state: StateDep, owner: OwnerDep, body: NewPool) -> dict:
     sid, _ = state.paged_pools.create(
         owner, lambda: PagedEngine(lm, num_blocks=body.num_blocks, block_size=body.block_size, lock=state.model_lock),
         nbytes=_pool_bytes(lm, body.num_blocks, body.block_size))
-    return _act(state, owner, sid, None)
+    return _act(request, state, owner, sid, None)
 
 
 @router.get("/api/paged/sessions/{sid}", tags=["paged"])
-def read_pool(state: StateDep, owner: OwnerDep, sid: str) -> dict:
-    return _act(state, owner, sid, None)
+def read_pool(request: Request, state: StateDep, owner: OwnerDep, sid: str) -> dict:
+    return _act(request, state, owner, sid, None)
 
 
 @router.post("/api/paged/sessions/{sid}/sequences", tags=["paged"])
-def add_sequence(state: StateDep, owner: OwnerDep, sid: str, body: NewSequence) -> dict:
+def add_sequence(request: Request, state: StateDep, owner: OwnerDep, sid: str, body: NewSequence) -> dict:
     """A new request: it is prefilled into the pool if its blocks fit, otherwise it waits."""
-    return _act(state, owner, sid, lambda engine: engine.add(_prompt_ids(engine.lm, body.prompt), body.max_new))
+    return _act(request, state, owner, sid,
+                lambda engine: engine.add(_prompt_ids(engine.lm, body.prompt), body.max_new))
 
 
 @router.post("/api/paged/sessions/{sid}/step", tags=["paged"])
-def step_pool(state: StateDep, owner: OwnerDep, sid: str) -> dict:
+def step_pool(request: Request, state: StateDep, owner: OwnerDep, sid: str) -> dict:
     """One decode step: one greedy token per running sequence, then admit waiting sequences that fit."""
-    return _act(state, owner, sid, PagedEngine.step, SHORT)
+    return _act(request, state, owner, sid, PagedEngine.step, SHORT)
 
 
 @router.post("/api/paged/sessions/{sid}/wait", tags=["paged"])
-def choose_wait(state: StateDep, owner: OwnerDep, sid: str) -> dict:
+def choose_wait(request: Request, state: StateDep, owner: OwnerDep, sid: str) -> dict:
     """Pool exhausted, choice 1: wait (nothing is freed; blocked sequences retry at the next step)."""
-    return _act(state, owner, sid, PagedEngine.wait)
+    return _act(request, state, owner, sid, PagedEngine.wait)
 
 
 @router.post("/api/paged/sessions/{sid}/sequences/{seq_id}/{action}", tags=["paged"])
 def act_on_sequence(
-    state: StateDep, owner: OwnerDep, sid: str, seq_id: int, action: Literal["fork", "finish", "cancel", "preempt"]
+    request: Request, state: StateDep, owner: OwnerDep, sid: str, seq_id: int,
+    action: Literal["fork", "finish", "cancel", "preempt"],
 ) -> dict:
     """fork (share its blocks, branch on a runner-up token), finish, cancel, or preempt (free now, recompute later)."""
-    return _act(state, owner, sid, lambda engine: getattr(engine, action)(seq_id))
+    return _act(request, state, owner, sid, lambda engine: getattr(engine, action)(seq_id))
 
 
-def _bench(state: AppState, prompt: str | None, model: str | None, steps: int, block_size: int, window: int) -> dict:
+def _bench(request: Request, state: AppState, prompt: str | None, model: str | None, steps: int, block_size: int,
+           window: int) -> dict:
     lm = state.model(model)
     if block_size not in BLOCK_SIZES:
-        raise BadInput(f"Block size must be one of {', '.join(map(str, BLOCK_SIZES))}; got {block_size}.")
+        raise BadInput("err.block_size", sizes=", ".join(map(str, BLOCK_SIZES)))
     ids = _prompt_ids(lm, prompt)
     return bench_view(lm, run_bench(lm, ids, steps=steps, block_size=block_size, window=window,
-                                    lock=state.model_lock))
+                                    lock=state.model_lock), request_lang(request))
 
 
 @router.get("/api/paged/bench", tags=["paged"])
 def read_bench(
-    state: StateDep, prompt: str, model: str | None = None, steps: int = Query(16, ge=1, le=MAX_BENCH_STEPS),
+    request: Request, state: StateDep, prompt: str, model: str | None = None,
+    steps: int = Query(16, ge=1, le=MAX_BENCH_STEPS),
     block_size: int = 4, window: int = Query(8, ge=1, le=512),
 ) -> dict:
     """Verification bench: full recompute vs contiguous vs paged vs quantized vs window, step by step."""
-    return _bench(state, prompt, model, steps, block_size, window)
+    return _bench(request, state, prompt, model, steps, block_size, window)
 
 
 @router.get("/paged/bench", include_in_schema=False)
@@ -141,5 +149,5 @@ def read_bench_fragment(
     steps: int = Query(16, ge=1, le=MAX_BENCH_STEPS), block_size: int = 4,
     window: int = Query(8, ge=1, le=512),
 ):
-    bench = _bench(state, prompt, model, steps, block_size, window)
+    bench = _bench(request, state, prompt, model, steps, block_size, window)
     return render(request, "partials/_paged_bench.html", bench=bench, page="paged")

@@ -18,7 +18,7 @@ from app.cache.prefix import (
 )
 from app.viz.prefix import lab_view, presets_view
 from app.web.deps import OwnerDep, StateDep, is_htmx
-from app.web.render import render
+from app.web.render import render, request_lang
 
 router = APIRouter()
 
@@ -54,7 +54,7 @@ def _split_prompts(text: str | None) -> list[str]:
 
 
 def _page(request: Request, state, owner: str, *, form: dict | None = None):
-    view = lab_view(peek_lab(state, owner))
+    view = lab_view(peek_lab(state, owner), request_lang(request))
     template = "partials/_prefix_result.html" if is_htmx(request) else "prefix.html"
     presets = presets_view(list(state.registry.models.values()))
     return render(request, template, page="prefix", view=view, presets=presets, form=form or {},
@@ -103,26 +103,27 @@ def read_prefix_presets(state: StateDep) -> list[dict]:
 
 
 @router.get("/api/prefix/state", tags=["prefix"])
-def read_prefix_state(state: StateDep, owner: OwnerDep) -> dict:
+def read_prefix_state(request: Request, state: StateDep, owner: OwnerDep) -> dict:
     """This browser's lab as it stands: config, pool counts and blocks, last run's requests, alignment, block rows."""
-    return lab_view(peek_lab(state, owner))
+    return lab_view(peek_lab(state, owner), request_lang(request))
 
 
 @router.post("/api/prefix/run", tags=["prefix"])
-def run_prefix(body: RunBody, state: StateDep, owner: OwnerDep) -> dict:
+def run_prefix(request: Request, body: RunBody, state: StateDep, owner: OwnerDep) -> dict:
     """Finish the previous run, then prefill a preset's prompts (or yours) through the prefix cache."""
     lab = run_lab(state, model=body.model, preset=body.preset, prompts=body.prompts, block_size=body.block_size,
                   num_blocks=body.capacity, salt=body.salt, owner=owner)
-    return lab_view(lab)
+    return lab_view(lab, request_lang(request))
 
 
 @router.post("/api/prefix/finish", tags=["prefix"])
-def finish_prefix(body: FinishBody, state: StateDep, owner: OwnerDep) -> dict:
+def finish_prefix(request: Request, body: FinishBody, state: StateDep, owner: OwnerDep) -> dict:
     """End (or cancel) one running request or all of them: their blocks are released tail first."""
-    return lab_view(finish_lab(state, request_id=body.request_id, reason=body.reason, owner=owner))
+    lab = finish_lab(state, request_id=body.request_id, reason=body.reason, owner=owner)
+    return lab_view(lab, request_lang(request))
 
 
 @router.post("/api/prefix/reset", tags=["prefix"])
-def reset_prefix(state: StateDep, owner: OwnerDep) -> dict:
+def reset_prefix(request: Request, state: StateDep, owner: OwnerDep) -> dict:
     """Empty this browser's prefix cache (other browsers' labs are their own)."""
-    return lab_view(reset_lab(state, owner))
+    return lab_view(reset_lab(state, owner), request_lang(request))

@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
-from app.i18n import translator
+from app.i18n import translate, translator
 from app.model.builtin import TRAIN_CONFIG, corpus_text
 from app.training.jobs import LIMITS, MAX_TEXT_CHARS, MIN_TEXT_CHARS, TRAINED_NAME, lab_for, make_spec
-from app.viz.training import ARTICLE_MAX_DIFF, loss_figure, page_strings, param_figures
+from app.viz.training import ARTICLE_MAX_DIFF, SCRIPT_STRINGS, loss_figure, param_figures
 from app.web.deps import StateDep
 from app.web.render import render, request_lang
 
@@ -38,9 +38,9 @@ def read_train_page(request: Request, state: StateDep):
     status = lab.status()
     _ = translator(request_lang(request))
     init = {"status": status, "figure": loss_figure([tuple(p) for p in status["losses"]], _),
-            "i18n": page_strings(_), "default_param": DEFAULT_PARAM}
+            "default_param": DEFAULT_PARAM}
     return render(
-        request, "train.html", page="train", status=status, init=init,
+        request, "train.html", page="train", status=status, init=init, script_keys=SCRIPT_STRINGS,
         parameters=lab.parameters(), default_param=DEFAULT_PARAM, step=lab.step(), memory=lab.memory(),
         defaults=TRAIN_CONFIG, limits=LIMITS, corpus_chars=len(corpus_text()),
         min_chars=MIN_TEXT_CHARS, max_chars=MAX_TEXT_CHARS, article_max_diff=ARTICLE_MAX_DIFF,
@@ -80,9 +80,12 @@ def resume_training(state: StateDep, body: ResumeRequest | None = None) -> dict:
 
 
 @router.get("/api/train/status", tags=["train"])
-def read_training_status(state: StateDep, since: int = 0) -> dict:
+def read_training_status(request: Request, state: StateDep, since: int = 0) -> dict:
     """The current job: status, step, and the losses from step index ``since`` on (for live curves)."""
-    return lab_for(state).status(since)
+    status = lab_for(state).status(since)
+    if status.get("error"):
+        status["error"] = translate("err.train.failed", request_lang(request), why=status["error"])
+    return status
 
 
 @router.get("/api/train/params", tags=["train"])

@@ -1,0 +1,27 @@
+"""Token texts are shown honestly: a byte-level piece of a multi-byte character shows its byte values."""
+
+from __future__ import annotations
+
+from app.viz.tokens import honest_text, honest_texts, token_bytes, visible
+
+
+def test_gpt2_pieces_of_a_chinese_character_show_their_bytes(distil):
+    ids = distil.encode("你好😀")
+    texts = honest_texts(distil, ids)
+    assert "".join(texts).replace("‹", "").replace("›", "")  # something is shown for every piece
+    assert all("\ufffd" not in t for t in texts), texts
+    joined = b"".join(token_bytes(distil, i) for i in ids)
+    assert joined == "你好😀".encode()
+    partial = [t for t in texts if t.startswith("‹") or "‹" in t]
+    assert partial, texts
+    for i, t in zip(ids, texts, strict=True):  # every ‹..› lists exactly the bytes of that token
+        if "‹" in t and t.startswith("‹") and t.endswith("›"):
+            assert bytes.fromhex(t[1:-1].replace(" ", "")) == token_bytes(distil, i)
+
+
+def test_whole_characters_and_char_level_tokens_stay_as_they_are(distil, tiny):
+    ids = distil.encode(" cat")
+    assert honest_texts(distil, ids) == [" cat"]
+    assert visible(honest_text(distil, distil.encode("你")[0])) != "\ufffd"
+    ids = tiny.encode("the cat")
+    assert honest_texts(tiny, ids) == tiny.token_texts(ids)
