@@ -62,16 +62,33 @@ class OwnedTable(Generic[T]):
         if keep is not None:
             self._items.pop(keep, None)
         if len(self._items) >= self.max_items:
-            raise Busy(f"sturdy.{self.kind}_full", retry_after=60, n=len(self._items))
+            raise self._full(len(self._items))
         if self.bytes() + nbytes > self.max_bytes:
-            raise Busy(f"sturdy.{self.kind}_memory_full", retry_after=60, mib=round(self.max_bytes / 1024**2))
+            raise self._memory_full()
+
+    # One literal catalog key per message and kind (tests/test_messages.py reads them from the source).
+    def _full(self, n: int) -> Busy:
+        if self.kind == "pools":
+            return Busy("sturdy.pools_full", retry_after=60, n=n)
+        return Busy("sturdy.labs_full", retry_after=60, n=n)
+
+    def _memory_full(self) -> Busy:
+        mib = round(self.max_bytes / 1024**2)
+        if self.kind == "pools":
+            return Busy("sturdy.pools_memory_full", retry_after=60, mib=mib)
+        return Busy("sturdy.labs_memory_full", retry_after=60, mib=mib)
+
+    def _expired(self) -> Expired:
+        if self.kind == "pools":
+            return Expired("sturdy.pools_expired")
+        return Expired("sturdy.labs_expired")
 
     def entry(self, owner: str, sid: str) -> Entry[T]:
         with self._lock:
             self._purge(time.monotonic())
             entry = self._items.get(sid)
             if entry is None or entry.owner != owner:
-                raise Expired(f"sturdy.{self.kind}_expired")
+                raise self._expired()
             entry.last_used = time.monotonic()
             self._items.move_to_end(sid)
             return entry
@@ -93,9 +110,9 @@ class OwnedTable(Generic[T]):
         with self._lock:
             entry = self._items.get(sid)
             if entry is None or entry.owner != owner:
-                raise Expired(f"sturdy.{self.kind}_expired")
+                raise self._expired()
             if self.bytes() - entry.nbytes + nbytes > self.max_bytes:
-                raise Busy(f"sturdy.{self.kind}_memory_full", retry_after=60, mib=round(self.max_bytes / 1024**2))
+                raise self._memory_full()
             entry.nbytes = nbytes
 
     def purge(self) -> int:
