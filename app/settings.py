@@ -38,6 +38,10 @@ class Settings:
     max_sessions: int = 16
     session_cache_bytes: int = 1024**3
     max_decode_steps: int = 256
+    # The compression arena (/arena): every policy decodes the prompt twice, so a run costs about
+    # 2 · (policies + 1) · (prefill + steps) forwards; these bound it. One run at a time.
+    arena_max_prompt_tokens: int = 512
+    arena_max_steps: int = 64
     # Torch threads for the model (0 = torch's default).
     torch_threads: int = 0
 
