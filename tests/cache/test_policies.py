@@ -15,6 +15,7 @@ from app.cache.policies.kivi import KIVIStore, dequantize_groups, quantize_group
 from app.cache.policies.snapkv import SnapKVStore
 from app.cache.policies.streaming import StreamingLLMStore
 
+
 @pytest.fixture(params=["tiny", "llama", "qwen2", "qwen3"])
 def policy_model(request, family_models):
     """The built-in GPT-2 (trained, fast) and the tiny Llama-family checkpoints: every family, quickly."""
