@@ -60,6 +60,10 @@ class Settings:
     queue_max_wait_s: float = 60.0
     # How often expired sessions, pools and labs are released.
     purge_interval_s: float = 15.0
+    # The compression arena (/arena): every policy decodes the prompt twice, so a run costs about
+    # 2 · (policies + 1) · (prefill + steps) forwards; these bound it. One run at a time.
+    arena_max_prompt_tokens: int = 512
+    arena_max_steps: int = 64
     # Torch threads for the model (0 = torch's default).
     torch_threads: int = 0
 

@@ -4,6 +4,7 @@
     .venv/bin/python bench/run_all.py --quick    # each benchmark's fast pass
     .venv/bin/python bench/run_all.py inspect    # only bench_inspect.py (names match bench_<name>.py)
 
+bench_arena.py (the compression arena) is picked up like every bench_*.py.
 Benchmarks that take ``--quick`` get it with ``--quick``; the others run their full pass.
 Output is markdown, also saved to bench/out/run_all.md.
 A failing benchmark is reported and the others still run; the exit code is non-zero if any failed.

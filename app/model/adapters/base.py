@@ -161,6 +161,14 @@ class ModelAdapter:
         A store has ``length`` (tokens stored), ``window`` (None or W), ``begin(T)`` (reserve room for T new
         tokens; raises before changing anything if it cannot), ``attend_kv(layer, k, v)`` -> (keys, values,
         key positions) with k, v of shape (H_kv, T, Dh), and ``end(T)``.
+
+        Two optional methods, for compression policies (``app.cache.policies``); a store without them sees
+        nothing more:
+
+          ``observe(layer, weights)``  called after each layer's attention with the softmax weights
+                                       (H, T, Tk), keys in the order ``attend_kv`` returned them (H2O, SnapKV)
+          ``prerope_k(layer, k)``      RoPE families only: this step's keys before rotation (H_kv, T, Dh),
+                                       called just before ``attend_kv`` (StreamingLLM re-rotates cached keys)
         """
         raise NotImplementedError
 

@@ -109,11 +109,14 @@ class GPT2Adapter(ModelAdapter):
         pos = torch.arange(start, start + T)  # (T,)
         h = tr.wte(torch.tensor([ids])) + tr.wpe(pos)[None]  # (1, T, D)
         window = store.window
+        observe = getattr(store, "observe", None)
         for i, block in enumerate(tr.h):
             q, k, v = self.split_qkv(block.attn.c_attn(block.ln_1(h)))  # (1, H, T, Dh) each
             keys, values, kpos = store.attend_kv(i, k[0], v[0])  # (H, Tk, Dh), (H, Tk, Dh), (Tk,)
-            _, out = attend(q[0], keys, values, q_pos=pos, k_pos=kpos, kv_map=self.kv_map,
-                            scale=self.attn_scale(i), window=window)  # (H, T, Dh)
+            weights, out = attend(q[0], keys, values, q_pos=pos, k_pos=kpos, kv_map=self.kv_map,
+                                  scale=self.attn_scale(i), window=window)  # (H, T, Tk), (H, T, Dh)
+            if observe is not None:
+                observe(i, weights)
             merged = out.transpose(0, 1).reshape(1, T, self.d_model)  # (1, T, D)
             h = h + block.attn.c_proj(merged)
             h = h + block.mlp(block.ln_2(h))

@@ -175,6 +175,7 @@ class LlamaAdapter(ModelAdapter):
         cos, sin = m.rotary_emb(h, pos[None])  # (1, T, Dh) each
         windows = [w for w in (store.window, self.model_window) if w]
         window = min(windows) if windows else None
+        observe, prerope = getattr(store, "observe", None), getattr(store, "prerope_k", None)
         for i, layer in enumerate(m.layers):
             at = layer.self_attn
             x = layer.input_layernorm(h)
@@ -184,11 +185,16 @@ class LlamaAdapter(ModelAdapter):
                 q = at.q_norm(q.view(B, T, self.n_head, self.head_dim))
                 k = at.k_norm(k.view(B, T, self.n_kv_head, self.head_dim))
             q = apply_rope(self._heads(q, self.n_head), cos, sin)  # (1, H, T, Dh)
-            k = apply_rope(self._heads(k, self.n_kv_head), cos, sin)  # (1, H_kv, T, Dh)
+            k_pre = self._heads(k, self.n_kv_head)  # (1, H_kv, T, Dh) before rotation
+            k = apply_rope(k_pre, cos, sin)  # (1, H_kv, T, Dh)
             v = self._heads(at.v_proj(x), self.n_kv_head)  # (1, H_kv, T, Dh)
+            if prerope is not None:
+                prerope(i, k_pre[0])
             keys, values, kpos = store.attend_kv(i, k[0], v[0])  # (H_kv, Tk, Dh), (H_kv, Tk, Dh), (Tk,)
-            _, out = attend(q[0], keys, values, q_pos=pos, k_pos=kpos, kv_map=self.kv_map,
-                            scale=self.attn_scale(i), window=window)  # (H, T, Dh)
+            weights, out = attend(q[0], keys, values, q_pos=pos, k_pos=kpos, kv_map=self.kv_map,
+                                  scale=self.attn_scale(i), window=window)  # (H, T, Tk), (H, T, Dh)
+            if observe is not None:
+                observe(i, weights)
             merged = out.transpose(0, 1).reshape(1, T, self.n_head * self.head_dim)
             h = h + at.o_proj(merged)
             h = h + layer.mlp(layer.post_attention_layernorm(h))

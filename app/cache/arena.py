@@ -1,0 +1,260 @@
+"""The compression arena: every policy decodes the same prompt through its own KV store, next to full attention.
+
+For one prompt and one budget (tokens per head, the same for every layer), each policy runs twice:
+
+    teacher-forced  fed the reference continuation token by token, so every step compares the policy's
+                    next-token distribution with full attention's on the same history
+    free-running    greedy on its own choices from the same prefill; the first step whose token differs
+                    from full attention's greedy token is its first divergence
+
+The reference continuation is the next tokens of the built-in text when the prompt is taken from it, else
+full attention's own greedy continuation. Step s (0 = the prefill's prediction) predicts reference token s.
+
+Per policy and step:
+
+    KL(full ‖ policy)   Σ_x p_full(x) · (log p_full(x) − log p_policy(x)) of the next-token distributions
+    agree               argmax p_policy = argmax p_full
+    NLL                 −log p_policy(reference token s); perplexity = exp(mean NLL)
+    attention mass      Σ over the keys the policy let the query read of the weights *full* attention gave
+                        them at that step, per layer and query head (1 when every token is kept); decode
+                        steps only, since every policy but the sliding window reads the whole prompt at prefill
+
+The kept map is each (layer, KV head)'s kept positions after the last teacher-forced step.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import threading
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from app.cache.paged_decode import FloatKVStore
+from app.cache.policies import bytes_held, kept_positions, make_store
+from app.cache.quant import float_bytes_per_token
+from app.model.loading import LoadedModel
+
+
+class RecordingStore(FloatKVStore):
+    """Full attention that remembers, per layer, the newest query's softmax weights (H, Tk)."""
+
+    def __init__(self, n_layer: int) -> None:
+        super().__init__(n_layer)
+        self.last: list[torch.Tensor | None] = [None] * n_layer
+
+    def observe(self, layer: int, weights: torch.Tensor) -> None:
+        self.last[layer] = weights[:, -1]
+
+
+@dataclass(frozen=True)
+class FullRun:
+    logits: list[torch.Tensor]  # per step (V,)
+    weights: list[list[torch.Tensor]]  # per step, per layer (H, Tk)
+    greedy: list[int]  # free-running greedy tokens
+
+
+def kl_full_policy(full: torch.Tensor, policy: torch.Tensor) -> float:
+    """KL(P_full ‖ P_policy) in nats, from logits."""
+    lf, lp = F.log_softmax(full.double(), -1), F.log_softmax(policy.double(), -1)
+    return float((lf.exp() * (lf - lp)).sum())
+
+
+def attention_mass(weights: torch.Tensor, kept: torch.Tensor, kv_map) -> torch.Tensor:
+    """weights (H, Tk) of full attention, kept (H_kv, n) positions a policy let the query read: (H,) mass."""
+    return torch.stack([weights[h, kept[kv]].sum() for h, kv in enumerate(kv_map)])
+
+
+def budget_tokens(*, kind: str, value: float, total_tokens: int, bytes_per_token: int) -> int:
+    """A budget in bytes or in % of the full cache (``total_tokens`` tokens) -> tokens per head (≥ 2)."""
+    tokens = value // bytes_per_token if kind == "bytes" else round(value / 100 * total_tokens)
+    return int(max(2, min(tokens, total_tokens)))
+
+
+def _full_run(lm: LoadedModel, prompt: list[int], reference: list[int] | None, steps: int, guard) -> FullRun:
+    a = lm.adapter
+    rec = RecordingStore(a.n_layer)
+    with guard:
+        logits = [lm.adapter.forward_through(rec, prompt)[-1]]
+        weights = [list(rec.last)]
+        after_prefill = copy.deepcopy(rec)
+        greedy = [int(logits[0].argmax())]
+        for s in range(1, steps):
+            tok = reference[s - 1] if reference is not None else greedy[-1]
+            logits.append(lm.adapter.forward_through(rec, [tok])[-1])
+            weights.append(list(rec.last))
+            if reference is None:
+                greedy.append(int(logits[-1].argmax()))
+        if reference is not None:  # free-running greedy of full attention, from the same prefill
+            free = after_prefill
+            for _ in range(1, steps):
+                greedy.append(int(lm.adapter.forward_through(free, [greedy[-1]])[-1].argmax()))
+    return FullRun(logits, weights, greedy)
+
+
+def _policy_run(lm: LoadedModel, name: str, prompt: list[int], reference: list[int], full: FullRun, *,
+                budget: int, steps: int, guard) -> dict:
+    a = lm.adapter
+    sinks = min(4, max(1, budget // 4))
+    store = make_store(name, a, budget=budget, reserve=steps, sinks=sinks)
+    memo = {id(a): a}
+    with guard:
+        t0 = time.perf_counter()
+        logits = [a.forward_through(store, prompt)[-1]]
+        prefill_ms = (time.perf_counter() - t0) * 1000
+        free = copy.deepcopy(store, memo)
+        masses = []
+        t0 = time.perf_counter()
+        for s in range(1, steps):
+            p = store.length  # position of the token fed now
+            kept = [kept_positions(store, layer, a.n_kv_head) for layer in range(a.n_layer)]
+            logits.append(a.forward_through(store, [reference[s - 1]])[-1])
+            per_layer = []
+            for layer in range(a.n_layer):
+                if store.window:  # what the sliding-window mask lets the query read
+                    k = torch.arange(max(0, p - store.window + 1), p + 1).expand(a.n_kv_head, -1)
+                else:
+                    k = torch.cat((kept[layer], torch.full((a.n_kv_head, 1), p)), dim=1)
+                per_layer.append(attention_mass(full.weights[s][layer], k, a.kv_map))
+            masses.append(torch.stack(per_layer))  # (L, H)
+        decode_ms = (time.perf_counter() - t0) * 1000
+        greedy = [int(logits[0].argmax())]
+        for _ in range(1, steps):
+            greedy.append(int(a.forward_through(free, [greedy[-1]])[-1].argmax()))
+    kl = [kl_full_policy(f, g) for f, g in zip(full.logits, logits, strict=True)]
+    agree = [int(f.argmax()) == int(g.argmax()) for f, g in zip(full.logits, logits, strict=True)]
+    nll = [float(-F.log_softmax(g.double(), -1)[t]) for g, t in zip(logits, reference, strict=True)]
+    mass = torch.stack(masses).mean(0) if masses else torch.ones(a.n_layer, a.n_head)
+    keep_map = []
+    for layer in range(a.n_layer):
+        held = kept_positions(store, layer, a.n_kv_head)
+        for head in range(a.n_kv_head):
+            bits = ["0"] * store.length
+            for pos in held[head].tolist():
+                bits[pos] = "1"
+            keep_map.append({"layer": layer, "head": head, "bits": "".join(bits)})
+    diverge = next((s for s, (x, y) in enumerate(zip(greedy, full.greedy, strict=True)) if x != y), None)
+    return {
+        "name": name, "bytes_held": bytes_held(store), "tokens_held": kept_positions(store, 0, a.n_kv_head).shape[1],
+        "kl": kl, "agree": agree, "agreement": sum(agree) / len(agree), "nll": nll,
+        "ppl": math.exp(sum(nll) / len(nll)), "mass": mass.tolist(), "mass_mean": float(mass.mean()),
+        "keep_map": keep_map, "greedy": greedy, "first_divergence": diverge,
+        "prefill_ms": prefill_ms, "decode_ms_per_step": decode_ms / max(1, steps - 1),
+    }
+
+
+ARENA_GATE = threading.Semaphore(1)  # one arena run at a time: each is seconds of model time
+
+
+@torch.no_grad()
+def run_arena(lm: LoadedModel, prompt: list[int], *, steps: int, budget: int, policies: list[str],
+              reference: list[int] | None = None, lock: threading.RLock | None = None) -> dict:
+    """Every policy in ``policies`` against full attention (see the module docstring); ``budget`` in tokens per head.
+
+    The model lock is taken per policy, so other pages' requests interleave between policies.
+    """
+    from app.errors import Busy
+
+    if not ARENA_GATE.acquire(blocking=False):
+        raise Busy("err.arena.busy", retry_after=5)
+    try:
+        guard = lock or nullcontext()
+        a = lm.adapter
+        full = _full_run(lm, prompt, reference, steps, guard)
+        ref = list(reference) if reference is not None else full.greedy
+        base = _policy_run(lm, "full", prompt, ref, full, budget=budget, steps=steps, guard=guard)
+        runs = [base] + [_policy_run(lm, p, prompt, ref, full, budget=budget, steps=steps, guard=guard)
+                         for p in policies if p != "full"]
+        full_ppl = math.exp(sum(base["nll"]) / len(base["nll"]))
+        for r in runs:
+            r["ppl_change"] = r["ppl"] / full_ppl - 1
+            r["slowdown"] = r["decode_ms_per_step"] / max(base["decode_ms_per_step"], 1e-9)
+        return {
+            "prompt": prompt, "reference": ref, "full_greedy": full.greedy, "steps": steps, "budget": budget,
+            "bytes_per_token": float_bytes_per_token(n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim),
+            "total_tokens": len(prompt) + steps, "full_ppl": full_ppl, "runs": runs,
+            "teacher_forced_on": "text" if reference is not None else "greedy",
+        }
+    finally:
+        ARENA_GATE.release()
+
+
+# --- what a request asks for -------------------------------------------------------------------------------
+
+# Public-domain text (Dickens, A Tale of Two Cities, 1859): repetitive enough that heads' choices show.
+LONG_TEXT = (
+    "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
+    "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, it "
+    "was the season of Darkness, it was the spring of hope, it was the winter of despair, we had everything "
+    "before us, we had nothing before us, we were all going direct to Heaven, we were all going direct the "
+    "other way - in short, the period was so far like the present period, that some of its noisiest "
+    "authorities insisted on its being received, for good or for evil, in the superlative degree of "
+    "comparison only.\n\nThere were a king with a large jaw and a queen with a plain face, on the throne of "
+    "England; there were a king with a large jaw and a queen with a fair face, on the throne of France. In "
+    "both countries it was clearer than crystal to the lords of the State preserves of loaves and fishes, "
+    "that things in general were settled for ever."
+)
+
+
+def builtin_text(lm: LoadedModel) -> str:
+    """The longer text: the built-in model's own training corpus (it reads only those characters), else Dickens."""
+    if lm.name == "builtin":
+        from app.model.builtin import corpus_text
+
+        return corpus_text()
+    return LONG_TEXT
+
+
+@dataclass(frozen=True)
+class ArenaRequest:
+    prompt: list[int]
+    reference: list[int] | None  # None: full attention's greedy continuation
+    steps: int
+    budget: int  # tokens per head
+    policies: list[str]
+
+
+def prepare(lm: LoadedModel, *, source: str, prompt: str | None, steps: int, budget_kind: str, budget_value: float,
+            policies: list[str], max_prompt_tokens: int, max_steps: int, max_chars: int) -> ArenaRequest:
+    """Check a request against the limits and turn it into token ids and a token budget (BadInput otherwise)."""
+    from app.cache.policies import POLICIES, available
+    from app.errors import BadInput
+    from app.model.prompts import encode_prompt
+
+    if not 1 <= steps <= max_steps:
+        raise BadInput("err.arena.steps", max=max_steps)
+    unknown = [p for p in policies if p not in POLICIES]
+    policies = [p for p in policies if p in available(lm.adapter)]  # re-rotation means nothing for GPT-2
+    if unknown or not policies:
+        raise BadInput("err.arena.policies", names=", ".join(unknown) or "-", known=", ".join(available(lm.adapter)))
+    if budget_kind not in ("percent", "bytes") or not budget_value > 0 or (
+            budget_kind == "percent" and budget_value > 100):
+        raise BadInput("err.arena.budget")
+    if source == "text":
+        ids = lm.encode(builtin_text(lm))
+        n = min(len(ids) - steps, max_prompt_tokens, lm.max_positions - steps)
+        if n < 8:
+            raise BadInput("err.arena.text_short", steps=steps)
+        ids, reference = ids[:n], ids[n : n + steps]
+    elif source == "prompt":
+        ids = encode_prompt(lm, prompt, max_chars=max_chars, reserve=steps)
+        reference = None
+        if len(ids) > max_prompt_tokens:
+            raise BadInput("err.arena.prompt_long", tokens=len(ids), max=max_prompt_tokens)
+    else:
+        raise BadInput("err.arena.source")
+    a = lm.adapter
+    bpt = float_bytes_per_token(n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim)
+    budget = budget_tokens(kind=budget_kind, value=budget_value, total_tokens=len(ids) + steps, bytes_per_token=bpt)
+    return ArenaRequest(ids, reference, steps, budget, policies)
+
+
+def run_request(lm: LoadedModel, *, lock: threading.RLock | None = None, **form) -> dict:
+    """``prepare`` then ``run_arena``: what the page and the API call."""
+    req = prepare(lm, **form)
+    return run_arena(lm, req.prompt, steps=req.steps, budget=req.budget, policies=req.policies,
+                     reference=req.reference, lock=lock)

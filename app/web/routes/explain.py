@@ -1,0 +1,50 @@
+"""Inspect's explainers, each an htmx fragment of its own: attention sinks, the logit lens, head ablation.
+
+They read the prompt's captured trace (``state.trace_by_key``); ablation runs one more forward under the lock.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from app.model.ablation import ablated_last_logits
+from app.viz.explain import ablation_view, lens_view, parse_heads, sinks_view
+from app.web.deps import StateDep
+from app.web.render import render
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/inspect/{key}/sinks")
+def read_sinks(request: Request, state: StateDep, key: str, first: int = 1):
+    """Per layer and head, the share of attention on the first ``first`` tokens."""
+    lm, trace = state.trace_by_key(key)
+    weights = [trace.weights(layer)[0] for layer in range(lm.adapter.n_layer)]
+    view = sinks_view(weights, first=first, token_texts=trace.token_texts)
+    return render(request, "partials/_sinks.html", sinks=view, key=key)
+
+
+@router.get("/inspect/{key}/lens")
+def read_lens(request: Request, state: StateDep, key: str):
+    """Every layer's residual stream through the final norm and the unembedding."""
+    lm, trace = state.trace_by_key(key)
+    resid = [trace["embed.h0"][0]] + [trace[f"blocks.{i}.resid_out"][0] for i in range(lm.adapter.n_layer)]
+    with state.model_lock:
+        view = lens_view(lm.adapter, resid, token_texts=trace.token_texts, token_text=lm.token_text)
+    return render(request, "partials/_lens.html", lens=view, key=key)
+
+
+@router.get("/inspect/{key}/ablate")
+def read_ablation(request: Request, state: StateDep, key: str, heads: str = ""):
+    """The last position's top-k and logits with the chosen heads' outputs zeroed ('layer.head, ...')."""
+    lm, trace = state.trace_by_key(key)
+    chosen = parse_heads(heads[:400], n_layer=lm.adapter.n_layer, n_head=lm.adapter.n_head)
+    base = trace["logits"][0, -1]
+    view = None
+    if chosen:
+        with state.model_lock:
+            ablated = ablated_last_logits(lm, trace.token_ids, chosen)
+        view = ablation_view(base, ablated, token_text=lm.token_text)
+    return render(request, "partials/_ablation.html", abl=view, heads=heads[:400], key=key,
+                  n_layer=lm.adapter.n_layer, n_head=lm.adapter.n_head,
+                  chosen=[f"{layer}.{h}" for layer, hs in chosen.items() for h in hs])

@@ -1,0 +1,57 @@
+"""Arena numbers recomputed a second way: transformers' own forward over the whole prefix for full attention
+(logits and attention weights), torch's kl_div / cross_entropy, and a policy store re-run by hand."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from app.cache.arena import budget_tokens, run_arena
+from app.cache.paged_decode import forward_through
+from app.cache.policies import kept_positions, make_store
+
+
+def test_kl_agreement_perplexity_and_attention_mass_recomputed(tiny):
+    lm, a = tiny, tiny.adapter
+    prompt = lm.encode("the cat sat on the mat. the dog sat on the")
+    steps, budget = 4, 12
+    run = run_arena(lm, prompt, steps=steps, budget=budget, policies=["h2o", "kivi"])
+    ref = run["reference"]
+    assert run["runs"][0]["name"] == "full" and all(k == 0 for k in run["runs"][0]["kl"])
+    for r in run["runs"][1:]:
+        store = make_store(r["name"], a, budget=budget, reserve=steps, sinks=3)
+        logits, kept = [forward_through(lm, store, prompt)[-1]], []
+        for s in range(1, steps):
+            kept.append([kept_positions(store, layer, a.n_kv_head) for layer in range(a.n_layer)])
+            logits.append(forward_through(lm, store, [ref[s - 1]])[-1])
+        masses = []
+        for s in range(steps):
+            prefix = prompt + ref[:s]
+            out = lm.model(input_ids=torch.tensor([prefix]), output_attentions=True)
+            full = out.logits[0, -1]
+            kl = F.kl_div(F.log_softmax(logits[s].double(), -1), F.log_softmax(full.double(), -1), log_target=True,
+                          reduction="sum")
+            assert abs(float(kl) - r["kl"][s]) < 1e-6
+            assert r["agree"][s] == (int(full.argmax()) == int(logits[s].argmax()))
+            if s:  # decode steps: full attention's weight on the kept positions + the new token's own
+                per_layer = []
+                for layer in range(a.n_layer):
+                    w = out.attentions[layer][0, :, -1]  # (H, T)
+                    pos = torch.cat((kept[s - 1][layer], torch.full((a.n_kv_head, 1), len(prefix) - 1)), 1)
+                    per_layer.append(torch.stack([w[h, pos[a.kv_map[h]]].sum() for h in range(a.n_head)]))
+                masses.append(torch.stack(per_layer))
+        assert torch.allclose(torch.stack(masses).mean(0), torch.tensor(r["mass"]), atol=1e-5)
+        nll = F.cross_entropy(torch.stack(logits), torch.tensor(ref), reduction="mean")
+        assert math.isclose(r["ppl"], math.exp(float(nll)), rel_tol=1e-5)
+    h2o = run["runs"][1]
+    assert h2o["tokens_held"] == budget and h2o["bytes_held"] == budget * run["bytes_per_token"]
+    assert h2o["mass_mean"] < 1.0 and run["runs"][2]["mass_mean"] == 1.0  # KIVI keeps every token
+
+
+def test_budget_in_bytes_or_percent():
+    assert budget_tokens(kind="percent", value=25, total_tokens=100, bytes_per_token=8) == 25
+    assert budget_tokens(kind="bytes", value=800, total_tokens=100, bytes_per_token=8) == 100
+    assert budget_tokens(kind="bytes", value=100_000, total_tokens=100, bytes_per_token=8) == 100
+    assert budget_tokens(kind="bytes", value=3, total_tokens=100, bytes_per_token=8) == 2

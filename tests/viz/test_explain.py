@@ -1,0 +1,73 @@
+"""The explainers' view functions: sinks from hand-made weights, the logit lens's last layer = the model's
+logits, ablation through the adapter's hook = a manual recomputation with the head's slice removed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.errors import BadInput
+from app.model.ablation import ablated_last_logits
+from app.model.capture import run_traced
+from app.viz.explain import ablation_view, lens_logits, lens_view, parse_heads, sink_shares, sinks_view
+
+
+def test_sink_shares_on_hand_made_weights():
+    w = torch.zeros(2, 4, 4)  # (H, T, T)
+    w[0, :, 0] = 1.0  # head 0: every query on token 0
+    w[1] = torch.tril(torch.ones(4, 4)) / torch.arange(1, 5)[:, None]  # head 1: uniform over what it sees
+    shares = sink_shares([w], first=1)
+    assert torch.allclose(shares, torch.tensor([[1.0, (1 / 2 + 1 / 3 + 1 / 4) / 3]]))
+    v = sinks_view([w], first=1, token_texts=["a", " b", " c", " d"])
+    assert v["heads_over_half"] == 1 and v["uniform"] == pytest.approx(float(shares[0, 1]))
+    with pytest.raises(BadInput):
+        sinks_view([w], first=4, token_texts=["a", "b", "c", "d"])
+
+
+@pytest.fixture(params=["tiny", "llama"])
+def lens_model(request, family_models):
+    return request.getfixturevalue("tiny") if request.param == "tiny" else family_models["llama"]
+
+
+def test_the_lens_of_the_last_layer_is_the_models_logits(lens_model):
+    lm = lens_model
+    ids = lm.encode("the cat sat on the mat.")
+    trace = run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids))
+    resid = [trace["embed.h0"][0]] + [trace[f"blocks.{i}.resid_out"][0] for i in range(lm.adapter.n_layer)]
+    logits = lens_logits(lm.adapter, resid)
+    assert logits.shape[0] == lm.adapter.n_layer + 1
+    assert torch.allclose(logits[-1], trace["logits"][0], atol=1e-5)
+    v = lens_view(lm.adapter, resid, token_texts=trace.token_texts, token_text=lm.token_text)
+    assert v["layers"][-1]["rank"] == 1 and all(c["final"] for c in v["layers"][-1]["cells"])
+    assert len(v["layers"][0]["cells"]) == min(12, len(ids))
+
+
+def test_ablation_equals_removing_the_heads_slice_by_hand(tiny):
+    lm, a = tiny, tiny.adapter
+    ids = lm.encode("the cat sat on the")
+    heads = parse_heads("1.2, 0.0", n_layer=a.n_layer, n_head=a.n_head)
+    assert heads == {1: [2], 0: [0]}
+    got = ablated_last_logits(lm, ids, heads)
+    # by hand: the model's own blocks, each attention's merged heads with those slices set to 0 before c_proj
+    tr = lm.model.transformer
+    with torch.no_grad():
+        h = tr.wte(torch.tensor([ids])) + tr.wpe(torch.arange(len(ids)))[None]
+        for i, block in enumerate(tr.h):
+            x = block.ln_1(h)
+            q, k, v = a.split_qkv(block.attn.c_attn(x))
+            w = torch.softmax((q @ k.transpose(-1, -2) * a.attn_scale(i)).masked_fill(
+                ~torch.tril(torch.ones(len(ids), len(ids), dtype=torch.bool)), float("-inf")), -1)
+            out = w @ v  # (1, H, T, Dh)
+            for hd in heads.get(i, []):
+                out[:, hd] = 0
+            h = h + block.attn.c_proj(out.transpose(1, 2).reshape(1, len(ids), a.d_model))
+            h = h + block.mlp(block.ln_2(h))
+        want = lm.model.lm_head(tr.ln_f(h))[0, -1]
+    assert torch.allclose(got, want, atol=1e-4)
+    base = lm.model(input_ids=torch.tensor([ids])).logits[0, -1]
+    v = ablation_view(base, got, token_text=lm.token_text)
+    assert v["max_abs_d_logit"] == pytest.approx(float((got - base).abs().max()), rel=1e-6)
+    assert v["rows"][0]["rank_base"] == 1
+    for bad in ("7.0", "x", "0.99"):
+        with pytest.raises(BadInput):
+            parse_heads(bad, n_layer=a.n_layer, n_head=a.n_head)

@@ -1,0 +1,40 @@
+"""The arena and Inspect's explainers in real headless Chromium (the built-in model: short and trained)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+
+def test_arena_run_draws_the_table_and_charts(page, live_server):
+    page.goto(live_server + "/arena?model=builtin")
+    assert page.is_visible("#arena-weights-note")
+    page.fill("#arena-steps", "3")
+    for p in ("fp8-e4m3", "int8-head", "int4-head", "snapkv", "window"):
+        page.uncheck(f"input[name=policies][value='{p}']")
+    page.click("#arena-run")
+    page.wait_for_selector("#arena-table tr[data-policy='h2o']", timeout=120_000)
+    assert page.locator("#arena-table tbody tr").count() == 4  # full, streaming, h2o, kivi
+    page.wait_for_selector("#arena-kl .main-svg", timeout=60_000)
+    page.wait_for_selector("#arena-keep .main-svg")
+    page.select_option("#arena-pick", index=1)
+    page.wait_for_function("document.getElementById('arena-keep-label').textContent === 'h2o'")
+    assert "source=text" in page.url  # the run is a link
+    assert page.js_errors == []
+
+
+def test_inspect_explainers(page, live_server):
+    page.goto(live_server + "/?model=builtin")
+    page.fill("#prompt", "the cat sat on the mat.")
+    page.click("#run")
+    page.wait_for_selector("#sinks-table td[data-layer='1'][data-head='3']", timeout=60_000)
+    page.wait_for_selector("#lens-table")
+    assert page.locator("#lens-table tbody tr").count() == 3  # h0 + 2 blocks
+    page.click("#sinks-panel input[value='2']")
+    page.wait_for_selector("#sinks-panel code:nth-of-type(2)")
+    page.fill("#abl-heads", "0.1, 1.2")
+    page.click("#abl-run")
+    page.wait_for_selector("#abl-table")
+    assert "0.1, 1.2" in page.inner_text("#abl-summary")
+    assert page.js_errors == []

@@ -1,0 +1,45 @@
+"""The arena page: renders, runs through htmx and the API, refuses bad input clearly, speaks Chinese."""
+
+from __future__ import annotations
+
+
+def test_arena_page_renders_with_its_note_and_rules(tiny_client):
+    r = tiny_client.get("/arena")
+    assert r.status_code == 200
+    assert 'id="arena-form"' in r.text and "random weights" in r.text
+    assert 'href="/arena"' in r.text  # the nav line
+    assert "streaming-norerope" in r.text and "disabled" in r.text  # not for GPT-2: absolute positions
+
+
+def test_an_htmx_run_returns_the_result_fragment(tiny_client):
+    r = tiny_client.get("/arena", params={"source": "text", "steps": 4, "budget": 30,
+                                          "policies": ["streaming", "h2o", "kivi"]}, headers={"HX-Request": "true"})
+    assert r.status_code == 200, r.text
+    assert "<html" not in r.text and 'id="arena-table"' in r.text
+    for p in ("full", "streaming", "h2o", "kivi"):
+        assert f'data-policy="{p}"' in r.text
+    assert 'data-paper="kivi"' in r.text and "2.6×" in r.text
+
+
+def test_bad_input_is_refused_with_a_message(tiny_client):
+    for params in ({"source": "text", "steps": 999}, {"source": "text", "budget": -1},
+                   {"source": "text", "policies": ["nope"]}, {"source": "prompt", "prompt": " "}):
+        r = tiny_client.get("/arena", params=params)
+        assert r.status_code == 422, (params, r.status_code)
+    r = tiny_client.get("/arena", params={"source": "text", "steps": 999, "lang": "zh"})
+    assert "decode 步数必须在 1 到 64 之间" in r.text
+
+
+def test_the_api_returns_the_view_numbers(tiny_client):
+    r = tiny_client.post("/api/arena/run", json={"source": "prompt", "prompt": "the cat sat on the", "steps": 3,
+                                                 "budget_kind": "bytes", "budget": 4096, "policies": ["window"]})
+    assert r.status_code == 200, r.text
+    v = r.json()
+    assert [row["name"] for row in v["rows"]] == ["full", "window"]
+    assert v["budget"] == 4096 // v["bytes_per_token"]
+    assert v["rows"][0]["kl_mean"] == 0.0 and v["rows"][0]["agreement"] == 100.0
+
+
+def test_the_page_in_chinese(tiny_client):
+    r = tiny_client.get("/arena", params={"lang": "zh"})
+    assert "压缩擂台" in r.text and "随机权重" in r.text
