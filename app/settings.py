@@ -38,6 +38,11 @@ class Settings:
     max_sessions: int = 16
     session_cache_bytes: int = 1024**3
     max_decode_steps: int = 256
+    # Models trained in the Training lab kept on disk (under home/trained) and offered after a restart;
+    # a run beyond this drops the oldest.
+    max_trained_models: int = 3
+    # Largest trace a download (.npz / .safetensors) may pack, in bytes of tensor data.
+    max_export_bytes: int = 512 * 1024**2
     # Torch threads for the model (0 = torch's default).
     torch_threads: int = 0
 

@@ -67,5 +67,7 @@ class AppState:
         if key not in self.trace_index:
             raise Expired("This view has expired on the server: submit the prompt again.")
         name, ids = self.trace_index[key]
+        if name not in self.registry.models:  # a trained model dropped since (Settings.max_trained_models)
+            raise Expired("err.classroom.model_gone", model=name)
         lm = self.registry.get(name)
         return lm, self.traces.get_or_compute(key, lambda: self._compute(lm, list(ids)))

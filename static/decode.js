@@ -50,6 +50,10 @@
       $("equiv").querySelector("tbody").textContent = "";
       fillSelects(v);
       show(v);
+      const u = v.unknown, note = $("unk-note");  // characters the model cannot represent: say why
+      note.hidden = !u;
+      if (u) note.textContent = kv.t(u.builtin ? "js.classroom.unknown_builtin" : "js.classroom.unknown_other",
+                                     { n: u.count, chars: u.chars, zh: u.zh_chars });
     } catch (e) { /* message shown */ } finally { setBusy(false); status(""); }
   }
 
@@ -224,7 +228,7 @@
       tr.appendChild(el("td", val, cls));
     }
     $("equiv").querySelector("tbody").appendChild(tr);
-    tr.scrollIntoView({ block: "nearest" });
+    if (!document.body.classList.contains("present")) tr.scrollIntoView({ block: "nearest" });  // presenter: no auto-scroll
     let r;
     try { r = await kv.getJSON(`/api/decode/${S.id}/verify/${v.index}`); } catch (e) { return; }
     tr.querySelector(".diff").textContent = r.max_abs_diff.toExponential(2);
