@@ -66,4 +66,17 @@
   /* Attention weights: white (0) to dark blue (1); masked cells show the tan plot background. */
   kv.WEIGHT_SCALE = [[0, "#ffffff"], [0.25, "#9ecae1"], [0.6, "#3182bd"], [1, "#08306b"]];
   kv.MASK_COLOUR = "#e8d9b5";
+
+  /* Every chart's toolbar (all pages, whatever config a page passes): the camera button saves a PNG, one
+     more button saves an SVG, both through Plotly's own Plotly.downloadImage. */
+  kv.plotlyReady().then(function (P) {
+    if (!P || !P.setPlotConfig) return;
+    P.setPlotConfig({
+      toImageButtonOptions: { format: "png", filename: "kvscope", scale: 2 },
+      modeBarButtonsToAdd: [{
+        name: "kvscope-svg", title: kv.t("js.classroom.svg"), icon: P.Icons.disk || P.Icons.camera,
+        click: function (gd) { P.downloadImage(gd, { format: "svg", filename: "kvscope" }); },
+      }],
+    });
+  });
 })();
