@@ -1,4 +1,5 @@
-"""The ``kvscope`` command: ``serve`` runs the web app, ``download`` fetches a model ahead of time."""
+"""The ``kvscope`` command: ``serve`` runs the web app, ``download`` fetches a model ahead of time,
+``trace`` saves one prompt's tensors to a file for notebooks."""
 
 from __future__ import annotations
 
@@ -53,6 +54,46 @@ def cmd_download(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trace(args: argparse.Namespace) -> int:
+    """Run one prompt through a configured model and write every captured tensor to a file."""
+    from pathlib import Path
+
+    from app.errors import UserError
+    from app.model.loading import load_registry
+    from app.model.trained import load_saved_trained
+    from app.state import AppState
+    from app.viz.export import FORMATS, pack_trace
+
+    out = Path(args.out)
+    fmt = out.suffix.lstrip(".")
+    if fmt not in FORMATS:
+        print(f"--out must end in .npz or .safetensors (got {out.name!r}).", file=sys.stderr)
+        return 2
+    settings = Settings.from_env()
+    trained = bool(args.model and args.model.startswith("builtin-trained-"))
+    specs = ("builtin",) if trained else (args.model,) if args.model else settings.models
+    registry = load_registry(specs, settings.home, settings.hf_cache)
+    if trained:
+        load_saved_trained(registry, settings.home, keep=settings.max_trained_models)
+    if args.model in registry.failures or (trained and args.model not in registry.models):
+        why = registry.failures.get(args.model, f"no saved model of that name under {settings.home}")
+        print(f"Model {args.model!r} is not available: {why}", file=sys.stderr)
+        return 1
+    # A directory spec loads under its folder's name: then it is the registry's only (default) model.
+    name = args.model if args.model in registry.models else registry.default
+    state = AppState.create(settings, registry)
+    try:
+        lm, _key, trace = state.trace_prompt(name, args.prompt)
+    except UserError as exc:
+        print(exc.message, file=sys.stderr)
+        return 1
+    out.write_bytes(pack_trace(trace, fmt, model=lm.name))
+    print(f"{out}: {len(trace.tensors) + 1} tensors from {lm.name}, {trace.n_tokens} tokens "
+          f"({out.stat().st_size:,} bytes). Load with "
+          + ("numpy.load" if fmt == "npz" else "safetensors.safe_open") + ".")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvscope", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -68,6 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     download = sub.add_parser("download", help="fetch a model into the local cache (with a progress bar)")
     download.add_argument("name", help="a catalog name: distilgpt2, smollm2-135m or qwen2.5-0.5b")
     download.set_defaults(func=cmd_download)
+    trace = sub.add_parser("trace", help="run a prompt and save its whole trace (.npz or .safetensors) for notebooks")
+    trace.add_argument("prompt", help="the text to run")
+    trace.add_argument("--model", default=None,
+                       help="distilgpt2, builtin, builtin-trained-N, or a local checkpoint directory "
+                            "(default: the first of KVSCOPE_MODELS that loads)")
+    trace.add_argument("--out", required=True, help="output file, ending in .npz or .safetensors")
+    trace.set_defaults(func=cmd_trace)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -64,6 +64,11 @@ class Settings:
     # 2 · (policies + 1) · (prefill + steps) forwards; these bound it. One run at a time.
     arena_max_prompt_tokens: int = 512
     arena_max_steps: int = 64
+    # Models trained in the Training lab kept on disk (under home/trained) and offered after a restart;
+    # a run beyond this drops the oldest.
+    max_trained_models: int = 3
+    # Largest trace a download (.npz / .safetensors) may pack, in bytes of tensor data.
+    max_export_bytes: int = 512 * 1024**2
     # Torch threads for the model (0 = torch's default).
     torch_threads: int = 0
 

@@ -124,7 +124,9 @@ class AppState:
             raise Expired("err.trace.expired")
         name, ids, ref = self.trace_index[key]
         lm = self.registry.models.get(name)
-        if lm is None or ref() is not lm:  # the model this view was made with is no longer served
+        if lm is None:  # a trained model dropped since (Settings.max_trained_models)
+            raise Expired("err.classroom.model_gone", model=name)
+        if ref() is not lm:  # the model this view was made with is no longer served
             raise Expired("sturdy.model_changed", model=name)
         return lm, self.traces.get_or_compute(key, lambda: self._compute(lm, list(ids)))
 

@@ -30,6 +30,10 @@
       $("equiv").querySelector("tbody").textContent = "";
       fillSelects(v);
       show(v);
+      const u = v.unknown, note = $("unk-note");  // characters the model cannot represent: say why
+      note.hidden = !u;
+      if (u) note.textContent = kv.t(u.builtin ? "js.classroom.unknown_builtin" : "js.classroom.unknown_other",
+                                     { n: u.count, chars: u.chars, zh: u.zh_chars });
     } catch (e) { /* message shown */ } finally { setBusy(false); status(""); }
   }
 
@@ -210,7 +214,7 @@
     const box = $("equiv-scroll");
     const atEnd = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
     $("equiv").querySelector("tbody").appendChild(tr);
-    if (atEnd) box.scrollTop = box.scrollHeight;
+    if (atEnd && !document.body.classList.contains("present")) box.scrollTop = box.scrollHeight;  // presenter: no auto-scroll
     let r;
     try { r = await kv.getJSON(`/api/decode/${S.id}/verify/${v.index}`); } catch (e) { return; }
     tr.querySelector(".diff").textContent = r.max_abs_diff.toExponential(2);

@@ -84,14 +84,29 @@
      never before the first paint: kv.plotly() adds its script tag once and resolves when it has run. Its
      URL (versioned, so the browser caches it) is in <meta name="kv-plotly">. */
   let plotlyLoading = null;
+  /* Every chart's toolbar (all pages, whatever config a page passes): the camera button saves a PNG, one
+     more button saves an SVG, both through Plotly's own Plotly.downloadImage. Set once, when Plotly is there. */
+  let plotlyConfigured = false;
+  function configurePlotly(P) {
+    if (plotlyConfigured || !P || !P.setPlotConfig) return P;
+    plotlyConfigured = true;
+    P.setPlotConfig({
+      toImageButtonOptions: { format: "png", filename: "kvscope", scale: 2 },
+      modeBarButtonsToAdd: [{
+        name: "kvscope-svg", title: kv.t("js.classroom.svg"), icon: P.Icons.disk || P.Icons.camera,
+        click: function (gd) { P.downloadImage(gd, { format: "svg", filename: "kvscope" }); },
+      }],
+    });
+    return P;
+  }
   kv.plotly = function () {
-    if (window.Plotly) return Promise.resolve(window.Plotly);
+    if (window.Plotly) return Promise.resolve(configurePlotly(window.Plotly));
     if (!plotlyLoading) {
       plotlyLoading = new Promise((resolve, reject) => {
         const meta = document.querySelector("meta[name=kv-plotly]");
         const tag = document.createElement("script");
         tag.src = meta ? meta.content : "/vendor/plotly.min.js";
-        tag.onload = () => resolve(window.Plotly);
+        tag.onload = () => resolve(configurePlotly(window.Plotly));
         tag.onerror = () => { plotlyLoading = null; reject(new Error("plotly")); };
         // After the first paint: two animation frames, so what the server sent is on screen first.
         requestAnimationFrame(() => requestAnimationFrame(() => document.head.appendChild(tag)));
@@ -120,6 +135,7 @@
     }
     return plotlyWanted;
   };
+  kv.plotlyReady = kv.plotly;  // the name the capacity, arena and export scripts use
   /* Page-wide behaviour (no inline handlers: the Content-Security-Policy allows no inline script). */
   document.addEventListener("click", function (e) {
     const t = e.target;

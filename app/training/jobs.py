@@ -9,6 +9,9 @@ Invariants:
   * At most one job is ``running``/``stopping``/``publishing``; ``start``/``resume`` meanwhile raise ``Busy``.
   * A job trains its OWN model and optimizer. The app's ``ModelRegistry`` is touched only when a run
     completes, under ``state.model_lock``: a stopped or failed run leaves every registered model as it was.
+  * A finished run is ADDED as a new model, ``builtin-trained-<n>``, saved under the home so it is offered
+    again after a restart (``app/model/trained.py``). It never replaces a model others may be using; only
+    the oldest trained models beyond ``Settings.max_trained_models`` are dropped.
   * The trainer holds ``job.step_lock`` for the whole of each step; snapshots (parameter views) take it
     too, so weights, grads and AdamW state shown together belong to the same step.
   * Readers (every open page polls ``status``) only read; ``losses`` is append-only.
@@ -17,7 +20,6 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
@@ -27,16 +29,24 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from app.errors import BadInput, Busy
-from app.model.builtin import N_POSITIONS, TRAIN_CONFIG, build_char_tokenizer, corpus_text, save_checkpoint, tiny_config
-from app.model.loading import LoadedModel, load_dir
+from app.model.builtin import (
+    ARTICLE_CONFIG,
+    N_POSITIONS,
+    article_corpus_text,
+    build_char_tokenizer,
+    save_checkpoint,
+    tiny_config,
+)
+from app.model.loading import LoadedModel
+from app.model.trained import load_trained, next_trained_name, prune_trained, trained_root
 from app.training.inspect import cached_vs_full, memory_view, param_view, parameter_names
 from app.training.trainer import StepInfo, TrainConfig, train
 from app.viz.training import step_view
 
 log = logging.getLogger(__name__)
 
-TRAINED_NAME = "trained"
-TARGETS = (TRAINED_NAME, "builtin")  # "builtin" only when the user asks to replace the built-in model
+NEW_MODEL = "new"  # the only target: a finished run is always served as a new model
+TARGETS = (NEW_MODEL, "trained")  # "trained": what older pages sent for the same thing
 MIN_TEXT_CHARS = 64
 MAX_TEXT_CHARS = 20_000
 # (low, high) inclusive bounds of each editable hyper-parameter.
@@ -54,26 +64,26 @@ ACTIVE = ("running", "stopping", "publishing")
 
 @dataclass(frozen=True)
 class JobSpec:
-    source: str  # "builtin" (the built-in corpus) or "text" (pasted by the user)
+    source: str  # "builtin" (the article's short corpus, the default) or "text" (pasted by the user)
     text: str
     config: TrainConfig
-    target: str = TRAINED_NAME
+    target: str = NEW_MODEL
 
 
 def make_spec(
     *,
     source: str = "builtin",
     text: str | None = None,
-    steps: int = TRAIN_CONFIG.steps,
-    lr: float = TRAIN_CONFIG.lr,
-    batch_size: int = TRAIN_CONFIG.batch_size,
-    block_size: int = TRAIN_CONFIG.block_size,
-    seed: int = TRAIN_CONFIG.seed,
-    target: str = TRAINED_NAME,
+    steps: int = ARTICLE_CONFIG.steps,
+    lr: float = ARTICLE_CONFIG.lr,
+    batch_size: int = ARTICLE_CONFIG.batch_size,
+    block_size: int = ARTICLE_CONFIG.block_size,
+    seed: int = ARTICLE_CONFIG.seed,
+    target: str | None = None,
 ) -> JobSpec:
     """Validate what a user sent; every problem becomes one ``BadInput`` message."""
     if source == "builtin":
-        text = corpus_text()
+        text = article_corpus_text()
     elif source == "text":
         text = (text or "").replace("\r\n", "\n")
         if len(text.strip()) < MIN_TEXT_CHARS:
@@ -82,16 +92,18 @@ def make_spec(
             raise BadInput("err.train.text_long", n=f"{len(text):,}", limit=f"{MAX_TEXT_CHARS:,}")
     else:
         raise BadInput("err.train.source")
-    if target not in TARGETS:
-        raise BadInput("err.train.target", targets=" / ".join(TARGETS))
+    if target == "builtin":
+        raise BadInput("err.classroom.never_replace")
+    if target not in (None, *TARGETS):
+        raise BadInput("err.classroom.target", targets=", ".join(TARGETS))
     values = {"steps": steps, "lr": lr, "batch_size": batch_size, "block_size": block_size, "seed": seed}
     for key, value in values.items():
         lo, hi = LIMITS[key]
         if not (lo <= value <= hi):
             raise BadInput("err.train.range", name=key, lo=f"{lo:g}", hi=f"{hi:g}", value=f"{value:g}")
-    config = replace(TRAIN_CONFIG, steps=int(steps), lr=float(lr), batch_size=int(batch_size),
+    config = replace(ARTICLE_CONFIG, steps=int(steps), lr=float(lr), batch_size=int(batch_size),
                      block_size=int(block_size), seed=int(seed))
-    return JobSpec(source=source, text=text, config=config, target=target)
+    return JobSpec(source=source, text=text, config=config)
 
 
 class TrainingJob:
@@ -100,7 +112,7 @@ class TrainingJob:
     def __init__(self, job_id: int, spec: JobSpec) -> None:
         self.id = job_id
         self.spec = spec
-        self.tokenizer = build_char_tokenizer(spec.text)
+        self.tokenizer = build_char_tokenizer(spec.text)  # one token per character the text contains
         torch.manual_seed(spec.config.seed)
         self.model = GPT2LMHeadModel(tiny_config(len(self.tokenizer))).eval()
         self.data = torch.tensor(self.tokenizer.convert_tokens_to_ids(list(spec.text)), dtype=torch.long)
@@ -137,7 +149,7 @@ class TrainingLab:
 
     def __init__(self, state, home: Path | None = None) -> None:
         self.state = state
-        self.home = Path(home or state.settings.home) / "trained-runs"
+        self.home = Path(home or state.settings.home)  # trained models go to trained_root(home)
         self.job: TrainingJob | None = None
         self._preview: TrainingJob | None = None
         self._lock = threading.Lock()
@@ -186,7 +198,7 @@ class TrainingLab:
     def status(self, since: int = 0) -> dict:
         job = self.job
         if job is None:
-            return {"job": None, "status": "idle", "losses": [], "since": 0, "defaults": asdict(TRAIN_CONFIG)}
+            return {"job": None, "status": "idle", "losses": [], "since": 0, "defaults": asdict(ARTICLE_CONFIG)}
         losses = job.losses[max(0, since):]
         return {
             "job": job.id,
@@ -270,45 +282,41 @@ class TrainingLab:
             job.seconds += time.perf_counter() - t0
 
     def _publish(self, job: TrainingJob) -> dict:
-        """Write the checkpoint files, load them back as a served model, check it, then register it."""
-        out = self.home / f"run-{job.id}-{int(job.started_at)}"
-        meta = {"source": job.spec.source, "train": asdict(job.spec.config), "loss": job.losses}
+        """Write the checkpoint files, load them back as a served model, check it, then add it under a new name."""
+        state = self.state
+        with state.model_lock:
+            name = next_trained_name(self.home, state.registry.names)
+        out = trained_root(self.home) / name
+        meta = {"source": job.spec.source, "train": asdict(job.spec.config), "loss": job.losses, "run": job.id}
         save_checkpoint(job.model, job.tokenizer, out, meta)
         model_state = out / "model_state.pt"
         train_state = out / "train_state.pt"
         torch.save({"model": job.model.state_dict()}, model_state)
         torch.save({"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict(),
                     "step": job.next_step, "config": asdict(job.spec.config)}, train_state)
-        lm = load_dir(out, name=job.spec.target, source=f"trained in the Training lab, run {job.id} ({out})")
-        lm.is_builtin = job.spec.target == "builtin"
+        lm = load_trained(out, source=f"trained in the Training lab, run {job.id} ({out})")
         lm.meta = meta
         prompt = lm.encode(job.spec.text[:EQUIVALENCE_PROMPT_CHARS])
         equivalence = cached_vs_full(lm.model, prompt, EQUIVALENCE_NEW_TOKENS)
         equivalence["prompt"] = lm.tokenizer.decode(prompt)
         equivalence["new_text"] = lm.tokenizer.decode(equivalence["new_ids"])
-        self._register(lm)
-        self._prune(keep=out)
+        dropped = self._register(lm)
         return {
             "model": lm.name,
             "dir": str(out),
+            "dropped": dropped,
             "files": {"weights": str(out / "model.safetensors"), "model_state": str(model_state),
                       "train_state": str(train_state)},
             "equivalence": equivalence,
         }
 
-    def _register(self, lm: LoadedModel) -> None:
+    def _register(self, lm: LoadedModel) -> list[str]:
+        """Add ``lm`` next to the served models (never in place of one); drop the oldest trained ones beyond
+        the setting. Returns the names dropped."""
         state = self.state
         with state.model_lock:
-            replaced = lm.name in state.registry.models
             state.registry.models[lm.name] = lm
-            if replaced:
-                state.traces.clear()  # traces are keyed by model name: drop those of the old weights
-
-    def _prune(self, keep: Path) -> None:
-        """Older runs' directories go once a newer run is served (the served model is in memory)."""
-        for d in self.home.glob("run-*"):
-            if d != keep and d.is_dir():
-                shutil.rmtree(d, ignore_errors=True)
+            return prune_trained(state.registry, self.home, keep=max(1, state.settings.max_trained_models))
 
 
 def lab_for(state) -> TrainingLab:

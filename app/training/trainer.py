@@ -24,6 +24,17 @@ class TrainConfig:
     block_size: int = 64
     seed: int = 0
     weight_decay: float = 0.01
+    # 0: constant lr. Otherwise the original Transformer's schedule: linear warm-up over ``warmup`` steps,
+    # then lr·√(warmup/step). It depends only on the step number, so a resumed run sees the same rates.
+    warmup: int = 0
+
+
+def lr_at(config: TrainConfig, step: int) -> float:
+    """The learning rate of step ``step`` (0-based)."""
+    if config.warmup <= 0:
+        return config.lr
+    n = step + 1
+    return config.lr * min(n / config.warmup, (config.warmup / n) ** 0.5)
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,8 @@ def train(
                 data, batch_size=config.batch_size, block_size=config.block_size, generator=generator
             )
             with step_lock:
+                for group in optimizer.param_groups:
+                    group["lr"] = lr_at(config, step)
                 loss = next_token_loss(model, inputs, targets)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()

@@ -10,7 +10,7 @@ from app.viz.attention import KINDS, arithmetic, check_indexes, embedding_rows
 from app.viz.models import model_card
 from app.viz.rotary import rotary_view
 from app.viz.shapes import shape_groups
-from app.viz.tokens import candidate_rows, honest_texts, token_strip
+from app.viz.tokens import candidate_rows, honest_texts, token_strip, unknown_note
 
 
 def query_view(trace: Trace, *, layer: int, head: int, q: int, limit: int | None = 48) -> dict:
@@ -28,8 +28,10 @@ def query_view(trace: Trace, *, layer: int, head: int, q: int, limit: int | None
 
 def inspect_view(
     lm: LoadedModel, key: str, trace: Trace, *, layer: int = 0, head: int = 0, q: int | None = None,
-    kind: str = "weights",
+    kind: str = "weights", prompt: str | None = None,
 ) -> dict:
+    """Everything the Inspect page shows for one trace; ``prompt`` (the text) lets the page name the
+    characters that became ``<unk>``."""
     if kind not in KINDS:
         raise BadInput("err.inspect.kind", kind=repr(kind), kinds=", ".join(KINDS))
     q = trace.n_tokens - 1 if q is None else q
@@ -39,6 +41,7 @@ def inspect_view(
         "model": model_card(lm),
         "n_tokens": trace.n_tokens,
         "tokens": token_strip(trace.token_ids, honest_texts(lm, trace.token_ids, trace.token_texts)),
+        "unknown": unknown_note(lm, list(trace.token_ids), prompt),
         "shape_trace": shape_groups(trace.steps, trace.adapter.family),
         "top_k": candidate_rows(lm, top_candidates(trace["probs"][0], k=10)),
         "sel": {"layer": layer, "head": head, "q": q, "kind": kind},

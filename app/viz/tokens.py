@@ -80,3 +80,20 @@ def candidate_rows(lm: LoadedModel, candidates: list[Candidate], *, chosen: int 
         rows.append({"rank": c.rank, "id": c.id, "text": text, "shown": visible(text), "prob": c.prob,
                      "sample_prob": c.sample_prob, "chosen": c.id == chosen})
     return rows
+
+
+def unknown_note(lm: LoadedModel, ids: list[int], text: str | None = None) -> dict | None:
+    """What a page says when a prompt has tokens the model cannot represent (all mapped to one ``<unk>`` id).
+
+    None when there are none, or when the tokenizer's "unknown" id is really its end-of-text token
+    (GPT-2's BPE has no unknown characters: every byte has a token). ``chars`` lists the characters of
+    ``text`` that become ``<unk>``, so the note can say which ones.
+    """
+    tok = lm.tokenizer
+    unk = tok.unk_token_id
+    if unk is None or unk == tok.eos_token_id or unk not in ids:
+        return None
+    chars = sorted({ch for ch in text or "" if lm.encode(ch) == [unk]})
+    shown = " ".join(visible(ch) for ch in chars[:12]) + (" …" if len(chars) > 12 else "")
+    return {"count": ids.count(unk), "chars": shown, "builtin": lm.is_builtin,
+            "vocab_size": len(tok), "zh_chars": sum(1 for t in tok.get_vocab() if len(t) == 1 and ord(t) > 127)}

@@ -17,6 +17,7 @@ from app import __version__
 from app.errors import UserError
 from app.i18n import translate
 from app.model.loading import load_registry
+from app.model.trained import load_saved_trained
 from app.settings import Settings, get_settings
 from app.state import AppState
 from app.web import assets
@@ -38,6 +39,7 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
             torch.set_num_threads(settings.torch_threads)
         if getattr(app.state, "kv", None) is None:
             registry = load_registry(settings.models, settings.home, settings.hf_cache)
+            load_saved_trained(registry, settings.home, keep=settings.max_trained_models)
             app.state.kv = AppState.create(settings, registry)
         for spec, why in app.state.kv.registry.failures.items():
             log.warning("%s: %s", spec, why)

@@ -166,7 +166,7 @@ def test_auto_block_size():
 
 def test_unknown_characters_are_refused_for_the_char_model(tiny):
     with pytest.raises(BadInput, match="does not know"):
-        PrefixLab().run(tiny, [("x", "Current time: 10:42")], block_size=16)
+        PrefixLab().run(tiny, [("x", "Current time: 10:42 🙂")], block_size=16)
 
 
 def test_change_of_block_size_starts_a_new_cache(tiny):

@@ -1,4 +1,5 @@
-"""The built-in tiny model: trained on first use, cached, and run through the same capture engine."""
+"""The built-in tiny model: a fixed vocabulary (printable ASCII, newline, the Chinese text's characters),
+trained on first use on the project's corpus, cached, and run through the same capture engine."""
 
 from __future__ import annotations
 
@@ -6,21 +7,49 @@ import json
 
 import torch
 
-from app.model.builtin import builtin_dir, corpus_text, ensure_builtin
+from app.model.builtin import (
+    TRAIN_CONFIG,
+    builtin_dir,
+    builtin_vocabulary,
+    chinese_characters,
+    corpus_text,
+    ensure_builtin,
+    progress_printer,
+)
 from app.model.capture import hook_count, run_traced
-from app.training.trainer import next_token_loss
+from app.training.trainer import StepInfo, next_token_loss
 
 
-def test_trains_below_0_1_and_is_cached(tiny, kv_home):
+def greedy(lm, text: str, n: int) -> str:
+    ids = lm.encode(text)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(lm.model(input_ids=torch.tensor([ids[-lm.max_positions:]])).logits[0, -1].argmax()))
+    return lm.tokenizer.decode(ids[len(lm.encode(text)):])
+
+
+def test_vocabulary_is_ascii_newline_and_the_chinese_text():
+    vocab = builtin_vocabulary()
+    assert vocab[0] == "\n" and vocab[1:96] == "".join(chr(c) for c in range(32, 127))
+    zh = chinese_characters()
+    assert vocab[96:] == zh and 100 <= len(zh) <= 400 and "你" in zh and "缓" in zh and "，" in zh
+    assert len(set(vocab)) == len(vocab)
+    # The corpus uses nothing outside the vocabulary.
+    assert set(corpus_text()) <= set(vocab)
+
+
+def test_trains_and_is_cached(tiny, kv_home):
     meta = json.loads((builtin_dir(kv_home) / "kvscope.json").read_text())
     losses = [loss for _, loss in meta["loss"]]
-    assert len(losses) == 301
-    assert losses[0] > 2.5  # about ln(vocab) at random init
-    # Evaluate the saved model on the whole corpus, not just the last batch.
-    ids = torch.tensor([tiny.encode(corpus_text())])
+    assert len(losses) == TRAIN_CONFIG.steps
+    assert meta["vocab_size"] == len(tiny.tokenizer) == 1 + len(builtin_vocabulary())
+    assert losses[0] > 5.0  # about ln(266) = 5.58 at random init
+    # Mean next-character loss over the whole corpus, window by window (not just the last batch).
+    ids = torch.tensor(tiny.encode(corpus_text()))
+    windows = ids[: ids.numel() // 129 * 129].view(-1, 129)
     with torch.no_grad():
-        loss = next_token_loss(tiny.model, ids[:, :-1][:, :128], ids[:, 1:][:, :128]).item()
-    assert loss < 0.1
+        loss = next_token_loss(tiny.model, windows[:, :-1], windows[:, 1:]).item()
+    assert loss < 1.5
     before = (builtin_dir(kv_home) / "model.safetensors").stat().st_mtime_ns
     assert ensure_builtin(kv_home) == builtin_dir(kv_home)  # second call: no retraining
     assert (builtin_dir(kv_home) / "model.safetensors").stat().st_mtime_ns == before
@@ -31,16 +60,35 @@ def test_shape_matches_the_article_tiny_transformer(tiny):
     assert (a.n_layer, a.n_head, a.d_model, a.head_dim) == (2, 4, 32, 8)
 
 
+def test_reads_ordinary_text_and_continues_it(tiny):
+    text = "The cat sat on the mat."
+    ids = tiny.encode(text)
+    assert len(ids) == len(text) and 0 not in ids and tiny.tokenizer.decode(ids) == text
+    assert 0 not in tiny.encode("The quick brown fox, 42 times! (Q&A) #1 ~x^2 {a: [b]}\n")
+    assert 0 not in tiny.encode("你好！注意力（attention）和 KV cache。")
+    # It learned its corpus: after the cat's sentence comes the dog's.
+    assert greedy(tiny, text, 16).startswith(" The dog sat on")
+
+
 def test_runs_through_the_capture_engine(tiny):
-    ids = tiny.encode("the cat sat on the mat")
+    ids = tiny.encode("The cat sat on the mat")
     before = hook_count(tiny.model)
     trace = run_traced(tiny.model, tiny.adapter, ids, tiny.token_texts(ids))
     assert tuple(trace.q(1).shape) == (1, 4, len(ids), 8)
     assert torch.allclose(torch.softmax(trace.masked_scores(1), -1), trace.weights(1), atol=1e-6)
     assert hook_count(tiny.model) == before
-    # A trained model continues its corpus.
-    assert tiny.token_text(int(trace["probs"][0].argmax())) == "."
 
 
 def test_unknown_characters_map_to_unk(tiny):
-    assert tiny.encode("Z") == [0]
+    assert tiny.encode("é🙂") == [0, 0]
+    assert tiny.encode("Z") != [0]
+
+
+def test_progress_lines_report_loss_and_eta():
+    lines: list[str] = []
+    on_step = progress_printer(10, every=4, out=lines.append)
+    for step in range(10):
+        on_step(StepInfo(step=step, loss=5.0 - step / 10))
+    assert len(lines) == 3  # steps 4, 8 and the last
+    assert "step    4/10" in lines[0] and "loss 4.700" in lines[0] and "ETA" in lines[0]
+    assert "step   10/10" in lines[2] and "ETA  0.0 s" in lines[2]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from app.errors import BadInput
-from app.model.builtin import corpus_text
+from app.model.builtin import article_corpus_text
 from app.training.inspect import cached_vs_full, memory_view, param_view
 from app.training.jobs import TrainingJob, make_spec
 from app.training.trainer import TrainConfig, train
@@ -72,13 +72,13 @@ def test_memory_is_16_bytes_per_distinct_parameter(tiny):
         if t.is_floating_point() and t.data_ptr() not in seen and t.requires_grad is False:
             seen.add(t.data_ptr())
             n += t.numel()
-    assert view["parameters"] == n == 30368
+    assert view["parameters"] == n == 29_568 + 32 * len(tiny.tokenizer)  # wpe + blocks + ln_f, and wte: 32 per token
     assert view["per_param_total"] == 16 and [r["bytes"] for r in view["per_param"]] == [4, 4, 4, 4]
     assert view["training_bytes"] == 16 * n and view["weights_bytes"] == 4 * n
 
 
 def test_cached_decoding_matches_full_recompute(tiny):
-    prompt = tiny.encode(corpus_text()[:40])
+    prompt = tiny.encode(article_corpus_text()[:40])
     result = cached_vs_full(tiny.model, prompt, 8)
     # An independent greedy loop, full prefix each time.
     ids = list(prompt)

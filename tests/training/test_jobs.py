@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from safetensors import safe_open
 
 from app.errors import BadInput, Busy
-from app.model.builtin import builtin_dir, corpus_text
+from app.model.builtin import ARTICLE_CONFIG, article_corpus_text, train_tiny
 from app.training.jobs import MAX_TEXT_CHARS, TrainingJob, make_spec
 from app.training.trainer import train
 from tests.training.conftest import stop_and_wait, wait_for_steps
@@ -17,27 +15,27 @@ from tests.training.conftest import stop_and_wait, wait_for_steps
 
 def corpus_loss(lm) -> float:
     """Mean next-character cross-entropy over the corpus, computed by hand (log-softmax, pick the target)."""
-    ids = torch.tensor([lm.encode(corpus_text())[:129]])
+    ids = torch.tensor([lm.encode(article_corpus_text())[:129]])
     with torch.no_grad():
         logp = torch.log_softmax(lm.model(input_ids=ids[:, :-1]).logits, dim=-1)  # (1, T, V)
     return float(-logp.gather(-1, ids[:, 1:, None]).mean())
 
 
-def test_default_run_falls_below_0_1_and_is_served_next_to_builtin(lab, lab_state, tiny, kv_home):
+def test_default_run_falls_below_0_1_and_is_served_next_to_builtin(lab, lab_state, tiny):
     lab.start(make_spec())
     lab.wait()
     s = lab.status()
     assert s["status"] == "done", s["error"]
-    assert len(s["losses"]) == 301 and s["losses"][0][1] > 2.5
-    # The defaults are the built-in model's recipe: the same losses step by step.
-    builtin_losses = [v for _, v in json.loads((builtin_dir(kv_home) / "kvscope.json").read_text())["loss"]]
-    assert torch.allclose(torch.tensor([v for _, v in s["losses"]]), torch.tensor(builtin_losses), atol=1e-3)
-    trained = lab_state.registry.models["trained"]
+    assert len(s["losses"]) == ARTICLE_CONFIG.steps == 301 and s["losses"][0][1] > 2.5
+    # The defaults are the article's run: the same losses step by step as the plain trainer gives.
+    _, _, direct = train_tiny(article_corpus_text(), ARTICLE_CONFIG)
+    assert torch.allclose(torch.tensor([v for _, v in s["losses"]]), torch.tensor([h.loss for h in direct]), atol=1e-3)
+    trained = lab_state.registry.models["builtin-trained-1"]
     assert corpus_loss(trained) < 0.1
     assert lab_state.registry.models["builtin"] is tiny  # not replaced: the user did not ask
     eq = s["result"]["equivalence"]
     assert eq["same_tokens"] and eq["max_abs_diff"] < 1e-4
-    assert eq["prompt"] == corpus_text()[:40] and eq["new_text"] == corpus_text()[40:48]
+    assert eq["prompt"] == article_corpus_text()[:40] and eq["new_text"] == article_corpus_text()[40:48]
 
 
 def test_stopping_keeps_the_old_models_and_resume_finishes_the_same_run(lab, lab_state, tiny):
@@ -49,7 +47,7 @@ def test_stopping_keeps_the_old_models_and_resume_finishes_the_same_run(lab, lab
     s = lab.status()
     assert s["status"] == "stopped" and 3 <= s["step"] < 2000
     assert lab_state.registry.models == before and all(lab_state.registry.models[k] is v for k, v in before.items())
-    assert not list(lab.home.glob("run-*"))  # nothing written either
+    assert not list(lab.home.glob("trained/*"))  # nothing written either
 
     k = s["step"]
     with pytest.raises(BadInput, match="resume"):
@@ -63,14 +61,14 @@ def test_stopping_keeps_the_old_models_and_resume_finishes_the_same_run(lab, lab
     uninterrupted = train(job.model, job.data, job.spec.config, optimizer=job.optimizer)
     assert torch.allclose(torch.tensor([v for _, v in s["losses"]]), torch.tensor([h.loss for h in uninterrupted]),
                           atol=1e-5)
-    first_trained = lab_state.registry.models["trained"]
+    first_trained = lab_state.registry.models["builtin-trained-1"]
 
     # A second run stopped midway leaves the first trained model served.
     lab.start(make_spec(steps=2000))
     wait_for_steps(lab, 2)
     lab.stop()
     lab.wait()
-    assert lab_state.registry.models["trained"] is first_trained
+    assert lab_state.registry.models["builtin-trained-1"] is first_trained
 
 
 def test_one_job_at_a_time(lab):
@@ -138,5 +136,5 @@ def test_trains_on_a_pasted_text(lab, lab_state):
     lab.wait()
     s = lab.status()
     assert s["status"] == "done" and s["vocab_size"] == len(set(text)) + 1  # + <unk>
-    trained = lab_state.registry.models["trained"]
+    trained = lab_state.registry.models["builtin-trained-1"]
     assert trained.encode("box") == [trained.tokenizer.convert_tokens_to_ids(c) for c in "box"]

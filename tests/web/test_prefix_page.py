@@ -95,7 +95,7 @@ def test_presets_api_says_what_fits(client):
     ({"preset": "system", "block_size": 5}, 422, "Block size"),
     ({"preset": "system", "capacity": 0}, 422, "capacity"),
     ({"prompts": []}, 422, "No prompts"),
-    ({"prompts": ["Current time: 10:42"], "model": "builtin"}, 422, "does not know"),
+    ({"prompts": ["Current time: 10:42 🙂"], "model": "builtin"}, 422, "does not know"),
     ({"prompts": ["the cat sat. " * 20], "model": "builtin"}, 422, "at most 128"),
     ({"preset": "timestamp", "model": "builtin", "capacity": 4}, 422, "cache is full"),
 ])

@@ -65,7 +65,7 @@ def test_start_twice_is_refused_then_stop_and_resume(train_client, state):
     lab.wait()
     s = train_client.get("/api/train/status", params={"since": 1}).json()
     assert s["status"] == "stopped" and s["since"] == 1 and len(s["losses"]) == s["step"] - 1
-    assert "trained" not in state.registry.names
+    assert not any(n.startswith("builtin-trained-") for n in state.registry.names)
     bad = train_client.post("/api/train/resume", json={"steps": 1})
     assert bad.status_code == 422 and "resume" in bad.json()["detail"]
     assert train_client.post("/api/train/stop").status_code == 422  # nothing running
@@ -91,11 +91,12 @@ def test_a_finished_run_is_selectable_in_inspect(train_client, state):
     r = train_client.post("/api/train/start", json={"steps": 3})
     assert r.status_code == 200
     lab_for(state).wait()
-    assert "trained" in train_client.get("/healthz").json()["models"]
-    page = train_client.get("/", params={"model": "trained", "prompt": "the cat"})
+    name = lab_for(state).status()["result"]["model"]
+    assert name.startswith("builtin-trained-") and name in train_client.get("/healthz").json()["models"]
+    page = train_client.get("/", params={"model": name, "prompt": "The cat"})
     assert page.status_code == 200
     result = train_client.get("/train/result").text
-    assert "model.safetensors" in result and "train_state.pt" in result and 'href="/?model=trained"' in result
+    assert "model.safetensors" in result and "train_state.pt" in result and f'href="/?model={name}"' in result
     sizes = {int(b) for b in re.findall(r'data-bytes="(\d+)"', result)}
     files = train_client.get("/api/train/memory").json()["files"]
     assert sizes == {f["bytes"] for f in files}

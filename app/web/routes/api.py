@@ -29,7 +29,7 @@ def read_models(state: StateDep) -> list[dict]:
 def read_trace(state: StateDep, prompt: str, model: str | None = None) -> dict:
     """Tokenize and run a prompt; returns its trace key, tokens, shape trace and next-token top-k."""
     lm, key, trace = state.trace_prompt(model, prompt)
-    return inspect_view(lm, key, trace)
+    return inspect_view(lm, key, trace, prompt=prompt)
 
 
 @router.get("/api/traces/{key}/grid", tags=["inspect"])

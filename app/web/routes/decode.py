@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 from app.model.sampling import Sampling
 from app.model.studio import rebuild_session, start_session, step_session, verify_step
 from app.viz.decode import cache_rows, step_view
+from app.viz.tokens import unknown_note
 from app.web.deps import OwnerDep, SessionsDep, StateDep
 from app.web.render import render
 
@@ -36,7 +37,9 @@ def create_session(state: StateDep, owner: OwnerDep, body: StartBody) -> dict:
     sampling = Sampling(mode=body.mode, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
                         seed=body.seed)
     session = start_session(state, model=body.model, prompt=body.prompt, sampling=sampling, owner=owner)
-    return step_view(session, session.steps[-1])
+    view = step_view(session, session.steps[-1])
+    view["unknown"] = unknown_note(session.lm, session.prompt_ids, body.prompt)
+    return view
 
 
 @router.post("/api/decode/{sid}/step", tags=["decode"])

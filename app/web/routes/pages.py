@@ -28,7 +28,7 @@ def read_inspect(
     view = None
     if prompt is not None:
         lm, key, trace = state.trace_prompt(model, prompt)
-        view = inspect_view(lm, key, trace, layer=layer, head=head, q=q, kind=kind)
+        view = inspect_view(lm, key, trace, layer=layer, head=head, q=q, kind=kind, prompt=prompt)
     template = "partials/_inspect.html" if is_htmx(request) and view else "inspect.html"
     return render(request, template, view=view, prompt=prompt or "", card=model_card(lm), page="inspect")
 

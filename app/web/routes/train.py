@@ -6,8 +6,8 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
 from app.i18n import translate, translator
-from app.model.builtin import TRAIN_CONFIG, corpus_text
-from app.training.jobs import LIMITS, MAX_TEXT_CHARS, MIN_TEXT_CHARS, TRAINED_NAME, lab_for, make_spec
+from app.model.builtin import ARTICLE_CONFIG, article_corpus_text
+from app.training.jobs import LIMITS, MAX_TEXT_CHARS, MIN_TEXT_CHARS, lab_for, make_spec
 from app.viz.training import ARTICLE_MAX_DIFF, SCRIPT_STRINGS, loss_figure, param_figures
 from app.web.deps import StateDep
 from app.web.render import render, request_lang
@@ -20,12 +20,12 @@ DEFAULT_PARAM = "transformer.h.0.attn.c_attn.weight"
 class StartRequest(BaseModel):
     source: str = "builtin"
     text: str | None = None
-    steps: int = TRAIN_CONFIG.steps
-    lr: float = TRAIN_CONFIG.lr
-    batch_size: int = TRAIN_CONFIG.batch_size
-    block_size: int = TRAIN_CONFIG.block_size
-    seed: int = TRAIN_CONFIG.seed
-    target: str = TRAINED_NAME
+    steps: int = ARTICLE_CONFIG.steps
+    lr: float = ARTICLE_CONFIG.lr
+    batch_size: int = ARTICLE_CONFIG.batch_size
+    block_size: int = ARTICLE_CONFIG.block_size
+    seed: int = ARTICLE_CONFIG.seed
+    target: str | None = None  # a finished run is always added as a new model (builtin-trained-N)
 
 
 class ResumeRequest(BaseModel):
@@ -42,7 +42,7 @@ def read_train_page(request: Request, state: StateDep):
     return render(
         request, "train.html", page="train", status=status, init=init, script_keys=SCRIPT_STRINGS,
         parameters=lab.parameters(), default_param=DEFAULT_PARAM, step=lab.step(), memory=lab.memory(),
-        defaults=TRAIN_CONFIG, limits=LIMITS, corpus_chars=len(corpus_text()),
+        defaults=ARTICLE_CONFIG, limits=LIMITS, corpus_chars=len(article_corpus_text()),
         min_chars=MIN_TEXT_CHARS, max_chars=MAX_TEXT_CHARS, article_max_diff=ARTICLE_MAX_DIFF,
     )
 
