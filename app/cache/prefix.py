@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from app.cache import kv_bytes
 from app.cache.blocks import (
     BlockHash,
     BlockPool,
@@ -116,7 +117,8 @@ class PrefixCache:
     @staticmethod
     def page_bytes_for(lm: LoadedModel, block_size: int) -> int:
         a = lm.adapter
-        return 2 * a.n_layer * a.n_kv_head * block_size * a.head_dim * a.dtype.itemsize
+        return int(kv_bytes.page_bytes(block_size=block_size, n_layer=a.n_layer, n_kv_head=a.n_kv_head,
+                                       head_dim=a.head_dim, dtype=kv_bytes.dtype_name(a.dtype)))
 
     @property
     def page_bytes(self) -> int:

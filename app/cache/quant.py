@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-SCALE_BYTES = 4  # float32 scales
+from app.cache import kv_bytes
+from app.cache.kv_bytes import SCALE_BYTES  # noqa: F401  (re-exported: float32 scales)
 
 
 @dataclass(frozen=True)
@@ -33,21 +34,21 @@ class QuantFormat:
     payload_bits: int  # per stored value
     scale_per: str  # "token" or "block"
     label: str
+    dtype: str  # the payload's name in app/cache/kv_bytes.py
 
     def bytes_per_token(self, *, n_layer: int, n_kv_head: int, head_dim: int, block_size: int = 16) -> float:
         """K and V of one token in every layer, payload plus scales (per-block scales shared by B tokens)."""
-        payload = head_dim * self.payload_bits / 8
-        scales = SCALE_BYTES / block_size if self.scale_per == "block" else SCALE_BYTES
-        return 2 * n_layer * n_kv_head * (payload + scales)
+        return kv_bytes.bytes_per_token(n_layer=n_layer, n_kv_head=n_kv_head, head_dim=head_dim, dtype=self.dtype,
+                                        scales=f"head-{self.scale_per}", block_size=block_size)
 
 
 FORMATS: dict[str, QuantFormat] = {
     f.name: f
     for f in (
-        QuantFormat("int8-head", 8, "token", "int8, scale per head and token"),
-        QuantFormat("int8-block", 8, "block", "int8, scale per head and block"),
-        QuantFormat("fp8-e4m3", 8, "token", "fp8 e4m3 (torch.float8_e4m3fn), scale per head and token"),
-        QuantFormat("int4-head", 4, "token", "int4 packed two per byte, scale per head and token"),
+        QuantFormat("int8-head", 8, "token", "int8, scale per head and token", "int8"),
+        QuantFormat("int8-block", 8, "block", "int8, scale per head and block", "int8"),
+        QuantFormat("fp8-e4m3", 8, "token", "fp8 e4m3 (torch.float8_e4m3fn), scale per head and token", "fp8"),
+        QuantFormat("int4-head", 4, "token", "int4 packed two per byte, scale per head and token", "int4"),
     )
 }
 
@@ -56,7 +57,8 @@ QMAX = {"int8-head": 127.0, "int8-block": 127.0, "fp8-e4m3": 448.0, "int4-head":
 
 def float_bytes_per_token(*, n_layer: int, n_kv_head: int, head_dim: int, bytes_per_value: int = 4) -> int:
     """2 (K and V) · layers · kv_heads · head_dim · bytes: the article's formula, no scales."""
-    return 2 * n_layer * n_kv_head * head_dim * bytes_per_value
+    dtype = {4: "fp32", 2: "bf16"}[bytes_per_value]
+    return int(kv_bytes.bytes_per_token(n_layer=n_layer, n_kv_head=n_kv_head, head_dim=head_dim, dtype=dtype))
 
 
 def _scale(absmax: torch.Tensor, qmax: float) -> torch.Tensor:

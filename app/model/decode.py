@@ -157,8 +157,12 @@ class DecodeSession:
 
 
 def kv_bytes_formula(*, layers: int, kv_heads: int, tokens: int, head_dim: int, dtype_bytes: int) -> dict:
-    """2 (K and V) · layers · kv_heads · tokens · head_dim · bytes: the one place this formula lives."""
-    per_token = 2 * layers * kv_heads * head_dim * dtype_bytes
+    """2 (K and V) · layers · kv_heads · tokens · head_dim · bytes, per token from ``app/cache/kv_bytes.py``."""
+    from app.cache.kv_bytes import bytes_per_token
+
+    dtype = {4: "fp32", 2: "bf16", 1: "int8"}[dtype_bytes]
+    per_token = int(bytes_per_token(n_layer=layers, n_kv_head=kv_heads, head_dim=head_dim, dtype=dtype,
+                                    scales="tensor"))
     return {
         "layers": layers, "kv_heads": kv_heads, "tokens": tokens, "head_dim": head_dim, "dtype_bytes": dtype_bytes,
         "per_token": per_token, "total": per_token * tokens,

@@ -5,6 +5,7 @@ Pure functions: engine or bench result in, plain JSON-ready data out. No tensors
 
 from __future__ import annotations
 
+from app.cache.kv_bytes import bytes_per_token
 from app.cache.paged import blocks_needed
 from app.cache.paged_decode import PagedEngine
 from app.cache.quant import FORMATS, float_bytes_per_token
@@ -84,8 +85,9 @@ def capacity_view(
             "blocks_needed": needed, "waste_slots": waste, "waste_bytes": waste * per_token,
             "waste_pct": 100.0 * waste / (needed * bs) if needed else 0.0, "max_waste_per_seq": bs - 1,
         })
+    bf16 = bytes_per_token(n_layer=n_layer, n_kv_head=n_kv_head, head_dim=head_dim, dtype="bf16")
     formats = [{"name": "fp32", "bytes_per_token": per_token, "tokens": budget_bytes // per_token},
-               {"name": "bf16", "bytes_per_token": per_token // 2, "tokens": budget_bytes // (per_token // 2)}]
+               {"name": "bf16", "bytes_per_token": bf16, "tokens": budget_bytes // bf16}]
     for fmt in FORMATS.values():
         b = fmt.bytes_per_token(n_layer=n_layer, n_kv_head=n_kv_head, head_dim=head_dim, block_size=16)
         formats.append({"name": fmt.name, "bytes_per_token": b, "tokens": int(budget_bytes // b)})
