@@ -139,6 +139,7 @@ class Sequence:
     alternatives: list[int] = field(default_factory=list)  # runner-up tokens of the last step, for forks
     preemptions: int = 0
     recomputed_tokens: int = 0
+    admitted: int = -1  # admission order (vLLM's running list order); the newest is preempted first
 
     @property
     def generated(self) -> int:
@@ -148,15 +149,24 @@ class Sequence:
 class PagedEngine:
     """Sequences decoding greedily, together, through one block pool.
 
-    Each ``step`` first admits waiting sequences in arrival order (a preempted one re-enters by recomputing
-    its whole history: the 'recompute' choice), then advances every running sequence by one token. A
-    sequence whose next token needs a block the pool does not have stays put and is reported in
-    ``stall``; the user then chooses to wait (others go on, blocks may free up) or to preempt a sequence.
+    Each ``step`` advances every running sequence by one token (in admission order), then admits waiting
+    sequences first come, first served (a preempted one re-enters by recomputing its whole history plus its
+    pending token, as vLLM does, and picks its next token from that). With ``preemption="manual"`` a
+    sequence whose next token needs a block the pool does not have stays put and is reported in ``stall``;
+    the user then chooses to wait (others go on, blocks may free up) or to preempt a sequence.
+
+    With ``preemption="auto"`` the engine decides as vLLM's scheduler does: when a running sequence cannot
+    grow, the most recently admitted running sequence is preempted by recompute (blocks freed, put at the
+    front of the waiting queue), repeatedly, until the blocked one fits or is itself the one preempted; a
+    step that preempted admits nobody. ``max_num_seqs`` caps the running sequences (vLLM's max_num_seqs),
+    ``ignore_eos`` decodes to ``max_new`` whatever the tokens (vLLM's SamplingParams.ignore_eos).
+    ``app/capacity/check.py`` drives this engine and the scheduler simulator side by side.
     """
 
     def __init__(
         self, lm: LoadedModel, *, num_blocks: int, block_size: int, max_sequences: int = 8, log_size: int = 40,
-        lock: threading.RLock | None = None,
+        lock: threading.RLock | None = None, preemption: str = "manual", max_num_seqs: int | None = None,
+        ignore_eos: bool = False,
     ) -> None:
         a = lm.adapter
         self.lm = lm
@@ -170,6 +180,12 @@ class PagedEngine:
         self.step_count = 0
         self._next_id = 0
         self._lock = lock or nullcontext()
+        if preemption not in ("manual", "auto"):
+            raise ValueError(f"preemption must be 'manual' or 'auto', not {preemption!r}")
+        self.preemption = preemption
+        self.max_num_seqs = max_num_seqs
+        self.ignore_eos = ignore_eos
+        self._admissions = 0
 
     @property
     def lock(self):
@@ -193,7 +209,8 @@ class PagedEngine:
         self._next_id += 1
         return self._next_id - 1
 
-    def add(self, prompt_ids: list[int], max_new: int) -> Sequence:
+    def add(self, prompt_ids: list[int], max_new: int, *, admit: bool = True) -> Sequence:
+        """A new request. ``admit=False`` only queues it (vLLM's add_request): the next ``step`` admits it."""
         need = blocks_needed(len(prompt_ids), self.cache.block_size)
         if need > self.cache.num_blocks:
             raise BadInput(f"This prompt needs {need} blocks; the whole pool has {self.cache.num_blocks}.")
@@ -202,16 +219,21 @@ class PagedEngine:
         self.waiting.append(seq.seq_id)
         self.events.append(f"seq {seq.seq_id} arrives ({len(prompt_ids)} prompt tokens)")
         self.stall = None
-        self._admit()
+        if admit:
+            self._admit()
         return seq
 
     def _admit(self) -> None:
         """Admit waiting sequences first come, first served, while their blocks fit."""
         while self.waiting:
+            if self.max_num_seqs is not None and len(self._running()) >= self.max_num_seqs:
+                return
             seq = self.sequences[self.waiting[0]]
+            # A preempted sequence recomputes its history and its pending token (vLLM: num_computed_tokens = 0).
+            feed = seq.tokens if seq.pending is None else seq.tokens + [seq.pending]
             try:
                 with self._lock:
-                    logits = forward_through(self.lm, PagedSeqStore(self.cache, seq.seq_id), seq.tokens)
+                    logits = forward_through(self.lm, PagedSeqStore(self.cache, seq.seq_id), feed)
             except PoolExhausted as exc:
                 self.stall = {"kind": "admit", "seq_id": seq.seq_id, "needed": exc.needed, "free": exc.free}
                 self.events.append(f"seq {seq.seq_id} waits: needs {exc.needed} blocks, {exc.free} free")
@@ -221,10 +243,13 @@ class PagedEngine:
             if seq.pending is None:  # a new sequence: prefill picks its first token
                 self._pick(seq, logits[-1])
                 self.events.append(f"seq {seq.seq_id} prefilled into blocks {table}")
-            else:  # a preempted one: its history recomputed, its next token kept
-                seq.recomputed_tokens += len(seq.tokens)
-                self.events.append(f"seq {seq.seq_id} recomputed {len(seq.tokens)} tokens into blocks {table}")
+            else:  # a preempted one: its history and pending token recomputed, the next token picked from them
+                seq.recomputed_tokens += len(feed)
+                seq.tokens.append(seq.pending)
+                self._pick(seq, logits[-1])
+                self.events.append(f"seq {seq.seq_id} recomputed {len(feed)} tokens into blocks {table}")
             seq.status = RUNNING
+            seq.admitted, self._admissions = self._admissions, self._admissions + 1
             self._finish_if_done(seq)
 
     def _pick(self, seq: Sequence, logits: torch.Tensor) -> None:
@@ -233,7 +258,7 @@ class PagedEngine:
 
     def _finish_if_done(self, seq: Sequence) -> None:
         eos = self.lm.tokenizer.eos_token_id
-        if seq.generated >= seq.max_new or (eos is not None and seq.pending == eos):
+        if seq.generated >= seq.max_new or (eos is not None and seq.pending == eos and not self.ignore_eos):
             self._release(seq, FINISHED)
 
     def _release(self, seq: Sequence, status: str) -> None:
@@ -254,22 +279,49 @@ class PagedEngine:
         """
         self.stall = None
         self.step_count += 1
-        blocked = []
-        for seq in [s for s in self.sequences.values() if s.status == RUNNING]:
+        blocked, preempted = [], []
+        running = self._running()
+        i = 0
+        while i < len(running):
+            seq = running[i]
             try:
                 with self._lock:
                     logits = forward_through(self.lm, PagedSeqStore(self.cache, seq.seq_id), [seq.pending])
             except PoolExhausted:
-                blocked.append(seq.seq_id)
-                continue
+                if self.preemption == "manual":
+                    blocked.append(seq.seq_id)
+                    i += 1
+                    continue
+                victim = running.pop()  # the most recently admitted running sequence, maybe seq itself
+                self._preempt(victim, front=True)
+                preempted.append(victim.seq_id)
+                if victim is seq:
+                    break
+                continue  # retry seq with the freed blocks
             seq.tokens.append(seq.pending)
             self._pick(seq, logits[-1])
             self._finish_if_done(seq)
-        self._admit()
+            i += 1
+        if not preempted:  # vLLM admits no waiting request in a step that had to preempt
+            self._admit()
         if blocked:
             self.stall = {"kind": "grow", "seq_id": blocked[0], "blocked": blocked, "needed": 1,
                           "free": self.cache.num_free_blocks}
             self.events.append(f"pool exhausted: seq {', '.join(map(str, blocked))} cannot get a new block")
+
+    def _running(self) -> list[Sequence]:
+        """Running sequences in admission order (vLLM's running list)."""
+        return sorted((s for s in self.sequences.values() if s.status == RUNNING), key=lambda s: s.admitted)
+
+    def _preempt(self, seq: Sequence, *, front: bool) -> None:
+        freed = self.cache.free(seq.seq_id)
+        seq.status, seq.preemptions = WAITING, seq.preemptions + 1
+        stalled = self.stall["seq_id"] if self.stall and self.stall["kind"] == "admit" else None
+        if front or stalled not in self.waiting:
+            self.waiting.appendleft(seq.seq_id)
+        else:  # the user freed blocks for the sequence waiting to be admitted: it goes first, then this one
+            self.waiting.insert(self.waiting.index(stalled) + 1, seq.seq_id)
+        self.events.append(f"seq {seq.seq_id} preempted: blocks {freed} freed, {len(seq.tokens)} tokens to recompute")
 
     # --- the user's actions --------------------------------------------------------------------------
     def get(self, seq_id: int) -> Sequence:
@@ -285,7 +337,8 @@ class PagedEngine:
         if not parent.alternatives:
             raise BadInput(f"Sequence {seq_id} has no runner-up token left to branch on: step once first.")
         child = Sequence(self._new_id(), parent.prompt_len, list(parent.tokens), parent.alternatives.pop(0),
-                         parent.max_new, status=RUNNING, parent=seq_id)
+                         parent.max_new, status=RUNNING, parent=seq_id, admitted=self._admissions)
+        self._admissions += 1
         self.cache.fork(seq_id, child.seq_id)
         self.sequences[child.seq_id] = child
         shared = self.cache.block_tables[seq_id]
@@ -307,14 +360,16 @@ class PagedEngine:
         self.stall = None
 
     def preempt(self, seq_id: int) -> None:
-        """Free a running sequence's blocks and queue it first in line; it is recomputed when it fits again."""
+        """Free a running sequence's blocks; it is recomputed when it fits again.
+
+        It goes first in line (as vLLM puts a preempted request), except when a sequence is waiting to be
+        admitted (an admission stall): the user preempted to make room for that one, so it gets the freed
+        blocks first and the preempted sequence queues right behind it.
+        """
         seq = self.get(seq_id)
         if seq.status != RUNNING:
             raise BadInput(f"Sequence {seq_id} is {seq.status}; only a running sequence can be preempted.")
-        freed = self.cache.free(seq_id)
-        seq.status, seq.preemptions = WAITING, seq.preemptions + 1
-        self.waiting.appendleft(seq_id)
-        self.events.append(f"seq {seq_id} preempted: blocks {freed} freed, {len(seq.tokens)} tokens to recompute")
+        self._preempt(seq, front=False)
         self.stall = None
 
     def wait(self) -> None:
