@@ -1,0 +1,162 @@
+"""KV memory calculator: bytes per token → per request → per batch; GPU memory → blocks → tokens → concurrency.
+
+Everything here is arithmetic on a ``ModelConfig``; the bytes per token come from ``app/cache/kv_bytes.py``
+(the same function /paged, /prefix and /decode use). vLLM's capacity rule is followed::
+
+    KV memory per GPU   = GPU memory · utilisation − weights / TP − other (activations, CUDA graphs ...)
+    page (block) bytes  = block_size · bytes per token per GPU
+    num_gpu_blocks      = floor(KV memory / page bytes)
+    max concurrency     = num_gpu_blocks · block_size / context          (vLLM's "Maximum concurrency ... x")
+
+A request of ``context`` tokens holds ceil(context / block_size) whole blocks: the last one's unused slots are
+tail waste, counted in the per-request and per-batch bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from app.cache import kv_bytes
+from app.cache.paged import blocks_needed
+from app.capacity.catalog import ModelConfig
+from app.errors import BadInput
+
+GiB = 1024**3
+WEIGHT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+
+
+@dataclass(frozen=True)
+class CalcInput:
+    dtype: str = "bf16"
+    scales: str = "head-token"
+    block_size: int = 16
+    tp: int = 1
+    batch: int = 1
+    context: int = 8192
+    gpu_memory_gib: float = 80.0
+    utilization: float = 0.9
+    weight_dtype: str = "bf16"
+    weight_gib: float | None = None  # None: parameters × weight dtype bytes
+    other_gib: float = 0.0  # activation peak, CUDA graphs, non-torch memory (vLLM profiles these)
+    kv_memory_gib: float | None = None  # known KV memory per GPU (e.g. from vLLM's log): skips the subtraction
+    attention: str | None = None  # what-if: MHA / GQA / MQA / MLA of the same model; None = the model's own
+
+
+def with_attention(model: ModelConfig, kind: str | None) -> ModelConfig:
+    """The same model with another attention kind (same layers and head width)."""
+    if kind is None or kind == model.attention:
+        return model
+    if kind == "MHA":
+        return replace(model, n_kv_head=model.n_head, kv_lora_rank=None, qk_rope_head_dim=None)
+    if kind == "MQA":
+        return replace(model, n_kv_head=1, kv_lora_rank=None, qk_rope_head_dim=None)
+    if kind == "GQA":
+        kv = model.n_kv_head if 1 < model.n_kv_head < model.n_head else _gqa_heads(model.n_head)
+        return replace(model, n_kv_head=kv, kv_lora_rank=None, qk_rope_head_dim=None)
+    if kind == "MLA":
+        if not model.kv_lora_rank:
+            raise BadInput("err.capacity.no_mla", model=model.name)
+        return model
+    raise BadInput("err.capacity.attention", kind=kind)
+
+
+def _gqa_heads(n_head: int) -> int:
+    """A grouped-query layout for a model that has none: groups of 4 query heads where that divides (else 2)."""
+    for group in (4, 2):
+        if n_head % group == 0 and n_head > group:
+            return n_head // group
+    return 1
+
+
+def per_token(model: ModelConfig, inp: CalcInput, *, tp: int | None = None) -> float:
+    try:
+        return kv_bytes.bytes_per_token(n_layer=model.n_layer, n_kv_head=model.n_kv_head, head_dim=model.head_dim,
+                                        dtype=inp.dtype, scales=inp.scales, block_size=inp.block_size, mla=model.mla,
+                                        tp=inp.tp if tp is None else tp)
+    except ValueError as exc:
+        raise BadInput("err.capacity.tp", why=str(exc)) from None
+
+
+def calculate(model: ModelConfig, inp: CalcInput) -> dict:
+    """Every number the calculator shows, with the formula filled in."""
+    if inp.dtype not in kv_bytes.DTYPE_BYTES:
+        raise BadInput("err.capacity.dtype", dtype=inp.dtype, known=", ".join(kv_bytes.DTYPE_BYTES))
+    if inp.scales not in kv_bytes.SCALES:
+        raise BadInput("err.capacity.scales", scales=inp.scales, known=", ".join(kv_bytes.SCALES))
+    if inp.weight_dtype not in WEIGHT_BYTES:
+        raise BadInput("err.capacity.dtype", dtype=inp.weight_dtype, known=", ".join(WEIGHT_BYTES))
+    model = with_attention(model, inp.attention)
+    bpt = per_token(model, inp)
+    bpt_all = per_token(model, inp, tp=1)  # one whole copy of the cache (all heads), before the split
+    heads_per_gpu = None if model.mla else kv_bytes.kv_heads_per_gpu(model.n_kv_head, inp.tp)
+    page = inp.block_size * bpt
+    blocks_per_request = blocks_needed(inp.context, inp.block_size)
+    request_bytes = blocks_per_request * page
+    formula = kv_bytes.formula_text(n_layer=model.n_layer, n_kv_head=model.n_kv_head, head_dim=model.head_dim,
+                                    dtype=inp.dtype, scales=inp.scales, block_size=inp.block_size, mla=model.mla,
+                                    tp=inp.tp)
+    params = model.parameters
+    weight_bytes = inp.weight_gib * GiB if inp.weight_gib is not None else params * WEIGHT_BYTES[inp.weight_dtype]
+    weights_per_gpu = weight_bytes / inp.tp
+    if inp.kv_memory_gib is not None:
+        kv_memory = inp.kv_memory_gib * GiB
+    else:
+        kv_memory = inp.gpu_memory_gib * GiB * inp.utilization - weights_per_gpu - inp.other_gib * GiB
+    num_blocks = max(0, int(kv_memory // page)) if kv_memory > 0 else 0
+    tokens = num_blocks * inp.block_size
+    return {
+        "model": model.view(),
+        "input": inp.__dict__,
+        "attention": model.attention,
+        "bytes_per_token": bpt,
+        "bytes_per_token_all_gpus": bpt * inp.tp,  # each GPU its share; more than one copy when replicated
+        "bytes_per_token_one_copy": bpt_all,
+        "kv_heads_per_gpu": heads_per_gpu,
+        "replicated": bool(heads_per_gpu is not None and inp.tp > model.n_kv_head) or bool(model.mla and inp.tp > 1),
+        "formula": formula,
+        "page_bytes": page,
+        "blocks_per_request": blocks_per_request,
+        "tail_waste_tokens": blocks_per_request * inp.block_size - inp.context,
+        "request_bytes": request_bytes,
+        "request_bytes_exact": inp.context * bpt,
+        "batch_bytes": inp.batch * request_bytes,
+        "parameters": params,
+        "weight_bytes": weight_bytes,
+        "weights_per_gpu": weights_per_gpu,
+        "gpu_budget": inp.gpu_memory_gib * GiB * inp.utilization,
+        "kv_memory": kv_memory,
+        "num_blocks": num_blocks,
+        "tokens": tokens,
+        "max_concurrency": tokens / inp.context,
+        "whole_requests": num_blocks // blocks_per_request,
+        "batch_fits": inp.batch * blocks_per_request <= num_blocks,
+        "chart": chart(model, inp),
+    }
+
+
+def context_points(context: int, max_positions: int) -> list[int]:
+    """Powers of two from 128 up to the larger of the chosen context and the model's window, plus the context."""
+    top = max(context, min(max_positions, 1 << 20))
+    pts, n = [], 128
+    while n < top:
+        pts.append(n)
+        n *= 2
+    return sorted(set(pts + [top, context]))
+
+
+def chart(model: ModelConfig, inp: CalcInput) -> dict:
+    """KV bytes of the batch against context (block-rounded), and MHA / GQA / MQA (/ MLA) of the same model."""
+    xs = context_points(inp.context, model.max_positions)
+    page = inp.block_size * per_token(model, inp)
+    kinds = ["MHA", "GQA", "MQA"] + (["MLA"] if model.kv_lora_rank else [])
+    variants = []
+    for kind in kinds:
+        m = with_attention(model, kind)
+        bpt = per_token(m, replace(inp, tp=1))
+        variants.append({
+            "kind": kind, "kv_heads": None if m.mla else m.n_kv_head, "bytes_per_token": bpt,
+            "request_bytes": blocks_needed(inp.context, inp.block_size) * inp.block_size * bpt,
+            "batch_bytes": [inp.batch * blocks_needed(x, inp.block_size) * inp.block_size * bpt for x in xs],
+        })
+    return {"contexts": xs, "batch_bytes": [inp.batch * blocks_needed(x, inp.block_size) * page for x in xs],
+            "variants": variants}

@@ -1,0 +1,148 @@
+"""Golden numbers: the article's, vLLM's log line, REFERENCE.md's configs; MLA, TP, block rounding, bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.cache import kv_bytes
+from app.capacity import catalog
+from app.capacity.calculator import CalcInput, GiB, calculate
+from app.errors import BadInput
+
+KiB, MiB = 1024, 1024**2
+
+
+def calc(key: str, **kw) -> dict:
+    return calculate(catalog.get(key), CalcInput(**kw))
+
+
+def test_the_articles_numbers():
+    """32 layers × 8 KV heads × 128 × 2 B × 2 = 128 KiB; 8K → 1 GiB; 32 × 8K → 32 GiB; MHA → 512 KiB, 4 GiB."""
+    r = calc("llama-3-8b", dtype="bf16", context=8192, batch=32)
+    assert r["bytes_per_token"] == 128 * KiB == 2 * 32 * 8 * 128 * 2
+    assert r["formula"] == "2 · 32 · 8 · 128 · 2 B = 131,072 B"
+    assert r["request_bytes"] == 1 * GiB and r["batch_bytes"] == 32 * GiB
+    mha = calc("llama-3-8b", dtype="bf16", context=8192, attention="MHA")
+    assert mha["bytes_per_token"] == 512 * KiB and mha["request_bytes"] == 4 * GiB
+    variants = {v["kind"]: v for v in r["chart"]["variants"]}
+    assert variants["MHA"]["bytes_per_token"] == 512 * KiB and variants["GQA"]["bytes_per_token"] == 128 * KiB
+    assert variants["MQA"]["bytes_per_token"] == 16 * KiB
+
+
+def test_vllms_llama_3_8b_line_on_an_a100_40gb():
+    """vLLM: "GPU KV cache size ... 11.12 GiB", "# GPU blocks: 5691", "Maximum concurrency for 8192 tokens: 11.12x".
+
+    vLLM prints GiB with two decimals: 5691 blocks × 2 MiB = 11.115 GiB, shown as 11.12. Any KV memory from
+    5691 pages up to (not including) 5692 gives exactly that line; 11.12 GiB itself would give 5693 blocks.
+    """
+    page = 16 * 128 * KiB
+    assert page == 2 * MiB
+    for kv in (5691 * page, 5691 * page + MiB, 5692 * page - 1):
+        r = calc("llama-3-8b", dtype="bf16", block_size=16, context=8192, kv_memory_gib=kv / GiB)
+        assert r["num_blocks"] == 5691 and r["tokens"] == 91056
+        assert f"{r['kv_memory'] / GiB:.2f}" == "11.12" and f"{r['max_concurrency']:.2f}" == "11.12"
+    assert calc("llama-3-8b", dtype="bf16", kv_memory_gib=11.12)["num_blocks"] == 5693
+
+
+def test_kv_memory_is_gpu_times_utilisation_minus_weights_and_other():
+    r = calc("llama-3-8b", gpu_memory_gib=40, utilization=0.9, other_gib=1.5)
+    weights = 8_030_261_248 * 2
+    assert r["weight_bytes"] == weights
+    assert r["kv_memory"] == pytest.approx(40 * GiB * 0.9 - weights - 1.5 * GiB)
+    assert r["num_blocks"] == int(r["kv_memory"] // (2 * MiB))
+    assert r["max_concurrency"] == r["num_blocks"] * 16 / 8192
+    tp2 = calc("llama-3-8b", gpu_memory_gib=40, utilization=0.9, other_gib=1.5, tp=2)
+    assert tp2["weights_per_gpu"] == weights / 2 and tp2["page_bytes"] == MiB
+
+
+@pytest.mark.parametrize("key,per_token", [
+    ("distilgpt2", 18 * KiB), ("gpt2", 36 * KiB), ("smollm2-135m", 22.5 * KiB), ("qwen2.5-0.5b", 12 * KiB),
+    ("qwen3-0.6b", 112 * KiB), ("llama-3-8b", 128 * KiB), ("mistral-7b", 128 * KiB), ("qwen2.5-7b", 56 * KiB),
+    ("llama-3.1-70b", 320 * KiB),
+])
+def test_bf16_bytes_per_token_of_real_configs(key, per_token):
+    assert calc(key, dtype="bf16")["bytes_per_token"] == per_token
+
+
+def test_qwen3_reads_head_dim_from_the_config_not_hidden_over_heads():
+    m = catalog.get("qwen3-0.6b")
+    assert m.hidden // m.n_head == 64 and m.head_dim == 128
+    assert calc("qwen3-0.6b", dtype="bf16")["bytes_per_token"] == 112 * KiB  # not 56 KiB
+    text = '{"model_type": "qwen3", "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,' \
+           ' "head_dim": 128, "hidden_size": 1024, "intermediate_size": 3072, "vocab_size": 151936,' \
+           ' "tie_word_embeddings": true, "max_position_embeddings": 40960}'
+    parsed = catalog.from_config_json(text)
+    assert calculate(parsed, CalcInput(dtype="bf16"))["bytes_per_token"] == 112 * KiB
+    assert parsed.parameters == 596_049_920
+
+
+def test_mla_stores_one_latent_per_layer_with_no_times_two():
+    r = calc("deepseek-v2-lite", dtype="bf16")
+    assert r["attention"] == "MLA"
+    assert r["bytes_per_token"] == 27 * (512 + 64) * 2 == 31104
+    assert r["formula"] == "27 · (512 + 64) · 2 B = 31,104 B"
+    mha = {v["kind"]: v for v in r["chart"]["variants"]}["MHA"]
+    assert mha["bytes_per_token"] == 2 * 27 * 16 * 160 * 2  # K 192 + V 128 per head
+    assert calc("deepseek-v2-lite", dtype="bf16", tp=4)["bytes_per_token"] == 31104  # the latent is not split
+
+
+def test_tensor_parallel_splits_then_replicates_kv_heads():
+    assert calc("llama-3-8b", dtype="bf16", tp=2)["bytes_per_token"] == 64 * KiB
+    r8 = calc("llama-3-8b", dtype="bf16", tp=8)
+    assert r8["kv_heads_per_gpu"] == 1 and r8["bytes_per_token"] == 16 * KiB and not r8["replicated"]
+    r16 = calc("llama-3-8b", dtype="bf16", tp=16)  # 16 GPUs, 8 KV heads: each head kept on two GPUs
+    assert r16["kv_heads_per_gpu"] == 1 and r16["replicated"] and r16["bytes_per_token_all_gpus"] == 256 * KiB
+    assert calc("qwen2.5-0.5b", dtype="bf16", tp=8)["bytes_per_token"] == 12 * KiB / 2  # 2 KV heads over 8 GPUs
+    with pytest.raises(BadInput):
+        calc("llama-3-8b", tp=3)
+
+
+def test_quantized_dtypes_count_their_scales_as_paged_does():
+    from app.cache.quant import FORMATS
+
+    m = catalog.get("llama-3-8b")
+    shape = {"n_layer": m.n_layer, "n_kv_head": m.n_kv_head, "head_dim": m.head_dim}
+    assert calc("llama-3-8b", dtype="int8")["bytes_per_token"] == FORMATS["int8-head"].bytes_per_token(**shape)
+    assert calc("llama-3-8b", dtype="fp8")["bytes_per_token"] == 2 * 32 * 8 * (128 + 4)
+    assert calc("llama-3-8b", dtype="int4")["bytes_per_token"] == 2 * 32 * 8 * (64 + 4)
+    assert calc("llama-3-8b", dtype="int8", scales="head-block", block_size=16)["bytes_per_token"] == \
+        FORMATS["int8-block"].bytes_per_token(**shape, block_size=16)
+    assert calc("llama-3-8b", dtype="fp8", scales="tensor")["bytes_per_token"] == 64 * KiB
+    assert kv_bytes.bytes_per_token(**shape, dtype="fp32") == 256 * KiB
+
+
+def test_block_rounding():
+    r = calc("llama-3-8b", dtype="bf16", context=1000, block_size=16)
+    assert r["blocks_per_request"] == 63 and r["tail_waste_tokens"] == 8
+    assert r["request_bytes"] == 63 * 16 * 128 * KiB > r["request_bytes_exact"] == 1000 * 128 * KiB
+
+
+def test_parameter_counts_from_configs():
+    expected = {"gpt2": 124_439_808, "distilgpt2": 81_912_576, "smollm2-135m": 134_515_008,
+                "qwen2.5-0.5b": 494_032_768, "qwen3-0.6b": 596_049_920, "llama-3-8b": 8_030_261_248,
+                "llama-3.1-70b": 70_553_706_496}
+    for key, n in expected.items():
+        assert catalog.get(key).parameters == n, key
+
+
+@pytest.mark.parametrize("text,key", [
+    ("{not json", "err.capacity.config_not_json"),
+    ("[1, 2]", "err.capacity.config_not_object"),
+    ('{"num_attention_heads": 12, "hidden_size": 768}', "err.capacity.config_missing"),
+    ('{"num_hidden_layers": -3, "num_attention_heads": 12, "hidden_size": 768}', "err.capacity.config_field"),
+    ('{"num_hidden_layers": "12", "num_attention_heads": 12, "hidden_size": 768}', "err.capacity.config_field"),
+    ('{"num_hidden_layers": 2, "num_attention_heads": 12, "num_key_value_heads": 5, "hidden_size": 768}',
+     "err.capacity.config_kv_heads"),
+    ("[" * 100_000, "err.capacity.config_too_big"),
+])
+def test_malformed_config_json_is_refused_clearly(text, key):
+    with pytest.raises(BadInput) as exc:
+        catalog.from_config_json(text)
+    assert exc.value.key == key
+
+
+def test_unknown_dtype_and_model():
+    with pytest.raises(BadInput):
+        calc("llama-3-8b", dtype="fp64")
+    with pytest.raises(BadInput):
+        catalog.get("gpt-5")
