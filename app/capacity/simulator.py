@@ -1,0 +1,396 @@
+"""A continuous-batching scheduler simulator that decides as vLLM's V1 scheduler does (no model runs).
+
+Each step (``vllm/v1/core/sched/scheduler.py``, ``Scheduler.schedule``)::
+
+    budget = max_num_batched_tokens
+    1. RUNNING requests, in admission order, while budget > 0:
+         n = min(num_tokens - num_computed_tokens, budget)      # 1 for a decode, the rest of a prompt otherwise
+         allocate_slots(n) or, while it fails, preempt the LAST running request (the most recently admitted):
+             free its blocks, num_computed_tokens = 0, put it at the FRONT of the waiting queue
+             (recompute: it re-enters as a prompt of all its tokens); if that was this request, stop.
+    2. Only if nobody was preempted: WAITING requests, first come first served, while budget > 0 and
+       len(running) < max_num_seqs:
+         prefix-cache hit = the longest run of its full blocks already cached (at most num_tokens − 1 tokens)
+         n = num_tokens − hit;  without chunked prefill a prompt that does not fit the budget waits;
+         with it n = min(n, budget) (the rest comes in later steps)
+         allocate_slots(n, hit blocks) or stop (head-of-line: the queue waits for blocks)
+    3. The step runs: num_computed_tokens += n; a request whose tokens are all computed samples one token
+       (its first one ends TTFT); one that has max_tokens outputs finishes and frees its blocks (tail first,
+       so its tail is evicted first; full blocks keep their hashes and stay reusable until evicted).
+
+Block pool (``block_pool.py``): free blocks in an LRU queue; a freed block keeps its hash and can be hit
+again until a new allocation takes it from the front of the queue (then its hash is evicted). Full blocks
+are hashed by (prefix group, block index) for the shared part of a prompt, else by (request, block index) —
+the chain of parent hashes that vLLM computes reduces to this when prompts differ only in their shared prefix.
+
+Counters keep vLLM's names: ``kv_cache_usage_perc`` (a 0–1 fraction, like vLLM's gauge), ``num_preemptions``,
+``prefix_cache_queries`` / ``prefix_cache_hits`` (tokens, counted once per admission).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from app.errors import BadInput
+
+WAITING, RUNNING, FINISHED = 0, 1, 2
+MAX_REQUESTS = 20_000
+MAX_STEPS = 2_000_000
+
+
+@dataclass
+class Request:
+    rid: int
+    arrival: float  # seconds (or step index with the unit cost)
+    prompt_len: int
+    output_len: int  # max_tokens; EOS is ignored (vLLM's ignore_eos), as benchmarks do
+    prefix_group: int = -1  # requests of one group share their first prefix_len tokens
+    prefix_len: int = 0
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    num_blocks: int
+    block_size: int = 16
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    chunked_prefill: bool = True
+    prefix_caching: bool = True
+
+
+class _Req:
+    """A request's scheduling state (``__slots__``: the simulator touches these millions of times)."""
+
+    __slots__ = ("r", "num_tokens", "num_computed", "num_output", "blocks", "num_hashed", "status", "first_token",
+                 "finish", "preemptions", "admitted_at", "hit_tokens", "slots", "target")
+
+    def __init__(self, r: Request) -> None:
+        self.r = r
+        self.num_tokens = r.prompt_len
+        self.num_computed = 0
+        self.num_output = 0
+        self.blocks: list[int] = []
+        self.num_hashed = 0
+        self.status = WAITING
+        self.first_token: float | None = None
+        self.finish: float | None = None
+        self.preemptions = 0
+        self.admitted_at: int | None = None
+        self.hit_tokens = 0
+        self.slots = 0  # len(blocks) · block_size: tokens its blocks can hold
+        self.target = r.output_len
+
+
+@dataclass
+class StepRecord:
+    step: int
+    start: float
+    duration: float
+    prefill_tokens: int
+    decode_tokens: int
+    running: int
+    waiting: int
+    blocks_used: int
+    admitted: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    scheduled: list[tuple[int, int]] | None = None  # (request id, tokens) for the first steps only
+
+
+StepCost = Callable[[int, int, int, int], float]  # (prefill tokens, decode tokens, KV tokens read, requests) -> s
+
+
+def unit_cost(prefill: int, decode: int, kv_read: int, n: int) -> float:
+    """Every step takes one time unit: arrival times are step numbers (used to compare with the real engine)."""
+    return 1.0
+
+
+class Simulator:
+    """vLLM's scheduling decisions over a block budget. ``run()`` returns the step records and the requests."""
+
+    def __init__(self, config: SimConfig, requests: list[Request], cost: StepCost = unit_cost,
+                 keep_scheduled: int = 400, on_step: Callable[[Simulator, StepRecord], None] | None = None) -> None:
+        if config.num_blocks < 1 or config.block_size < 1 or config.max_num_batched_tokens < 1 \
+                or config.max_num_seqs < 1:
+            raise BadInput("err.capacity.sim_budget")
+        self.cfg = config
+        self.cost = cost
+        self.keep_scheduled = keep_scheduled
+        self.on_step = on_step
+        self.reqs = [_Req(r) for r in sorted(requests, key=lambda r: (r.arrival, r.rid))]
+        longest = max((r.prompt_len + r.output_len - 1 for r in requests), default=0)
+        if -(-longest // config.block_size) > config.num_blocks:
+            raise BadInput("err.capacity.sim_too_long", tokens=longest,
+                           blocks=-(-longest // config.block_size), num_blocks=config.num_blocks)
+        n = config.num_blocks
+        self.ref = [0] * n
+        self.block_hash: list[object] = [None] * n
+        self.cached: dict[object, int] = {}
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(n))
+        self.waiting: deque[_Req] = deque()
+        self.running: list[_Req] = []
+        self.steps: list[StepRecord] = []
+        self.now = 0.0
+        self.num_preemptions = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self._admissions = 0
+
+    # --- block pool -----------------------------------------------------------------------------------
+    def _key(self, q: _Req, j: int) -> object:
+        r = q.r
+        if r.prefix_group >= 0 and (j + 1) * self.cfg.block_size <= r.prefix_len:
+            return (r.prefix_group, j)
+        return (-1 - r.rid, j)
+
+    def _hits(self, q: _Req) -> list[int]:
+        """get_computed_blocks: the cached full blocks at the start of the request (at most num_tokens − 1)."""
+        out = []
+        for j in range((q.num_tokens - 1) // self.cfg.block_size):
+            b = self.cached.get(self._key(q, j))
+            if b is None:
+                break
+            out.append(b)
+        return out
+
+    def _allocate(self, q: _Req, n_new: int, hits: list[int] | None = None) -> bool:
+        """allocate_slots: blocks for num_computed + n_new tokens, or False and nothing changed."""
+        bs = self.cfg.block_size
+        if not hits and q.num_computed + n_new <= q.slots:
+            return True
+        have = len(q.blocks) + (len(hits) if hits else 0)
+        need = -(-(q.num_computed + n_new) // bs) - have
+        evictable_hits = sum(1 for b in hits if self.ref[b] == 0) if hits else 0
+        if max(need, 0) + evictable_hits > len(self.free):
+            return False
+        if hits:
+            for b in hits:
+                if self.ref[b] == 0:
+                    del self.free[b]
+                self.ref[b] += 1
+            q.blocks.extend(hits)
+        for _ in range(need):
+            b, _ = self.free.popitem(last=False)
+            h = self.block_hash[b]
+            if h is not None:  # evict the cached block this allocation reuses
+                if self.cached.get(h) == b:
+                    del self.cached[h]
+                self.block_hash[b] = None
+            self.ref[b] = 1
+            q.blocks.append(b)
+        q.slots = len(q.blocks) * bs
+        return True
+
+    def _free(self, q: _Req) -> None:
+        for b in reversed(q.blocks):  # tail first: it is evicted first
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                self.free[b] = None
+        q.blocks = []
+        q.num_hashed = 0
+        q.slots = 0
+
+    def _hash_full_blocks(self, q: _Req) -> None:
+        full = q.num_computed // self.cfg.block_size
+        for j in range(q.num_hashed, full):
+            h = self._key(q, j)
+            b = q.blocks[j]
+            if h not in self.cached:
+                self.cached[h] = b
+                self.block_hash[b] = h
+        q.num_hashed = full
+
+    # --- scheduling -------------------------------------------------------------------------------------
+    def _preempt_last(self) -> _Req:
+        victim = self.running.pop()
+        self._free(victim)
+        victim.num_computed = 0
+        victim.status = WAITING
+        victim.preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(victim)
+        return victim
+
+    def step(self) -> StepRecord:
+        cfg = self.cfg
+        budget = cfg.max_num_batched_tokens
+        sched_q: list[_Req] = []
+        sched_n: list[int] = []
+        preempted: list[int] = []
+        admitted: list[int] = []
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            q = running[i]
+            n = q.num_tokens - q.num_computed
+            if n > budget:
+                n = budget
+            if q.num_computed + n > q.slots:  # needs a new block (the common decode step does not)
+                ok = True
+                while not self._allocate(q, n):
+                    victim = self._preempt_last()
+                    preempted.append(victim.r.rid)
+                    if victim is q:
+                        ok = False
+                        break
+                if not ok:
+                    break
+            sched_q.append(q)
+            sched_n.append(n)
+            budget -= n
+            i += 1
+        if not preempted:
+            waiting = self.waiting
+            while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+                q = waiting[0]
+                hits = self._hits(q) if cfg.prefix_caching and q.num_computed == 0 else []
+                hit_tokens = len(hits) * cfg.block_size
+                n = q.num_tokens - hit_tokens
+                if n > budget:
+                    if not cfg.chunked_prefill:
+                        break
+                    n = budget
+                q.num_computed = hit_tokens
+                if not self._allocate(q, n, hits):
+                    q.num_computed = 0
+                    break
+                waiting.popleft()
+                if cfg.prefix_caching:
+                    self.prefix_cache_queries += q.num_tokens
+                    self.prefix_cache_hits += hit_tokens
+                q.hit_tokens += hit_tokens
+                q.num_hashed = len(hits)
+                q.status = RUNNING
+                q.admitted_at = self._admissions
+                self._admissions += 1
+                running.append(q)
+                admitted.append(q.r.rid)
+                sched_q.append(q)
+                sched_n.append(n)
+                budget -= n
+        return self._execute(sched_q, sched_n, admitted, preempted)
+
+    def _execute(self, sched_q: list[_Req], sched_n: list[int], admitted: list[int],
+                 preempted: list[int]) -> StepRecord:
+        """Run the step: advance every scheduled request, sample where a request is fully computed, finish."""
+        prefill = decode = kv_read = 0
+        bs = self.cfg.block_size
+        caching = self.cfg.prefix_caching
+        first: list[_Req] = []
+        done: list[_Req] = []
+        for q, n in zip(sched_q, sched_n, strict=True):
+            c = q.num_computed
+            kv_read += c + n
+            if n == 1 and q.num_output and c + 1 == q.num_tokens:  # a decode: the hot path
+                decode += 1
+                q.num_computed = c + 1
+                q.num_tokens = c + 2
+                q.num_output += 1
+                if caching and (c + 1) % bs == 0:
+                    self._hash_full_blocks(q)
+                if q.num_output >= q.target:
+                    done.append(q)
+                continue
+            prefill += n
+            c += n
+            q.num_computed = c
+            if caching and c // bs > q.num_hashed:
+                self._hash_full_blocks(q)
+            if c == q.num_tokens:  # all computed: the step samples one token
+                q.num_output += 1
+                q.num_tokens = c + 1
+                if q.first_token is None:
+                    first.append(q)
+                if q.num_output >= q.target:
+                    done.append(q)
+        start = self.now
+        duration = self.cost(prefill, decode, kv_read, len(sched_q)) if sched_q else 0.0
+        self.now = end = start + duration
+        for q in first:
+            q.first_token = end
+        finished: list[int] = []
+        for q in done:
+            q.status = FINISHED
+            q.finish = end
+            self._free(q)
+            finished.append(q.r.rid)
+        if done:
+            self.running = [q for q in self.running if q.status == RUNNING]
+        rec = StepRecord(len(self.steps), start, duration, prefill, decode, len(self.running), len(self.waiting),
+                         self.cfg.num_blocks - len(self.free), admitted, preempted, finished)
+        if len(self.steps) < self.keep_scheduled:
+            rec.scheduled = [(q.r.rid, n) for q, n in zip(sched_q, sched_n, strict=True)]
+        self.steps.append(rec)
+        if self.on_step:
+            self.on_step(self, rec)
+        return rec
+
+    def run(self) -> Simulator:
+        pending = deque(self.reqs)
+        while pending or self.waiting or self.running:
+            if not self.waiting and not self.running and pending[0].r.arrival > self.now:
+                self.now = pending[0].r.arrival  # idle until the next arrival
+            while pending and pending[0].r.arrival <= self.now:
+                self.waiting.append(pending.popleft())
+            self.step()
+            if len(self.steps) > MAX_STEPS:
+                raise BadInput("err.capacity.sim_steps", steps=MAX_STEPS)
+        return self
+
+    # --- results ------------------------------------------------------------------------------------------
+    def blocks_used(self) -> int:
+        return self.cfg.num_blocks - len(self.free)
+
+    def kv_cache_usage_perc(self) -> float:
+        return self.blocks_used() / self.cfg.num_blocks
+
+
+def synthetic_workload(
+    *, n: int, rate: float, prompt_min: int, prompt_max: int, output_min: int, output_max: int,
+    shared_prefix_fraction: float = 0.0, prefix_len: int = 0, groups: int = 4, seed: int = 0,
+) -> list[Request]:
+    """Poisson arrivals (``rate`` requests/s; 0 = all at t = 0), uniform prompt and output lengths; a fraction
+    of the requests starts with one of ``groups`` shared prefixes of ``prefix_len`` tokens (a system prompt)."""
+    if not 1 <= n <= MAX_REQUESTS or rate < 0 or not 1 <= prompt_min <= prompt_max or \
+            not 1 <= output_min <= output_max or not 0 <= shared_prefix_fraction <= 1 or prefix_len < 0:
+        raise BadInput("err.capacity.workload")
+    rng = random.Random(seed)
+    t = 0.0
+    out = []
+    for rid in range(n):
+        if rate > 0:
+            t += rng.expovariate(rate)
+        prompt = rng.randint(prompt_min, prompt_max)
+        shared = rng.random() < shared_prefix_fraction and prefix_len > 0
+        out.append(Request(rid, t, prompt, rng.randint(output_min, output_max),
+                           rng.randrange(groups) if shared else -1, min(prefix_len, prompt - 1) if shared else 0))
+    return out
+
+
+def parse_requests(text: str) -> list[Request]:
+    """A pasted list, one request a line: ``arrival prompt_tokens output_tokens [prefix_group prefix_tokens]``
+    (spaces or commas; ``#`` starts a comment)."""
+    out = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].replace(",", " ").split()
+        if not line:
+            continue
+        try:
+            if len(line) not in (3, 5):
+                raise ValueError
+            arrival, prompt, output = float(line[0]), int(line[1]), int(line[2])
+            group, plen = (int(line[3]), int(line[4])) if len(line) == 5 else (-1, 0)
+            if not (0 <= arrival < 1e7 and 1 <= prompt <= 1_000_000 and 1 <= output <= 1_000_000
+                    and group >= -1 and 0 <= plen < prompt):
+                raise ValueError
+        except ValueError:
+            raise BadInput("err.capacity.request_line", line=lineno, text=raw.strip()[:60]) from None
+        out.append(Request(len(out), arrival, prompt, output, group, plen if group >= 0 else 0))
+        if len(out) > MAX_REQUESTS:
+            raise BadInput("err.capacity.too_many_requests", limit=MAX_REQUESTS)
+    if not out:
+        raise BadInput("err.capacity.no_requests")
+    return out

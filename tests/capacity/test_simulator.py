@@ -1,0 +1,123 @@
+"""The scheduler simulator: narrated scenarios, and vLLM's invariants after every step over seeded random workloads."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.capacity.simulator import FINISHED, Request, SimConfig, Simulator, parse_requests, synthetic_workload
+from app.errors import BadInput
+
+
+def check_invariants(sim: Simulator, rec) -> None:
+    cfg = sim.cfg
+    assert 0 <= rec.blocks_used <= cfg.num_blocks
+    assert rec.prefill_tokens + rec.decode_tokens <= cfg.max_num_batched_tokens
+    assert len(sim.running) <= cfg.max_num_seqs
+    held = Counter(b for q in sim.running for b in q.blocks)
+    for b in range(cfg.num_blocks):  # ref counts = block-table references; free exactly when unreferenced
+        assert sim.ref[b] == held.get(b, 0)
+        assert (sim.ref[b] == 0) == (b in sim.free)
+    for q in sim.reqs:
+        if q.status != 1:  # waiting or finished: no blocks held
+            assert q.blocks == [] and q.slots == 0
+        else:
+            assert len(q.blocks) * cfg.block_size >= q.num_computed
+    if rec.preempted:
+        assert rec.admitted == []  # vLLM admits nobody in a step that preempted
+    for b, h in enumerate(sim.block_hash):
+        if h is not None:
+            assert sim.cached.get(h) == b
+
+
+def test_a_decode_step_per_token_and_finish_frees_blocks():
+    reqs = [Request(0, 0, 5, 3), Request(1, 0, 4, 2)]
+    sim = Simulator(SimConfig(num_blocks=8, block_size=4, prefix_caching=False), reqs).run()
+    first = sim.steps[0]
+    assert first.admitted == [0, 1] and first.prefill_tokens == 9 and first.blocks_used == 3
+    assert [s.finished for s in sim.steps] == [[], [1], [0]]  # prefill makes token 1; then one token per step
+    assert sim.steps[-1].blocks_used == 0
+
+
+def test_token_budget_chunks_a_long_prompt():
+    sim = Simulator(SimConfig(num_blocks=16, block_size=4, max_num_batched_tokens=8), [Request(0, 0, 20, 2)]).run()
+    assert [s.prefill_tokens for s in sim.steps[:3]] == [8, 8, 4]
+    assert sim.reqs[0].first_token == 3.0  # the end of the third step
+
+
+def test_without_chunked_prefill_a_prompt_over_the_budget_waits():
+    reqs = [Request(0, 0, 4, 5), Request(1, 0, 10, 2)]
+    cfg = SimConfig(num_blocks=16, block_size=4, max_num_batched_tokens=8, chunked_prefill=False)
+    sim = Simulator(cfg, reqs)
+    sim.waiting.extend(sim.reqs)
+    rec = sim.step()
+    assert rec.admitted == [0] and len(sim.waiting) == 1
+
+
+def test_preemption_takes_the_newest_and_puts_it_first_in_line():
+    # 3 blocks of 4: requests of 4 tokens each hold one block; growing to 5 tokens needs a second.
+    reqs = [Request(0, 0, 4, 6), Request(1, 0, 4, 6), Request(2, 0, 4, 6)]
+    sim = Simulator(SimConfig(num_blocks=3, block_size=4, prefix_caching=False), reqs).run()
+    step1 = sim.steps[1]  # request 0 needs a block: request 2 (newest) preempted; then 1 needs one: 1 itself
+    assert step1.preempted == [2, 1] and step1.admitted == []
+    assert sim.num_preemptions >= 2 and all(q.status == FINISHED for q in sim.reqs)
+
+
+def test_prefix_cache_hits_shared_blocks_and_counts_tokens():
+    # Two requests share a 12-token prefix (3 blocks of 4); the second arrives once the first is done.
+    reqs = [Request(0, 0, 14, 2, prefix_group=0, prefix_len=12), Request(1, 10, 14, 2, prefix_group=0, prefix_len=12)]
+    sim = Simulator(SimConfig(num_blocks=16, block_size=4), reqs).run()
+    assert sim.prefix_cache_queries == 28 and sim.prefix_cache_hits == 12
+    assert sim.reqs[1].hit_tokens == 12
+    again = Simulator(SimConfig(num_blocks=16, block_size=4, prefix_caching=False), reqs).run()
+    assert again.prefix_cache_hits == 0
+
+
+def test_a_hit_never_covers_the_whole_prompt():
+    reqs = [Request(0, 0, 8, 1, 0, 7), Request(1, 5, 8, 1, 0, 7)]  # prefix of 7 < 8: only block 0 is shared
+    sim = Simulator(SimConfig(num_blocks=8, block_size=4), reqs).run()
+    assert sim.reqs[1].hit_tokens == 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), num_blocks=st.integers(8, 64), block_size=st.sampled_from([1, 2, 4, 8, 16]),
+       budget=st.integers(1, 128), max_seqs=st.integers(1, 12), chunked=st.booleans(), caching=st.booleans(),
+       share=st.floats(0, 1))
+def test_invariants_hold_after_every_step(seed, num_blocks, block_size, budget, max_seqs, chunked, caching, share):
+    cap = num_blocks * block_size
+    reqs = synthetic_workload(n=25, rate=2.0, prompt_min=1, prompt_max=max(1, min(40, cap // 2)), output_min=1,
+                              output_max=max(1, min(20, cap // 2)), shared_prefix_fraction=share,
+                              prefix_len=block_size * 2, seed=seed)
+    if not chunked:
+        budget = max(budget, max(r.prompt_len + r.output_len for r in reqs))
+    cfg = SimConfig(num_blocks=num_blocks, block_size=block_size, max_num_batched_tokens=budget,
+                    max_num_seqs=max_seqs, chunked_prefill=chunked, prefix_caching=caching)
+    sim = Simulator(cfg, reqs, on_step=check_invariants).run()
+    assert all(q.status == FINISHED and q.num_output == q.r.output_len for q in sim.reqs)
+    assert sim.blocks_used() == 0 and all(q.blocks == [] for q in sim.reqs)
+    assert sim.prefix_cache_hits <= sim.prefix_cache_queries
+
+
+def test_synthetic_workloads_are_seeded():
+    a = synthetic_workload(n=50, rate=3, prompt_min=5, prompt_max=50, output_min=1, output_max=9, seed=7)
+    b = synthetic_workload(n=50, rate=3, prompt_min=5, prompt_max=50, output_min=1, output_max=9, seed=7)
+    assert a == b and a != synthetic_workload(n=50, rate=3, prompt_min=5, prompt_max=50, output_min=1,
+                                              output_max=9, seed=8)
+
+
+def test_pasted_requests():
+    reqs = parse_requests("# arrival prompt output\n0 12 4\n0.5, 30, 8, 1, 16\n\n")
+    assert [(r.arrival, r.prompt_len, r.output_len, r.prefix_group, r.prefix_len) for r in reqs] == \
+        [(0.0, 12, 4, -1, 0), (0.5, 30, 8, 1, 16)]
+    for bad in ("0 12", "0 -3 4", "x y z", "0 5 5 1 9", ""):
+        with pytest.raises(BadInput):
+            parse_requests(bad)
+
+
+def test_a_request_longer_than_the_pool_is_refused():
+    with pytest.raises(BadInput) as exc:
+        Simulator(SimConfig(num_blocks=2, block_size=4), [Request(0, 0, 8, 2)])
+    assert exc.value.key == "err.capacity.sim_too_long"
