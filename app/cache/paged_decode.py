@@ -186,6 +186,7 @@ class PagedEngine:
         self.max_num_seqs = max_num_seqs
         self.ignore_eos = ignore_eos
         self._admissions = 0
+        self._deferred: list[Sequence] | None = None  # auto policy: finished this step, released at its end
 
     @property
     def lock(self):
@@ -259,7 +260,10 @@ class PagedEngine:
     def _finish_if_done(self, seq: Sequence) -> None:
         eos = self.lm.tokenizer.eos_token_id
         if seq.generated >= seq.max_new or (eos is not None and seq.pending == eos and not self.ignore_eos):
-            self._release(seq, FINISHED)
+            if self._deferred is not None:  # vLLM frees a finished request's blocks after the step's schedule
+                self._deferred.append(seq)
+            else:
+                self._release(seq, FINISHED)
 
     def _release(self, seq: Sequence, status: str) -> None:
         if seq.seq_id in self.cache.block_tables:
@@ -280,6 +284,7 @@ class PagedEngine:
         self.stall = None
         self.step_count += 1
         blocked, preempted = [], []
+        self._deferred = [] if self.preemption == "auto" else None
         running = self._running()
         i = 0
         while i < len(running):
@@ -304,6 +309,9 @@ class PagedEngine:
             i += 1
         if not preempted:  # vLLM admits no waiting request in a step that had to preempt
             self._admit()
+        for seq in self._deferred or []:
+            self._release(seq, FINISHED)
+        self._deferred = None
         if blocked:
             self.stall = {"kind": "grow", "seq_id": blocked[0], "blocked": blocked, "needed": 1,
                           "free": self.cache.num_free_blocks}
