@@ -1,0 +1,108 @@
+"""Capacity lab: the scheduler simulator on 10 000 requests, and the calculator's answer time.
+
+    .venv/bin/python bench/bench_capacity.py            # full pass (5 repeats)
+    .venv/bin/python bench/bench_capacity.py --quick    # 2 repeats
+
+(1) Simulate 10 000 requests (seeded: Poisson arrivals at 20/s, prompts 64–1024 tokens, outputs 16–256, half of
+    them behind one of 4 shared 256-token prefixes) for Llama-3-8B on an A100-80GB roofline with vLLM's
+    defaults (block 16, max_num_batched_tokens 2048, max_num_seqs 256), and the same under memory pressure
+    (800 blocks, 512-token budget: chunked prefill and preemptions). Target: ≤ 2 s each. Wall time and CPU time.
+(2) The calculator: ``calculate()`` alone, and ``POST /api/capacity/calculate`` through the app in process.
+    Target: ≤ 50 ms.
+Medians; the machine is shared, so CPU time is printed next to wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app.capacity import catalog
+from app.capacity.calculator import CalcInput, calculate
+from app.capacity.simulator import SimConfig, Simulator, synthetic_workload
+from app.capacity.stepcost import GPUS, Roofline
+from bench.common import machine, table
+
+SIM_TARGET_S = 2.0
+CALC_TARGET_MS = 50.0
+
+
+def workload():
+    return synthetic_workload(n=10_000, rate=20, prompt_min=64, prompt_max=1024, output_min=16, output_max=256,
+                              shared_prefix_fraction=0.5, prefix_len=256, seed=1)
+
+
+def sim_case(num_blocks: int | None, budget: int) -> tuple[list[float], list[float], Simulator]:
+    model = catalog.get("llama-3-8b")
+    calc = calculate(model, CalcInput(gpu_memory_gib=80, context=2048))
+    cost = Roofline.for_model(GPUS["a100-80gb"], model, weight_bytes=calc["weight_bytes"],
+                              kv_bytes_per_token=calc["bytes_per_token"])
+    cfg = SimConfig(num_blocks=num_blocks or calc["num_blocks"], block_size=16, max_num_batched_tokens=budget,
+                    max_num_seqs=256)
+    reqs = workload()
+    return cfg, cost, reqs
+
+
+def timed_runs(fn, repeats: int) -> tuple[list[float], list[float], object]:
+    wall, cpu, out = [], [], None
+    for _ in range(repeats):
+        w0, c0 = time.perf_counter(), time.process_time()
+        out = fn()
+        wall.append(time.perf_counter() - w0)
+        cpu.append(time.process_time() - c0)
+    return wall, cpu, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    repeats = 2 if args.quick else 5
+    print(f"Machine: {machine()}\n")
+
+    rows = []
+    for label, blocks, budget in (("vLLM defaults, A100-80GB KV memory", None, 2048),
+                                  ("memory pressure: 800 blocks, 512-token budget", 800, 512)):
+        cfg, cost, reqs = sim_case(blocks, budget)
+        wall, cpu, sim = timed_runs(lambda cfg=cfg, cost=cost, reqs=reqs: Simulator(cfg, reqs, cost).run(), repeats)
+        w, c = statistics.median(wall), statistics.median(cpu)
+        rows.append([label, f"{len(sim.steps):,}", f"{sim.num_preemptions:,}", f"{w:.2f} s", f"{c:.2f} s",
+                     f"{SIM_TARGET_S:.0f} s", "ok" if w <= SIM_TARGET_S else "OVER"])
+    print("Simulate 10 000 requests (Llama-3-8B, A100-80GB roofline, block 16, max_num_seqs 256)\n")
+    print(table(["workload", "steps", "preemptions", "wall (median)", "CPU (median)", "target", ""], rows))
+
+    model = catalog.get("llama-3-8b")
+    inp = CalcInput(batch=32, context=8192, tp=2, gpu_memory_gib=80)
+    wall, _, _ = timed_runs(lambda: calculate(model, inp), max(20, repeats * 10))
+    calc_ms = statistics.median(wall) * 1000
+
+    from fastapi.testclient import TestClient
+
+    from app.model.loading import ModelRegistry
+    from app.settings import Settings
+    from app.state import AppState
+    from app.web.main import create_app
+
+    state = AppState.create(Settings(models=()), ModelRegistry(models={}, default="", failures={}))
+    body = {"model": "llama-3-8b", "batch": 32, "context": 8192, "tp": 2}
+    with TestClient(create_app(state=state)) as client:
+        client.post("/api/capacity/calculate", json=body)
+        wall, _, _ = timed_runs(lambda: client.post("/api/capacity/calculate", json=body), max(20, repeats * 10))
+    api_ms = statistics.median(wall) * 1000
+    print("\nCalculator (Llama-3-8B, batch 32 × 8192, TP 2, chart included)\n")
+    print(table(["path", "median", "target", ""], [
+        ["calculate()", f"{calc_ms:.2f} ms", f"{CALC_TARGET_MS:.0f} ms", "ok" if calc_ms <= CALC_TARGET_MS else "OVER"],
+        ["POST /api/capacity/calculate (in process)", f"{api_ms:.2f} ms", f"{CALC_TARGET_MS:.0f} ms",
+         "ok" if api_ms <= CALC_TARGET_MS else "OVER"],
+    ]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

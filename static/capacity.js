@@ -1,0 +1,318 @@
+// /capacity: the KV memory calculator, the scheduler simulator and the engine check. JSON in, DOM and Plotly out.
+// User text only via textContent; every sentence comes from the catalog through kv.t().
+(function () {
+  "use strict";
+  const $ = (id) => document.getElementById(id);
+  if (!$("calc-form")) return;
+  const t = (key, vars) => window.kv.t(key, vars);
+  const GiB = 1024 ** 3;
+
+  function el(tag, cls, text) {
+    const n = document.createElement(tag);
+    if (cls) n.className = cls;
+    if (text !== undefined && text !== null) n.textContent = String(text);
+    return n;
+  }
+  function fmtBytes(n) {
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0, x = Math.abs(n);
+    while (x >= 1024 && i < units.length - 1) { x /= 1024; i++; }
+    const s = i === 0 ? x.toFixed(x % 1 ? 2 : 0) : (x >= 100 ? x.toFixed(1) : x.toFixed(2));
+    return (n < 0 ? "−" : "") + s.replace(/\.00$/, "") + " " + units[i];
+  }
+  const int = (n) => Math.round(n).toLocaleString("en");
+  const num = (v) => (v === "" || v === null ? null : Number(v));
+  const ms = (s) => (s === null || s === undefined ? "—" : (s * 1000).toFixed(s < 0.01 ? 2 : 1) + " ms");
+
+  async function post(url, body, busyId) {
+    const busy = $(busyId);
+    busy.style.display = "inline";
+    try {
+      const r = await fetch(url, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+      const data = await r.json().catch(() => ({ detail: t("js.error.unreadable") }));
+      if (!r.ok) { window.kv.showError(data.detail || t("js.error.request_failed", { status: r.status })); return null; }
+      $("error").replaceChildren();
+      return data;
+    } catch (e) {
+      window.kv.showError(t("js.error.unreachable"));
+      return null;
+    } finally {
+      busy.style.display = "";
+    }
+  }
+
+  // --- calculator ------------------------------------------------------------------------------------
+  function modelChoice(selectId) {
+    const model = $(selectId).value;
+    const body = { model };
+    if (model === "config") body.config_json = $("config-json").value;
+    if (model === "custom") {
+      body.custom = {};
+      ["n_layer", "n_head", "n_kv_head", "head_dim", "kv_lora_rank", "qk_rope_head_dim"].forEach((k) => {
+        const v = num($("c-" + k).value);
+        if (v !== null) body.custom[k] = v;
+      });
+      if (!body.custom.kv_lora_rank) { delete body.custom.kv_lora_rank; delete body.custom.qk_rope_head_dim; }
+    }
+    return body;
+  }
+
+  function calcBody() {
+    const body = modelChoice("calc-model");
+    Object.assign(body, {
+      attention: $("calc-attention").value || null, dtype: $("calc-dtype").value, scales: $("calc-scales").value,
+      block_size: Number($("calc-block").value), tp: Number($("calc-tp").value), batch: num($("calc-batch").value),
+      context: num($("calc-context").value), gpu_memory_gib: num($("calc-gpu-mem").value),
+      utilization: num($("calc-util").value), weight_dtype: $("calc-wdtype").value,
+      weight_gib: num($("calc-weight").value), other_gib: num($("calc-other").value) || 0,
+      kv_memory_gib: num($("calc-kvmem").value),
+    });
+    return body;
+  }
+
+  function showModelBoxes() {
+    const m = $("calc-model").value;
+    $("config-box").hidden = m !== "config";
+    $("custom-box").hidden = m !== "custom";
+  }
+
+  async function runCalc() {
+    const r = await post("/api/capacity/calculate", calcBody(), "calc-busy");
+    if (r) drawCalc(r);
+  }
+
+  function drawCalc(r) {
+    $("calc-result").hidden = false;
+    const m = r.model, inp = r.input;
+    $("model-facts").textContent = t("js.capacity.facts", {
+      layers: m.n_layer, heads: m.n_head, kv: m.kv_lora_rank ? "—" : m.n_kv_head, dim: m.head_dim,
+      kind: r.attention, params: (m.parameters / 1e9).toFixed(m.parameters < 1e9 ? 3 : 2),
+    }) + (m.note ? " " + t("js." + m.note) : "");
+    $("r-formula").textContent = r.formula.split(" = ")[0];
+    $("r-per-token").textContent = fmtBytes(r.bytes_per_token);
+    $("r-tp").textContent = inp.tp > 1
+      ? t(r.kv_heads_per_gpu === null ? "js.capacity.tp_mla" : (r.replicated ? "js.capacity.tp_replicated" : "js.capacity.tp_split"),
+        { tp: inp.tp, heads: r.kv_heads_per_gpu, total: fmtBytes(r.bytes_per_token_all_gpus) })
+      : "";
+    $("r-page").textContent = `${inp.block_size} × ${fmtBytes(r.bytes_per_token)} = ${fmtBytes(r.page_bytes)}`;
+    $("r-request").textContent = t("js.capacity.request", {
+      ctx: int(inp.context), blocks: int(r.blocks_per_request), bytes: fmtBytes(r.request_bytes), waste: r.tail_waste_tokens,
+    });
+    $("r-batch").textContent = `${int(inp.batch)} × ${fmtBytes(r.request_bytes)} = ${fmtBytes(r.batch_bytes)}`;
+    $("r-weights").textContent = t("js.capacity.weights", {
+      params: (r.parameters / 1e9).toFixed(2), bytes: fmtBytes(r.weight_bytes), per_gpu: fmtBytes(r.weights_per_gpu),
+    });
+    $("r-kv").textContent = inp.kv_memory_gib !== null
+      ? t("js.capacity.kv_given", { kv: fmtBytes(r.kv_memory) })
+      : t("js.capacity.kv_memory", {
+        gpu: inp.gpu_memory_gib, util: inp.utilization, weights: fmtBytes(r.weights_per_gpu),
+        other: fmtBytes(inp.other_gib * GiB), kv: fmtBytes(r.kv_memory),
+      });
+    $("r-blocks").textContent = `⌊${fmtBytes(Math.max(0, r.kv_memory))} / ${fmtBytes(r.page_bytes)}⌋ = ${int(r.num_blocks)}`;
+    $("r-tokens").textContent = `${int(r.num_blocks)} × ${inp.block_size} = ${int(r.tokens)}`;
+    $("r-conc").textContent = `${int(r.tokens)} / ${int(inp.context)} = ${r.max_concurrency.toFixed(2)}×`;
+    $("r-vllm").textContent = t("js.capacity.vllm_line", {
+      kv: (r.kv_memory / GiB).toFixed(2), blocks: int(r.num_blocks), ctx: int(inp.context), conc: r.max_concurrency.toFixed(2),
+    });
+    const fits = $("r-fits");
+    fits.className = r.batch_fits ? "ok" : "bad";
+    fits.textContent = t(r.batch_fits ? "js.capacity.fits" : "js.capacity.no_fit", {
+      batch: int(inp.batch), ctx: int(inp.context), whole: int(r.whole_requests),
+    });
+    $("r-paged").hidden = !r.paged_link;
+    if (r.paged_link) $("r-paged-link").href = r.paged_link;
+    $("variants").tBodies[0].replaceChildren(...r.chart.variants.map((v) => {
+      const tr = el("tr", v.kind === r.attention ? "pick" : null);
+      tr.dataset.kind = v.kind;
+      [v.kind, v.kv_heads === null ? "—" : v.kv_heads, fmtBytes(v.bytes_per_token), fmtBytes(v.request_bytes)]
+        .forEach((x, i) => tr.append(el("td", i ? null : "l", x)));
+      return tr;
+    }));
+    drawCalcChart(r);
+  }
+
+  async function drawCalcChart(r) {
+    const Plotly = await window.kv.plotlyReady();
+    if (!Plotly) return;
+    const xs = r.chart.contexts;
+    const traces = r.chart.variants.map((v) => ({
+      x: xs, y: v.batch_bytes.map((b) => b / GiB), name: `${v.kind}${v.kv_heads ? " (" + v.kv_heads + ")" : ""}`,
+      mode: "lines+markers", line: { width: v.kind === r.attention ? 4 : 2, dash: v.kind === r.attention ? "solid" : "dot" },
+      hovertemplate: "%{x:,} tokens: %{y:.2f} GiB<extra>%{fullData.name}</extra>",
+    }));
+    if (r.input.tp > 1 || r.input.dtype !== "bf16") {
+      traces.push({ x: xs, y: r.chart.batch_bytes.map((b) => b / GiB), name: t("js.capacity.chart.chosen"),
+        mode: "lines", line: { width: 4, color: "#16213a" } });
+    }
+    traces.push({ x: [xs[0], xs[xs.length - 1]], y: [r.kv_memory / GiB, r.kv_memory / GiB], mode: "lines",
+      name: t("js.capacity.chart.budget"), line: { color: "#a4001d", dash: "dash" } });
+    Plotly.react("calc-chart", traces, {
+      title: { text: t("js.capacity.chart.title", { batch: r.input.batch }), font: { size: 16 } },
+      xaxis: { title: { text: t("js.capacity.chart.context") }, type: "log" },
+      yaxis: { title: { text: "GiB" }, type: "log" }, margin: { l: 60, r: 10, t: 40, b: 50 },
+      font: window.kv.plotFont, height: 380, legend: { orientation: "h", y: -0.25 },
+    }, { displayModeBar: false, responsive: true });
+  }
+
+  const PRESETS = {
+    article: { "calc-model": "llama-3-8b", "calc-attention": "", "calc-dtype": "bf16", "calc-block": "16", "calc-tp": "1",
+      "calc-batch": 32, "calc-context": 8192, "calc-gpu": "a100-80gb", "calc-gpu-mem": 80, "calc-util": 0.9, "calc-kvmem": "", "calc-other": 0, "calc-weight": "" },
+    vllm: { "calc-model": "llama-3-8b", "calc-attention": "", "calc-dtype": "bf16", "calc-block": "16", "calc-tp": "1",
+      "calc-batch": 1, "calc-context": 8192, "calc-gpu": "a100-40gb", "calc-gpu-mem": 40, "calc-util": 0.9, "calc-kvmem": 11.116, "calc-other": 0, "calc-weight": "" },
+  };
+  document.querySelectorAll("[data-preset]").forEach((b) => b.addEventListener("click", () => {
+    const name = b.dataset.preset;
+    const values = name === "loaded"
+      ? { "calc-model": "loaded:" + $("calc").dataset.loadedModel, "calc-attention": "", "calc-dtype": "fp32", "calc-block": "4",
+        "calc-tp": "1", "calc-batch": 1, "calc-context": 64, "calc-kvmem": "", "calc-weight": "" }
+      : PRESETS[name];
+    Object.entries(values).forEach(([id, v]) => { $(id).value = v; });
+    showModelBoxes();
+    runCalc();
+  }));
+  $("calc-model").addEventListener("change", showModelBoxes);
+  $("calc-gpu").addEventListener("change", () => { $("calc-gpu-mem").value = $("calc-gpu").selectedOptions[0].dataset.mem; });
+  $("config-file").addEventListener("change", () => {
+    const f = $("config-file").files[0];
+    if (!f) return;
+    if (f.size > 60000) { window.kv.showError(t("js.capacity.file_too_big")); return; }
+    f.text().then((text) => { $("config-json").value = text; });
+  });
+  $("calc-form").addEventListener("submit", (e) => { e.preventDefault(); runCalc(); });
+  $("calc-form").addEventListener("change", (e) => { if (e.target.type !== "file" && e.target.id !== "config-json") runCalc(); });
+
+  // --- simulator --------------------------------------------------------------------------------------
+  function simBody() {
+    const body = { model: $("sim-model").value, cost: $("sim-cost").value, gpu: $("sim-gpu").value,
+      dtype: $("sim-dtype").value, block_size: Number($("sim-block").value), num_blocks: num($("sim-blocks").value),
+      max_num_batched_tokens: num($("sim-budget").value), max_num_seqs: num($("sim-seqs").value),
+      chunked_prefill: $("sim-chunked").checked, prefix_caching: $("sim-prefix").checked,
+      workload: document.querySelector("input[name=workload]:checked").value };
+    if (body.workload === "list") body.requests_text = $("sim-list").value;
+    else Object.assign(body, { n: num($("sim-n").value), rate: num($("sim-rate").value), prompt_min: num($("sim-pmin").value),
+      prompt_max: num($("sim-pmax").value), output_min: num($("sim-omin").value), output_max: num($("sim-omax").value),
+      shared_prefix_fraction: num($("sim-share").value), prefix_len: num($("sim-plen").value), seed: num($("sim-seed").value) });
+    return body;
+  }
+  document.querySelectorAll("input[name=workload]").forEach((r) => r.addEventListener("change", () => {
+    const list = document.querySelector("input[name=workload]:checked").value === "list";
+    $("list-box").hidden = !list; $("synthetic-box").hidden = list;
+  }));
+  $("sim-cost").addEventListener("change", () => {
+    if ($("sim-cost").value === "measured" && !$("sim-model").value.startsWith("loaded:")) {
+      const loaded = [...$("sim-model").options].find((o) => o.value.startsWith("loaded:"));
+      if (loaded) $("sim-model").value = loaded.value;
+      if (!$("sim-blocks").value) $("sim-blocks").value = 512;
+    }
+  });
+  $("sim-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const r = await post("/api/capacity/simulate", simBody(), "sim-busy");
+    if (r) drawSim(r);
+  });
+
+  function drawSim(r) {
+    $("sim-result").hidden = false;
+    const c = r.counters, cost = r.cost;
+    $("sim-limit").textContent = cost.kind === "roofline"
+      ? t("js.capacity.sim.roofline", { gpu: cost.gpu, weights: fmtBytes(cost.weight_bytes), bw: (cost.bandwidth / 1e12).toFixed(2),
+        floor: ms(cost.min_step_s), tps: cost.max_tokens_per_s_per_seq.toFixed(0), ridge: cost.ridge_batch ? cost.ridge_batch.toFixed(0) : "—" })
+      : t("js.capacity.sim.measured", { model: cost.model, a: ms(cost.per_sequence_s), b: ms(cost.per_token_s),
+        tps: cost.max_tokens_per_s_per_seq.toFixed(1) });
+    const items = [
+      ["num_requests", int(c.num_requests)], ["num_steps", int(c.num_steps)],
+      ["num_preemptions", int(c.num_preemptions)],
+      ["prefix_cache_hits / prefix_cache_queries", `${int(c.prefix_cache_hits)} / ${int(c.prefix_cache_queries)}` +
+        (c.prefix_cache_hit_rate !== null ? ` (${(100 * c.prefix_cache_hit_rate).toFixed(1)}%)` : "")],
+      ["kv_cache_usage_perc (" + t("js.capacity.sim.peak") + ")", (100 * c.peak_kv_cache_usage_perc).toFixed(1) + "%"],
+      [t("js.capacity.sim.blocks"), int(r.config.num_blocks) + " × " + r.config.block_size],
+      [t("js.capacity.sim.throughput"), `${c.output_tokens_per_s.toFixed(1)} tok/s · ${c.requests_per_s.toFixed(2)} req/s`],
+      [t("js.capacity.sim.makespan"), c.makespan_s.toFixed(2) + " s"],
+      [t("js.capacity.sim.max_waiting"), int(c.max_waiting)],
+    ];
+    $("sim-counters").replaceChildren(...items.map(([k, v]) => {
+      const d = el("div"); d.append(el("dt", null, k), el("dd", null, v)); return d;
+    }));
+    const names = { ttft: "TTFT", tpot: "TPOT", e2e: t("js.capacity.sim.e2e") };
+    $("sim-latency-table").tBodies[0].replaceChildren(...Object.entries(r.latency).map(([k, v]) => {
+      const tr = el("tr"); tr.append(el("td", "l", names[k]));
+      ["p50", "p90", "p99", "mean"].forEach((p) => tr.append(el("td", null, ms(v.stats[p]))));
+      return tr;
+    }));
+    $("sim-timeline").tBodies[0].replaceChildren(...r.timeline.map((s) => {
+      const tr = el("tr", s.preempted.length ? "preempt" : null);
+      [s.step, s.start.toFixed(3), s.prefill, s.decode, s.running, s.waiting, s.blocks_used].forEach((x) => tr.append(el("td", null, x)));
+      const ev = [];
+      if (s.admitted.length) ev.push(t("js.capacity.ev.admitted", { ids: s.admitted.join(", ") }));
+      if (s.preempted.length) ev.push(t("js.capacity.ev.preempted", { ids: s.preempted.join(", ") }));
+      if (s.finished.length) ev.push(t("js.capacity.ev.finished", { ids: s.finished.join(", ") }));
+      tr.append(el("td", "l", ev.join(" · ")));
+      const sched = s.scheduled.slice(0, 12).map(([id, n]) => `${id}:${n}`).join(" ") + (s.scheduled.length > 12 ? " …" : "");
+      tr.append(el("td", "l mono", sched));
+      return tr;
+    }));
+    drawSimCharts(r);
+  }
+
+  async function drawSimCharts(r) {
+    const Plotly = await window.kv.plotlyReady();
+    if (!Plotly) return;
+    const s = r.series, cfg = { displayModeBar: false, responsive: true };
+    const base = { font: window.kv.plotFont, height: 320, margin: { l: 55, r: 55, t: 40, b: 45 }, legend: { orientation: "h", y: -0.3 } };
+    Plotly.react("sim-usage", [
+      { x: s.time, y: s.kv_cache_usage_perc.map((v) => 100 * v), name: "kv_cache_usage_perc (%)", mode: "lines" },
+      { x: s.time, y: s.running, name: t("js.capacity.sim.running"), mode: "lines", yaxis: "y2" },
+      { x: s.time, y: s.waiting, name: t("js.capacity.sim.waiting"), mode: "lines", yaxis: "y2" },
+    ], Object.assign({}, base, { title: { text: t("js.capacity.sim.usage_title"), font: { size: 15 } },
+      xaxis: { title: { text: t("js.capacity.sim.time") } }, yaxis: { title: { text: "%" }, range: [0, 100] },
+      yaxis2: { overlaying: "y", side: "right", title: { text: t("js.capacity.sim.requests") } } }), cfg);
+    Plotly.react("sim-tokens", [
+      { x: s.step, y: s.prefill_tokens, name: t("js.capacity.sim.prefill"), type: "bar" },
+      { x: s.step, y: s.decode_tokens, name: t("js.capacity.sim.decode"), type: "bar" },
+    ], Object.assign({}, base, { barmode: "stack", title: { text: t("js.capacity.sim.tokens_title", { stride: s.stride }), font: { size: 15 } },
+      xaxis: { title: { text: t("js.capacity.sim.step") } }, yaxis: { title: { text: t("js.capacity.sim.tokens") } } }), cfg);
+    const lat = ["ttft", "tpot", "e2e"].map((k, i) => {
+      const h = r.latency[k].hist;
+      return { x: h.edges.slice(0, -1).map((e, j) => 1000 * (e + h.edges[j + 1]) / 2), y: h.counts, type: "bar",
+        name: { ttft: "TTFT", tpot: "TPOT", e2e: t("js.capacity.sim.e2e") }[k], xaxis: "x" + (i ? i + 1 : ""), yaxis: "y" + (i ? i + 1 : "") };
+    });
+    Plotly.react("sim-latency", lat, Object.assign({}, base, { grid: { rows: 1, columns: 3, pattern: "independent" },
+      title: { text: t("js.capacity.sim.latency_title"), font: { size: 15 } },
+      xaxis: { title: { text: "TTFT (ms)" } }, xaxis2: { title: { text: "TPOT (ms)" } },
+      xaxis3: { title: { text: t("js.capacity.sim.e2e") + " (ms)" } }, yaxis: { title: { text: t("js.capacity.sim.count") } } }), cfg);
+  }
+
+  // --- engine check -----------------------------------------------------------------------------------
+  $("check-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const r = await post("/api/capacity/check", {
+      model: $("check-model").value, num_blocks: num($("check-blocks").value), block_size: Number($("check-block").value),
+      max_num_seqs: num($("check-seqs").value), requests_text: $("check-list").value,
+    }, "check-busy");
+    if (!r) return;
+    $("check-result").hidden = false;
+    const v = $("check-verdict");
+    v.className = r.equal ? "ok" : "bad";
+    v.textContent = r.equal
+      ? t("js.capacity.check.equal", { steps: r.rows.length, preemptions: r.preemptions, model: r.model })
+      : t("js.capacity.check.differ", { step: r.first_difference });
+    const side = (x) => {
+      if (!x) return "—";
+      const parts = [];
+      if (x.admitted.length) parts.push(t("js.capacity.ev.admitted", { ids: x.admitted.join(", ") }));
+      if (x.preempted.length) parts.push(t("js.capacity.ev.preempted", { ids: x.preempted.join(", ") }));
+      if (x.finished.length) parts.push(t("js.capacity.ev.finished", { ids: x.finished.join(", ") }));
+      parts.push(t("js.capacity.ev.blocks", { used: x.blocks_used, running: x.running, waiting: x.waiting }));
+      return parts.join(" · ");
+    };
+    $("check-table").tBodies[0].replaceChildren(...r.rows.map((row) => {
+      const tr = el("tr", row.same ? null : "differ");
+      tr.append(el("td", null, row.step), el("td", "l", side(row.simulator)), el("td", "l", side(row.engine)),
+        el("td", row.same ? "ok" : "bad", row.same ? "✓" : "✗"));
+      return tr;
+    }));
+  });
+
+  showModelBoxes();
+  runCalc();
+})();

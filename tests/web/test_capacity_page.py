@@ -1,0 +1,122 @@
+"""/capacity and /api/capacity/...: numbers re-derived, bad input answered with a clear 4xx, a browser walk."""
+
+from __future__ import annotations
+
+import pytest
+
+KiB, GiB = 1024, 1024**3
+
+
+def test_page_renders_in_both_languages(client):
+    r = client.get("/capacity")
+    assert r.status_code == 200
+    for marker in ('id="calc-form"', 'id="sim-form"', 'id="check-form"', "Llama-3-8B", "DeepSeek-V2-Lite",
+                   'href="/capacity"', "Differences by design"):
+        assert marker in r.text
+    zh = client.get("/capacity?lang=zh").text
+    assert "容量实验室" in zh and "设计上的差异" in zh
+
+
+def test_calculate_api_gives_the_articles_numbers(client):
+    r = client.post("/api/capacity/calculate", json={"model": "llama-3-8b", "dtype": "bf16", "batch": 32,
+                                                      "context": 8192})
+    body = r.json()
+    assert r.status_code == 200 and body["bytes_per_token"] == 128 * KiB
+    assert body["request_bytes"] == GiB and body["batch_bytes"] == 32 * GiB
+
+
+def test_loaded_model_uses_the_same_formula_as_paged_and_links_there(client, tiny):
+    body = client.post("/api/capacity/calculate", json={"model": "loaded:builtin", "dtype": "fp32",
+                                                        "block_size": 4}).json()
+    a = tiny.adapter
+    assert body["bytes_per_token"] == 2 * a.n_layer * a.n_kv_head * a.head_dim * 4
+    assert body["paged_link"] == "/paged?model=builtin"
+    pool = client.post("/api/paged/sessions", json={"model": "builtin", "num_blocks": 4, "block_size": 4}).json()
+    assert pool["capacity"]["bytes_per_token"] == body["bytes_per_token"]
+    assert pool["pool"]["bytes_per_block"] == body["page_bytes"]  # read off the real tensors
+
+
+def test_config_json_upload(client):
+    text = '{"model_type": "llama", "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,' \
+           ' "hidden_size": 2048, "head_dim": 64, "intermediate_size": 8192, "vocab_size": 128256}'
+    body = client.post("/api/capacity/calculate", json={"model": "config", "config_json": text, "dtype": "bf16"}).json()
+    assert body["bytes_per_token"] == 32 * KiB  # Llama-3.2-1B in REFERENCE.md
+
+
+def test_simulate_api_reports_vllms_counters(client):
+    r = client.post("/api/capacity/simulate", json={"model": "llama-3-8b", "gpu": "a100-40gb", "n": 300, "rate": 50,
+                                                    "seed": 3})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    c = body["counters"]
+    for name in ("num_preemptions", "prefix_cache_hits", "prefix_cache_queries", "peak_kv_cache_usage_perc"):
+        assert name in c
+    assert c["num_requests"] == 300 and 0 < c["prefix_cache_hits"] <= c["prefix_cache_queries"]
+    assert body["cost"]["kind"] == "roofline" and body["cost"]["min_step_s"] == pytest.approx(
+        8_030_261_248 * 2 / 1.555e12)
+    assert len(body["timeline"]) <= 200 and body["latency"]["ttft"]["stats"]["p50"] > 0
+
+
+def test_check_api_finds_the_same_decisions(client):
+    r = client.post("/api/capacity/check", json={"model": "builtin"})
+    assert r.status_code == 200, r.text
+    assert r.json()["equal"] and r.json()["preemptions"] > 0
+
+
+@pytest.mark.parametrize("url,payload,words", [
+    ("/api/capacity/calculate", {"dtype": "fp64"}, "dtype"),
+    ("/api/capacity/calculate", {"context": -5}, "context"),
+    ("/api/capacity/calculate", {"batch": 10**9}, "batch"),
+    ("/api/capacity/calculate", {"gpu_memory_gib": 10**7}, "gpu_memory_gib"),
+    ("/api/capacity/calculate", {"model": "gpt-5"}, "Unknown model"),
+    ("/api/capacity/calculate", {"model": "config", "config_json": "{oops"}, "not valid JSON"),
+    ("/api/capacity/calculate", {"model": "config", "config_json": "[]"}, "JSON object"),
+    ("/api/capacity/calculate", {"model": "llama-3-8b", "tp": 3}, "tp"),
+    ("/api/capacity/calculate", {"model": "llama-3-8b", "attention": "MLA"}, "MLA"),
+    ("/api/capacity/simulate", {"n": 0}, "n"),
+    ("/api/capacity/simulate", {"workload": "list", "requests_text": "1 2"}, "Line 1"),
+    ("/api/capacity/simulate", {"num_blocks": 2, "block_size": 16}, "blocks"),
+    ("/api/capacity/simulate", {"gpu": "tpu"}, "Unknown GPU"),
+    ("/api/capacity/check", {"model": "builtin", "requests_text": "0 200 5"}, "at most"),
+])
+def test_bad_input_gets_a_clear_4xx(client, url, payload, words):
+    r = client.post(url, json=payload)
+    assert 400 <= r.status_code < 500 and words in r.json()["detail"], r.text
+
+
+def test_paged_page_says_a_fork_continues_with_the_runner_up_token(client):
+    assert "runner-up token" in client.get("/paged").text
+    assert "第二候选 token" in client.get("/paged?lang=zh").text
+
+
+@pytest.mark.browser
+def test_capacity_page_in_a_browser(page, live_server):
+    page.goto(live_server + "/capacity")
+    page.wait_for_function("document.getElementById('r-per-token').textContent.length > 0")
+    assert page.inner_text("#r-per-token") == "128 KiB"
+    page.click("button[data-preset=vllm]")
+    page.wait_for_function("document.getElementById('r-vllm').textContent.includes('5691')")
+    assert "11.12x" in page.inner_text("#r-vllm")
+    page.select_option("#calc-model", "qwen3-0.6b")
+    page.wait_for_function("document.getElementById('r-per-token').textContent === '112 KiB'")
+    page.wait_for_selector("#calc-chart .main-svg")
+    assert page.locator("#variants tbody tr").count() == 3
+
+    page.fill("#sim-n", "200")
+    page.click("#sim-run")
+    page.wait_for_selector("#sim-timeline tbody tr")
+    assert "num_preemptions" in page.inner_text("#sim-counters")
+    page.wait_for_selector("#sim-usage .main-svg")
+
+    page.select_option("#check-model", "builtin")
+    page.click("#check-run")
+    page.wait_for_selector("#check-table tbody tr")
+    assert page.locator("#check-verdict.ok").count() == 1
+    assert page.locator("#check-table td.bad").count() == 0
+    assert page.js_errors == []
+
+
+@pytest.mark.browser
+def test_paged_page_in_a_browser_shows_the_fork_note(page, live_server):
+    page.goto(live_server + "/paged?model=builtin&lang=zh")
+    assert "第二候选" in page.inner_text("#fork-note")
