@@ -236,6 +236,21 @@ class Simulator:
             if budget <= 0:
                 break
             c = q.num_computed
+            if q.num_tokens - c == 1 and q.num_output and c < q.slots:  # a decode into a block it has: hot path
+                budget -= 1
+                kv_read += c + 1
+                decode += 1
+                if sched is not None:
+                    sched.append((q.r.rid, 1))
+                c += 1
+                q.num_computed = c
+                q.num_tokens = c + 1
+                o = q.num_output = q.num_output + 1
+                if caching and c % bs == 0:
+                    self._hash_full_blocks(q)
+                if o >= q.target:
+                    done.append(q)
+                continue
             n = q.num_tokens - c
             if n > budget:
                 n = budget
@@ -251,13 +266,13 @@ class Simulator:
                     break
             budget -= n
             kv_read += c + n
-            nsched += 1
             if sched is not None:
                 sched.append((q.r.rid, n))
-            if n == 1 and q.num_output and c + 1 == q.num_tokens:  # a decode: the hot path
+            if n == 1 and q.num_output and c + 1 == q.num_tokens:  # a decode that needed a new block
                 decode += 1
             else:
                 prefill += n
+                nsched += 1
             c += n
             q.num_computed = c
             if caching and c // bs > q.num_hashed:
@@ -313,6 +328,7 @@ class Simulator:
                     if q.num_output >= q.target:
                         done.append(q)
         start = self.now
+        nsched += decode
         duration = self.cost(prefill, decode, kv_read, nsched) if nsched else 0.0
         self.now = end = start + duration
         for q in first:
@@ -323,8 +339,8 @@ class Simulator:
             q.finish = end
             self._free(q)
             finished.append(q.r.rid)
-        if done:
-            self.running = [q for q in self.running if q.status == RUNNING]
+        for q in done:
+            self.running.remove(q)
         rec = StepRecord(len(self.steps), start, duration, prefill, decode, len(self.running), len(self.waiting),
                          self.cfg.num_blocks - len(self.free), admitted, preempted, finished)
         rec.scheduled = sched
