@@ -3,6 +3,7 @@
     .venv/bin/python bench/run_all.py            # full passes
     .venv/bin/python bench/run_all.py --quick    # each benchmark's fast pass
     .venv/bin/python bench/run_all.py inspect    # only bench_inspect.py (names match bench_<name>.py)
+    .venv/bin/python bench/run_all.py capacity   # the capacity lab: simulator on 10 000 requests, calculator
 
 bench_arena.py (the compression arena) is picked up like every bench_*.py.
 Benchmarks that take ``--quick`` get it with ``--quick``; the others run their full pass.

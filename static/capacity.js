@@ -18,7 +18,7 @@
     let i = 0, x = Math.abs(n);
     while (x >= 1024 && i < units.length - 1) { x /= 1024; i++; }
     const s = i === 0 ? x.toFixed(x % 1 ? 2 : 0) : (x >= 100 ? x.toFixed(1) : x.toFixed(2));
-    return (n < 0 ? "−" : "") + s.replace(/\.00$/, "") + " " + units[i];
+    return (n < 0 ? "−" : "") + s.replace(/\.0+$/, "") + " " + units[i];
   }
   const int = (n) => Math.round(n).toLocaleString("en");
   const num = (v) => (v === "" || v === null ? null : Number(v));
@@ -112,7 +112,7 @@
     $("r-tokens").textContent = `${int(r.num_blocks)} × ${inp.block_size} = ${int(r.tokens)}`;
     $("r-conc").textContent = `${int(r.tokens)} / ${int(inp.context)} = ${r.max_concurrency.toFixed(2)}×`;
     $("r-vllm").textContent = t("js.capacity.vllm_line", {
-      kv: (r.kv_memory / GiB).toFixed(2), blocks: int(r.num_blocks), ctx: int(inp.context), conc: r.max_concurrency.toFixed(2),
+      kv: (r.kv_memory / GiB).toFixed(2), blocks: r.num_blocks, ctx: inp.context, conc: r.max_concurrency.toFixed(2),
     });
     const fits = $("r-fits");
     fits.className = r.batch_fits ? "ok" : "bad";
@@ -265,7 +265,7 @@
       { x: s.time, y: s.waiting, name: t("js.capacity.sim.waiting"), mode: "lines", yaxis: "y2" },
     ], Object.assign({}, base, { title: { text: t("js.capacity.sim.usage_title"), font: { size: 15 } },
       xaxis: { title: { text: t("js.capacity.sim.time") } }, yaxis: { title: { text: "%" }, range: [0, 100] },
-      yaxis2: { overlaying: "y", side: "right", title: { text: t("js.capacity.sim.requests") } } }), cfg);
+      yaxis2: { overlaying: "y", side: "right", rangemode: "tozero", title: { text: t("js.capacity.sim.requests") } } }), cfg);
     Plotly.react("sim-tokens", [
       { x: s.step, y: s.prefill_tokens, name: t("js.capacity.sim.prefill"), type: "bar" },
       { x: s.step, y: s.decode_tokens, name: t("js.capacity.sim.decode"), type: "bar" },
@@ -276,7 +276,7 @@
       return { x: h.edges.slice(0, -1).map((e, j) => 1000 * (e + h.edges[j + 1]) / 2), y: h.counts, type: "bar",
         name: { ttft: "TTFT", tpot: "TPOT", e2e: t("js.capacity.sim.e2e") }[k], xaxis: "x" + (i ? i + 1 : ""), yaxis: "y" + (i ? i + 1 : "") };
     });
-    Plotly.react("sim-latency", lat, Object.assign({}, base, { grid: { rows: 1, columns: 3, pattern: "independent" },
+    Plotly.react("sim-latency", lat, Object.assign({}, base, { showlegend: false, grid: { rows: 1, columns: 3, pattern: "independent" },
       title: { text: t("js.capacity.sim.latency_title"), font: { size: 15 } },
       xaxis: { title: { text: "TTFT (ms)" } }, xaxis2: { title: { text: "TPOT (ms)" } },
       xaxis3: { title: { text: t("js.capacity.sim.e2e") + " (ms)" } }, yaxis: { title: { text: t("js.capacity.sim.count") } } }), cfg);

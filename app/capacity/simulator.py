@@ -215,20 +215,46 @@ class Simulator:
         return victim
 
     def step(self) -> StepRecord:
+        """Schedule (running first, then waiting) and run one step.
+
+        A scheduled request is advanced as soon as it is scheduled: nothing later in the same schedule reads its
+        token counts, except prefix hits on blocks it fills this step, which vLLM allows too (it hashes blocks
+        when it allocates them). Blocks of requests that finish are freed after the whole schedule, as in vLLM.
+        """
         cfg = self.cfg
+        bs = cfg.block_size
+        caching = cfg.prefix_caching
         budget = cfg.max_num_batched_tokens
-        sched_q: list[_Req] = []
-        sched_n: list[int] = []
+        sched: list[tuple[int, int]] | None = [] if len(self.steps) < self.keep_scheduled else None
         preempted: list[int] = []
         admitted: list[int] = []
+        first: list[_Req] = []
+        done: list[_Req] = []
+        prefill = decode = kv_read = nsched = 0
         running = self.running
-        i = 0
-        while i < len(running) and budget > 0:
-            q = running[i]
-            n = q.num_tokens - q.num_computed
+        for q in running:  # preemption pops from the end, so the loop never sees a preempted request
+            if budget <= 0:
+                break
+            c = q.num_computed
+            if q.num_tokens - c == 1 and q.num_output and c < q.slots:  # a decode into a block it has: hot path
+                budget -= 1
+                kv_read += c + 1
+                decode += 1
+                if sched is not None:
+                    sched.append((q.r.rid, 1))
+                c += 1
+                q.num_computed = c
+                q.num_tokens = c + 1
+                o = q.num_output = q.num_output + 1
+                if caching and c % bs == 0:
+                    self._hash_full_blocks(q)
+                if o >= q.target:
+                    done.append(q)
+                continue
+            n = q.num_tokens - c
             if n > budget:
                 n = budget
-            if q.num_computed + n > q.slots:  # needs a new block (the common decode step does not)
+            if c + n > q.slots:  # needs a new block (the common decode step does not)
                 ok = True
                 while not self._allocate(q, n):
                     victim = self._preempt_last()
@@ -238,63 +264,15 @@ class Simulator:
                         break
                 if not ok:
                     break
-            sched_q.append(q)
-            sched_n.append(n)
             budget -= n
-            i += 1
-        if not preempted:
-            waiting = self.waiting
-            while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
-                q = waiting[0]
-                hits = self._hits(q) if cfg.prefix_caching and q.num_computed == 0 else []
-                hit_tokens = len(hits) * cfg.block_size
-                n = q.num_tokens - hit_tokens
-                if n > budget:
-                    if not cfg.chunked_prefill:
-                        break
-                    n = budget
-                q.num_computed = hit_tokens
-                if not self._allocate(q, n, hits):
-                    q.num_computed = 0
-                    break
-                waiting.popleft()
-                if cfg.prefix_caching:
-                    self.prefix_cache_queries += q.num_tokens
-                    self.prefix_cache_hits += hit_tokens
-                q.hit_tokens += hit_tokens
-                q.num_hashed = len(hits)
-                q.status = RUNNING
-                q.admitted_at = self._admissions
-                self._admissions += 1
-                running.append(q)
-                admitted.append(q.r.rid)
-                sched_q.append(q)
-                sched_n.append(n)
-                budget -= n
-        return self._execute(sched_q, sched_n, admitted, preempted)
-
-    def _execute(self, sched_q: list[_Req], sched_n: list[int], admitted: list[int],
-                 preempted: list[int]) -> StepRecord:
-        """Run the step: advance every scheduled request, sample where a request is fully computed, finish."""
-        prefill = decode = kv_read = 0
-        bs = self.cfg.block_size
-        caching = self.cfg.prefix_caching
-        first: list[_Req] = []
-        done: list[_Req] = []
-        for q, n in zip(sched_q, sched_n, strict=True):
-            c = q.num_computed
             kv_read += c + n
-            if n == 1 and q.num_output and c + 1 == q.num_tokens:  # a decode: the hot path
+            if sched is not None:
+                sched.append((q.r.rid, n))
+            if n == 1 and q.num_output and c + 1 == q.num_tokens:  # a decode that needed a new block
                 decode += 1
-                q.num_computed = c + 1
-                q.num_tokens = c + 2
-                q.num_output += 1
-                if caching and (c + 1) % bs == 0:
-                    self._hash_full_blocks(q)
-                if q.num_output >= q.target:
-                    done.append(q)
-                continue
-            prefill += n
+            else:
+                prefill += n
+                nsched += 1
             c += n
             q.num_computed = c
             if caching and c // bs > q.num_hashed:
@@ -306,8 +284,52 @@ class Simulator:
                     first.append(q)
                 if q.num_output >= q.target:
                     done.append(q)
+        if not preempted:
+            waiting = self.waiting
+            while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+                q = waiting[0]
+                hits = self._hits(q) if caching and q.num_computed == 0 else []
+                hit_tokens = len(hits) * bs
+                n = q.num_tokens - hit_tokens
+                if n > budget:
+                    if not cfg.chunked_prefill:
+                        break
+                    n = budget
+                q.num_computed = hit_tokens
+                if not self._allocate(q, n, hits):
+                    q.num_computed = 0
+                    break
+                waiting.popleft()
+                if caching:
+                    self.prefix_cache_queries += q.num_tokens
+                    self.prefix_cache_hits += hit_tokens
+                q.hit_tokens += hit_tokens
+                q.num_hashed = len(hits)
+                q.status = RUNNING
+                q.admitted_at = self._admissions
+                self._admissions += 1
+                running.append(q)
+                admitted.append(q.r.rid)
+                budget -= n
+                kv_read += hit_tokens + n
+                nsched += 1
+                prefill += n
+                if sched is not None:
+                    sched.append((q.r.rid, n))
+                c = hit_tokens + n
+                q.num_computed = c
+                if caching and c // bs > q.num_hashed:
+                    self._hash_full_blocks(q)
+                if c == q.num_tokens:
+                    q.num_output += 1
+                    q.num_tokens = c + 1
+                    if q.first_token is None:
+                        first.append(q)
+                    if q.num_output >= q.target:
+                        done.append(q)
         start = self.now
-        duration = self.cost(prefill, decode, kv_read, len(sched_q)) if sched_q else 0.0
+        nsched += decode
+        duration = self.cost(prefill, decode, kv_read, nsched) if nsched else 0.0
         self.now = end = start + duration
         for q in first:
             q.first_token = end
@@ -317,12 +339,11 @@ class Simulator:
             q.finish = end
             self._free(q)
             finished.append(q.r.rid)
-        if done:
-            self.running = [q for q in self.running if q.status == RUNNING]
+        for q in done:
+            self.running.remove(q)
         rec = StepRecord(len(self.steps), start, duration, prefill, decode, len(self.running), len(self.waiting),
                          self.cfg.num_blocks - len(self.free), admitted, preempted, finished)
-        if len(self.steps) < self.keep_scheduled:
-            rec.scheduled = [(q.r.rid, n) for q, n in zip(sched_q, sched_n, strict=True)]
+        rec.scheduled = sched
         self.steps.append(rec)
         if self.on_step:
             self.on_step(self, rec)

@@ -120,3 +120,14 @@ def test_capacity_page_in_a_browser(page, live_server):
 def test_paged_page_in_a_browser_shows_the_fork_note(page, live_server):
     page.goto(live_server + "/paged?model=builtin&lang=zh")
     assert "第二候选" in page.inner_text("#fork-note")
+
+
+def test_simulate_with_the_measured_step_time_of_the_loaded_model(client):
+    r = client.post("/api/capacity/simulate", json={"model": "loaded:builtin", "cost": "measured", "n": 40,
+                                                    "prompt_min": 8, "prompt_max": 64, "output_min": 4,
+                                                    "output_max": 16, "block_size": 16, "num_blocks": 64})
+    assert r.status_code == 200, r.text
+    cost = r.json()["cost"]
+    assert cost["kind"] == "measured" and cost["per_sequence_s"] > 0 and cost["per_token_s"] > 0
+    r = client.post("/api/capacity/simulate", json={"model": "llama-3-8b", "cost": "measured"})
+    assert r.status_code == 422 and "loaded model" in r.json()["detail"]
