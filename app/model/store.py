@@ -18,8 +18,10 @@ from collections.abc import Callable, Hashable
 from app.model.trace import Trace
 
 # Tensor names the pages read (by suffix): the inspect views, the arithmetic panel and the embedding rows.
+# RoPE models add q and k before rotation (the rotary panel); the logit lens reads each layer's residual
+# stream (T × D per layer, small), head ablation compares with the last position's logits.
 PAGE_TENSORS = ("embed.wte", "embed.wpe", "embed.h0", ".attn.q", ".attn.k", ".attn.v", ".attn.weights",
-                ".attn.head_out", "probs")
+                ".attn.head_out", ".attn.q_prerope", ".attn.k_prerope", ".resid_out", "probs", "last_logits")
 
 
 def slim(trace: Trace) -> Trace:

@@ -39,7 +39,7 @@ def read_ablation(request: Request, state: StateDep, key: str, heads: str = ""):
     """The last position's top-k and logits with the chosen heads' outputs zeroed ('layer.head, ...')."""
     lm, trace = state.trace_by_key(key)
     chosen = parse_heads(heads[:400], n_layer=lm.adapter.n_layer, n_head=lm.adapter.n_head)
-    base = trace["logits"][0, -1]
+    base = trace["last_logits"][0]
     view = None
     if chosen:
         with state.model_lock:
