@@ -12,9 +12,9 @@ One client (a browser: its own cookie jar) does what a student does on Inspect a
     DELETE /api/decode/{sid}             the tab closes
 
 with a seeded think time of 0-150 ms between clicks. A "busy" answer (429/503 with Retry-After) is counted,
-then retried after min(Retry-After, 2) s. After a warm-up client, first one client alone (the single-client
-baseline, same server, same run), then N clients together. Reported: p50/p95 per request type, counts by
-status, RSS before (after the baseline), peak during the load and a minute after it.
+then retried after min(Retry-After, 2) s. After a warm-up client, one client alone (three in turn, 30 steps:
+the single-client baseline, same server, same run), then N clients together. Reported: p50/p95 per request
+type, counts by status, RSS before (after the baseline), peak during the load and a minute after it.
 
 Targets (issue 11): zero 5xx; decode-step p95 under load <= 10x its single-client p95; peak RSS <= 2 GiB for
 the 20-client DistilGPT-2-shaped run; RSS a minute after the load <= 1.3x the RSS before.
@@ -188,7 +188,7 @@ def scenario(model: str, clients: int, prompt_chars: int, settle_s: float) -> di
         sampler = Sampler(proc.pid)
         sampler.start()
         crowd(base, 1, prompt_chars, SEED + 2)  # warm-up, not counted
-        alone = crowd(base, 1, prompt_chars, SEED + 1)
+        alone = [x for i in range(3) for x in crowd(base, 1, prompt_chars, SEED + 100 + i)]  # 3 in turn
         time.sleep(2)
         before = rss(proc.pid)
         sampler.reset()
