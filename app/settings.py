@@ -42,7 +42,7 @@ class Settings:
     trace_ttl_s: float = 45.0
     # Decode sessions: idle ones are released after the TTL (a timer checks every ``purge_interval_s``).
     session_ttl_s: float = 900.0
-    max_sessions: int = 16
+    max_sessions: int = 64
     max_sessions_per_browser: int = 3
     session_cache_bytes: int = 384 * 1024**2
     max_decode_steps: int = 256

@@ -12,9 +12,9 @@ One client (a browser: its own cookie jar) does what a student does on Inspect a
     DELETE /api/decode/{sid}             the tab closes
 
 with a seeded think time of 0-150 ms between clicks. A "busy" answer (429/503 with Retry-After) is counted,
-then retried after min(Retry-After, 2) s. After a warm-up client, first one client alone (the single-client
-baseline, same server, same run), then N clients together. Reported: p50/p95 per request type, counts by
-status, RSS before (after the baseline), peak during the load and a minute after it.
+then retried after min(Retry-After, 2) s. After a warm-up client, one client alone (three in turn, 30 steps:
+the single-client baseline, same server, same run), then N clients together. Reported: p50/p95 per request
+type, counts by status, RSS before (after the baseline), peak during the load and a minute after it.
 
 Targets (issue 11): zero 5xx; decode-step p95 under load <= 10x its single-client p95; peak RSS <= 2 GiB for
 the 20-client DistilGPT-2-shaped run; RSS a minute after the load <= 1.3x the RSS before.
@@ -110,7 +110,8 @@ class Browser:
                     status, retry = r.status, None
             except urllib.error.HTTPError as e:
                 out, status, retry = None, e.code, e.headers.get("Retry-After")
-                e.read()
+                detail = e.read()[:120].decode("utf-8", "replace")
+                self.log.append(("refused", status, detail))
             self.log.append((kind, status, time.perf_counter() - t0))
             if status in (429, 503) and retry:
                 time.sleep(min(float(retry), 2.0))
@@ -162,9 +163,14 @@ def pct(xs: list[float], q: float) -> float:
 def summary(log: list) -> tuple[dict, Counter]:
     by: dict[str, list[float]] = {}
     for kind, status, s in log:
-        if status == 200:
+        if status == 200 and kind != "refused":
             by.setdefault(kind, []).append(s)
-    return by, Counter(status for _, status, _ in log)
+    return by, Counter(status for kind, status, _ in log if kind != "refused")
+
+
+def refusals(log: list) -> Counter:
+    """The message of every non-200 answer, counted (which limit answered busy)."""
+    return Counter(f"{status} {detail}" for kind, status, detail in log if kind == "refused")
 
 
 # --- one scenario -------------------------------------------------------------------------------------
@@ -188,7 +194,7 @@ def scenario(model: str, clients: int, prompt_chars: int, settle_s: float) -> di
         sampler = Sampler(proc.pid)
         sampler.start()
         crowd(base, 1, prompt_chars, SEED + 2)  # warm-up, not counted
-        alone = crowd(base, 1, prompt_chars, SEED + 1)
+        alone = [x for i in range(3) for x in crowd(base, 1, prompt_chars, SEED + 100 + i)]  # 3 in turn
         time.sleep(2)
         before = rss(proc.pid)
         sampler.reset()
@@ -203,8 +209,8 @@ def scenario(model: str, clients: int, prompt_chars: int, settle_s: float) -> di
         proc.terminate()
         proc.wait(30)
     return {"model": model, "clients": clients, "prompt_chars": prompt_chars, "alone": summary(alone),
-            "load": summary(load), "before": before, "peak": peak, "after": after, "wall": wall,
-            "settle": settle_s}
+            "load": summary(load), "refusals": refusals(load), "before": before, "peak": peak, "after": after,
+            "wall": wall, "settle": settle_s}
 
 
 def report(r: dict, peak_target: int | None) -> str:
@@ -232,6 +238,7 @@ def report(r: dict, peak_target: int | None) -> str:
         table(["request", "alone p50 / p95 ms", f"{r['clients']} clients p50 / p95 ms", "n (200)"], rows),
         "",
         "statuses under load: " + ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items())),
+        *(f"- {n} × {msg}" for msg, n in r["refusals"].most_common(5)),
         f"RSS before {r['before'] / mib:,.0f} MiB, peak {r['peak'] / mib:,.0f} MiB, "
         f"{r['settle']:.0f} s after {r['after'] / mib:,.0f} MiB",
         "",

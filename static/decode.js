@@ -4,6 +4,7 @@
   const kv = window.kv;
   const $ = (id) => document.getElementById(id);
   let S = null; // {id, last, steps: [], times: []}
+  let verifyChain = Promise.resolve();
   let running = false;
 
   function setBusy(busy) {
@@ -216,7 +217,12 @@
     $("equiv").querySelector("tbody").appendChild(tr);
     if (atEnd && !document.body.classList.contains("present")) box.scrollTop = box.scrollHeight;  // presenter: no auto-scroll
     let r;
-    try { r = await kv.getJSON(`/api/decode/${S.id}/verify/${v.index}`); } catch (e) { return; }
+    // One check at a time per page: a long Run would otherwise queue dozens of full recomputes at once,
+    // and the server admits only a few waiting requests per browser.
+    const sid = S.id;
+    const turn = (verifyChain = verifyChain.then(() => kv.getJSON(`/api/decode/${sid}/verify/${v.index}`)));
+    verifyChain = turn.catch(() => null);
+    try { r = await turn; } catch (e) { return; }
     tr.querySelector(".diff").textContent = r.max_abs_diff.toExponential(2);
     const same = tr.querySelector(".same");
     same.textContent = kv.t(r.same_token ? "js.decode.same_yes" : "js.decode.same_no");

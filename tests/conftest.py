@@ -136,7 +136,9 @@ def browser():
 
 @pytest.fixture
 def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    # bypass_csp: Playwright's wait_for_function("expression") evaluates a string, which the app's CSP
+    # (no 'unsafe-eval') forbids. tests/web/test_csp_browser.py loads every page with the CSP enforced.
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, bypass_csp=True)
     pg = context.new_page()
     errors: list[str] = []
     pg.on("pageerror", lambda e: errors.append(str(e)))

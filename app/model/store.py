@@ -44,31 +44,50 @@ class TraceStore:
         self.ttl_s = ttl_s  # a trace nobody looked at for this long is dropped by ``purge`` (recomputable)
         self._items: OrderedDict[Hashable, tuple[Trace, int]] = OrderedDict()
         self._used: dict[Hashable, float] = {}
+        self._computing: dict[Hashable, threading.Lock] = {}  # keys being computed now
         self._lock = threading.Lock()
         self.bytes = 0
         self.hits = 0
         self.misses = 0
 
     def get_or_compute(self, key: Hashable, compute: Callable[[], Trace]) -> Trace:
+        """The kept trace, or ``compute()`` once: concurrent misses on one key wait for the first one's result
+        (a page asks for the grid, a heatmap and the arithmetic of one trace at once)."""
         with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                self._used[key] = time.monotonic()
-                self.hits += 1
-                return self._items[key][0]
-        trace = compute()
-        size = trace.nbytes()
-        with self._lock:
-            self.misses += 1
-            if size <= self.max_bytes and key not in self._items:
-                while self._items and self.bytes + size > self.max_bytes:
-                    old_key, (_, old) = self._items.popitem(last=False)
-                    self._used.pop(old_key, None)
-                    self.bytes -= old
-                self._items[key] = (trace, size)
-                self._used[key] = time.monotonic()
-                self.bytes += size
-        return trace
+            hit = self._hit(key)
+            if hit is not None:
+                return hit
+            key_lock = self._computing.setdefault(key, threading.Lock())
+        with key_lock:
+            with self._lock:
+                hit = self._hit(key)
+                if hit is not None:
+                    return hit
+            try:
+                trace = compute()
+            finally:
+                with self._lock:
+                    self._computing.pop(key, None)
+            size = trace.nbytes()
+            with self._lock:
+                self.misses += 1
+                if size <= self.max_bytes and key not in self._items:
+                    while self._items and self.bytes + size > self.max_bytes:
+                        old_key, (_, old) = self._items.popitem(last=False)
+                        self._used.pop(old_key, None)
+                        self.bytes -= old
+                    self._items[key] = (trace, size)
+                    self._used[key] = time.monotonic()
+                    self.bytes += size
+            return trace
+
+    def _hit(self, key: Hashable) -> Trace | None:
+        if key not in self._items:
+            return None
+        self._items.move_to_end(key)
+        self._used[key] = time.monotonic()
+        self.hits += 1
+        return self._items[key][0]
 
     def purge(self) -> int:
         """Drop traces idle for more than ``ttl_s``; returns how many."""

@@ -353,3 +353,28 @@ def test_expired_and_foreign_ids_look_the_same(state):
     with pytest.raises(Expired) as unknown:
         state.sessions.get("no-such-session", "bob")
     assert foreign.value.message == unknown.value.message
+
+
+def test_concurrent_misses_on_one_trace_compute_it_once():
+    from app.model.store import TraceStore
+
+    class Fake:
+        def nbytes(self) -> int:
+            return 10
+
+    calls: list[int] = []
+    gate = threading.Event()
+
+    def compute():
+        calls.append(1)
+        gate.wait(10)
+        return Fake()
+
+    store = TraceStore(1000)
+    threads = [threading.Thread(target=store.get_or_compute, args=("k", compute)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    gate.set()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(store) == 1
