@@ -4,7 +4,8 @@
   const kv = (window.kv = window.kv || {});
   let strings = null;
   /* The page's language ("en", "zh"): every request a page makes carries it, so answers match the page. */
-  kv.lang = (document.documentElement.dataset.lang || "en");
+  const langMeta = document.querySelector("meta[name=kv-lang]");
+  kv.lang = langMeta ? langMeta.content : "en";
 
   /* A UI string from the server's translation catalog ("js." keys), with {name} placeholders filled. */
   kv.t = function (key, vars) {
@@ -131,7 +132,7 @@
   });
   document.addEventListener("htmx:configRequest", function (e) { e.detail.headers["X-KVScope-Lang"] = kv.lang; });
   document.addEventListener("submit", function (e) {
-    if (e.target.id === "decode-form") e.preventDefault();  // its buttons act; the form itself never submits
+    if (e.target.hasAttribute("data-no-submit")) e.preventDefault();  // its buttons act; the form never submits
   });
 
   /* Attention weights: white (0) to dark blue (1); masked cells show the tan plot background. */
