@@ -58,6 +58,8 @@
       status(kv.t("js.decode.running", { i: i + 1, n }));
       const v = await step();
       if (!v || v.done) break;
+      // Let the browser paint and handle input (a click on Stop) before the next step is sent.
+      await new Promise((resolve) => requestAnimationFrame(() => setTimeout(resolve, 0)));
     }
     running = false; setBusy(false); status("");
   }

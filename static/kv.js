@@ -4,7 +4,8 @@
   const kv = (window.kv = window.kv || {});
   let strings = null;
   /* The page's language ("en", "zh"): every request a page makes carries it, so answers match the page. */
-  kv.lang = (document.documentElement.dataset.lang || "en");
+  const langMeta = document.querySelector("meta[name=kv-lang]");
+  kv.lang = langMeta ? langMeta.content : "en";
 
   /* A UI string from the server's translation catalog ("js." keys), with {name} placeholders filled. */
   kv.t = function (key, vars) {

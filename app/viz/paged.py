@@ -97,6 +97,14 @@ def capacity_view(
             "by_block_size": rows, "by_format": formats}
 
 
+def event_text(event: tuple[str, dict] | str, lang: str = DEFAULT_LANG) -> str:
+    """One log entry as a sentence: a (catalog key, parameters) pair; a plain string is shown as it is."""
+    if isinstance(event, str):
+        return event
+    key, params = event
+    return translate(key, lang, **params)
+
+
 def stall_view(stall: dict | None, lang: str = DEFAULT_LANG) -> dict | None:
     """The stall, with the sentence that says it (admission: the waiting sequence; growth: the blocked ones)."""
     if stall is None:
@@ -118,7 +126,7 @@ def engine_view(engine: PagedEngine, session_id: str, lang: str = DEFAULT_LANG) 
     return {
         "session": session_id, "model": engine.lm.name, "step": engine.step_count,
         "pool": pool_view(engine), "sequences": sequences_view(engine, lang), "waiting": list(engine.waiting),
-        "stall": stall_view(engine.stall, lang), "events": [translate(k, lang, **p) for k, p in engine.events],
+        "stall": stall_view(engine.stall, lang), "events": [event_text(e, lang) for e in engine.events],
         "summary": {"tokens_stored": stored, "slots_reserved": reserved,
                     "tail_waste": sum(cache.tail_waste(s) for s in cache.block_tables)},
         "capacity": capacity_view(n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim,

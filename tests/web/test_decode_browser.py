@@ -40,7 +40,7 @@ def test_stop_ends_a_run_early(page, live_server):
     page.click("#run")
     page.wait_for_function("+document.body.dataset.decodeStep >= 2")
     page.click("#stop")
-    page.wait_for_timeout(500)
+    page.wait_for_function("document.getElementById('run').disabled === false", timeout=30_000)  # run over
     stopped_at = int(page.evaluate("document.body.dataset.decodeStep"))
     page.wait_for_timeout(800)
     assert int(page.evaluate("document.body.dataset.decodeStep")) == stopped_at < 200
