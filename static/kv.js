@@ -78,8 +78,9 @@
     return Number(x).toFixed(d === undefined ? 4 : d);
   };
   kv.plotFont = { size: 15, family: "system-ui, sans-serif" };
-  /* One Plotly config for every chart: no mode bar (its tooltips are English only; drag still zooms,
-     a double click resets). */
+  /* One Plotly config for every chart. The mode bar shows only our two buttons (PNG and SVG download,
+     titles from the catalog; Plotly's own buttons have English-only tooltips); drag still zooms and a
+     double click resets. The buttons are added once Plotly has loaded (configurePlotly). */
   kv.PLOT_CONFIG = { responsive: true, displaylogo: false, displayModeBar: false };
   /* Plotly (4.8 MB, ~1 s to parse) is loaded only by pages that draw, only when they first need it, and
      never before the first paint: kv.plotly() adds its script tag once and resolves when it has run. Its
@@ -91,13 +92,13 @@
   function configurePlotly(P) {
     if (plotlyConfigured || !P || !P.setPlotConfig) return P;
     plotlyConfigured = true;
-    P.setPlotConfig({
-      toImageButtonOptions: { format: "png", filename: "kvscope", scale: 2 },
-      modeBarButtonsToAdd: [{
-        name: "kvscope-svg", title: kv.t("js.classroom.svg"), icon: P.Icons.disk || P.Icons.camera,
-        click: function (gd) { P.downloadImage(gd, { format: "svg", filename: "kvscope" }); },
-      }],
+    const save = (format, title, icon) => ({
+      name: "kvscope-" + format, title: title, icon: icon,
+      click: function (gd) { P.downloadImage(gd, { format: format, filename: "kvscope", scale: format === "png" ? 2 : 1 }); },
     });
+    kv.PLOT_CONFIG.displayModeBar = "hover";
+    kv.PLOT_CONFIG.modeBarButtons = [[save("png", kv.t("js.classroom.png"), P.Icons.camera),
+                                      save("svg", kv.t("js.classroom.svg"), P.Icons.disk || P.Icons.camera)]];
     return P;
   }
   kv.plotly = function () {
