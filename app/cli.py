@@ -59,7 +59,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from app.errors import UserError
+    from app.model.capture import run_traced
     from app.model.loading import load_registry
+    from app.model.prompts import encode_prompt
     from app.model.trained import load_saved_trained
     from app.state import AppState
     from app.viz.export import FORMATS, pack_trace
@@ -83,7 +85,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
     name = args.model if args.model in registry.models else registry.default
     state = AppState.create(settings, registry)
     try:
-        lm, _key, trace = state.trace_prompt(name, args.prompt)
+        # The whole capture, not the slimmed trace the web pages keep: a notebook wants every tensor.
+        lm = state.model(name)
+        ids = encode_prompt(lm, args.prompt, max_chars=settings.max_prompt_chars)
+        trace = run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids), keep_cache=False)
     except UserError as exc:
         print(exc.message, file=sys.stderr)
         return 1

@@ -101,7 +101,9 @@ def run_traced(
         out = model(input_ids=input_ids, cache=cache if keep_cache else None, use_cache=keep_cache)
     tensors = adapter.derive(rec.tensors)
     tensors["probs"] = torch.softmax(out.logits[:, -1].float(), dim=-1)  # (B, V) next-token distribution
-    tensors["last_logits"] = out.logits[:, -1]  # (B, V) the last position's logits (what the ablation compares)
+    # (B, V) the last position's logits, what head ablation compares with: a copy, not a view that would keep
+    # every position's logits alive in a slimmed trace
+    tensors["last_logits"] = out.logits[:, -1].clone()
     trace = Trace(
         token_ids=list(token_ids),
         token_texts=list(token_texts),

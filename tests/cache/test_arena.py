@@ -33,7 +33,7 @@ def test_kl_agreement_perplexity_and_attention_mass_recomputed(tiny):
             full = out.logits[0, -1]
             kl = F.kl_div(F.log_softmax(logits[s].double(), -1), F.log_softmax(full.double(), -1), log_target=True,
                           reduction="sum")
-            assert abs(float(kl) - r["kl"][s]) < 1e-6
+            assert abs(float(kl) - r["kl"][s]) < 1e-5 * (1 + abs(float(kl)))  # fp32 noise of two forward paths
             assert r["agree"][s] == (int(full.argmax()) == int(logits[s].argmax()))
             if s:  # decode steps: full attention's weight on the kept positions + the new token's own
                 per_layer = []

@@ -47,7 +47,7 @@ def test_shape_trace_comes_from_the_tensors(trace):
     order = [s.name for s in trace.steps]
     assert order.index("blocks.0.attn.v") < order.index("blocks.0.attn.scores") < order.index(
         "blocks.0.attn.weights") < order.index("blocks.0.attn.merged") < order.index("blocks.1.ln_1")
-    assert order[-3:] == ["ln_f", "logits", "probs"]
+    assert order[-4:] == ["ln_f", "logits", "probs", "last_logits"]
 
 
 def test_h0_is_wte_plus_wpe(distil, trace):

@@ -25,7 +25,7 @@ def train_once(client: TestClient, state, steps: int = 3) -> str:
 
 
 def test_work_on_builtin_survives_a_training_run_and_the_result_survives_a_restart(tiny, kv_home, tmp_path):
-    settings = Settings(models=("builtin",), home=tmp_path, max_trained_models=3)
+    settings = Settings(models=("builtin",), home=tmp_path, max_trained_models=3, allowed_hosts=("testserver",))
     state = make_state(settings, tiny)
     with TestClient(create_app(state=state)) as c:
         try:
@@ -65,7 +65,8 @@ def test_work_on_builtin_survives_a_training_run_and_the_result_survives_a_resta
 
 
 def test_only_the_newest_trained_models_are_kept_and_a_dropped_ones_key_is_410(tiny, tmp_path):
-    state = make_state(Settings(models=("builtin",), home=tmp_path, max_trained_models=1), tiny)
+    settings = Settings(models=("builtin",), home=tmp_path, max_trained_models=1, allowed_hosts=("testserver",))
+    state = make_state(settings, tiny)
     with TestClient(create_app(state=state)) as c:
         try:
             first = train_once(c, state)

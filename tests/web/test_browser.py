@@ -17,7 +17,8 @@ def test_type_a_prompt_and_see_the_token_strip(page, live_server):
     assert texts == ["The", "␣cat", "␣sat", "␣on"]
     assert ids == ["464", "3797", "3332", "319"]
     assert "prompt=The+cat+sat+on" in page.url or "prompt=The%20cat%20sat%20on" in page.url
-    assert page.locator("[data-step='blocks.0.attn.qkv'] .shape-cell").inner_text() == "(1, 4, 2304)"
+    # text_content: the shape trace is below the fold, laid out only when scrolled to (content-visibility)
+    assert page.locator("[data-step='blocks.0.attn.qkv'] .shape-cell").text_content().strip() == "(1, 4, 2304)"
     assert page.js_errors == []
 
 

@@ -44,7 +44,8 @@ def test_decode_on_llama_caches_two_kv_heads(page, llama_server):
     assert "4× less" in page.inner_text("#gqa-line")
     page.click("#step")
     page.wait_for_function("document.body.dataset.decodeStep === '1'")
-    assert "(1, 8, 1, 5)" in page.inner_text("#attn-shape")  # every query head attends
+    # every query head attends (the map is drawn once Plotly has loaded)
+    page.wait_for_function("document.getElementById('attn-shape').textContent.includes('(1, 8, 1, 5)')")
     assert page.locator("#cache-head option").count() == 2  # the cache rows exist per KV head
     page.wait_for_function("document.querySelectorAll('#equiv td.same.ok').length === 2", timeout=60_000)
     assert page.js_errors == []
