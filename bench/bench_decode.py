@@ -16,6 +16,7 @@ import datetime as dt
 import json
 import sys
 import urllib.request
+from http.cookiejar import CookieJar
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -36,17 +37,21 @@ from bench.common import (
     table,
 )
 
+# One browser: decode sessions belong to the browser that made them (its owner cookie), so every request
+# of a benchmark goes through the same cookie jar.
+BROWSER = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(CookieJar()))
+
 
 def post(url: str) -> dict:
     req = urllib.request.Request(url, data=b"", method="POST", headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req) as r:
+    with BROWSER.open(req) as r:
         return json.loads(r.read())
 
 
 def post_json(url: str, body: dict) -> dict:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req) as r:
+    with BROWSER.open(req) as r:
         return json.loads(r.read())
 
 

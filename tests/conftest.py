@@ -109,10 +109,17 @@ def tiny_client(settings, tiny) -> TestClient:
 # --- a live server and a real browser ------------------------------------------------------------
 
 @pytest.fixture(scope="session")
-def live_server(distil, tiny, kv_home):
-    """The real app under uvicorn on a loopback port, for the browser tests."""
+def live_server(distil_dir, tiny, kv_home):
+    """The real app under uvicorn on a loopback port, for the browser tests.
+
+    It gets model objects of its own (loaded again from the same files): a server thread may still be
+    finishing a request a browser test left behind while the next test's in-process client runs a forward
+    with capture hooks on the shared objects, and one process serves one AppState (one model lock) in real use.
+    """
+    own_distil = load_dir(distil_dir, name="distilgpt2", source="DistilGPT-2-shaped model with random weights (tests)")
+    own_tiny = load_builtin(kv_home)
     settings = Settings(models=("distilgpt2", "builtin"), home=kv_home, session_ttl_s=600)
-    with serve_in_thread(make_state(settings, distil, tiny)) as url:
+    with serve_in_thread(make_state(settings, own_distil, own_tiny)) as url:
         yield url
 
 
