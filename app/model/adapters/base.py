@@ -44,6 +44,7 @@ Each family adds its own (``embed.wpe`` and ``attn.qkv`` for GPT-2; ``attn.q_pro
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -69,7 +70,7 @@ def params_of(module: nn.Module, prefix: str) -> tuple[tuple[str, nn.Parameter],
     return tuple((f"{prefix}.{n}", p) for n, p in module.named_parameters())
 
 
-class ModelAdapter:
+class ModelAdapter(ABC):
     """One model family. Subclasses set the class variables and implement the abstract methods."""
 
     family: ClassVar[str]
@@ -100,8 +101,9 @@ class ModelAdapter:
     max_positions: int
     vocab_size: int
 
+    @abstractmethod
     def read_sizes(self, config) -> None:
-        raise NotImplementedError
+        """(abstract)"""
 
     @property
     def group_size(self) -> int:
@@ -119,20 +121,22 @@ class ModelAdapter:
 
     # --- embeddings --------------------------------------------------------------------------------
     @property
+    @abstractmethod
     def token_table(self) -> torch.Tensor:  # (V, D)
-        raise NotImplementedError
+        """The token embedding table."""
 
     @property
     def position_table(self) -> torch.Tensor | None:  # (P, D), or None for rotary positions
         return None
 
     # --- hooks and derived tensors -------------------------------------------------------------------
+    @abstractmethod
     def hook_points(self) -> list[HookPoint]:
-        raise NotImplementedError
+        """(abstract)"""
 
+    @abstractmethod
     def derive(self, captured: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Captured tensors (in hook order) -> every named tensor in execution order, per-head ones added."""
-        raise NotImplementedError
 
     def split_heads(self, x: torch.Tensor, n_heads: int | None = None) -> torch.Tensor:
         """(B, T, n·Dh) -> (B, n, T, Dh)."""
@@ -155,6 +159,7 @@ class ModelAdapter:
         return entry.keys, entry.values
 
     # --- decoding through an external KV store -----------------------------------------------------------
+    @abstractmethod
     def forward_through(self, store, ids: list[int]) -> torch.Tensor:
         """Run ``ids`` (the next T tokens) through the model reading and writing K/V via ``store``: logits (T, V).
 
@@ -170,7 +175,6 @@ class ModelAdapter:
           ``prerope_k(layer, k)``      RoPE families only: this step's keys before rotation (H_kv, T, Dh),
                                        called just before ``attend_kv`` (StreamingLLM re-rotates cached keys)
         """
-        raise NotImplementedError
 
     def check_room(self, start: int, n_new: int) -> None:
         from app.errors import BadInput
@@ -191,16 +195,18 @@ class ModelAdapter:
         raise ValueError(f"{self.family} models have no rotary positions")
 
     # --- the residual stream read out (logit lens) -------------------------------------------------------
+    @abstractmethod
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """(abstract)"""
 
+    @abstractmethod
     def unembed(self, h: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """(abstract)"""
 
     # --- head ablation -----------------------------------------------------------------------------------
+    @abstractmethod
     def output_projection(self, layer: int) -> nn.Module:
         """The module that takes the concatenated heads (B, T, H·Dh); used only by ``ablate``."""
-        raise NotImplementedError
 
     @contextmanager
     def ablate(self, heads: dict[int, list[int]]) -> Iterator[None]:
