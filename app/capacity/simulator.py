@@ -30,13 +30,16 @@ Counters keep vLLM's names: ``kv_cache_usage_perc`` (a 0–1 fraction, like vLLM
 from __future__ import annotations
 
 import random
+from bisect import insort
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from app.errors import BadInput
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
+_admitted = attrgetter("admitted_at")  # running order
 MAX_REQUESTS = 20_000
 MAX_STEPS = 2_000_000
 
@@ -65,7 +68,8 @@ class _Req:
     """A request's scheduling state (``__slots__``: the simulator touches these millions of times)."""
 
     __slots__ = ("r", "num_tokens", "num_computed", "num_output", "blocks", "num_hashed", "status", "first_token",
-                 "finish", "preemptions", "admitted_at", "hit_tokens", "slots", "target")
+                 "finish", "preemptions", "admitted_at", "hit_tokens", "slots", "target", "base_step", "gen",
+                 "ev_block", "ev_finish")
 
     def __init__(self, r: Request) -> None:
         self.r = r
@@ -82,6 +86,12 @@ class _Req:
         self.hit_tokens = 0
         self.slots = 0  # len(blocks) · block_size: tokens its blocks can hold
         self.target = r.output_len
+        # Lazy decoding (see Simulator.step): while base_step is set, num_computed / num_tokens / num_output hold
+        # the values at the start of step base_step, and the request gains one token per step after it.
+        self.base_step: int | None = None
+        self.gen = 0  # bumped at every lazify: events queued for an older lazy stretch are ignored
+        self.ev_block = -1  # the step at whose start its blocks are full (it needs one more)
+        self.ev_finish = -1  # the step whose token is its last
 
 
 @dataclass
@@ -108,11 +118,18 @@ def unit_cost(prefill: int, decode: int, kv_read: int, n: int) -> float:
     return 1.0
 
 
+def _shared_blocks(r: Request, block_size: int) -> int:
+    """A full block's hash key: ``(prefix group, j)`` for the first this-many blocks (wholly inside the shared
+    prefix), ``(-1 - request id, j)`` after them. The loops that hash and look up blocks build the keys inline."""
+    return r.prefix_len // block_size if r.prefix_group >= 0 else 0
+
+
 class Simulator:
     """vLLM's scheduling decisions over a block budget. ``run()`` returns the step records and the requests."""
 
     def __init__(self, config: SimConfig, requests: list[Request], cost: StepCost = unit_cost,
-                 keep_scheduled: int = 400, on_step: Callable[[Simulator, StepRecord], None] | None = None) -> None:
+                 keep_scheduled: int = 400, on_step: Callable[[Simulator, StepRecord], None] | None = None,
+                 lazy: bool = True) -> None:
         if config.num_blocks < 1 or config.block_size < 1 or config.max_num_batched_tokens < 1 \
                 or config.max_num_seqs < 1:
             raise BadInput("err.capacity.sim_budget")
@@ -138,19 +155,24 @@ class Simulator:
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self._admissions = 0
+        # Lazy decoding: on by default; off with an on_step callback (which reads every request's counters).
+        self.lazy = lazy and on_step is None
+        self.active: list[_Req] = []  # the running requests that are not lazy, in running (admission) order
+        self.n_lazy = 0
+        self.lazy_sumc = 0  # the lazy requests' num_computed at the start of the current step, summed
+        self.block_events: dict[int, list[tuple[_Req, int]]] = {}
+        self.finish_events: dict[int, list[tuple[_Req, int]]] = {}
 
     # --- block pool -----------------------------------------------------------------------------------
-    def _key(self, q: _Req, j: int) -> object:
-        r = q.r
-        if r.prefix_group >= 0 and (j + 1) * self.cfg.block_size <= r.prefix_len:
-            return (r.prefix_group, j)
-        return (-1 - r.rid, j)
-
     def _hits(self, q: _Req) -> list[int]:
         """get_computed_blocks: the cached full blocks at the start of the request (at most num_tokens − 1)."""
+        bs = self.cfg.block_size
+        r = q.r
+        get = self.cached.get
+        shared = _shared_blocks(r, bs)
         out = []
-        for j in range((q.num_tokens - 1) // self.cfg.block_size):
-            b = self.cached.get(self._key(q, j))
+        for j in range((q.num_tokens - 1) // bs):
+            b = get((r.prefix_group, j) if j < shared else (-1 - r.rid, j))
             if b is None:
                 break
             out.append(b)
@@ -161,51 +183,126 @@ class Simulator:
         bs = self.cfg.block_size
         if not hits and q.num_computed + n_new <= q.slots:
             return True
+        free = self.free
+        ref = self.ref
         have = len(q.blocks) + (len(hits) if hits else 0)
         need = -(-(q.num_computed + n_new) // bs) - have
-        evictable_hits = sum(1 for b in hits if self.ref[b] == 0) if hits else 0
-        if max(need, 0) + evictable_hits > len(self.free):
+        evictable_hits = sum(1 for b in hits if ref[b] == 0) if hits else 0
+        if max(need, 0) + evictable_hits > len(free):
             return False
+        blocks = q.blocks
         if hits:
             for b in hits:
-                if self.ref[b] == 0:
-                    del self.free[b]
-                self.ref[b] += 1
-            q.blocks.extend(hits)
-        for _ in range(need):
-            b, _ = self.free.popitem(last=False)
-            h = self.block_hash[b]
-            if h is not None:  # evict the cached block this allocation reuses
-                if self.cached.get(h) == b:
-                    del self.cached[h]
-                self.block_hash[b] = None
-            self.ref[b] = 1
-            q.blocks.append(b)
-        q.slots = len(q.blocks) * bs
+                if ref[b] == 0:
+                    del free[b]
+                ref[b] += 1
+            blocks.extend(hits)
+        if need > 0:
+            block_hash = self.block_hash
+            cached = self.cached
+            popitem = free.popitem
+            for _ in range(need):
+                b = popitem(False)[0]
+                h = block_hash[b]
+                if h is not None:  # evict the cached block this allocation reuses
+                    if cached.get(h) == b:
+                        del cached[h]
+                    block_hash[b] = None
+                ref[b] = 1
+                blocks.append(b)
+        q.slots = len(blocks) * bs
         return True
 
     def _free(self, q: _Req) -> None:
+        ref = self.ref
+        free = self.free
         for b in reversed(q.blocks):  # tail first: it is evicted first
-            self.ref[b] -= 1
-            if self.ref[b] == 0:
-                self.free[b] = None
+            r = ref[b] - 1
+            ref[b] = r
+            if not r:
+                free[b] = None
         q.blocks = []
         q.num_hashed = 0
         q.slots = 0
 
-    def _hash_full_blocks(self, q: _Req) -> None:
-        full = q.num_computed // self.cfg.block_size
-        for j in range(q.num_hashed, full):
-            h = self._key(q, j)
-            b = q.blocks[j]
-            if h not in self.cached:
-                self.cached[h] = b
-                self.block_hash[b] = h
+    def _hash_full_blocks(self, q: _Req, computed: int | None = None) -> None:
+        bs = self.cfg.block_size
+        full = (q.num_computed if computed is None else computed) // bs
+        start = q.num_hashed
+        if start >= full:
+            return
+        r = q.r
+        cached = self.cached
+        block_hash = self.block_hash
+        blocks = q.blocks
+        shared = _shared_blocks(r, bs)
+        for j in range(start, full):
+            h = (r.prefix_group, j) if j < shared else (-1 - r.rid, j)
+            if h not in cached:
+                b = blocks[j]
+                cached[h] = b
+                block_hash[b] = h
         q.num_hashed = full
 
+    # --- lazy decoding ------------------------------------------------------------------------------------
+    # Most of a run is decoding: every running request gains one token per step, and only now and then needs a
+    # new block (every block_size tokens) or finishes. A request that is decoding is made lazy at the end of a
+    # step: its counters stay as they were and two events are queued for it — the step at whose start its blocks
+    # are full, and the step of its last token. A step then touches only the requests that are not lazy (those
+    # in prefill, or just admitted) and the lazy ones with an event, in running order; the others' tokens are
+    # counted in bulk (n_lazy decode tokens, lazy_sumc + n_lazy KV tokens read). The plain loop
+    # alone (lazy=False) gives the same steps, blocks and times: tests/capacity/test_simulator.py checks it.
+
+    def _lazify(self, q: _Req, step: int) -> None:
+        c = q.num_computed
+        q.base_step = step
+        q.gen += 1
+        q.ev_block = step + q.slots - c
+        q.ev_finish = step + q.target - q.num_output - 1
+        self.block_events.setdefault(q.ev_block, []).append((q, q.gen))
+        self.finish_events.setdefault(q.ev_finish, []).append((q, q.gen))
+        self.n_lazy += 1
+        self.lazy_sumc += c
+
+    def _materialize(self, q: _Req, step: int, ran: bool = False) -> None:
+        """Make a lazy request eager with its counters at the start of ``step`` (after it, if ``ran``)."""
+        k = step - q.base_step
+        c = q.num_computed + k
+        self.n_lazy -= 1
+        self.lazy_sumc -= c
+        if ran:
+            k += 1
+            c += 1
+        q.num_computed = c
+        q.num_tokens = c + 1
+        q.num_output += k
+        q.base_step = None
+        if self.cfg.prefix_caching and c // self.cfg.block_size > q.num_hashed:
+            self._hash_full_blocks(q)
+
+    def _events(self, table: dict[int, list[tuple[_Req, int]]], step: int) -> list[_Req]:
+        """The lazy requests with an event at ``step`` (stale entries from an earlier lazy stretch dropped)."""
+        evs = table.pop(step, None)
+        if not evs:
+            return []
+        out = [q for q, gen in evs if q.gen == gen and q.base_step is not None]
+        if len(out) > 1:
+            out.sort(key=_admitted)
+        return out
+
+    def _all_eager(self, step: int) -> None:
+        for q in self.running:
+            if q.base_step is not None:
+                self._materialize(q, step)
+        self.active = list(self.running)
+
     # --- scheduling -------------------------------------------------------------------------------------
-    def _preempt_last(self) -> _Req:
+    def _preempt_last(self, step: int) -> _Req:
         victim = self.running.pop()
+        if victim.base_step is not None:
+            self._materialize(victim, step)
+        else:
+            self.active.pop()  # the last running request is the last eager one
         self._free(victim)
         victim.num_computed = 0
         victim.status = WAITING
@@ -225,18 +322,75 @@ class Simulator:
         bs = cfg.block_size
         caching = cfg.prefix_caching
         budget = cfg.max_num_batched_tokens
-        sched: list[tuple[int, int]] | None = [] if len(self.steps) < self.keep_scheduled else None
+        s = len(self.steps)
+        sched: list[tuple[int, int]] | None = [] if s < self.keep_scheduled else None
         preempted: list[int] = []
         admitted: list[int] = []
         first: list[_Req] = []
         done: list[_Req] = []
         prefill = decode = kv_read = nsched = 0
         running = self.running
-        for q in running:  # preemption pops from the end, so the loop never sees a preempted request
-            if budget <= 0:
-                break
+        free = self.free
+        block_ev = self._events(self.block_events, s)
+        items = running
+        if self.n_lazy:
+            active = self.active
+            # The fast path needs the running order [lazy requests..., eager requests...]: each lazy request then
+            # decodes with the budget it would have had in the plain loop (reserved up front), and the eager
+            # ones see what the lazy ones left. A prompt still in prefill was admitted last, so it is at the end:
+            # the order holds in practice; when it does not, every request is made eager for this step.
+            if self.n_lazy <= budget and (not active or running[len(running) - len(active)] is active[0]):
+                items = block_ev + active if active else block_ev
+                budget -= self.n_lazy
+            else:
+                self._all_eager(s)
+        for q in items:  # preemption pops from the end of running, so that loop never sees a preempted request
+            if q.status != RUNNING:  # (a separate list of items can: skip it)
+                continue
             c = q.num_computed
-            if q.num_tokens - c == 1 and q.num_output and c < q.slots:  # a decode into a block it has: hot path
+            if q.base_step is not None:  # a lazy request whose blocks are full (its token is reserved)
+                c += s - q.base_step
+                if free:  # one more block from the free queue (allocate_slots, inlined); it stays lazy
+                    blk = free.popitem(last=False)[0]
+                    h = self.block_hash[blk]
+                    if h is not None:
+                        if self.cached.get(h) == blk:
+                            del self.cached[h]
+                        self.block_hash[blk] = None
+                    self.ref[blk] = 1
+                    q.blocks.append(blk)
+                    q.slots = c + bs
+                    if caching:  # the block it filled last step gets its hash (_hash_full_blocks, inlined)
+                        j = q.num_hashed
+                        full = c // bs
+                        if j < full:
+                            if full - j == 1 and j >= _shared_blocks(q.r, bs):  # one block, its own key
+                                h = (-1 - q.r.rid, j)
+                                if h not in self.cached:
+                                    self.cached[h] = q.blocks[j]
+                                    self.block_hash[q.blocks[j]] = h
+                                q.num_hashed = full
+                            else:
+                                self._hash_full_blocks(q, c)
+                    q.ev_block = s + bs
+                    self.block_events.setdefault(q.ev_block, []).append((q, q.gen))
+                    continue
+                self._materialize(q, s)  # no free block: the plain path below preempts
+                insort(self.active, q, key=_admitted)
+                budget += 1  # its reserved token goes back: the plain path counts it
+            elif budget <= 0:
+                break
+            if q.num_tokens - c == 1 and q.num_output and (c < q.slots or free):  # a decode: the hot path
+                if c >= q.slots:  # its blocks are full: one more from the free queue (allocate_slots, inlined)
+                    blk = free.popitem(last=False)[0]
+                    h = self.block_hash[blk]
+                    if h is not None:
+                        if self.cached.get(h) == blk:
+                            del self.cached[h]
+                        self.block_hash[blk] = None
+                    self.ref[blk] = 1
+                    q.blocks.append(blk)
+                    q.slots = c + bs
                 budget -= 1
                 kv_read += c + 1
                 decode += 1
@@ -257,7 +411,9 @@ class Simulator:
             if c + n > q.slots:  # needs a new block (the common decode step does not)
                 ok = True
                 while not self._allocate(q, n):
-                    victim = self._preempt_last()
+                    if running[-1].base_step is not None:
+                        budget += 1  # a lazy victim will not decode: its reserved token goes back
+                    victim = self._preempt_last(s)
                     preempted.append(victim.r.rid)
                     if victim is q:
                         ok = False
@@ -284,6 +440,9 @@ class Simulator:
                     first.append(q)
                 if q.num_output >= q.target:
                     done.append(q)
+        if self.n_lazy:  # every lazy request still running decoded one token
+            decode += self.n_lazy
+            kv_read += self.lazy_sumc + self.n_lazy
         if not preempted:
             waiting = self.waiting
             while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
@@ -309,6 +468,7 @@ class Simulator:
                 q.admitted_at = self._admissions
                 self._admissions += 1
                 running.append(q)
+                self.active.append(q)
                 admitted.append(q.r.rid)
                 budget -= n
                 kv_read += hit_tokens + n
@@ -333,6 +493,11 @@ class Simulator:
         self.now = end = start + duration
         for q in first:
             q.first_token = end
+        ending = self._events(self.finish_events, s)
+        if ending:
+            for q in ending:
+                self._materialize(q, s, ran=True)
+            done = sorted(done + ending, key=_admitted)
         finished: list[int] = []
         for q in done:
             q.status = FINISHED
@@ -340,9 +505,20 @@ class Simulator:
             self._free(q)
             finished.append(q.r.rid)
         for q in done:
-            self.running.remove(q)
-        rec = StepRecord(len(self.steps), start, duration, prefill, decode, len(self.running), len(self.waiting),
-                         self.cfg.num_blocks - len(self.free), admitted, preempted, finished)
+            running.remove(q)
+            if q in self.active:
+                self.active.remove(q)
+        self.lazy_sumc += self.n_lazy  # every lazy request gained a token
+        if self.lazy and s + 1 >= self.keep_scheduled and self.active:
+            keep = []
+            for q in self.active:
+                if q.num_tokens - q.num_computed == 1 and q.num_output:
+                    self._lazify(q, s + 1)
+                else:
+                    keep.append(q)
+            self.active = keep
+        rec = StepRecord(s, start, duration, prefill, decode, len(running), len(self.waiting),
+                         cfg.num_blocks - len(free), admitted, preempted, finished)
         rec.scheduled = sched
         self.steps.append(rec)
         if self.on_step:

@@ -121,3 +121,51 @@ def test_a_request_longer_than_the_pool_is_refused():
     with pytest.raises(BadInput) as exc:
         Simulator(SimConfig(num_blocks=2, block_size=4), [Request(0, 0, 8, 2)])
     assert exc.value.key == "err.capacity.sim_too_long"
+
+
+def _outcome(sim: Simulator) -> tuple:
+    steps = [(r.start, r.duration, r.prefill_tokens, r.decode_tokens, r.running, r.waiting, r.blocks_used,
+              r.admitted, r.preempted, r.finished, r.scheduled) for r in sim.steps]
+    reqs = [(q.r.rid, q.first_token, q.finish, q.preemptions, q.hit_tokens, q.num_output) for q in sim.reqs]
+    return (steps, reqs, list(sim.free), dict(sim.cached), sim.num_preemptions, sim.prefix_cache_hits,
+            sim.prefix_cache_queries)
+
+
+def kv_cost(prefill: int, decode: int, kv_read: int, n: int) -> float:
+    return 1.0 + prefill * 0.01 + kv_read * 0.001 + n * 0.1  # every count shows in the step times
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10_000), num_blocks=st.integers(8, 64), block_size=st.sampled_from([1, 2, 4, 8, 16]),
+       budget=st.integers(1, 64), max_seqs=st.integers(1, 12), chunked=st.booleans(), caching=st.booleans(),
+       share=st.floats(0, 1), rate=st.sampled_from([0.0, 0.5, 3.0]))
+def test_lazy_decoding_gives_the_same_run_as_the_plain_loop(seed, num_blocks, block_size, budget, max_seqs,
+                                                            chunked, caching, share, rate):
+    """The simulator's fast path (decoding requests advanced in bulk, touched only at a new block or their last
+    token) against the plain per-request loop: the same steps, times, preemptions, hits, free queue and hashes."""
+    cap = num_blocks * block_size
+    reqs = synthetic_workload(n=30, rate=rate, prompt_min=1, prompt_max=max(1, min(40, cap // 2)), output_min=1,
+                              output_max=max(1, min(30, cap // 2)), shared_prefix_fraction=share,
+                              prefix_len=block_size * 2, seed=seed)
+    if not chunked:
+        budget = max(budget, max(r.prompt_len + r.output_len for r in reqs))
+    cfg = SimConfig(num_blocks=num_blocks, block_size=block_size, max_num_batched_tokens=budget,
+                    max_num_seqs=max_seqs, chunked_prefill=chunked, prefix_caching=caching)
+    lazy = Simulator(cfg, reqs, kv_cost, keep_scheduled=0).run()
+    plain = Simulator(cfg, reqs, kv_cost, keep_scheduled=0, lazy=False).run()
+    assert _outcome(lazy) == _outcome(plain)
+    assert lazy.n_lazy == 0 and lazy.lazy_sumc == 0 and lazy.running == [] and lazy.active == []
+
+
+def test_lazy_decoding_is_used_and_matches_on_a_long_run():
+    reqs = synthetic_workload(n=400, rate=4, prompt_min=8, prompt_max=200, output_min=8, output_max=120,
+                              shared_prefix_fraction=0.5, prefix_len=64, seed=3)
+    cfg = SimConfig(num_blocks=300, block_size=16, max_num_batched_tokens=256, max_num_seqs=32)
+    seen = []
+    lazy = Simulator(cfg, reqs, kv_cost)
+    step = lazy.step
+    lazy.step = lambda: (seen.append(lazy.n_lazy), step())[1]
+    lazy.run()
+    plain = Simulator(cfg, reqs, kv_cost, lazy=False).run()
+    assert max(seen) > 10 and lazy.num_preemptions > 0  # the fast path ran, under preemption pressure
+    assert _outcome(lazy) == _outcome(plain)
