@@ -447,6 +447,8 @@ class Simulator:
             waiting = self.waiting
             while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
                 q = waiting[0]
+                if -(-min(q.num_tokens, budget) // bs) - (_shared_blocks(q.r, bs) if caching else 0) > len(free):
+                    break  # it cannot fit, however many of its blocks are cached (a cheap test: it waits a lot)
                 hits = self._hits(q) if caching and q.num_computed == 0 else []
                 hit_tokens = len(hits) * bs
                 n = q.num_tokens - hit_tokens
