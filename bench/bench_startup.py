@@ -1,5 +1,5 @@
-"""Start-up time of ``kvscope serve`` offline: the first start (empty home: the built-in model is trained) and
-a later start (the trained model is read from the cache), against the targets of issue 12.
+"""Start-up time of ``kvscope serve`` offline: the first start (empty home: the built-in model's shipped
+checkpoint is copied in) and a later start (the model is read from the cache), against the targets of issue 12.
 
     .venv/bin/python bench/bench_startup.py            # first start once, later start 3 times (median)
     .venv/bin/python bench/bench_startup.py --quick    # later start once
@@ -45,7 +45,7 @@ def env_for(home: Path) -> dict[str, str]:
 def time_start(home: Path, *, timeout: float = 1800.0) -> tuple[float, float, list[str]]:
     """Seconds from spawning the server to its first /healthz answer, the CPU seconds the server process
     used until it was stopped just after (user + system: what a quiet core would need, since start-up
-    and the built-in model's training run on one thread), and what it printed meanwhile."""
+    and the built-in model's set-up run on one thread), and what it printed meanwhile."""
     port = free_port()
     log = home / f"serve-{port}.log"
     t0 = time.perf_counter()
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         later_cpu = statistics.median(c for _, c, _ in later_runs)
     imports = [time_import() for _ in range(1 if args.quick else 3)]
     later_s = statistics.median(later)
-    print("Console while the built-in model trained (first start):\n")
+    print("Console about the built-in model (first start):\n")
     print("```")
     print("\n".join(progress) or "(nothing)")
     print("```\n")
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
           "(other work on the machine slows every figure)\n")
     print("| start | wall clock | CPU time of the server | target | met (wall) |")
     print("|---|---|---|---|---|")
-    print(f"| first (empty home: trains the built-in model) | {first:.1f} s | {first_cpu:.1f} s | "
+    print(f"| first (empty home: the shipped built-in model copied in) | {first:.1f} s | {first_cpu:.1f} s | "
           f"≤ {TARGET_FIRST_S:.0f} s | {'yes' if first <= TARGET_FIRST_S else 'no'} |")
     print(f"| later (model cached), median of {len(later)} | {later_s:.1f} s | {later_cpu:.1f} s | "
           f"≤ {TARGET_LATER_S:.0f} s | {'yes' if later_s <= TARGET_LATER_S else 'no'} |")

@@ -1,5 +1,6 @@
 """The built-in tiny model: a fixed vocabulary (printable ASCII, newline, the Chinese text's characters),
-trained on first use on the project's corpus, cached, and run through the same capture engine."""
+shipped trained on the project's corpus (or trained when the recipe changed), cached, and run through the same
+capture engine."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import torch
 
 from app.model.builtin import (
+    SHIPPED_DIR,
     TRAIN_CONFIG,
     builtin_dir,
     builtin_vocabulary,
@@ -15,8 +17,11 @@ from app.model.builtin import (
     corpus_text,
     ensure_builtin,
     progress_printer,
+    recipe_fingerprint,
+    shipped_matches,
 )
 from app.model.capture import hook_count, run_traced
+from app.model.loading import load_dir
 from app.training.trainer import StepInfo, next_token_loss
 
 
@@ -38,8 +43,12 @@ def test_vocabulary_is_ascii_newline_and_the_chinese_text():
     assert set(corpus_text()) <= set(vocab)
 
 
-def test_trains_and_is_cached(tiny, kv_home):
+def test_shipped_checkpoint_is_trained_on_todays_recipe(tiny, kv_home):
+    """The checkpoint in app/model/builtin_model/ must match the recipe in builtin.py; if this fails, the corpus,
+    vocabulary or config changed: rebuild it with `python -m app.model.builtin` and commit the folder."""
+    assert shipped_matches(), "rebuild the shipped built-in model: python -m app.model.builtin"
     meta = json.loads((builtin_dir(kv_home) / "kvscope.json").read_text())
+    assert meta["recipe"] == recipe_fingerprint()
     losses = [loss for _, loss in meta["loss"]]
     assert len(losses) == TRAIN_CONFIG.steps
     assert meta["vocab_size"] == len(tiny.tokenizer) == 1 + len(builtin_vocabulary())
@@ -51,8 +60,32 @@ def test_trains_and_is_cached(tiny, kv_home):
         loss = next_token_loss(tiny.model, windows[:, :-1], windows[:, 1:]).item()
     assert loss < 1.5
     before = (builtin_dir(kv_home) / "model.safetensors").stat().st_mtime_ns
-    assert ensure_builtin(kv_home) == builtin_dir(kv_home)  # second call: no retraining
+    assert ensure_builtin(kv_home) == builtin_dir(kv_home)  # second call: the cache, nothing copied again
     assert (builtin_dir(kv_home) / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_trains_when_the_recipe_changed(tmp_path, monkeypatch):
+    """A recipe that no longer matches the shipped checkpoint: the model is trained (here 30 steps), with
+    progress on the console, and loads through the same path."""
+    import app.model.builtin as builtin
+
+    monkeypatch.setattr(builtin, "TRAIN_CONFIG", TRAIN_CONFIG.__class__(**{**TRAIN_CONFIG.__dict__, "steps": 30}))
+    assert not builtin.shipped_matches()  # the steps are part of the recipe
+    lines: list[str] = []
+    path = builtin.ensure_builtin(tmp_path, progress=lines.append)
+    meta = json.loads((path / "kvscope.json").read_text())
+    assert len(meta["loss"]) == 30 and meta["recipe"] == builtin.recipe_fingerprint()
+    assert lines[0].startswith("Training the built-in model") and "30/30" in lines[-2]
+    assert lines[-1].startswith("Built-in model ready")
+    lm = load_dir(path, name="builtin")
+    assert lm.adapter.n_layer == 2 and len(lm.tokenizer) == meta["vocab_size"]
+
+
+def test_shipped_checkpoint_is_copied_not_trained(tmp_path):
+    lines: list[str] = []
+    path = ensure_builtin(tmp_path, progress=lines.append)
+    assert len(lines) == 1 and "shipped" in lines[0]
+    assert (path / "model.safetensors").read_bytes() == (SHIPPED_DIR / "model.safetensors").read_bytes()
 
 
 def test_shape_matches_the_article_tiny_transformer(tiny):
