@@ -65,6 +65,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from app.model.trained import load_saved_trained
     from app.state import AppState
     from app.viz.export import FORMATS, pack_trace
+    from app.viz.tokens import honest_texts
 
     out = Path(args.out)
     fmt = out.suffix.lstrip(".")
@@ -88,7 +89,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
         # The whole capture, not the slimmed trace the web pages keep: a notebook wants every tensor.
         lm = state.model(name)
         ids = encode_prompt(lm, args.prompt, max_chars=settings.max_prompt_chars)
-        trace = run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids), keep_cache=False)
+        trace = run_traced(lm.model, lm.adapter, ids, honest_texts(lm, ids), keep_cache=False)
     except UserError as exc:
         print(exc.message, file=sys.stderr)
         return 1

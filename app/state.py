@@ -49,6 +49,7 @@ from app.model.store import TraceStore, slim
 from app.model.trace import Trace
 from app.owned import OwnedTable
 from app.settings import Settings
+from app.viz.tokens import honest_texts
 
 if TYPE_CHECKING:
     from app.training.jobs import TrainingLab
@@ -111,7 +112,8 @@ class AppState:
 
     def _compute(self, lm: LoadedModel, ids: list[int]) -> Trace:
         with self.model_lock:
-            return slim(run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids)))
+            # Token texts as the pages show them: a byte piece of a multi-byte character by its byte values.
+            return slim(run_traced(lm.model, lm.adapter, ids, honest_texts(lm, ids)))
 
     def trace_prompt(self, model: str | None, prompt: str | None) -> tuple[LoadedModel, str, Trace]:
         lm = self.model(model)

@@ -25,3 +25,13 @@ def test_whole_characters_and_char_level_tokens_stay_as_they_are(distil, tiny):
     assert visible(honest_text(distil, distil.encode("你")[0])) != "\ufffd"
     ids = tiny.encode("the cat")
     assert honest_texts(tiny, ids) == tiny.token_texts(ids)
+
+
+def test_the_arithmetic_and_embedding_panels_show_byte_pieces_honestly(client):
+    """The token texts every Inspect panel shows come from the trace: a CJK prompt on GPT-2's byte-level BPE
+    names its byte pieces (‹e4 bd›) there too, never a bare replacement character."""
+    view = client.get("/api/trace", params={"prompt": "你好 cat"}).json()
+    key, n = view["key"], view["n_tokens"]
+    math = client.get(f"/api/traces/{key}/arithmetic/0/0/{n - 1}").json()
+    shown = [r["token"] for r in math["rows"]] + [math["token"]]
+    assert any("‹" in t for t in shown) and not any("\ufffd" in t for t in shown)
