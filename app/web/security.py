@@ -54,6 +54,15 @@ def _cookie(raw: bytes | None, name: str) -> str | None:
     return None
 
 
+def _lang(scope) -> str:
+    """The request's language (cookie, ?lang=, Accept-Language), as every other message uses."""
+    from starlette.requests import Request
+
+    from app.web.render import request_lang
+
+    return request_lang(Request(scope))
+
+
 async def _reply(send, status: int, message: str) -> None:
     body = json.dumps({"detail": message}).encode()
     await send({"type": "http.response.start", "status": status,
@@ -138,15 +147,15 @@ class HostAndOrigin:
         headers = _headers(scope)
         host_header = headers.get(b"host", b"").decode("latin-1")
         if not self._host_ok(_host_only(host_header)):
-            return await _reply(send, 400, translate("sturdy.host_refused"))
+            return await _reply(send, 400, translate("sturdy.host_refused", _lang(scope)))
         if scope["method"] not in SAFE_METHODS:
             origin = headers.get(b"origin", b"").decode("latin-1")
             if not origin:
                 origin = headers.get(b"referer", b"").decode("latin-1")
             if origin and not self._same_origin(origin, host_header):
-                return await _reply(send, 403, translate("sturdy.origin_refused"))
+                return await _reply(send, 403, translate("sturdy.origin_refused", _lang(scope)))
             if headers.get(b"sec-fetch-site") == b"cross-site":
-                return await _reply(send, 403, translate("sturdy.origin_refused"))
+                return await _reply(send, 403, translate("sturdy.origin_refused", _lang(scope)))
         return await self.app(scope, receive, send)
 
     @staticmethod

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from app.admission import LONG, SHORT, ModelGate, Throttled, current_owner
 from app.errors import BadInput, Busy, Expired
+from app.i18n import translate
 from app.model.capture import run_traced
 from app.model.sampling import Sampling
 from app.model.store import slim
@@ -237,6 +238,11 @@ def test_10_foreign_hosts_and_origins_are_refused(client):
     assert client.post("/api/prefix/reset", headers={"origin": "http://testserver"}).status_code == 200
     assert client.post("/api/prefix/reset").status_code == 200  # no Origin: not a browser acting for someone
     assert client.get("/api/prefix/state", headers={"origin": "http://evil.example"}).status_code == 200
+    # The refusals speak the request's language, as every other message does.
+    zh = client.get("/healthz?lang=zh", headers={"host": "evil.example"}).json()["detail"]
+    assert zh == translate("sturdy.host_refused", "zh") != translate("sturdy.host_refused", "en")
+    zh = client.post("/api/prefix/reset", headers={"origin": "http://evil.example", "accept-language": "zh-CN"})
+    assert zh.json()["detail"] == translate("sturdy.origin_refused", "zh")
 
 
 def test_10_classroom_mode_accepts_the_teachers_address_not_names():
