@@ -26,6 +26,7 @@
       el.addEventListener("click", () => select({ q: +el.dataset.pos }));
       el.addEventListener("keydown", (e) => { if (e.key === "Enter") select({ q: +el.dataset.pos }); });
     });
+    document.getElementById("grid-sinks").addEventListener("change", toggleSinks);
     document.getElementById("sel-layer").addEventListener("change", (e) => select({ layer: +e.target.value }));
     document.getElementById("sel-head").addEventListener("change", (e) => select({ head: +e.target.value }));
     document.querySelectorAll("input[name=kind]").forEach((el) =>
@@ -102,6 +103,8 @@
   function paintGrid() {
     const g = S.grid;
     if (!g) return;
+    const sinks = document.getElementById("grid-sinks");
+    if (sinks && sinks.checked && g.sink_share) return paintSinks();
     const n = g.side * g.side, f = kv.SCALES[S.scale].f, lut = new Uint8ClampedArray(256 * 3);
     for (let v = 0; v < 256; v++) {
       const [r, gg, b] = kv.weightColour(f(Math.pow(v / 255, 1 / g.gamma)));
@@ -118,6 +121,46 @@
       }
       ctx.putImageData(img, 0, 0);
     });
+  }
+
+  /* The sink view of the grid: each head as one colour, its share of attention on token 0, printed in it. */
+  function paintSinks() {
+    const g = S.grid, px = 128, f = kv.SCALES[S.scale].f;
+    document.getElementById("head-grid").classList.add("sinks");
+    document.querySelectorAll("#head-grid canvas").forEach((c) => {
+      const share = g.sink_share[+c.dataset.layer][+c.dataset.head], pct = Math.round(share * 100) + "%";
+      c.width = c.height = px;
+      const ctx = c.getContext("2d"), [r, gg, b] = kv.weightColour(f(share));
+      ctx.fillStyle = `rgb(${r},${gg},${b})`;
+      ctx.fillRect(0, 0, px, px);
+      ctx.fillStyle = r * 0.3 + gg * 0.59 + b * 0.11 < 140 ? "#fff" : "#111";
+      ctx.font = "bold 40px system-ui, sans-serif";
+      ctx.textAlign = "center"; ctx.textBaseline = "middle";
+      ctx.fillText(pct, px / 2, px / 2);
+      c.dataset.sink = share.toFixed(4);
+      c.title = kv.t("js.inspect.grid_sink_cell", { layer: c.dataset.layer, head: c.dataset.head, pct });
+    });
+  }
+
+  function toggleSinks() {
+    const on = document.getElementById("grid-sinks").checked, g = S.grid;
+    const legend = document.getElementById("grid-sinks-legend");
+    legend.hidden = !on;
+    document.getElementById("grid-legend").hidden = on;
+    if (on && g && g.sink_share) {
+      legend.textContent = kv.t("js.inspect.grid_sinks_legend",
+        { token: g.first_token, uniform: Math.round(g.sink_uniform * 100) + "%" });
+    }
+    if (!on && g) {
+      document.getElementById("head-grid").classList.remove("sinks");
+      document.querySelectorAll("#head-grid canvas").forEach((c) => {
+        c.width = c.height = g.side;
+        delete c.dataset.sink;
+        c.title = kv.t("js.inspect.grid_cell", { layer: +c.dataset.layer, head: +c.dataset.head }) +
+          (S.KV < S.H ? " · kv " + kvGroup(+c.dataset.head) : "");
+      });
+    }
+    paintGrid();
   }
 
   function markGrid() {

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from app.errors import BadInput
 from app.model import attention
 from app.model.trace import Trace
+from app.viz.explain import sink_shares, uniform_share
 from app.viz.tokens import visible
 
 KINDS = ("weights", "masked", "scores")
@@ -87,7 +88,12 @@ def grid_thumbnails(trace: Trace, size: int = 48, gamma: float = 0.5) -> dict:
         pooled = F.adaptive_max_pool2d(w.unsqueeze(0), side)[0] if side < T else w  # (H, side, side)
         heads.append((pooled.clamp(0, 1) ** gamma * 255).round())
     stack = torch.stack(heads)  # (L, H, side, side)
-    return {"n_layer": a.n_layer, "n_head": a.n_head, "side": side, "tokens": T, "gamma": gamma, "data": b64_u8(stack)}
+    # The grid's sink view (a toggle): each head's share of attention on token 0, as the sinks explainer counts it.
+    shares = sink_shares([trace.weights(layer)[0] for layer in range(a.n_layer)], 1) if T > 1 else None
+    return {"n_layer": a.n_layer, "n_head": a.n_head, "side": side, "tokens": T, "gamma": gamma, "data": b64_u8(stack),
+            "sink_share": [[round(float(x), 4) for x in row] for row in shares] if shares is not None else None,
+            "sink_uniform": round(uniform_share(T, 1), 4) if T > 1 else None,
+            "first_token": visible(trace.token_texts[0])}
 
 
 def arithmetic(trace: Trace, layer: int, head: int, pos: int, *, limit: int = 48) -> dict:

@@ -24,6 +24,11 @@ def sink_shares(weights: list[torch.Tensor], first: int = 1) -> torch.Tensor:
     return torch.stack(out)
 
 
+def uniform_share(n_tokens: int, first: int) -> float:
+    """What ``sink_shares`` would give if every query spread its weight equally over the tokens it sees."""
+    return sum(first / (q + 1) for q in range(first, n_tokens)) / (n_tokens - first)
+
+
 def sinks_view(weights: list[torch.Tensor], *, first: int, token_texts: list[str]) -> dict:
     if first < 1 or first >= len(token_texts):
         raise BadInput("err.explain.first", last=max(1, len(token_texts) - 1))
@@ -31,7 +36,7 @@ def sinks_view(weights: list[torch.Tensor], *, first: int, token_texts: list[str
     T = len(token_texts)
     return {
         "first": first, "tokens": [visible(t) for t in token_texts[:first]], "n_queries": T - first,
-        "uniform": sum(1 / (q + 1) * first for q in range(first, T)) / (T - first),  # what equal weights would give
+        "uniform": uniform_share(T, first),
         "rows": [[float(x) for x in row] for row in shares],
         "mean": float(shares.mean()), "heads_over_half": int((shares > 0.5).sum()), "n_heads": shares.numel(),
         "choices": [c for c in (1, 2, 4) if c < T],

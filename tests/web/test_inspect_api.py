@@ -97,3 +97,20 @@ def test_full_embedding_fragment_has_every_number(client, state, key):
     assert len(h0) == 768
     assert np.allclose([float(x) for x in h0], trace["embed.h0"][0, 1].numpy(), atol=1e-4)
     assert client.get(f"/inspect/{key}/embedding/9").status_code == 422
+
+
+def test_grid_carries_each_heads_share_of_attention_on_the_first_token(client, key, state):
+    """The grid's sink view: per layer and head, the mean over queries 1.. of the weight on token 0, recomputed
+    here from the captured weights and compared with the explainer's table for the same trace."""
+    from app.viz.explain import sink_shares
+
+    g = client.get(f"/api/traces/{key}/grid").json()
+    _, trace = state.trace_by_key(key)
+    for layer in range(g["n_layer"]):
+        w = trace.weights(layer)[0]  # (H, T, T)
+        by_hand = [float(w[h, 1:, 0].mean()) for h in range(g["n_head"])]
+        assert g["sink_share"][layer] == pytest.approx(by_hand, abs=1e-4)
+    table = sink_shares([trace.weights(i)[0] for i in range(g["n_layer"])], 1)
+    assert np.allclose(g["sink_share"], table.numpy(), atol=1e-4)
+    T = g["tokens"]
+    assert g["sink_uniform"] == pytest.approx(sum(1 / (q + 1) for q in range(1, T)) / (T - 1), abs=1e-4)

@@ -42,6 +42,16 @@ def test_inspect_walkthrough(page, live_server):
     assert page.locator("#head-grid canvas.sel").get_attribute("data-layer") == "2"
     assert page.locator("#token-strip .tok.sel").get_attribute("data-pos") == "1"
     assert page.locator("#math-table tr[data-pos='0'] td.w").inner_text() == shown
+
+    # The grid's sink toggle: each head painted as its share of attention on token 0, the server's number.
+    page.check("#grid-sinks")
+    cell = page.locator("#head-grid canvas[data-layer='3'][data-head='7']")
+    share = api(f"{live_server}/api/traces/{key}/grid")["sink_share"][3][7]
+    assert abs(float(cell.get_attribute("data-sink")) - share) < 1e-3
+    assert f"{round(share * 100)}%" in cell.get_attribute("title")
+    assert page.locator("#grid-sinks-legend").is_visible() and not page.locator("#grid-legend").is_visible()
+    page.uncheck("#grid-sinks")
+    assert cell.get_attribute("data-sink") is None and page.locator("#grid-legend").is_visible()
     assert page.js_errors == []
 
 
