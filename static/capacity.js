@@ -28,13 +28,10 @@
     const busy = $(busyId);
     busy.style.display = "inline";
     try {
-      const r = await fetch(url, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
-      const data = await r.json().catch(() => ({ detail: t("js.error.unreadable") }));
-      if (!r.ok) { window.kv.showError(data.detail || t("js.error.request_failed", { status: r.status })); return null; }
-      $("error").replaceChildren();
+      const data = await window.kv.postJSON(url, body);  // the one JSON helper: errors shown in the page's language
+      window.kv.clearError();
       return data;
     } catch (e) {
-      window.kv.showError(t("js.error.unreachable"));
       return null;
     } finally {
       busy.style.display = "";
