@@ -295,20 +295,6 @@ class PagedEngine:
             self.waiting.insert(self.waiting.index(stalled) + 1, seq.seq_id)
         self.events.append(("ev.preempted", {"seq": seq.seq_id, "blocks": list(freed), "n": len(seq.tokens)}))
 
-    def _running(self) -> list[Sequence]:
-        """Running sequences in admission order (vLLM's running list)."""
-        return sorted((s for s in self.sequences.values() if s.status == RUNNING), key=lambda s: s.admitted)
-
-    def _preempt(self, seq: Sequence, *, front: bool) -> None:
-        freed = self.cache.free(seq.seq_id)
-        seq.status, seq.preemptions = WAITING, seq.preemptions + 1
-        stalled = self.stall["seq_id"] if self.stall and self.stall["kind"] == "admit" else None
-        if front or stalled not in self.waiting:
-            self.waiting.appendleft(seq.seq_id)
-        else:  # the user freed blocks for the sequence waiting to be admitted: it goes first, then this one
-            self.waiting.insert(self.waiting.index(stalled) + 1, seq.seq_id)
-        self.events.append(f"seq {seq.seq_id} preempted: blocks {freed} freed, {len(seq.tokens)} tokens to recompute")
-
     # --- the user's actions --------------------------------------------------------------------------
     def get(self, seq_id: int) -> Sequence:
         if seq_id not in self.sequences:

@@ -97,10 +97,8 @@ def capacity_view(
             "by_block_size": rows, "by_format": formats}
 
 
-def event_text(event: tuple[str, dict] | str, lang: str = DEFAULT_LANG) -> str:
-    """One log entry as a sentence: a (catalog key, parameters) pair; a plain string is shown as it is."""
-    if isinstance(event, str):
-        return event
+def event_text(event: tuple[str, dict], lang: str = DEFAULT_LANG) -> str:
+    """One log entry, a (catalog key, parameters) pair, as a sentence in ``lang``."""
     key, params = event
     return translate(key, lang, **params)
 

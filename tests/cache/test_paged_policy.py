@@ -55,6 +55,9 @@ def test_auto_policy_preempts_the_most_recently_admitted_and_admits_nobody_that_
     assert list(engine.waiting) == [1, 2]  # preempted first in line; nobody admitted in a preempting step
     assert engine.sequences[0].status == RUNNING and len(engine.cache.block_tables[0]) == 3
     assert engine.stall is None
+    # The log says it in the page's language: every event is a catalog key with its parameters.
+    assert ("ev.preempted", {"seq": 1, "blocks": [3, 2], "n": 8}) in engine.events  # tail first
+    assert all(isinstance(e, tuple) and isinstance(e[0], str) and e[0].startswith("ev.") for e in engine.events)
 
 
 def test_auto_policy_preempts_the_blocked_sequence_itself_when_it_is_the_newest(tiny, ids):
