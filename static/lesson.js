@@ -4,8 +4,13 @@
 (function () {
   "use strict";
   const kv = window.kv;
-  const first = parseInt(new URL(window.location.href).searchParams.get("lesson"), 10);
+  const opened = new URL(window.location.href);
+  const first = parseInt(opened.searchParams.get("lesson"), 10);
   if (!first) return;
+  // Presenter mode and language given in the URL stay on every page of the lesson (a form the lesson submits
+  // may push a URL without them).
+  const KEEP = {};
+  for (const p of ["present", "lang"]) if (opened.searchParams.has(p)) KEEP[p] = opened.searchParams.get(p);
 
   let L = null; // the lesson: {stops, labels}
   let at = 0; // the stop shown (1-based)
@@ -117,14 +122,15 @@
   /* The page's URL says the step, so a teacher can link a stop and a reload keeps it. */
   function setUrl(k) {
     const u = new URL(window.location.href);
+    for (const p in KEEP) u.searchParams.set(p, KEEP[p]);
     if (k) u.searchParams.set("lesson", k); else u.searchParams.delete("lesson");
     window.history.replaceState(window.history.state, "", u.toString());
   }
 
   /* Another page's stop: go there with the lesson's prompt and model, keeping presenter mode and language. */
   function visit(stop) {
-    const here = new URL(window.location.href), there = new URL(stop.url, window.location.origin);
-    for (const p of ["present", "lang"]) if (here.searchParams.has(p)) there.searchParams.set(p, here.searchParams.get(p));
+    const there = new URL(stop.url, window.location.origin);
+    for (const p in KEEP) there.searchParams.set(p, KEEP[p]);
     window.location.assign(there.toString());
   }
 
