@@ -115,8 +115,23 @@
     if (!el) return null;
     if (el.tagName === "DETAILS") el.open = true;
     el.classList.add("lesson-target");
-    el.scrollIntoView({ block: "start", behavior: "instant" });
+    reveal(el);
     return el;
+  }
+
+  /* Scroll the panel to the top of the window, below any bar the page keeps stuck there (Decode's run bar). */
+  function reveal(el) {
+    el.scrollIntoView({ block: "start", behavior: "instant" });
+    const r = el.getBoundingClientRect();
+    const x = Math.min(Math.max(r.left + 24, 0), window.innerWidth - 1);
+    for (let n = document.elementFromPoint(x, Math.max(r.top, 0) + 2); n && n !== document.body; n = n.parentElement) {
+      if (el.contains(n)) return;
+      const pos = getComputedStyle(n).position;
+      if (pos === "sticky" || pos === "fixed") {
+        window.scrollBy({ top: -(n.getBoundingClientRect().bottom - r.top + 10), behavior: "instant" });
+        return;
+      }
+    }
   }
 
   /* The page's URL says the step, so a teacher can link a stop and a reload keeps it. */
@@ -150,7 +165,7 @@
     if (el) { // charts drawn after the action can move the panel: look once more
       await sleep(400);
       const r = el.getBoundingClientRect();
-      if (mine === turn && (r.top < 0 || r.top > window.innerHeight / 2)) el.scrollIntoView({ block: "start", behavior: "instant" });
+      if (mine === turn && (r.top < 0 || r.top > window.innerHeight / 2)) reveal(el);
     }
   }
 
