@@ -68,7 +68,10 @@ STOPS: tuple[dict, ...] = (
     {"id": "equiv", "page": "decode", "target": "#equiv-panel", "action": [
         {"do": "wait", "sel": "#equiv tbody tr:nth-child(2) td.same:is(.ok, .bad)"},
     ], "fill": {"summary": "#equiv-summary"}},
-    {"id": "saves", "page": "decode", "target": "#cost-panel"},
+    {"id": "saves", "page": "decode", "target": "#cost-panel", "action": [
+        {"do": "fill", "sel": "#run-n", "value": "5", "once": True},
+        {"do": "click", "sel": "#run", "once": True, "wait": "#run:not([disabled])"},
+    ]},
     # --- Prefix cache: two requests that begin alike ------------------------------------------------------
     {"id": "reuse", "page": "prefix", "target": "#prefix-align", "action": [
         {"do": "click", "sel": "#reset", "if": "#reset", "once": True, "wait": "#prefix-empty"},
