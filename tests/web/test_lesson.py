@@ -71,6 +71,7 @@ def test_every_target_and_control_exists_on_its_page(client, model):
     # the prefix run the lesson makes shares whole blocks of "The cat sat on"
     assert int(pages["prefix"].select_one("#tokens-saved").text) >= 4
     assert pages["inspect"].select_one("#lesson-start")["href"] == f"/?lesson=1&model={model}"
+    assert pages["inspect"].select_one(".lesson-entry code").text == PROMPT  # the entry point names the prompt
 
 
 def test_the_api_tells_each_model_its_own_story(client, settings, llama):
