@@ -1,6 +1,7 @@
-"""The guided lesson walked end to end in real headless Chromium at 1280×720, on the built-in model (fast),
-in English and in Chinese: Next through every stop (once Back, once the → key, once a → typed in a text field
-that must not move the lesson), across the four pages, the highlighted panel on screen beside the card."""
+"""The guided lesson walked end to end in real headless Chromium at 1280×720, on the built-in model (fast), in
+English, and in Chinese in presenter mode: Next through every stop (once Back, once the → key, once a → typed in
+a text field that must not move the lesson), across the four pages, the highlighted panel on screen beside the card.
+"""
 
 from __future__ import annotations
 
@@ -22,16 +23,20 @@ GEOMETRY = """() => {
           text: $('lesson-text').innerText, title: $('lesson-title').textContent}; }"""
 
 
-@pytest.mark.parametrize("lang", ["en", "zh"])
-def test_walk_the_whole_lesson(browser, live_server, lang):
+@pytest.mark.parametrize(("lang", "present"), [("en", "0"), ("zh", "1")])
+def test_walk_the_whole_lesson(browser, live_server, lang, present):
     context = browser.new_context(viewport={"width": 1280, "height": 720}, bypass_csp=True)
-    context.add_cookies([{"name": "kvscope_lang", "value": lang, "url": live_server}])
+    context.add_cookies([{"name": "kvscope_lang", "value": lang, "url": live_server},
+                         {"name": "kvscope_present", "value": present, "url": live_server}])
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:
         page.goto(live_server + "/?model=builtin")
-        page.click("#lesson-start")  # the entry point: the lesson types the prompt and runs it itself
+        if present == "1":  # presenter mode hides the entry paragraph: the header's link starts the lesson
+            page.click("#nav-lesson")
+        else:
+            page.click("#lesson-start")  # the entry point: the lesson types the prompt and runs it itself
         k, n = 1, len(STOPS)
         backed = keyed = guarded = False
         while True:
@@ -41,7 +46,8 @@ def test_walk_the_whole_lesson(browser, live_server, lang):
             stop = STOPS[k - 1]
             assert g["n"] == 1, stop["id"]  # one panel highlighted, and it is on screen beside the card
             assert g["top"] < 720 and g["bottom"] > 0, (stop["id"], g)
-            assert g["right"] <= g["cardLeft"], (stop["id"], g)
+            assert g["right"] <= g["cardLeft"], (stop["id"], g)  # the card never covers the panel
+            assert page.evaluate("document.body.classList.contains('present')") == (present == "1")
             assert g["title"] == translate(f"lesson.{stop['id']}.title", lang)
             assert "{" not in g["text"] and "—" not in g["text"], g["text"]  # every number filled from the page
             if stop["id"] == "next":  # the card quotes the page's own greedy pick
