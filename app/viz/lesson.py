@@ -1,0 +1,146 @@
+"""The guided lesson: the reference article's story on "The cat sat on", told on the live pages.
+
+``STOPS`` is the whole lesson as data, in order. Each stop names the page it lives on, the element it
+highlights (a CSS selector on that page), its catalog keys (``lesson.<id>.title`` / ``.body``, plus optional
+sentences that apply to some models only, see ``EXTRAS``) and an optional action: the page's own controls
+driven in order (click a button, fill the prompt, choose a radio), so every number the learner reads is the
+page's own. ``static/lesson.js`` interprets the actions; nothing else in the lesson is code.
+
+An action is a list of steps ``{"do": click | fill | check | choose | wait, "sel": CSS, ...}``:
+
+- ``value``   what ``fill`` types or ``choose`` selects;
+- ``if``      the step runs only while this selector matches (a Reset button that exists only sometimes);
+- ``unless``  the step is skipped while this selector matches (the state is already there);
+- ``once``    the step runs at most once per page load (a decode step is taken once, not again on Back);
+- ``wait``    after the step, wait until this selector matches (the answer has been drawn);
+- ``changes`` ``[selector, attribute]``: after the step, wait until that attribute differs from before it.
+
+Placeholders in a stop's text: the model's facts (``{layers}``, ``{heads}``, ``{kv_heads}``, ``{d}``,
+``{head_dim}``, ``{group}``, ``{vocab}``, ``{model}``) and the lesson's prompts (``{prompt}``, ``{first}``,
+``{second}``) are filled on the server; the names in a stop's ``fill`` are filled in the browser with the text
+of an element on the page (the greedy pick as the page shows it, say).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from urllib.parse import urlencode
+
+PROMPT = "The cat sat on"
+PREFIX_PROMPTS = ("The cat sat on the mat.", "The cat sat on the sofa.")
+PREFIX_SEPARATOR = "---"  # the prefix form's separator line between custom prompts
+
+PAGES = {"inspect": "/", "decode": "/decode", "prefix": "/prefix", "paged": "/paged"}
+PROMPT_PAGES = ("inspect", "decode")  # pages that take ?prompt=
+
+_KIND = "input[name=kind][value={k}]"
+
+
+def _kind(kind: str) -> list[dict]:
+    """Show the head's matrix as ``kind`` (weights, masked, scores) with the page's own radio button."""
+    return [{"do": "check", "sel": _KIND.format(k=kind), "unless": _KIND.format(k=kind) + ":checked",
+             "changes": ["body", "data-heatmap-drawn"]}]
+
+
+STOPS: tuple[dict, ...] = (
+    # --- Inspect: one forward pass, read panel by panel -------------------------------------------------
+    {"id": "tokens", "page": "inspect", "target": "#tokens-panel", "action": [
+        {"do": "fill", "sel": "#prompt", "value": PROMPT, "unless": "#inspect-view"},
+        {"do": "click", "sel": "#run", "unless": "#inspect-view", "wait": "#inspect-view"},
+    ]},
+    {"id": "embed", "page": "inspect", "target": "#embed-panel"},
+    {"id": "qkv", "page": "inspect", "target": "#shape-panel details[data-group=layer0]"},
+    {"id": "scores", "page": "inspect", "target": "#head-panel", "action": _kind("scores")},
+    {"id": "mask", "page": "inspect", "target": "#head-panel", "action": _kind("masked")},
+    {"id": "softmax", "page": "inspect", "target": "#head-panel", "action": _kind("weights")},
+    {"id": "weighted", "page": "inspect", "target": "#math-panel", "fill": {"check": "#math-check"}},
+    {"id": "next", "page": "inspect", "target": "#topk-panel",
+     "fill": {"pick": "#topk-table tr.pick code", "prob": "#topk-table tr.pick td:nth-child(4)"}},
+    # --- Decode: prefill once, then one token at a time through the cache --------------------------------
+    {"id": "prefill", "page": "decode", "target": "#cache-panel", "action": [
+        {"do": "fill", "sel": "#prompt", "value": PROMPT, "once": True},
+        {"do": "click", "sel": "#prefill", "once": True, "wait": "body[data-decode-step]"},
+    ], "fill": {"bytes": "#cache-bytes"}},
+    {"id": "step", "page": "decode", "target": "#step-panel", "action": [
+        {"do": "click", "sel": "#step", "once": True,
+         "wait": "body[data-decode-step]:not([data-decode-step='0'])"},
+    ], "fill": {"len": "#len-badge"}},
+    {"id": "equiv", "page": "decode", "target": "#equiv-panel", "action": [
+        {"do": "wait", "sel": "#equiv tbody tr:nth-child(2) td.same:is(.ok, .bad)"},
+    ], "fill": {"summary": "#equiv-summary"}},
+    {"id": "saves", "page": "decode", "target": "#cost-panel", "action": [
+        {"do": "fill", "sel": "#run-n", "value": "5", "once": True},
+        {"do": "click", "sel": "#run", "once": True, "wait": "#run:not([disabled])"},
+    ]},
+    # --- Prefix cache: two requests that begin alike ------------------------------------------------------
+    {"id": "reuse", "page": "prefix", "target": "#prefix-align", "action": [
+        {"do": "click", "sel": "#reset", "if": "#reset", "once": True, "wait": "#prefix-empty"},
+        {"do": "check", "sel": "input[name=preset][value=custom]", "once": True},
+        {"do": "fill", "sel": "#prompts", "value": f"\n{PREFIX_SEPARATOR}\n".join(PREFIX_PROMPTS), "once": True},
+        {"do": "choose", "sel": "#block-size", "value": "4", "once": True},
+        {"do": "click", "sel": "#prefix-form button[type=submit]", "once": True, "wait": "#prefix-align"},
+    ], "fill": {"saved": "#tokens-saved"}},
+    {"id": "hashes", "page": "prefix", "target": "#prefix-blocks"},
+    # --- Paged cache: the same tokens in fixed-size blocks of a shared pool ------------------------------
+    {"id": "pool", "page": "paged", "target": "#pool-map", "action": [
+        {"do": "wait", "sel": "#pool-map .blk"},
+        {"do": "fill", "sel": "#add-prompt", "value": PROMPT, "once": True},
+        {"do": "click", "sel": "#add-seq", "once": True, "wait": "#seq-table tbody tr"},
+        {"do": "click", "sel": "#step", "once": True, "wait": "#seq-table .gen:not(:empty)"},
+    ]},
+    {"id": "tables", "page": "paged", "target": "#seq-table"},
+)
+
+# Sentences a stop may add for some models: key suffix → when it applies (on the model card).
+EXTRAS: dict[str, Callable[[dict], bool]] = {
+    "chars": lambda c: bool(c["char_level"]),
+    "subword": lambda c: not c["char_level"],
+    "learned": lambda c: not c["rotary"],
+    "rotary": lambda c: bool(c["rotary"]),
+    "mha": lambda c: c["n_kv_head"] == c["n_head"],
+    "gqa": lambda c: c["n_kv_head"] < c["n_head"],
+}
+
+
+def stop_keys(stop: dict) -> list[str]:
+    """Every catalog key a stop may show (title, body and all its model-dependent sentences)."""
+    base = f"lesson.{stop['id']}"
+    return [f"{base}.title", f"{base}.body", *(f"{base}.{extra}" for extra in EXTRAS)]
+
+
+def facts(card: dict) -> dict:
+    """The model's numbers a stop's sentences may quote, straight from the model card."""
+    return {
+        "model": card["name"], "layers": card["n_layer"], "heads": card["n_head"], "kv_heads": card["n_kv_head"],
+        "d": card["d_model"], "head_dim": card["head_dim"], "group": card["n_head"] // card["n_kv_head"],
+        "vocab": card["vocab_size"], "prompt": PROMPT, "first": PREFIX_PROMPTS[0], "second": PREFIX_PROMPTS[1],
+    }
+
+
+def stop_url(index: int, *, model: str, extra: dict | None = None) -> str:
+    """The URL of stop ``index`` (1-based): its page, the lesson's prompt where the page takes one, the model."""
+    stop = STOPS[index - 1]
+    query = {"prompt": PROMPT} if stop["page"] in PROMPT_PAGES else {}
+    query |= {"model": model, **(extra or {}), "lesson": index}
+    return f"{PAGES[stop['page']]}?{urlencode(query)}"
+
+
+def lesson_view(card: dict, translate: Callable[..., str], has_key: Callable[[str], bool]) -> dict:
+    """The lesson for one model in one language: every stop with its text, target, action and URL."""
+    values = facts(card)
+    stops = []
+    for i, stop in enumerate(STOPS, start=1):
+        base = f"lesson.{stop['id']}"
+        runtime = {name: "{" + name + "}" for name in stop.get("fill", {})}  # left for the browser to fill
+        sentences = [translate(f"{base}.body", **values, **runtime)]
+        sentences += [translate(f"{base}.{extra}", **values, **runtime) for extra, applies in EXTRAS.items()
+                      if applies(card) and has_key(f"{base}.{extra}")]
+        stops.append({
+            "index": i, "id": stop["id"], "page": stop["page"], "path": PAGES[stop["page"]],
+            "url": stop_url(i, model=card["name"]), "target": stop["target"],
+            "title": translate(f"{base}.title", **values), "text": sentences,
+            "action": stop.get("action", []), "fill": stop.get("fill", {}),
+        })
+    return {"prompt": PROMPT, "model": card["name"], "stops": stops,
+            "labels": {k: translate(f"lesson.ui.{k}") for k in
+                       ("next", "back", "exit", "finish", "step", "waiting", "missing", "title", "keys")}}

@@ -1,0 +1,21 @@
+"""The guided lesson's stops for one model, in the page's language (static/lesson.js reads them)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from app.i18n import catalog, translator
+from app.viz.lesson import lesson_view
+from app.viz.models import model_card
+from app.web.deps import StateDep
+from app.web.render import request_lang
+
+router = APIRouter()
+
+
+@router.get("/api/lesson", tags=["lesson"])
+def read_lesson(request: Request, state: StateDep, model: str | None = None) -> dict:
+    """Every stop of the lesson on "The cat sat on": page, highlighted element, text, the controls it drives."""
+    lang = request_lang(request)
+    card = model_card(state.model(model))
+    return lesson_view(card, translator(lang), lambda key: key in catalog("en"))
