@@ -104,12 +104,23 @@
       const orig = P[name];
       if (typeof orig !== "function") return;
       P[name] = function () {
+        if ((name === "newPlot" || name === "react") && Array.isArray(arguments[1]) && kv.narrow()) {
+          arguments[1] = arguments[1].map(barUnder);
+        }
         const out = orig.apply(this, arguments);
         Promise.resolve(out).then(chartKeyboard, () => {});
         return out;
       };
     });
     return P;
+  }
+  /* On a phone a vertical colour bar takes a third of the chart's width: it goes above the cells instead. */
+  kv.narrow = () => window.matchMedia("(max-width: 600px)").matches;
+  function barUnder(trace) {
+    if (!trace || trace.showscale === false || !(trace.type === "heatmap" || trace.colorbar)) return trace;
+    const bar = Object.assign({}, trace.colorbar, { orientation: "h", thickness: 12, len: 1, x: 0.5, xanchor: "center" });
+    if (bar.title) bar.title = Object.assign({}, bar.title, { side: "top" });
+    return Object.assign({}, trace, { colorbar: bar });
   }
   /* A chart's download bar for the keyboard: one tab stop (role=toolbar, ←/→ between PNG and SVG), out of
      sight until focused (a11y.css). Plotly's mode-bar buttons get tabindex=-1 each time Plotly draws. */
@@ -199,6 +210,33 @@
     return plotlyWanted;
   };
   kv.plotlyReady = kv.plotly;  // the name the capacity, arena and export scripts use
+  /* A box that scrolls (a wide table on a phone, a long list) can be scrolled from the keyboard: it joins the
+     tab order while, and only while, its content overflows it and nothing inside it can take focus. Checked
+     after each change to the page (batched) and on resize. */
+  const SCROLLERS = "main table, main pre, main ol, main ul, main [class*=scroll], main [class*=wrap], main .formula";
+  function scrollBoxes() {
+    document.querySelectorAll(SCROLLERS).forEach((el) => {
+      const st = getComputedStyle(el);
+      const scrolls = (/(auto|scroll)/.test(st.overflowX) && el.scrollWidth > el.clientWidth + 1) ||
+        (/(auto|scroll)/.test(st.overflowY) && el.scrollHeight > el.clientHeight + 1);
+      const own = el.dataset.kvScroll === "1";
+      if (scrolls && !el.hasAttribute("tabindex") && !el.querySelector("a[href], button, input, select, textarea, [tabindex]")) {
+        el.setAttribute("tabindex", "0");
+        el.dataset.kvScroll = "1";
+      } else if (!scrolls && own) {
+        el.removeAttribute("tabindex");
+        delete el.dataset.kvScroll;
+      }
+    });
+  }
+  let scrollTimer = null;
+  const scrollSoon = () => { clearTimeout(scrollTimer); scrollTimer = setTimeout(scrollBoxes, 150); };
+  document.addEventListener("DOMContentLoaded", () => {
+    scrollBoxes();
+    const main = document.querySelector("main");
+    if (main && window.MutationObserver) new MutationObserver(scrollSoon).observe(main, { childList: true, subtree: true });
+    window.addEventListener("resize", scrollSoon);
+  });
   /* Page-wide behaviour (no inline handlers: the Content-Security-Policy allows no inline script). */
   document.addEventListener("click", function (e) {
     const t = e.target;

@@ -121,3 +121,136 @@ def test_axe_finds_nothing_serious_on_any_page(a11y_page, live_server, lang):
         print(f"axe, {lang}, moderate and minor:\n" + describe(rest))
     assert not serious, f"axe, {lang}:\n" + describe(serious)
     assert page.js_errors == []
+
+
+def _active(page) -> dict:
+    return page.evaluate("""() => { const e = document.activeElement;
+      return { tag: e.tagName.toLowerCase(), id: e.id, cls: e.className && String(e.className), pos: e.dataset.pos,
+               layer: e.dataset.layer, head: e.dataset.head, selected: e.getAttribute("aria-selected"),
+               pressed: e.getAttribute("aria-pressed"), outline: getComputedStyle(e).outlineStyle,
+               inStrip: !!e.closest("#token-strip"), inGrid: !!e.closest("#head-grid") }; }""")
+
+
+def _tab_until(page, test, limit: int = 30) -> dict:
+    for _ in range(limit):
+        page.keyboard.press("Tab")
+        a = _active(page)
+        if test(a):
+            return a
+    raise AssertionError(f"Tab never reached it (last: {a})")
+
+
+def drive_inspect_by_keyboard(page, base: str) -> None:
+    page.goto(f"{base}/?prompt={Q}&model=builtin&layer=0&head=0&q=2")
+    page.wait_for_selector("#head-grid canvas[data-layer]")
+    page.mouse.move(5, 5)
+    _wait(page, "+(document.body.dataset.heatmapPlotly || 0) >= 1")
+    drawn = lambda: int(page.evaluate("document.body.dataset.heatmapDrawn"))  # noqa: E731
+
+    # The first Tab reaches the skip link, visible; Enter jumps to the page's content (the prompt comes next).
+    page.keyboard.press("Tab")
+    a = _active(page)
+    assert "skip-link" in a["cls"]
+    assert page.locator(".skip-link").bounding_box()["y"] >= 0
+    page.keyboard.press("Enter")
+    assert _active(page)["id"] == "main"
+    page.keyboard.press("Tab")
+    assert _active(page)["id"] == "prompt"
+
+    # The token strip is one tab stop, on the selected token; arrows move the selection as a click does.
+    a = _tab_until(page, lambda a: a["inStrip"])
+    assert (a["pos"], a["selected"]) == ("2", "true") and a["outline"] != "none"
+    page.keyboard.press("ArrowRight")
+    _wait(page, "new URL(location.href).searchParams.get('q') === '3'")
+    a = _active(page)
+    assert (a["pos"], a["selected"]) == ("3", "true")
+    assert page.locator("#token-strip [aria-selected=true]").count() == 1
+    assert "3" in page.inner_text("#row-label")
+    page.keyboard.press("Home")
+    _wait(page, "new URL(location.href).searchParams.get('q') === '0'")
+    # The all-heads grid comes next: one Tab leaves the strip for one stop on the shown head; arrows move,
+    # Enter and Space show a head.
+    page.keyboard.press("Tab")
+    a = _active(page)
+    assert a["inGrid"] and not a["inStrip"]
+    assert (a["layer"], a["head"], a["pressed"]) == ("0", "0", "true") and a["outline"] != "none"
+    before = drawn()
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowDown")
+    a = _active(page)
+    assert (a["layer"], a["head"]) == ("1", "1")
+    assert "layer=0" in page.url and "head=0" in page.url  # moving is not choosing
+    page.keyboard.press("Enter")
+    _wait(page, "new URL(location.href).searchParams.get('head') === '1'")
+    assert "layer=1" in page.url
+    _wait(page, f"+document.body.dataset.heatmapDrawn > {before}")
+    assert page.locator("#head-grid canvas[aria-pressed=true]").get_attribute("data-head") == "1"
+    page.keyboard.press("ArrowLeft")
+    page.keyboard.press(" ")
+    _wait(page, "new URL(location.href).searchParams.get('head') === '0'")
+    assert "layer=1" in page.url
+    page.keyboard.press("Tab")
+    assert not _active(page)["inGrid"]
+
+    # Charts: Plotly's mode-bar buttons are out of the tab order; each chart has one download bar instead.
+    assert page.evaluate("[...document.querySelectorAll('.modebar-btn')].every((b) => b.tabIndex === -1)")
+    assert page.evaluate("""[...document.querySelectorAll('.js-plotly-plot')].every((gd) =>
+        [...gd.querySelectorAll('button, a[href], [tabindex]')].filter((e) => e.tabIndex >= 0).length === 1)""")
+    bar = _tab_until(page, lambda a: "chart-export" in (page.evaluate(
+        "document.activeElement.parentElement.className") or ""), limit=60)
+    assert bar["tag"] == "button"
+    assert page.locator(".chart-export:focus-within").bounding_box()["width"] > 20  # shown while focused
+    with page.expect_download() as dl:
+        page.keyboard.press("Enter")
+    assert dl.value.suggested_filename.endswith(".png")
+    page.keyboard.press("ArrowRight")
+    with page.expect_download() as dl:
+        page.keyboard.press("Enter")
+    assert dl.value.suggested_filename.endswith(".svg")
+
+
+def test_inspect_by_keyboard_only(a11y_page, live_server):
+    page = a11y_page
+    page.set_viewport_size({"width": 1280, "height": 720})
+    drive_inspect_by_keyboard(page, live_server)
+    assert page.js_errors == []
+
+
+PHONE = {"width": 390, "height": 844}  # an iPhone 12/13
+# Visible HTML text smaller than 14 px at phone width (chart labels are SVG and not counted).
+SMALL_TEXT = """() => { const out = [];
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    const p = n.parentElement;
+    if (!p || !n.textContent.trim() || p.closest("svg, .sr-only, script, style")) continue;
+    if (!p.getClientRects().length) continue;
+    const size = parseFloat(getComputedStyle(p).fontSize);
+    if (size < 14) out.push(`${p.tagName}.${p.className} ${size}px: ${n.textContent.trim().slice(0, 30)}`);
+  }
+  return out.slice(0, 10); }"""
+
+
+def test_every_page_fits_a_phone(a11y_page, live_server):
+    """At 390 px nothing scrolls the page sideways (wide tables and tracks scroll in their own box), the
+    navigation is all there, the text is 14 px or more, and axe finds nothing serious at that width either."""
+    page = a11y_page
+    page.set_viewport_size(PHONE)
+    problems = []
+    for name in PAGES:
+        load(page, live_server, name, "en")
+        width = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+        if width[0] > width[1]:
+            problems.append(f"{name}: the page is {width[0]} px wide at {width[1]}")
+        nav = page.evaluate("""[...document.querySelectorAll("header.top nav a")].filter((a) => {
+            const r = a.getBoundingClientRect();
+            return r.width > 0 && r.left >= 0 && r.right <= innerWidth; }).length""")
+        if nav < 9:  # seven pages and two languages, all on screen
+            problems.append(f"{name}: only {nav} header links are on screen")
+        small = page.evaluate(SMALL_TEXT)
+        if small:
+            problems.append(f"{name}: text under 14 px: {small}")
+        serious = [v for v in axe_scan(page) if v["impact"] in SERIOUS]
+        if serious:
+            problems.append(f"{name}: axe at phone width:\n{describe(serious)}")
+    assert not problems, "\n".join(problems)
+    assert page.js_errors == []
