@@ -114,8 +114,10 @@ def test_axe_finds_nothing_serious_on_any_page_in_chinese(a11y_page, live_server
     page, lang = a11y_page, "zh"
     page.set_viewport_size({"width": 1280, "height": 720})
     serious, rest = [], []
-    for name in PAGES:
-        load(page, live_server, name, lang)
+    for name, extra in [(name, "") for name in PAGES] + [("decode", "&present=1")]:
+        load(page, live_server, name, lang, extra)
+        if extra:
+            name += " (presenter mode)"
         for v in axe_scan(page):
             (serious if v["impact"] in SERIOUS else rest).append(dict(v, id=f"{name}: {v['id']}"))
     if rest:
