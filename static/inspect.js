@@ -178,7 +178,7 @@
       document.getElementById("heatmap").textContent = "";
     }
     const idx = [...Array(m.cols).keys()];
-    const small = m.cols <= 32; // token labels on the axes only while they fit
+    const small = m.cols <= (kv.narrow() ? 16 : 32); // token labels on the axes only while they fit (a phone: fewer)
     const ticks = small ? { tickvals: idx, ticktext: idx.map((i) => S.labels[i]) } : {};
     const weights = m.kind === "weights";
     const trace = {
@@ -270,7 +270,7 @@
     const n = S.q + 1; // keys the query may read
     const x = [...Array(n).keys()];
     const y = row.slice(0, n);
-    const small = n <= 48;
+    const small = n <= (kv.narrow() ? 24 : 48);
     Plotly.react("row-chart", [{
       type: "bar", x, y, marker: { color: "#3a72c4" },
       hovertemplate: kv.t("js.inspect.hover_key", { k: "%{x}" }) + "<br>" + title(S.matrix.kind) +
