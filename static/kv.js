@@ -167,6 +167,7 @@
       else if (e.key === "End") j = items.length - 1;
       if (j === null) return;
       e.preventDefault();
+      e.stopPropagation();  // the arrows belong to this group here, not to a page-wide shortcut (a lesson's Next/Back)
       j = Math.max(0, Math.min(items.length - 1, j));
       items.forEach((it, k) => it.setAttribute("tabindex", k === j ? "0" : "-1"));
       items[j].focus();
@@ -211,8 +212,8 @@
   };
   kv.plotlyReady = kv.plotly;  // the name the capacity, arena and export scripts use
   /* A box that scrolls (a wide table on a phone, a long list) can be scrolled from the keyboard: it joins the
-     tab order while, and only while, its content overflows it and nothing inside it can take focus. Checked
-     after each change to the page (batched) and on resize. */
+     tab order while, and only while, its content overflows it and nothing inside it is in the tab order.
+     Checked after changes to the page (batched) and on resize. */
   const SCROLLERS = "main table, main pre, main ol, main ul, main [class*=scroll], main [class*=wrap], main .formula";
   function scrollBoxes() {
     document.querySelectorAll(SCROLLERS).forEach((el) => {
@@ -220,7 +221,7 @@
       const scrolls = (/(auto|scroll)/.test(st.overflowX) && el.scrollWidth > el.clientWidth + 1) ||
         (/(auto|scroll)/.test(st.overflowY) && el.scrollHeight > el.clientHeight + 1);
       const own = el.dataset.kvScroll === "1";
-      if (scrolls && !el.hasAttribute("tabindex") && !el.querySelector("a[href], button, input, select, textarea, [tabindex]")) {
+      if (scrolls && !el.hasAttribute("tabindex") && !el.querySelector("a[href], button, input, select, textarea, [tabindex]:not([tabindex='-1'])")) {
         el.setAttribute("tabindex", "0");
         el.dataset.kvScroll = "1";
       } else if (!scrolls && own) {
@@ -230,7 +231,9 @@
     });
   }
   let scrollTimer = null;
-  const scrollSoon = () => { clearTimeout(scrollTimer); scrollTimer = setTimeout(scrollBoxes, 150); };
+  const scrollSoon = () => {  // at most every 150 ms, and surely 150 ms after a change, however busy the page
+    if (!scrollTimer) scrollTimer = setTimeout(() => { scrollTimer = null; scrollBoxes(); }, 150);
+  };
   document.addEventListener("DOMContentLoaded", () => {
     scrollBoxes();
     const main = document.querySelector("main");
