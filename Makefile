@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 SUDO    := $(shell [ "$$(id -u)" = "0" ] || echo sudo)
 
-.PHONY: serve test lint bench venv deps test-deps chromium lighthouse-deps lighthouse
+.PHONY: serve test lint bench venv deps test-deps chromium axe-deps lighthouse-deps lighthouse
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -21,12 +21,21 @@ chromium:
 	@{ command -v chromium && fc-list :lang=zh | grep -q .; } >/dev/null 2>&1 || \
 	  { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium fonts-noto-cjk; }
 
+# axe-core for the accessibility scan (tests/web/test_a11y_browser.py): npm's axe-core, pinned, under tests/.node,
+# never committed (git-ignored). Debian's npm is installed when the machine has none.
+AXE_VERSION := 4.10.2
+axe-deps:
+	@test -f tests/.node/node_modules/axe-core/axe.min.js && grep -q '"$(AXE_VERSION)"' tests/.node/node_modules/axe-core/package.json || \
+	  { command -v npm >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq npm; }; \
+	    mkdir -p tests/.node && cd tests/.node && { test -f package.json || echo '{"private": true}' > package.json; } && \
+	    npm i -E --no-audit --no-fund axe-core@$(AXE_VERSION); }
+
 ## Install and start the server on http://127.0.0.1:8000 (falls back to the built-in model offline).
 serve: deps
 	$(BIN)/kvscope serve
 
 ## Install the test dependencies (Debian chromium included) and run every test, browser tests too.
-test: test-deps chromium
+test: test-deps chromium axe-deps
 	$(BIN)/ruff check app tests bench
 	$(BIN)/python -m pytest -q
 

@@ -24,9 +24,14 @@
     scale.addEventListener("change", (e) => { S.scale = e.target.value; syncUrl(); paintGrid(); drawHead(); });
     document.querySelectorAll("#token-strip .tok").forEach((el) => {
       el.addEventListener("click", () => select({ q: +el.dataset.pos }));
-      el.addEventListener("keydown", (e) => { if (e.key === "Enter") select({ q: +el.dataset.pos }); });
+      el.addEventListener("keydown", (e) => {
+        if (e.key === "Enter" || e.key === " ") { e.preventDefault(); select({ q: +el.dataset.pos }); }
+      });
     });
     document.getElementById("grid-sinks").addEventListener("change", toggleSinks);
+    // The strip is one tab stop (a listbox): the arrow keys move the selected token, as a click does.
+    const strip = document.getElementById("token-strip");
+    if (strip) kv.rovingKeys(strip, ".tok", { onMove: (el) => select({ q: +el.dataset.pos }) });
     document.getElementById("sel-layer").addEventListener("change", (e) => select({ layer: +e.target.value }));
     document.getElementById("sel-head").addEventListener("change", (e) => select({ head: +e.target.value }));
     document.querySelectorAll("input[name=kind]").forEach((el) =>
@@ -62,7 +67,12 @@
   }
 
   function markToken() {
-    document.querySelectorAll("#token-strip .tok").forEach((el) => el.classList.toggle("sel", +el.dataset.pos === S.q));
+    document.querySelectorAll("#token-strip .tok").forEach((el) => {
+      const on = +el.dataset.pos === S.q;
+      el.classList.toggle("sel", on);
+      el.setAttribute("aria-selected", on ? "true" : "false");
+      el.setAttribute("tabindex", on ? "0" : "-1");
+    });
   }
 
   /* Query head h reads KV head h // (n_head / n_kv_head): heads sharing one KV head form a group (GPT-2: groups of one). */
@@ -87,11 +97,20 @@
     for (let l = 0; l < g.n_layer; l++) {
       box.appendChild(label("L" + l));
       for (let h = 0; h < g.n_head; h++) {
-        const c = kv.el("canvas", { width: g.side, height: g.side, "data-layer": l, "data-head": h,
-          title: kv.t("js.inspect.grid_cell", { layer: l, head: h }) + (grouped ? " · kv " + kvGroup(h) : "") });
+        const name = kv.t("js.inspect.grid_cell", { layer: l, head: h }) + (grouped ? " · kv " + kvGroup(h) : "");
+        const c = kv.el("canvas", { width: g.side, height: g.side, "data-layer": l, "data-head": h, title: name,
+          role: "button", "aria-label": name, tabindex: -1 });
         c.addEventListener("click", () => select({ layer: l, head: h }));
+        c.addEventListener("keydown", (e) => {
+          if (e.key === "Enter" || e.key === " ") { e.preventDefault(); select({ layer: l, head: h }); }
+        });
         box.appendChild(c);
       }
+    }
+    // One tab stop for the whole grid: the arrow keys move between heads, Enter or Space shows one.
+    if (!box.dataset.kvKeys) {
+      box.dataset.kvKeys = "1";
+      kv.rovingKeys(box, "canvas", { cols: () => S.H });
     }
     paintGrid();
     markGrid();
@@ -139,6 +158,7 @@
       ctx.fillText(pct, px / 2, px / 2);
       c.dataset.sink = share.toFixed(4);
       c.title = kv.t("js.inspect.grid_sink_cell", { layer: c.dataset.layer, head: c.dataset.head, pct });
+      c.setAttribute("aria-label", c.title);
     });
   }
 
@@ -158,14 +178,19 @@
         delete c.dataset.sink;
         c.title = kv.t("js.inspect.grid_cell", { layer: +c.dataset.layer, head: +c.dataset.head }) +
           (S.KV < S.H ? " · kv " + kvGroup(+c.dataset.head) : "");
+        c.setAttribute("aria-label", c.title);
       });
     }
     paintGrid();
   }
 
   function markGrid() {
-    document.querySelectorAll("#head-grid canvas").forEach((c) =>
-      c.classList.toggle("sel", +c.dataset.layer === S.layer && +c.dataset.head === S.head));
+    document.querySelectorAll("#head-grid canvas").forEach((c) => {
+      const on = +c.dataset.layer === S.layer && +c.dataset.head === S.head;
+      c.classList.toggle("sel", on);
+      c.setAttribute("aria-pressed", on ? "true" : "false");
+      c.setAttribute("tabindex", on ? "0" : "-1");
+    });
   }
 
   /* Unpack the server's matrix into rows; null marks cells the causal mask hides. */
@@ -198,7 +223,7 @@
       document.getElementById("heatmap").textContent = "";
     }
     const idx = [...Array(m.cols).keys()];
-    const small = m.cols <= 32; // token labels on the axes only while they fit
+    const small = m.cols <= (kv.narrow() ? 16 : 32); // token labels on the axes only while they fit (a phone: fewer)
     const ticks = small ? { tickvals: idx, ticktext: idx.map((i) => S.labels[i]) } : {};
     const weights = m.kind === "weights";
     const trace = {
@@ -290,7 +315,7 @@
     const n = S.q + 1; // keys the query may read
     const x = [...Array(n).keys()];
     const y = row.slice(0, n);
-    const small = n <= 48;
+    const small = n <= (kv.narrow() ? 24 : 48);
     Plotly.react("row-chart", [{
       type: "bar", x, y, marker: { color: "#3a72c4" },
       hovertemplate: kv.t("js.inspect.hover_key", { k: "%{x}" }) + "<br>" + title(S.matrix.kind) +

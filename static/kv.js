@@ -99,8 +99,81 @@
     kv.PLOT_CONFIG.displayModeBar = "hover";
     kv.PLOT_CONFIG.modeBarButtons = [[save("png", kv.t("js.classroom.png"), P.Icons.camera),
                                       save("svg", kv.t("js.classroom.svg"), P.Icons.disk || P.Icons.camera)]];
+    // Keyboard: after every draw, the mode bar's buttons leave the tab order and the chart gets our own bar.
+    ["newPlot", "react", "relayout", "restyle", "update"].forEach((name) => {
+      const orig = P[name];
+      if (typeof orig !== "function") return;
+      P[name] = function () {
+        if ((name === "newPlot" || name === "react") && Array.isArray(arguments[1]) && kv.narrow()) {
+          arguments[1] = arguments[1].map(barUnder);
+        }
+        const out = orig.apply(this, arguments);
+        Promise.resolve(out).then(chartKeyboard, () => {});
+        return out;
+      };
+    });
     return P;
   }
+  /* On a phone a vertical colour bar takes a third of the chart's width: it goes above the cells instead. */
+  kv.narrow = () => window.matchMedia("(max-width: 600px)").matches;
+  function barUnder(trace) {
+    if (!trace || trace.showscale === false || !(trace.type === "heatmap" || trace.colorbar)) return trace;
+    const bar = Object.assign({}, trace.colorbar, { orientation: "h", thickness: 12, len: 1, x: 0.5, xanchor: "center" });
+    if (bar.title) bar.title = Object.assign({}, bar.title, { side: "top" });
+    return Object.assign({}, trace, { colorbar: bar });
+  }
+  /* A chart's download bar for the keyboard: one tab stop (role=toolbar, ←/→ between PNG and SVG), out of
+     sight until focused (a11y.css). Plotly's mode-bar buttons get tabindex=-1 each time Plotly draws. */
+  function chartKeyboard(gd) {
+    if (!gd || !gd.classList || !gd.classList.contains("js-plotly-plot")) return gd;
+    gd.querySelectorAll(".modebar-btn").forEach((b) => b.setAttribute("tabindex", "-1"));
+    if (!gd.dataset.kvKeys) {
+      gd.dataset.kvKeys = "1";
+      if (gd.on) gd.on("plotly_afterplot", () => chartKeyboard(gd));
+    }
+    // A chart with buttons in it is a figure, not an image (an image's children are presentational).
+    if (gd.getAttribute("role") === "img") gd.setAttribute("role", "figure");
+    if (gd.querySelector(":scope > .chart-export")) return gd;
+    const P = window.Plotly;
+    const btn = (format, i) => {
+      const b = kv.el("button", { type: "button", class: "secondary", tabindex: i ? -1 : 0,
+        "aria-label": kv.t("js.a11y." + format + "_long") }, kv.t("js.a11y." + format));
+      b.addEventListener("click", () => P.downloadImage(gd, { format, filename: "kvscope", scale: format === "png" ? 2 : 1 }));
+      return b;
+    };
+    const bar = kv.el("div", { class: "chart-export", role: "toolbar", "aria-label": kv.t("js.a11y.chart") },
+      btn("png", 0), btn("svg", 1));
+    kv.rovingKeys(bar, "button", { orientation: "horizontal" });
+    gd.prepend(bar);
+    return gd;
+  }
+  /* Roving tabindex: a group that is one tab stop, its items reached with the arrow keys (Home/End too).
+     onMove(item) runs when an arrow moves the focus (a listbox selects there; a toolbar does nothing).
+     cols(): items per row for ↑/↓ in a two-dimensional group. */
+  kv.rovingKeys = function (group, selector, opts) {
+    const o = opts || {};
+    group.addEventListener("keydown", (e) => {
+      const items = [...group.querySelectorAll(selector)];
+      const i = items.indexOf(e.target);
+      if (i < 0) return;
+      const cols = o.cols ? o.cols() : items.length;
+      const horiz = o.orientation !== "vertical", vert = o.orientation !== "horizontal";
+      let j = null;
+      if (e.key === "ArrowRight" && horiz) j = i + 1;
+      else if (e.key === "ArrowLeft" && horiz) j = i - 1;
+      else if (e.key === "ArrowDown" && vert) j = o.cols ? i + cols : i + 1;
+      else if (e.key === "ArrowUp" && vert) j = o.cols ? i - cols : i - 1;
+      else if (e.key === "Home") j = 0;
+      else if (e.key === "End") j = items.length - 1;
+      if (j === null) return;
+      e.preventDefault();
+      e.stopPropagation();  // the arrows belong to this group here, not to a page-wide shortcut (a lesson's Next/Back)
+      j = Math.max(0, Math.min(items.length - 1, j));
+      items.forEach((it, k) => it.setAttribute("tabindex", k === j ? "0" : "-1"));
+      items[j].focus();
+      if (o.onMove) o.onMove(items[j]);
+    });
+  };
   kv.plotly = function () {
     if (window.Plotly) return Promise.resolve(configurePlotly(window.Plotly));
     if (!plotlyLoading) {
@@ -138,6 +211,35 @@
     return plotlyWanted;
   };
   kv.plotlyReady = kv.plotly;  // the name the capacity, arena and export scripts use
+  /* A box that scrolls (a wide table on a phone, a long list) can be scrolled from the keyboard: it joins the
+     tab order while, and only while, its content overflows it and nothing inside it is in the tab order.
+     Checked after changes to the page (batched) and on resize. */
+  const SCROLLERS = "main table, main pre, main ol, main ul, main [class*=scroll], main [class*=wrap], main .formula";
+  function scrollBoxes() {
+    document.querySelectorAll(SCROLLERS).forEach((el) => {
+      const st = getComputedStyle(el);
+      const scrolls = (/(auto|scroll)/.test(st.overflowX) && el.scrollWidth > el.clientWidth + 1) ||
+        (/(auto|scroll)/.test(st.overflowY) && el.scrollHeight > el.clientHeight + 1);
+      const own = el.dataset.kvScroll === "1";
+      if (scrolls && !el.hasAttribute("tabindex") && !el.querySelector("a[href], button, input, select, textarea, [tabindex]:not([tabindex='-1'])")) {
+        el.setAttribute("tabindex", "0");
+        el.dataset.kvScroll = "1";
+      } else if (!scrolls && own) {
+        el.removeAttribute("tabindex");
+        delete el.dataset.kvScroll;
+      }
+    });
+  }
+  let scrollTimer = null;
+  const scrollSoon = () => {  // at most every 150 ms, and surely 150 ms after a change, however busy the page
+    if (!scrollTimer) scrollTimer = setTimeout(() => { scrollTimer = null; scrollBoxes(); }, 150);
+  };
+  document.addEventListener("DOMContentLoaded", () => {
+    scrollBoxes();
+    const main = document.querySelector("main");
+    if (main && window.MutationObserver) new MutationObserver(scrollSoon).observe(main, { childList: true, subtree: true });
+    window.addEventListener("resize", scrollSoon);
+  });
   /* Page-wide behaviour (no inline handlers: the Content-Security-Policy allows no inline script). */
   document.addEventListener("click", function (e) {
     const t = e.target;
