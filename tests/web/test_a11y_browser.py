@@ -158,6 +158,8 @@ def drive_inspect_by_keyboard(page, base: str) -> None:
     page.keyboard.press("Enter")
     assert _active(page)["id"] == "main"
     page.keyboard.press("Tab")
+    assert _active(page)["id"] == "lesson-start"  # the guided lesson's entry opens the page's content
+    page.keyboard.press("Tab")
     assert _active(page)["id"] == "prompt"
 
     # The token strip is one tab stop, on the selected token; arrows move the selection as a click does.
