@@ -331,7 +331,8 @@ class Simulator:
         prefill = decode = kv_read = nsched = 0
         running = self.running
         free = self.free
-        block_ev = self._events(self.block_events, s)
+        block_hash, cached, ref, block_events = self.block_hash, self.cached, self.ref, self.block_events
+        block_ev = self._events(block_events, s)
         items = running
         if self.n_lazy:
             active = self.active
@@ -351,14 +352,15 @@ class Simulator:
             if q.base_step is not None:  # a lazy request whose blocks are full (its token is reserved)
                 c += s - q.base_step
                 if free:  # one more block from the free queue (allocate_slots, inlined); it stays lazy
-                    blk = free.popitem(last=False)[0]
-                    h = self.block_hash[blk]
+                    blk = free.popitem(False)[0]
+                    h = block_hash[blk]
                     if h is not None:
-                        if self.cached.get(h) == blk:
-                            del self.cached[h]
-                        self.block_hash[blk] = None
-                    self.ref[blk] = 1
-                    q.blocks.append(blk)
+                        if cached.get(h) == blk:
+                            del cached[h]
+                        block_hash[blk] = None
+                    ref[blk] = 1
+                    blocks = q.blocks
+                    blocks.append(blk)
                     q.slots = c + bs
                     if caching:  # the block it filled last step gets its hash (_hash_full_blocks, inlined)
                         j = q.num_hashed
@@ -366,14 +368,17 @@ class Simulator:
                         if j < full:
                             if full - j == 1 and j >= _shared_blocks(q.r, bs):  # one block, its own key
                                 h = (-1 - q.r.rid, j)
-                                if h not in self.cached:
-                                    self.cached[h] = q.blocks[j]
-                                    self.block_hash[q.blocks[j]] = h
+                                if h not in cached:
+                                    cached[h] = blocks[j]
+                                    block_hash[blocks[j]] = h
                                 q.num_hashed = full
                             else:
                                 self._hash_full_blocks(q, c)
-                    q.ev_block = s + bs
-                    self.block_events.setdefault(q.ev_block, []).append((q, q.gen))
+                    e = q.ev_block = s + bs
+                    if e in block_events:
+                        block_events[e].append((q, q.gen))
+                    else:
+                        block_events[e] = [(q, q.gen)]
                     continue
                 self._materialize(q, s)  # no free block: the plain path below preempts
                 insort(self.active, q, key=_admitted)
