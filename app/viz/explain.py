@@ -56,21 +56,23 @@ def lens_view(adapter, resid: list[torch.Tensor], *, token_texts: list[str], tok
 
     ``resid[0]`` is the embedding output h0, ``resid[i+1]`` block i's output.
     """
-    logits = lens_logits(adapter, resid)  # (L+1, T, V)
-    probs = torch.softmax(logits.double(), -1)
-    T = logits.shape[1]
+    T = resid[0].shape[0]
     start = max(0, T - last)
-    final = logits[-1].argmax(-1)  # (T,) the model's own prediction at each position
+    # Only the positions shown: the norm and the unembedding act on each position alone, and a full (L+1, T, V)
+    # read-out of a 1024-token prompt would be gigabytes of logits.
+    logits = lens_logits(adapter, [h[start:] for h in resid])  # (L+1, T - start, V)
+    probs = torch.softmax(logits.double(), -1)
+    final = logits[-1].argmax(-1)  # the model's own prediction at each shown position
     layers = []
     for i, p in enumerate(probs):
         top = p.topk(1, dim=-1)
         cells = [{"text": visible(token_text(int(top.indices[t, 0]))), "prob": float(top.values[t, 0]),
-                  "final": int(top.indices[t, 0]) == int(final[t])} for t in range(start, T)]
+                  "final": int(top.indices[t, 0]) == int(final[t])} for t in range(T - start)]
         rank_last = int((logits[i, -1] > logits[i, -1, final[-1]]).sum()) + 1
         topk = p[-1].topk(k)
         layers.append({
             "name": "h0" if i == 0 else f"block {i - 1}", "cells": cells, "rank": rank_last,
-            "ranks": [int((logits[i, t] > logits[i, t, final[t]]).sum()) + 1 for t in range(start, T)],
+            "ranks": [int((logits[i, t] > logits[i, t, final[t]]).sum()) + 1 for t in range(T - start)],
             "topk": [{"text": visible(token_text(int(j))), "prob": float(q)}
                      for q, j in zip(topk.values, topk.indices, strict=True)],
         })

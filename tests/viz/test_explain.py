@@ -10,6 +10,7 @@ from app.errors import BadInput
 from app.model.ablation import ablated_last_logits
 from app.model.capture import run_traced
 from app.viz.explain import ablation_view, lens_logits, lens_view, parse_heads, sink_shares, sinks_view
+from app.viz.tokens import visible
 
 
 def test_sink_shares_on_hand_made_weights():
@@ -31,7 +32,7 @@ def lens_model(request, family_models):
 
 def test_the_lens_of_the_last_layer_is_the_models_logits(lens_model):
     lm = lens_model
-    ids = lm.encode("the cat sat on the mat.")
+    ids = lm.encode("the cat sat on the mat. the dog sat on the rug, and the bird sat on the tree.")
     trace = run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids))
     resid = [trace["embed.h0"][0]] + [trace[f"blocks.{i}.resid_out"][0] for i in range(lm.adapter.n_layer)]
     logits = lens_logits(lm.adapter, resid)
@@ -40,6 +41,15 @@ def test_the_lens_of_the_last_layer_is_the_models_logits(lens_model):
     v = lens_view(lm.adapter, resid, token_texts=trace.token_texts, token_text=lm.token_text)
     assert v["layers"][-1]["rank"] == 1 and all(c["final"] for c in v["layers"][-1]["cells"])
     assert len(v["layers"][0]["cells"]) == min(12, len(ids))
+    # The view reads out only the positions it shows: the same tokens and ranks as the whole read-out.
+    start = len(ids) - len(v["positions"])
+    assert start == len(ids) - 12 > 0 and v["positions"] == list(range(start, len(ids)))
+    final = logits[-1].argmax(-1)
+    shown = range(start, len(ids))
+    for i, layer in enumerate(v["layers"]):
+        top = logits[i].argmax(-1)
+        assert [c["text"] for c in layer["cells"]] == [visible(lm.token_text(int(top[t]))) for t in shown]
+        assert layer["ranks"] == [int((logits[i, t] > logits[i, t, final[t]]).sum()) + 1 for t in shown]
 
 
 def test_ablation_equals_removing_the_heads_slice_by_hand(tiny):
