@@ -38,6 +38,10 @@ class Settings:
     # Memory for captured traces kept while a user clicks around (least recently used evicted first).
     # A trace keeps only what the pages show (about 0.13 MB per token on DistilGPT-2).
     trace_cache_bytes: int = 256 * 1024**2
+    # One trace larger than that budget (a long prompt: 1024 tokens on DistilGPT-2 keep about 410 MB, most of it
+    # 6 × 12 attention maps of 1024²) is still kept, alone, up to this size; else every panel of its page would
+    # recompute the whole capture. 0: never keep a trace over the budget.
+    trace_keep_one_bytes: int = 512 * 1024**2
     # A trace nobody looked at for this long is dropped (a later click recomputes it from its key).
     trace_ttl_s: float = 45.0
     # Decode sessions: idle ones are released after the TTL (a timer checks every ``purge_interval_s``).

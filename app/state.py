@@ -82,7 +82,7 @@ class AppState:
         state = cls(
             settings=s,
             registry=registry,
-            traces=TraceStore(s.trace_cache_bytes, ttl_s=s.trace_ttl_s),
+            traces=TraceStore(s.trace_cache_bytes, ttl_s=s.trace_ttl_s, keep_one_bytes=s.trace_keep_one_bytes),
             sessions=SessionStore(ttl_s=ttl, max_sessions=s.max_sessions, max_bytes=s.session_cache_bytes,
                                   max_steps=s.max_decode_steps, max_per_owner=s.max_sessions_per_browser),
             paged_pools=OwnedTable(kind="pools", per_owner=s.max_paged_pools_per_browser,

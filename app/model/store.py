@@ -36,11 +36,14 @@ def slim(trace: Trace) -> Trace:
 class TraceStore:
     """Least-recently-used cache of traces; the total of ``Trace.nbytes()`` stays under ``max_bytes``.
 
-    A trace larger than the whole budget is returned to the caller but not kept.
+    A trace larger than the whole budget is kept alone (every other trace evicted) if it is at most
+    ``keep_one_bytes``, so a long prompt's page does not recompute it for each panel; a bigger one is returned
+    to the caller but not kept. Memory held: at most max(max_bytes, keep_one_bytes).
     """
 
-    def __init__(self, max_bytes: int, ttl_s: float = float("inf")) -> None:
+    def __init__(self, max_bytes: int, ttl_s: float = float("inf"), keep_one_bytes: int = 0) -> None:
         self.max_bytes = max_bytes
+        self.keep_one_bytes = keep_one_bytes
         self.ttl_s = ttl_s  # a trace nobody looked at for this long is dropped by ``purge`` (recomputable)
         self._items: OrderedDict[Hashable, tuple[Trace, int]] = OrderedDict()
         self._used: dict[Hashable, float] = {}
@@ -71,7 +74,7 @@ class TraceStore:
             size = trace.nbytes()
             with self._lock:
                 self.misses += 1
-                if size <= self.max_bytes and key not in self._items:
+                if size <= max(self.max_bytes, self.keep_one_bytes) and key not in self._items:
                     while self._items and self.bytes + size > self.max_bytes:
                         old_key, (_, old) = self._items.popitem(last=False)
                         self._used.pop(old_key, None)
