@@ -59,10 +59,14 @@ def test_a_real_mouse_reaches_stop_during_run_n_and_the_page_does_not_scroll(pag
     box = page.locator("#stop").bounding_box()
     assert box and box["y"] >= 0 and box["y"] + box["height"] <= 720  # Stop is on screen
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-    at_click = int(page.evaluate("document.body.dataset.decodeStep"))
+    # The step shown when the click reaches Stop (a capture listener runs before the page's own): reading it
+    # here, before the mouse moves, would let a fast step slip in between.
+    page.evaluate("""() => document.getElementById("stop").addEventListener("click",
+        () => { document.body.dataset.stopAt = document.body.dataset.decodeStep; }, { capture: true })""")
     page.mouse.down()
     page.mouse.up()
     page.wait_for_function("document.getElementById('run').disabled === false", timeout=30_000)
+    at_click = int(page.evaluate("document.body.dataset.stopAt"))
     ended = int(page.evaluate("document.body.dataset.decodeStep"))
     page.wait_for_timeout(600)
     assert int(page.evaluate("document.body.dataset.decodeStep")) == ended <= at_click + 1
