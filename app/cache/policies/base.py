@@ -26,10 +26,12 @@ positions a policy reports (``kept_positions``) are the real per-head ones.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 
 
-class EvictingKVStore:
+class EvictingKVStore(ABC):
     """Base of the token-dropping policies; subclasses implement ``choose`` (and may score tokens)."""
 
     window: int | None = None
@@ -85,7 +87,7 @@ class EvictingKVStore:
         per_kv.index_add_(0, self.kv_map, weights)
         self.score(layer, per_kv)
 
-    def score(self, layer: int, weights_kv: torch.Tensor) -> None:
+    def score(self, layer: int, weights_kv: torch.Tensor) -> None:  # noqa: B027 (a hook, empty by default)
         """Policies that rank tokens by attention override this."""
 
     def end(self, n_new: int) -> None:
@@ -99,9 +101,9 @@ class EvictingKVStore:
                 idx = idx.sort(dim=1).values  # keep position order
                 self.gather(layer, idx)
 
+    @abstractmethod
     def choose(self, layer: int, n: int) -> torch.Tensor:
-        """Which ``budget`` of the ``n`` slots each head keeps: (H_kv, budget) indices."""
-        raise NotImplementedError
+        """Which ``budget`` of the ``n`` slots each head keeps: (H_kv, budget) indices (each policy's rule)."""
 
     def gather(self, layer: int, idx: torch.Tensor) -> None:
         expand = idx[..., None].expand(-1, -1, self.head_dim)
