@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from app.model.loading import LoadedModel, ModelRegistry, load_builtin, load_dir
 from app.settings import Settings
 from app.state import AppState
-from tests.live import serve_in_thread
+from tests.live import browser_page, serve_in_thread
 from tests.shaped_model import TINY_FAMILIES, build_distilgpt2_shaped, build_tiny_family
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -145,10 +145,5 @@ def browser():
 def page(browser):
     # bypass_csp: Playwright's wait_for_function("expression") evaluates a string, which the app's CSP
     # (no 'unsafe-eval') forbids. tests/web/test_csp_browser.py loads every page with the CSP enforced.
-    context = browser.new_context(viewport={"width": 1400, "height": 1000}, bypass_csp=True)
-    pg = context.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.js_errors = errors  # type: ignore[attr-defined]
-    yield pg
-    context.close()
+    with browser_page(browser, viewport={"width": 1400, "height": 1000}) as pg:
+        yield pg

@@ -37,3 +37,18 @@ def serve_in_thread(state) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@contextmanager
+def browser_page(browser, **context_options):
+    """A page in a fresh context (CSP bypassed, see conftest's ``page``) whose uncaught JS errors are collected
+    in ``page.js_errors``; the context is closed afterwards."""
+    context = browser.new_context(bypass_csp=True, **context_options)
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.js_errors = errors  # type: ignore[attr-defined]
+    try:
+        yield pg
+    finally:
+        context.close()

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.live import browser_page
+
 pytestmark = pytest.mark.browser
 
 AXE = Path(__file__).resolve().parents[1] / ".node" / "node_modules" / "axe-core" / "axe.min.js"
@@ -99,13 +101,8 @@ SERIOUS = ("serious", "critical")
 def a11y_page(browser):
     """One page for the whole module (a desktop window; tests resize it when they need a phone)."""
     assert AXE.exists(), f"axe-core is missing at {AXE}: run `make axe-deps` (make test does)"
-    context = browser.new_context(viewport={"width": 1280, "height": 720}, bypass_csp=True)
-    pg = context.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.js_errors = errors  # type: ignore[attr-defined]
-    yield pg
-    context.close()
+    with browser_page(browser, viewport={"width": 1280, "height": 720}) as pg:
+        yield pg
 
 
 def test_axe_finds_nothing_serious_on_any_page_in_chinese(a11y_page, live_server):

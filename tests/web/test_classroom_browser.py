@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.live import browser_page
+
 pytestmark = pytest.mark.browser
 
 PROMPT = "The cat sat on the mat."
@@ -13,13 +15,8 @@ PROMPT = "The cat sat on the mat."
 
 @pytest.fixture
 def projector(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 720}, accept_downloads=True, bypass_csp=True)
-    pg = context.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.js_errors = errors  # type: ignore[attr-defined]
-    yield pg
-    context.close()
+    with browser_page(browser, viewport={"width": 1280, "height": 720}, accept_downloads=True) as pg:
+        yield pg
 
 
 def open_inspect(page, base: str, query: str) -> None:
