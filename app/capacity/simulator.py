@@ -311,6 +311,20 @@ class Simulator:
         self.waiting.appendleft(victim)
         return victim
 
+    def _computed(self, q: _Req, c: int, first: list[_Req], done: list[_Req]) -> None:
+        """A chunk of prompt (or a recompute) ran: ``c`` tokens are computed; full blocks get their hashes and,
+        once all are computed, the step samples one token (the first one ends TTFT)."""
+        q.num_computed = c
+        if self.cfg.prefix_caching and c // self.cfg.block_size > q.num_hashed:
+            self._hash_full_blocks(q)
+        if c == q.num_tokens:
+            q.num_output += 1
+            q.num_tokens = c + 1
+            if q.first_token is None:
+                first.append(q)
+            if q.num_output >= q.target:
+                done.append(q)
+
     def step(self) -> StepRecord:
         """Schedule (running first, then waiting) and run one step.
 
@@ -434,17 +448,7 @@ class Simulator:
             else:
                 prefill += n
                 nsched += 1
-            c += n
-            q.num_computed = c
-            if caching and c // bs > q.num_hashed:
-                self._hash_full_blocks(q)
-            if c == q.num_tokens:  # all computed: the step samples one token
-                q.num_output += 1
-                q.num_tokens = c + 1
-                if q.first_token is None:
-                    first.append(q)
-                if q.num_output >= q.target:
-                    done.append(q)
+            self._computed(q, c + n, first, done)
         if self.n_lazy:  # every lazy request still running decoded one token
             decode += self.n_lazy
             kv_read += self.lazy_sumc + self.n_lazy
@@ -483,17 +487,7 @@ class Simulator:
                 prefill += n
                 if sched is not None:
                     sched.append((q.r.rid, n))
-                c = hit_tokens + n
-                q.num_computed = c
-                if caching and c // bs > q.num_hashed:
-                    self._hash_full_blocks(q)
-                if c == q.num_tokens:
-                    q.num_output += 1
-                    q.num_tokens = c + 1
-                    if q.first_token is None:
-                        first.append(q)
-                    if q.num_output >= q.target:
-                        done.append(q)
+                self._computed(q, hit_tokens + n, first, done)
         start = self.now
         nsched += decode
         duration = self.cost(prefill, decode, kv_read, nsched) if nsched else 0.0
