@@ -42,6 +42,10 @@ class Settings:
     # 6 × 12 attention maps of 1024²) is still kept, alone, up to this size; else every panel of its page would
     # recompute the whole capture. 0: never keep a trace over the budget.
     trace_keep_one_bytes: int = 512 * 1024**2
+    # Prompts up to this many tokens get every position's logits (the shape trace shows (1, T, V), as the
+    # article does); longer ones only the last position's, the ones that choose the next token. On GPT-2 the
+    # rest cost 0.2 MB per token and, at T=512, 40% of the forward pass.
+    full_logits_max_tokens: int = 256
     # A trace nobody looked at for this long is dropped (a later click recomputes it from its key).
     trace_ttl_s: float = 45.0
     # Decode sessions: idle ones are released after the TTL (a timer checks every ``purge_interval_s``).

@@ -113,7 +113,8 @@ class AppState:
     def _compute(self, lm: LoadedModel, ids: list[int]) -> Trace:
         with self.model_lock:
             # Token texts as the pages show them: a byte piece of a multi-byte character by its byte values.
-            return slim(run_traced(lm.model, lm.adapter, ids, honest_texts(lm, ids)))
+            return slim(run_traced(lm.model, lm.adapter, ids, honest_texts(lm, ids),
+                                   all_logits=len(ids) <= self.settings.full_logits_max_tokens))
 
     def trace_prompt(self, model: str | None, prompt: str | None) -> tuple[LoadedModel, str, Trace]:
         lm = self.model(model)

@@ -91,19 +91,23 @@ def run_traced(
     *,
     cache=None,
     keep_cache: bool = True,
+    all_logits: bool = True,
 ) -> Trace:
-    """One forward pass over ``token_ids`` (appended after ``cache`` if given), fully captured."""
+    """One forward pass over ``token_ids`` (appended after ``cache`` if given), fully captured.
+
+    ``all_logits=False`` computes the logits of the last position only, the ones that choose the next token
+    (as serving engines and ``generate`` do): at T=512 on GPT-2 the others would be 103 MB and 40% of the pass.
+    """
     past = cache.get_seq_length() if cache is not None else 0
     if keep_cache and cache is None:
         cache = DynamicCache(config=model.config)
     input_ids = torch.tensor([token_ids], dtype=torch.long)
     with capture(adapter) as rec:
-        out = model(input_ids=input_ids, cache=cache if keep_cache else None, use_cache=keep_cache)
+        out = model(input_ids=input_ids, cache=cache if keep_cache else None, use_cache=keep_cache,
+                    logits_to_keep=0 if all_logits else 1)
     tensors = adapter.derive(rec.tensors)
     tensors["probs"] = torch.softmax(out.logits[:, -1].float(), dim=-1)  # (B, V) next-token distribution
-    # (B, V) the last position's logits, what head ablation compares with: a copy, not a view that would keep
-    # every position's logits alive in a slimmed trace
-    tensors["last_logits"] = out.logits[:, -1].clone()
+    tensors["last_logits"] = out.logits[:, -1].clone()  # (B, V) what head ablation compares with
     trace = Trace(
         token_ids=list(token_ids),
         token_texts=list(token_texts),

@@ -127,3 +127,12 @@ def test_decode_step_trace_sees_only_the_new_token(distil, trace):
     assert tuple(step["logits"].shape) == (1, 1, 50257)
     recomputed = torch.softmax(step.masked_scores(2), -1)
     assert (recomputed - step.weights(2)).abs().max().item() <= 1e-5
+
+
+def test_last_position_logits_only_equal_the_full_forwards_last_row(distil, trace):
+    ids = trace.token_ids
+    short = run_traced(distil.model, distil.adapter, ids, distil.token_texts(ids), all_logits=False)
+    assert tuple(short["logits"].shape) == (1, 1, 50257)
+    assert torch.allclose(short["logits"][0, -1], trace["logits"][0, -1], atol=1e-4)
+    assert torch.equal(short["probs"], short["logits"][:, -1].softmax(-1))
+    assert torch.allclose(short["blocks.5.attn.weights"], trace["blocks.5.attn.weights"])

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import torch
+
+from app.viz.inspect import inspect_view
+from tests.conftest import make_state
+
 
 def test_healthz(client):
     body = client.get("/healthz").json()
@@ -28,6 +33,19 @@ def test_trace_api_returns_tokens_and_shape_trace(client):
     assert rows["blocks.0.attn.qkv"]["shape"] == "(1, 4, 2304)"
     assert rows["blocks.0.attn.q"]["shape"] == "(1, 12, 4, 64)"
     assert rows["logits"]["shape"] == "(1, 4, 50257)"
+    assert rows["logits"]["explain_key"] == "step.logits"
+
+
+def test_a_prompt_over_the_full_logits_limit_keeps_only_the_last_positions_logits(settings, distil):
+    from app.model.capture import run_traced
+
+    state = make_state(settings.with_(full_logits_max_tokens=3), distil)
+    lm, key, trace = state.trace_prompt(None, "The cat sat on")
+    rows = {r["name"]: r for g in inspect_view(lm, key, trace)["shape_trace"] for r in g["rows"]}
+    assert rows["logits"]["shape"] == "(1, 1, 50257)"
+    assert rows["logits"]["explain_key"] == "step.logits_last"
+    full = run_traced(distil.model, distil.adapter, trace.token_ids, trace.token_texts)
+    assert torch.allclose(trace["probs"], full["probs"], atol=1e-6)
 
 
 def test_htmx_submit_returns_the_fragment(client):
