@@ -59,10 +59,17 @@
     syncUrl();
     markToken();
     markGrid();
-    if (S.layer !== before.layer || S.head !== before.head || S.kind !== before.kind) drawHead();
-    else drawRow();
-    if (S.layer !== before.layer || S.head !== before.head || S.q !== before.q) {
-      htmx.ajax("GET", `/inspect/${S.key}/query?layer=${S.layer}&head=${S.head}&q=${S.q}`, "#query-panels");
+    const url = `/inspect/${S.key}/query?layer=${S.layer}&head=${S.head}&q=${S.q}`;
+    const panels = S.layer !== before.layer || S.head !== before.head || S.q !== before.q;
+    if (panels) S.panelsWanted = url;
+    const loadPanels = () => { if (panels && url === S.panelsWanted) htmx.ajax("GET", url, "#query-panels"); };
+    if (S.layer !== before.layer || S.head !== before.head || S.kind !== before.kind) {
+      // The heatmap first, then the panels below it (on 2 cores the two requests would share the CPU and
+      // both arrive late). A newer selection made meanwhile asks for its own panels.
+      drawHead().finally(loadPanels);
+    } else {
+      drawRow();
+      loadPanels();
     }
   }
 
@@ -261,7 +268,7 @@
     el.on("plotly_unhover", () => markHeat(null));
     document.getElementById("head-label").textContent =
       kv.t("js.inspect.head_label", { layer: S.layer, head: S.head, rows: m.rows, cols: m.cols });
-    document.body.dataset.heatmapDrawn = String((+document.body.dataset.heatmapDrawn || 0) + 1);
+    heatmapDrawn();
     document.body.dataset.heatmapPlotly = String((+document.body.dataset.heatmapPlotly || 0) + 1);
     drawRow();
   }
@@ -290,7 +297,14 @@
     box.replaceChildren(c);
     document.getElementById("head-label").textContent =
       kv.t("js.inspect.head_label", { layer: S.layer, head: S.head, rows: m.rows, cols: m.cols });
+    heatmapDrawn();
+  }
+
+  /* Counted for tests and benchmarks; the explainer panels below (sinks, lens, ablation) are asked for on the
+     first one, so their requests never hold up the heatmap's. */
+  function heatmapDrawn() {
     document.body.dataset.heatmapDrawn = String((+document.body.dataset.heatmapDrawn || 0) + 1);
+    document.body.dispatchEvent(new CustomEvent("kv-heatmap"));
   }
 
   /* The selected query's row framed; the hovered key's column too (both as layout shapes: no redraw of cells). */

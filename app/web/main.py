@@ -23,7 +23,7 @@ from app.state import AppState
 from app.web import assets
 from app.web.deps import is_htmx
 from app.web.middleware import BodyLimit
-from app.web.render import ROOT, localize, render, request_lang
+from app.web.render import NO_GZIP, ROOT, localize, render, request_lang
 from app.web.routes import all_routers
 from app.web.security import HostAndOrigin, OwnerCookie, SecurityHeaders, allowed_hosts
 
@@ -57,7 +57,7 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
     app.state.kv = state
     # The last added runs first: headers go on every answer, foreign hosts and origins are refused before
     # anything else runs, then the owner cookie, the body limit and compression.
-    app.add_middleware(GZipMiddleware, minimum_size=1024)
+    app.add_middleware(GZipMiddleware, minimum_size=1024, exclude_content_types=NO_GZIP)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(OwnerCookie)
     app.add_middleware(HostAndOrigin, hosts=allowed_hosts(settings.host, settings.allowed_hosts),

@@ -6,6 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from fastapi import Request
+from fastapi.responses import JSONResponse
 from fastapi.templating import Jinja2Templates
 
 from app.i18n import DEFAULT_LANG, available_languages, catalog, html_lang, translator
@@ -20,6 +21,17 @@ TEMPLATES.env.filters["num"] = lambda x, d=4: f"{x:.{d}f}"
 TEMPLATES.env.filters["bytes"] = lambda n: human_bytes(n)
 TEMPLATES.env.globals["localize"] = lambda text, lang: localize(text, lang)
 TEMPLATES.env.globals["asset"] = lambda url: _asset(url)
+
+
+class MatrixJSON(JSONResponse):
+    """JSON carrying base64 float32 tensors, sent uncompressed: float mantissas hardly compress (gzip saves the
+    base64 overhead only, 26% of a T=512 head's 700 KB) and compressing them took 45 ms per head on the server,
+    the class's shared CPU. The media type is what the GZip middleware skips (``NO_GZIP``)."""
+
+    media_type = "application/x-kvscope-matrix+json"
+
+
+NO_GZIP = ("text/event-stream", MatrixJSON.media_type)
 
 
 def _asset(url: str) -> str:

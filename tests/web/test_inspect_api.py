@@ -22,6 +22,17 @@ def test_attention_endpoint_matches_the_trace(client, state, key):
     assert body["rows"] == body["cols"] == 4
 
 
+def test_matrices_travel_uncompressed_and_the_rest_gzipped(client):
+    long = " ".join(["the cat sat on the mat"] * 60)
+    r = client.get("/", params={"prompt": long}, headers={"Accept-Encoding": "gzip"})
+    assert r.headers["content-encoding"] == "gzip"
+    key = client.get("/api/trace", params={"prompt": long}).json()["key"]
+    r = client.get(f"/api/traces/{key}/attention/0/0", headers={"Accept-Encoding": "gzip"})
+    assert "content-encoding" not in r.headers
+    assert r.headers["content-type"].startswith("application/x-kvscope-matrix+json")
+    assert r.json()["rows"] == 360
+
+
 def test_arithmetic_and_embedding_endpoints(client, key):
     a = client.get(f"/api/traces/{key}/arithmetic/0/0/3").json()
     assert [r["pos"] for r in a["rows"]] == [0, 1, 2, 3]

@@ -92,3 +92,38 @@ def test_heatmap_marks_the_query_row_names_positions_and_scales_colours(page, li
                            " === JSON.stringify(kv.weightScale('linear'))")
     assert "scale=linear" in page.url
     assert page.js_errors == []
+
+
+# Records, for every XHR the page opens (htmx uses XHR), how many heatmaps were drawn at that moment.
+DRAWN_AT_OPEN = """window.__opened = []; const open = XMLHttpRequest.prototype.open;
+XMLHttpRequest.prototype.open = function (m, url, ...rest) {
+  window.__opened.push([String(url), +(document.body && document.body.dataset.heatmapDrawn) || 0]);
+  return open.call(this, m, url, ...rest); };"""
+
+
+def test_the_heatmap_is_asked_for_first_and_once(page, live_server):
+    """The first head's matrix is preloaded (one request, not two); the explainer panels are asked for once the
+    heatmap is drawn; after a click on another head, the query panels once its heatmap is drawn."""
+    events: list[tuple[str, str]] = []
+    page.on("request", lambda r: events.append(("start", r.url)))
+    page.on("requestfinished", lambda r: events.append(("done", r.url)))
+    page.add_init_script(DRAWN_AT_OPEN)
+    page.goto(live_server + "/?prompt=The%20cat%20sat%20on%20the%20mat")
+    page.wait_for_selector("#sinks-panel")
+    page.wait_for_function("document.querySelectorAll('.explainer-slot').length === 0")
+
+    def first(kind: str, part: str, after: int = 0) -> int:
+        return next(i for i, (k, u) in enumerate(events) if i >= after and k == kind and part in u)
+
+    attention = [u for k, u in events if k == "start" and "/attention/" in u]
+    assert len(attention) == 1 and attention[0].endswith("/attention/0/0?kind=weights")
+    opened = {url.split("/")[-1].split("?")[0]: drawn for url, drawn in page.evaluate("window.__opened")}
+    assert opened["sinks"] >= 1 and opened["lens"] >= 1 and opened["ablate"] >= 1
+
+    n = int(page.evaluate("+document.body.dataset.heatmapDrawn"))
+    mark = len(events)
+    page.click("#head-grid canvas[data-layer='1'][data-head='4']")
+    page.wait_for_function(f"+document.body.dataset.heatmapDrawn > {n}")
+    page.wait_for_selector("#math-panel .shape:has-text('layer 1')")
+    assert first("start", "/query?layer=1&head=4", mark) > first("done", "/attention/1/4", mark)
+    assert page.js_errors == []

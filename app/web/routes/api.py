@@ -8,6 +8,7 @@ from app.viz.attention import arithmetic, embedding_rows, grid_thumbnails, head_
 from app.viz.inspect import inspect_view
 from app.viz.models import model_card
 from app.web.deps import StateDep
+from app.web.render import MatrixJSON
 
 router = APIRouter()
 
@@ -39,11 +40,11 @@ def read_grid(state: StateDep, key: str, size: int = Query(48, ge=4, le=128)) ->
     return grid_thumbnails(trace, size=size)
 
 
-@router.get("/api/traces/{key}/attention/{layer}/{head}", tags=["inspect"])
-def read_attention(state: StateDep, key: str, layer: int, head: int, kind: str = "weights") -> dict:
+@router.get("/api/traces/{key}/attention/{layer}/{head}", tags=["inspect"], response_class=MatrixJSON)
+def read_attention(state: StateDep, key: str, layer: int, head: int, kind: str = "weights") -> MatrixJSON:
     """One head's matrix (weights, masked or raw scores) as base64 float32."""
     _, trace = state.trace_by_key(key)
-    return head_matrix(trace, layer, head, kind)
+    return MatrixJSON(head_matrix(trace, layer, head, kind))
 
 
 @router.get("/api/traces/{key}/arithmetic/{layer}/{head}/{q}", tags=["inspect"])
