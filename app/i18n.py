@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
+from urllib.parse import parse_qs
 
 LOCALES = Path(__file__).with_name("locales")
 DEFAULT_LANG = "en"
@@ -55,6 +56,19 @@ def pick_lang(query: str | None, header: str | None, cookie: str | None, accept:
         if candidate in languages:
             return candidate
     return accept_language(accept, languages) or DEFAULT_LANG
+
+
+def scope_lang(scope: dict) -> str:
+    """``pick_lang`` for a raw ASGI request scope, for code that runs outside FastAPI (middleware, the start-up
+    app of ``app/web/boot.py``): no Starlette import."""
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("lang", [None])[0]
+    cookie = None
+    for part in headers.get("cookie", "").split(";"):
+        name, _, value = part.strip().partition("=")
+        if name == LANG_COOKIE:
+            cookie = value
+    return pick_lang(query, headers.get(LANG_HEADER), cookie, headers.get("accept-language", ""))
 
 
 def accept_language(header: str, languages: list[str]) -> str | None:

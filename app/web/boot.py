@@ -16,7 +16,7 @@ more (a minute or two when the built-in model must be trained). Rather than refu
 Invariants: the heavy work never runs on the event loop (only the real lifespan's cheap part does); requests
 reach the real app only after its lifespan has started; lifespan shutdown ends the real app's lifespan too.
 This module imports no torch, transformers, FastAPI or Starlette (a test checks it in a fresh interpreter):
-``app.web.security`` is imported for the headers every answer carries, and it needs only the standard library.
+``app.web.security`` (standard library only) gives the headers and the Host/Origin checks the real app applies.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from urllib.parse import parse_qs
 import uvicorn
 
 from app import startup
-from app.i18n import DEFAULT_LANG, LANG_COOKIE, LANG_HEADER, available_languages, html_lang, pick_lang, translate
+from app.i18n import DEFAULT_LANG, available_languages, html_lang, scope_lang, translate
 from app.settings import Settings
-from app.web.security import SecurityHeaders
+from app.web.security import HostAndOrigin, SecurityHeaders, allowed_hosts
 
 ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 Loader = Callable[[Settings], ASGIApp]
@@ -76,8 +76,11 @@ class BootApp:
         self.failed: BaseException | None = None
         self._preparing: asyncio.Task | None = None
         self._lifespan: _Lifespan | None = None
-        # The same headers the real app sends on every answer (CSP, nosniff, no framing, referrer policy).
-        self._starting = SecurityHeaders(self._answer_starting)
+        # As the real app: its headers on every answer (CSP, nosniff, no framing, referrer policy), foreign
+        # Host names refused (DNS rebinding) and state-changing requests from other sites too.
+        self._starting = SecurityHeaders(HostAndOrigin(
+            self._answer_starting, hosts=allowed_hosts(settings.host, settings.allowed_hosts),
+            any_ip=settings.host in ("0.0.0.0", "::")))
 
     async def __call__(self, scope: dict, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -186,6 +189,7 @@ class _Request:
     """What the starting answers need from a request: its language, query and whether a person asked for a page."""
 
     def __init__(self, scope: dict) -> None:
+        self.scope = scope
         self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
         self.params = parse_qs(scope.get("query_string", b"").decode("latin-1"), encoding="utf-8",
                                errors="replace")
@@ -195,17 +199,9 @@ class _Request:
         values = self.params.get(name)
         return values[0] if values else None
 
-    def cookie(self, name: str) -> str | None:
-        for part in self.headers.get("cookie", "").split(";"):
-            key, _, value = part.strip().partition("=")
-            if key == name:
-                return value
-        return None
-
     def lang(self) -> str:
         """As the real app picks it (app/web/render.py): ?lang=, X-KVScope-Lang, the cookie, Accept-Language."""
-        return pick_lang(self.query("lang"), self.headers.get(LANG_HEADER), self.cookie(LANG_COOKIE),
-                         self.headers.get("accept-language", ""))
+        return scope_lang(self.scope)
 
     def wants_page(self) -> bool:
         """A person followed a link or typed a URL (not a page script's or htmx's request, nor the API)."""

@@ -22,6 +22,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from app import startup
+from app.i18n import translate
 from app.settings import Settings
 from app.web import boot
 from app.web.security import CSP
@@ -72,7 +73,7 @@ def gated():
         return fake
 
     ready: list[float] = []
-    app = boot.BootApp(Settings(), loader=loader, on_ready=ready.append)
+    app = boot.BootApp(Settings(allowed_hosts=("testserver",)), loader=loader, on_ready=ready.append)
     with TestClient(app) as client:
         yield client, gate, fake, calls, ready
     assert fake.events[-1] == "shutdown"  # the boot app's shutdown ended the real app's lifespan
@@ -126,6 +127,10 @@ def test_while_preparing_every_request_is_answered_at_once_then_the_real_app_ser
         assert r.status_code == 503 and r.headers["retry-after"] == "2", path
         assert marker in r.json()["detail"], (path, r.json())
     assert client.head("/", headers=PAGE).content == b""
+    # The real app's Host and Origin rules hold from the first second (DNS rebinding, cross-site posts).
+    r = client.get("/healthz", headers={"host": "evil.example", "Accept-Language": "zh"})
+    assert r.status_code == 400 and r.json()["detail"] == translate("sturdy.host_refused", "zh")
+    assert client.post("/api/prefix/reset", headers={"origin": "http://evil.example"}).status_code == 403
     assert fake.events == []  # the real app was neither started nor reached
 
     gate.set()
@@ -154,7 +159,7 @@ def test_a_failed_start_is_reported_and_stops_the_server(how, capfd):
         return _RefusesToStart()
 
     failures: list[BaseException] = []
-    app = boot.BootApp(Settings(), loader=loader, on_failure=failures.append)
+    app = boot.BootApp(Settings(allowed_hosts=("testserver",)), loader=loader, on_failure=failures.append)
     with TestClient(app) as client:
         _until(lambda: failures, "the failure was reported")
         r = client.get("/healthz")
