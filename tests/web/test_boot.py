@@ -74,8 +74,11 @@ def gated():
 
     ready: list[float] = []
     app = boot.BootApp(Settings(allowed_hosts=("testserver",)), loader=loader, on_ready=ready.append)
-    with TestClient(app) as client:
-        yield client, gate, fake, calls, ready
+    try:
+        with TestClient(app) as client:
+            yield client, gate, fake, calls, ready
+    finally:
+        gate.set()  # never leave the loader thread waiting, even when a test failed before opening the gate
     assert fake.events[-1] == "shutdown"  # the boot app's shutdown ended the real app's lifespan
 
 
