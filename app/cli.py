@@ -11,9 +11,9 @@ from app.settings import Settings
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from app.web.main import create_app
+    # The port opens at once with a small app that says the model is being prepared; torch, transformers and
+    # the models load in a thread behind it (app/web/boot.py).
+    from app.web.boot import serve
 
     settings = Settings.from_env()
     changes: dict = {"host": args.host or settings.host, "port": args.port or settings.port}
@@ -21,10 +21,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         changes["models"] = tuple(args.model)
     settings = settings.with_(**changes)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    app = create_app(settings)
-    # Prompts travel in the URL (so a link reopens the same view): allow long request lines.
-    uvicorn.run(app, host=settings.host, port=settings.port, h11_max_incomplete_event_size=512 * 1024)
-    return 0
+    return serve(settings)
 
 
 def cmd_download(args: argparse.Namespace) -> int:

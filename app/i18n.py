@@ -11,11 +11,15 @@ import json
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
+from urllib.parse import parse_qs
 
 LOCALES = Path(__file__).with_name("locales")
 DEFAULT_LANG = "en"
 # BCP 47 tags for <html lang>, where a catalog's file name is not one already.
 HTML_LANG = {"zh": "zh-Hans"}
+# Where a request names its language (app/web/render.py's request_lang, app/web/boot.py's start-up page).
+LANG_COOKIE = "kvscope_lang"
+LANG_HEADER = "x-kvscope-lang"
 
 
 @lru_cache
@@ -41,6 +45,47 @@ def available_languages() -> list[str]:
 
 def html_lang(lang: str) -> str:
     return HTML_LANG.get(lang, lang)
+
+
+def pick_lang(query: str | None, header: str | None, cookie: str | None, accept: str = "") -> str:
+    """A request's language from what it carries, first match wins: ``?lang=``, the page's own language
+    (``X-KVScope-Lang``), the ``kvscope_lang`` cookie, Accept-Language, else English. Values that name no
+    catalog are skipped."""
+    languages = available_languages()
+    for candidate in (query, header, cookie):
+        if candidate in languages:
+            return candidate
+    return accept_language(accept, languages) or DEFAULT_LANG
+
+
+def scope_lang(scope: dict) -> str:
+    """``pick_lang`` for a raw ASGI request scope, for code that runs outside FastAPI (middleware, the start-up
+    app of ``app/web/boot.py``): no Starlette import."""
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("lang", [None])[0]
+    cookie = None
+    for part in headers.get("cookie", "").split(";"):
+        name, _, value = part.strip().partition("=")
+        if name == LANG_COOKIE:
+            cookie = value
+    return pick_lang(query, headers.get(LANG_HEADER), cookie, headers.get("accept-language", ""))
+
+
+def accept_language(header: str, languages: list[str]) -> str | None:
+    """The best of ``languages`` in an Accept-Language header (``"zh-CN,zh;q=0.9,en;q=0.8"`` → ``"zh"``)."""
+    ranked = []
+    for i, part in enumerate(header.split(",")):
+        tag, _, params = part.strip().partition(";")
+        q = 1.0
+        if params.strip().startswith("q="):
+            try:
+                q = float(params.strip()[2:])
+            except ValueError:
+                q = 0.0
+        base = tag.strip().lower().split("-")[0]
+        if base in languages and q > 0:
+            ranked.append((-q, i, base))
+    return min(ranked)[2] if ranked else None
 
 
 class Term(str):

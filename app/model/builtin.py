@@ -34,6 +34,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
+from app import startup
 from app.training.trainer import StepInfo, TrainConfig, train
 
 CORPUS_PATH = Path(__file__).with_name("corpus.txt")
@@ -215,18 +216,25 @@ def train_builtin(target: Path, *, progress: ProgressFn | None = console) -> dic
     """Train the built-in model on its recipe and save it to ``target``; returns its kvscope.json metadata."""
     text = corpus_text()
     tokenizer = builtin_tokenizer()
-    kw = {}
+    printer = None
     if progress is not None:
         progress(f"Training the built-in model (cached in {target}): "
                  f"{TRAIN_CONFIG.steps} steps on {len(text):,} characters ...")
-        kw["on_step"] = progress_printer(TRAIN_CONFIG.steps, out=progress)
+        printer = progress_printer(TRAIN_CONFIG.steps, out=progress)
+
+    def on_step(info: StepInfo, *rest) -> None:
+        # The page a visitor gets while the server starts says how far training is (app/web/boot.py).
+        startup.report("boot.status.training", step=info.step + 1, total=TRAIN_CONFIG.steps)
+        if printer is not None:
+            printer(info, *rest)
+
     t0 = time.perf_counter()
     threads = torch.get_num_threads()
     # One thread: a 32-wide model's matrices are too small to share between cores, and on a busy machine
     # a second thread spends its time waiting for the first (measured: several times slower).
     torch.set_num_threads(1)
     try:
-        model, tokenizer, history = train_tiny(text, TRAIN_CONFIG, tokenizer=tokenizer, **kw)
+        model, tokenizer, history = train_tiny(text, TRAIN_CONFIG, tokenizer=tokenizer, on_step=on_step)
     finally:
         torch.set_num_threads(threads)
     seconds = time.perf_counter() - t0

@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from app import startup
 from app.model.adapters import ModelAdapter, adapter_class, adapter_for, supported_model_types
 from app.model.builtin import ensure_builtin
 from app.model.catalog import CATALOG, download_command
@@ -191,6 +192,7 @@ def load_registry(specs: tuple[str, ...], home: Path, hf_cache: str | None = Non
     failures: dict[str, str] = {}
     reasons: dict[str, tuple[str, dict]] = {}
     for spec in specs:
+        startup.report("boot.status.loading", model=spec)
         try:
             lm = load_spec(spec, home, hf_cache)
         except ModelUnavailable as exc:
@@ -201,6 +203,7 @@ def load_registry(specs: tuple[str, ...], home: Path, hf_cache: str | None = Non
         models[lm.name] = lm
     if not models:
         # Never start with nothing: the built-in model needs no network.
+        startup.report("boot.status.loading", model="builtin")
         lm = load_builtin(home)
         models[lm.name] = lm
     return ModelRegistry(models=models, default=next(iter(models)), failures=failures, reasons=reasons)

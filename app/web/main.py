@@ -30,6 +30,17 @@ from app.web.security import HostAndOrigin, OwnerCookie, SecurityHeaders, allowe
 log = logging.getLogger("kvscope")
 
 
+def load_state(settings: Settings) -> AppState:
+    """The models (``settings.models``, then the Training lab's saved ones) and the state built on them: the
+    slow part of start-up (seconds to minutes), blocking. ``kvscope serve`` runs it in a worker thread and
+    hands the result to ``create_app`` (``app/web/boot.py``); without a state, the lifespan calls it."""
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    registry = load_registry(settings.models, settings.home, settings.hf_cache)
+    load_saved_trained(registry, settings.home, keep=settings.max_trained_models)
+    return AppState.create(settings, registry)
+
+
 def create_app(settings: Settings | None = None, state: AppState | None = None) -> FastAPI:
     settings = settings or (state.settings if state else get_settings())
 
@@ -38,9 +49,7 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
         if getattr(app.state, "kv", None) is None:
-            registry = load_registry(settings.models, settings.home, settings.hf_cache)
-            load_saved_trained(registry, settings.home, keep=settings.max_trained_models)
-            app.state.kv = AppState.create(settings, registry)
+            app.state.kv = load_state(settings)
         for spec, why in app.state.kv.registry.failures.items():
             log.warning("%s: %s", spec, why)
         # Requests waiting for the model sit in worker threads; keep enough threads beyond the model queue's

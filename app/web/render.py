@@ -9,12 +9,20 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from fastapi.templating import Jinja2Templates
 
-from app.i18n import DEFAULT_LANG, available_languages, catalog, html_lang, translator
+from app.i18n import (  # noqa: F401  (LANG_COOKIE, LANG_HEADER, accept_language: imported from here too)
+    DEFAULT_LANG,
+    LANG_COOKIE,
+    LANG_HEADER,
+    accept_language,
+    available_languages,
+    catalog,
+    html_lang,
+    pick_lang,
+    translator,
+)
 from app.viz.shapes import fmt_shape
 
 ROOT = Path(__file__).resolve().parents[2]
-LANG_COOKIE = "kvscope_lang"
-LANG_HEADER = "x-kvscope-lang"
 TEMPLATES = Jinja2Templates(directory=str(ROOT / "templates"))
 TEMPLATES.env.filters["shape"] = fmt_shape
 TEMPLATES.env.filters["num"] = lambda x, d=4: f"{x:.{d}f}"
@@ -59,30 +67,9 @@ def request_lang(request: Request) -> str:
     """The language of a page or an API answer: ``?lang=`` if it names a catalog, else the page's own language
     (the ``X-KVScope-Lang`` header that kv.js and htmx requests carry, so a page opened with ``?lang=zh`` gets
     Chinese answers), else the ``kvscope_lang`` cookie, else the first catalog language in Accept-Language
-    (by q-value; ``zh-CN`` counts as ``zh``), else English."""
-    languages = available_languages()
-    for candidate in (request.query_params.get("lang"), request.headers.get(LANG_HEADER),
-                      request.cookies.get(LANG_COOKIE)):
-        if candidate in languages:
-            return candidate
-    return accept_language(request.headers.get("accept-language", ""), languages) or DEFAULT_LANG
-
-
-def accept_language(header: str, languages: list[str]) -> str | None:
-    """The best of ``languages`` in an Accept-Language header (``"zh-CN,zh;q=0.9,en;q=0.8"`` → ``"zh"``)."""
-    ranked = []
-    for i, part in enumerate(header.split(",")):
-        tag, _, params = part.strip().partition(";")
-        q = 1.0
-        if params.strip().startswith("q="):
-            try:
-                q = float(params.strip()[2:])
-            except ValueError:
-                q = 0.0
-        base = tag.strip().lower().split("-")[0]
-        if base in languages and q > 0:
-            ranked.append((-q, i, base))
-    return min(ranked)[2] if ranked else None
+    (by q-value; ``zh-CN`` counts as ``zh``), else English (``app.i18n.pick_lang``)."""
+    return pick_lang(request.query_params.get("lang"), request.headers.get(LANG_HEADER),
+                     request.cookies.get(LANG_COOKIE), request.headers.get("accept-language", ""))
 
 
 def localize(text: str, lang: str) -> str:

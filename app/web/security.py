@@ -24,7 +24,7 @@ import socket
 from urllib.parse import urlsplit
 
 from app.admission import current_owner
-from app.i18n import translate
+from app.i18n import scope_lang, translate
 
 OWNER_COOKIE = "kvscope_owner"
 _OWNER_RE = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
@@ -55,12 +55,9 @@ def _cookie(raw: bytes | None, name: str) -> str | None:
 
 
 def _lang(scope) -> str:
-    """The request's language (cookie, ?lang=, Accept-Language), as every other message uses."""
-    from starlette.requests import Request
-
-    from app.web.render import request_lang
-
-    return request_lang(Request(scope))
+    """The request's language (?lang=, the page's header, the cookie, Accept-Language), as every other message
+    uses; read from the scope without Starlette, so the start-up app (app/web/boot.py) can refuse hosts too."""
+    return scope_lang(scope)
 
 
 async def _reply(send, status: int, message: str) -> None:

@@ -8,6 +8,7 @@ import json
 
 import torch
 
+from app import startup
 from app.model.builtin import (
     SHIPPED_DIR,
     TRAIN_CONFIG,
@@ -77,6 +78,8 @@ def test_trains_when_the_recipe_changed(tmp_path, monkeypatch):
     assert len(meta["loss"]) == 30 and meta["recipe"] == builtin.recipe_fingerprint()
     assert lines[0].startswith("Training the built-in model") and "30/30" in lines[-2]
     assert lines[-1].startswith("Built-in model ready")
+    # The page shown while the server starts says how far training got (app/startup.py, app/web/boot.py).
+    assert startup.current() == ("boot.status.training", {"step": 30, "total": 30})
     lm = load_dir(path, name="builtin")
     assert lm.adapter.n_layer == 2 and len(lm.tokenizer) == meta["vocab_size"]
 
