@@ -184,16 +184,16 @@ def click_latency(browser, base: str, prompt: str, clicks: int) -> dict:
     try:
         page.goto(f"{base}/?prompt={quote(prompt)}", wait_until="commit", timeout=300_000)
         page.wait_for_function(KV_DRAWN, arg=0, polling="raf", timeout=300_000)
-        page.wait_for_selector("#head-grid canvas", timeout=60_000)
+        page.wait_for_selector("#head-grid .head-cell", timeout=60_000)
         page.wait_for_timeout(500)
-        n_layer = page.locator("#head-grid canvas[data-head='0']").count()
-        n_head = page.locator("#head-grid canvas[data-layer='0']").count()
+        n_layer = page.locator("#head-grid .head-cell[data-head='0']").count()
+        n_head = page.locator("#head-grid .head-cell[data-layer='0']").count()
         n_tok = page.locator("#token-strip .tok[data-pos]").count()
         heads, tokens = [], []
         for i in range(clicks):
             layer, head = (i * 5 + 1) % n_layer, (i * 7 + 3) % n_head
             n0 = int(page.evaluate("+document.body.dataset.heatmapDrawn || 0"))
-            page.locator(f"#head-grid canvas[data-layer='{layer}'][data-head='{head}']").click()
+            page.locator(f"#head-grid .head-cell[data-layer='{layer}'][data-head='{head}']").click()
             t = page.wait_for_function(KV_DRAWN, arg=n0, polling="raf", timeout=60_000).json_value()
             heads.append((t - page.evaluate("window.__clickT")) / 1e3)
             page.wait_for_timeout(300)  # let the arithmetic panel's request land before the next click

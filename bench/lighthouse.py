@@ -41,6 +41,7 @@ def run(url: str, out: Path, desktop: bool) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--desktop", action="store_true", help="desktop preset instead of the default mobile one")
+    p.add_argument("--only", choices=list(PAGES), help="one page only")
     args = p.parse_args(argv)
     if not LIGHTHOUSE.exists():
         print("lighthouse is not installed: run `make lighthouse-deps`", file=sys.stderr)
@@ -51,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with live_server(make_state(load_model())) as base:
         for name, path in PAGES.items():
+            if args.only and name != args.only:
+                continue
             urllib.request.urlopen(base + path, timeout=300).read()  # warm: the capture is cached server-side
             report = run(base + path, where / f"{name.strip('/').replace('?', '').replace('…', '') or 'root'}.json",
                          args.desktop)

@@ -213,33 +213,58 @@
   kv.plotlyReady = kv.plotly;  // the name the capacity, arena and export scripts use
   /* A box that scrolls (a wide table on a phone, a long list) can be scrolled from the keyboard: it joins the
      tab order while, and only while, its content overflows it and nothing inside it is in the tab order.
-     Checked after changes to the page (batched) and on resize. */
+     Boxes are measured in a ResizeObserver's callback, which the browser runs right after its own layout:
+     reading sizes there forces no extra layout (reading them from a timer made the browser lay the page out
+     again for each box read). After a change to the page (batched) every box is observed afresh, so it is
+     measured once more after the next layout; a box in a panel not laid out yet (content-visibility: auto,
+     below the fold) is measured when its panel comes into view and its size changes. */
   const SCROLLERS = "main table, main pre, main ol, main ul, main [class*=scroll], main [class*=wrap], main .formula";
-  function scrollBoxes() {
-    document.querySelectorAll(SCROLLERS).forEach((el) => {
+  const MAY_SCROLL = "table, pre, [class*=scroll], .formula";
+  const FOCUSABLE = "a[href], button, input, select, textarea, [tabindex]:not([tabindex='-1'])";
+  function measureBoxes(entries) {
+    const join = [], leave = [];  // all reads first, then the writes
+    for (const { target: el } of entries) {
+      if (!el.isConnected) continue;
+      const own = el.dataset.kvScroll === "1";
+      const free = !el.hasAttribute("tabindex") && !el.querySelector(FOCUSABLE);
       const st = getComputedStyle(el);
       const scrolls = (/(auto|scroll)/.test(st.overflowX) && el.scrollWidth > el.clientWidth + 1) ||
         (/(auto|scroll)/.test(st.overflowY) && el.scrollHeight > el.clientHeight + 1);
-      const own = el.dataset.kvScroll === "1";
-      if (scrolls && !el.hasAttribute("tabindex") && !el.querySelector("a[href], button, input, select, textarea, [tabindex]:not([tabindex='-1'])")) {
-        el.setAttribute("tabindex", "0");
-        el.dataset.kvScroll = "1";
-      } else if (!scrolls && own) {
-        el.removeAttribute("tabindex");
-        delete el.dataset.kvScroll;
-      }
-    });
+      if (scrolls && free) join.push(el);
+      else if (!scrolls && own) leave.push(el);
+    }
+    join.forEach((el) => { el.setAttribute("tabindex", "0"); el.dataset.kvScroll = "1"; });
+    leave.forEach((el) => { el.removeAttribute("tabindex"); delete el.dataset.kvScroll; });
   }
+  const boxes = window.ResizeObserver ? new ResizeObserver(measureBoxes) : null;
   let scrollTimer = null;
   const scrollSoon = () => {  // at most every 150 ms, and surely 150 ms after a change, however busy the page
-    if (!scrollTimer) scrollTimer = setTimeout(() => { scrollTimer = null; scrollBoxes(); }, 150);
+    if (!scrollTimer && boxes) scrollTimer = setTimeout(() => {
+      scrollTimer = null;
+      const unseen = [];
+      document.querySelectorAll(SCROLLERS).forEach((el) => {
+        boxes.unobserve(el);
+        boxes.observe(el);
+        // Not laid out yet (its panel is below the fold): one that may scroll is reachable until it is measured.
+        if (el.checkVisibility && el.checkVisibility() && !el.checkVisibility({ contentVisibilityAuto: true }) &&
+            el.matches(MAY_SCROLL) && !el.hasAttribute("tabindex") && !el.querySelector(FOCUSABLE)) unseen.push(el);
+      });
+      unseen.forEach((el) => { el.setAttribute("tabindex", "0"); el.dataset.kvScroll = "1"; });
+    }, 150);
   };
   document.addEventListener("DOMContentLoaded", () => {
-    scrollBoxes();
+    scrollSoon();
     const main = document.querySelector("main");
     if (main && window.MutationObserver) new MutationObserver(scrollSoon).observe(main, { childList: true, subtree: true });
     window.addEventListener("resize", scrollSoon);
   });
+  /* A closed <details> may hold its content in a <template class="on-open">: inert (no style, no layout) until
+     the reader opens it. A big page's first layout then covers only what is open. */
+  document.addEventListener("toggle", (e) => {
+    const d = e.target;
+    if (!d.open || !d.querySelectorAll) return;
+    d.querySelectorAll(":scope > template.on-open").forEach((t) => t.replaceWith(t.content));
+  }, true);
   /* Page-wide behaviour (no inline handlers: the Content-Security-Policy allows no inline script). */
   document.addEventListener("click", function (e) {
     const t = e.target;

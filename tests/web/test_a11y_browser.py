@@ -142,7 +142,7 @@ def _tab_until(page, test, limit: int = 30) -> dict:
 
 def drive_inspect_by_keyboard(page, base: str) -> None:
     page.goto(f"{base}/?prompt={Q}&model=builtin&layer=0&head=0&q=2")
-    page.wait_for_selector("#head-grid canvas[data-layer]")
+    page.wait_for_selector("#head-grid .head-cell[data-layer]")
     page.mouse.move(5, 5)
     _wait(page, "+(document.body.dataset.heatmapPlotly || 0) >= 1")
     drawn = lambda: int(page.evaluate("document.body.dataset.heatmapDrawn"))  # noqa: E731
@@ -186,7 +186,7 @@ def drive_inspect_by_keyboard(page, base: str) -> None:
     _wait(page, "new URL(location.href).searchParams.get('head') === '1'")
     assert "layer=1" in page.url
     _wait(page, f"+document.body.dataset.heatmapDrawn > {before}")
-    assert page.locator("#head-grid canvas[aria-pressed=true]").get_attribute("data-head") == "1"
+    assert page.locator("#head-grid .head-cell[aria-pressed=true]").get_attribute("data-head") == "1"
     page.keyboard.press("ArrowLeft")
     page.keyboard.press(" ")
     _wait(page, "new URL(location.href).searchParams.get('head') === '0'")

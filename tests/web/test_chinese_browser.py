@@ -77,7 +77,7 @@ def test_the_detector_finds_english_and_lets_terms_pass():
 def test_inspect_in_chinese(page, live_server):
     page.goto(live_server + "/?lang=zh&model=builtin&prompt=the+cat+sat")
     page.wait_for_function("document.body.dataset.heatmapDrawn >= '1'")
-    page.click("#head-grid canvas[data-layer='1'][data-head='2']")
+    page.click("#head-grid .head-cell[data-layer='1'][data-head='2']")
     page.click("#token-strip .tok[data-pos='1']")
     page.wait_for_timeout(500)
     check(page)

@@ -19,7 +19,7 @@ def test_pages_work_under_the_csp(browser, live_server):
     page.on("pageerror", lambda e: problems.append(str(e)))
     try:
         page.goto(live_server + "/?prompt=The%20cat%20sat%20on&model=builtin")
-        page.wait_for_selector("#head-grid canvas[data-layer]")
+        page.wait_for_selector("#head-grid .head-cell[data-layer]")
         page.wait_for_selector("body[data-heatmap-drawn]")
 
         page.goto(live_server + "/decode?model=builtin")

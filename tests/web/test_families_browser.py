@@ -28,7 +28,7 @@ def test_inspect_on_llama_shows_the_rotary_panel(page, llama_server):
     page.goto(llama_server + "/?prompt=The+cat+sat+on+the+mat.&layer=1&head=6")
     page.wait_for_selector("#rotary-panel")
     page.wait_for_function("document.body.dataset.heatmapDrawn >= '1'")
-    page.wait_for_function("document.querySelectorAll('#head-grid canvas').length === 16")  # 2 layers × 8 heads
+    page.wait_for_function("document.querySelectorAll('#head-grid .head-cell').length === 16")  # 2 layers × 8 heads
     text = page.inner_text("#rotary-panel")
     assert "reads KV head 1" in text
     scores = [float(x) for x in page.locator("#rope-demo tbody tr:not(.muted) td.w").all_inner_texts()]

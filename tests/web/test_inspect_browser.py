@@ -19,12 +19,12 @@ def test_inspect_walkthrough(page, live_server):
     page.goto(live_server + "/")
     page.fill("#prompt", "The cat sat on")
     page.click("#run")
-    page.wait_for_selector("#head-grid canvas")
-    assert page.locator("#head-grid canvas").count() == 6 * 12
+    page.wait_for_selector("#head-grid .head-cell")
+    assert page.locator("#head-grid .head-cell").count() == 6 * 12
     page.wait_for_function("document.body.dataset.heatmapDrawn >= '1'")
 
     # Open layer 2, head 5 from the grid, then make ' cat' (position 1) the query token.
-    page.click("#head-grid canvas[data-layer='2'][data-head='5']")
+    page.click("#head-grid .head-cell[data-layer='2'][data-head='5']")
     page.wait_for_function("document.getElementById('head-label').textContent.startsWith('layer 2 · head 5')")
     page.click("#token-strip .tok[data-pos='1']")
     page.wait_for_selector("#math-panel .shape:has-text('query ␣cat')")
@@ -39,14 +39,14 @@ def test_inspect_walkthrough(page, live_server):
     url = page.url
     page.goto(url)
     page.wait_for_function("document.body.dataset.heatmapDrawn >= '1'")
-    assert page.locator("#head-grid canvas.sel").get_attribute("data-layer") == "2"
+    assert page.locator("#head-grid .head-cell.sel").get_attribute("data-layer") == "2"
     assert page.locator("#token-strip .tok.sel").get_attribute("data-pos") == "1"
     # The panel may be below the fold, where it is not rendered yet (content-visibility: auto): its text, then.
     assert page.locator("#math-table tr[data-pos='0'] td.w").text_content().strip() == shown
 
     # The grid's sink toggle: each head painted as its share of attention on token 0, the server's number.
     page.check("#grid-sinks")
-    cell = page.locator("#head-grid canvas[data-layer='3'][data-head='7']")
+    cell = page.locator("#head-grid .head-cell[data-layer='3'][data-head='7']")
     share = api(f"{live_server}/api/traces/{key}/grid")["sink_share"][3][7]
     assert abs(float(cell.get_attribute("data-sink")) - share) < 1e-3
     assert f"{round(share * 100)}%" in cell.get_attribute("title")
@@ -122,7 +122,7 @@ def test_the_heatmap_is_asked_for_first_and_once(page, live_server):
 
     n = int(page.evaluate("+document.body.dataset.heatmapDrawn"))
     mark = len(events)
-    page.click("#head-grid canvas[data-layer='1'][data-head='4']")
+    page.click("#head-grid .head-cell[data-layer='1'][data-head='4']")
     page.wait_for_function(f"+document.body.dataset.heatmapDrawn > {n}")
     page.wait_for_selector("#math-panel .shape:has-text('layer 1')")
     assert first("start", "/query?layer=1&head=4", mark) > first("done", "/attention/1/4", mark)
