@@ -53,6 +53,12 @@ def test_inspect_walkthrough(page, live_server):
     assert page.locator("#grid-sinks-legend").is_visible() and not page.locator("#grid-legend").is_visible()
     page.uncheck("#grid-sinks")
     assert cell.get_attribute("data-sink") is None and page.locator("#grid-legend").is_visible()
+
+    # A closed shape-trace group gets its rows when opened (they wait in an inert <template> until then).
+    row = "details[data-group='layer3'] tr[data-step='blocks.3.attn.q']"
+    assert page.locator(row).count() == 0
+    page.locator("details[data-group='layer3'] summary").click()
+    assert page.locator(row + " .shape-cell").inner_text() == "(1, 12, 4, 64)"
     assert page.js_errors == []
 
 
