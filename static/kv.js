@@ -300,17 +300,18 @@
     log: { f: (w) => Math.max(0, (Math.log10(Math.max(w, 1e-4)) + 4) / 4) },
   };
   const hex = (c) => [1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16));
+  const STOPS = kv.WEIGHT_SCALE.map(([at, c]) => [at, hex(c)]);  // parsed once: a heatmap asks 10⁵ times
   /* The colour of position t in [0, 1] on WEIGHT_SCALE, as [r, g, b]. */
   kv.weightColour = function (t) {
-    const s = kv.WEIGHT_SCALE;
     t = Math.min(1, Math.max(0, t));
-    for (let i = 1; i < s.length; i++) {
-      if (t <= s[i][0]) {
-        const a = hex(s[i - 1][1]), b = hex(s[i][1]), u = (t - s[i - 1][0]) / (s[i][0] - s[i - 1][0]);
-        return a.map((x, k) => Math.round(x + (b[k] - x) * u));
+    for (let i = 1; i < STOPS.length; i++) {
+      if (t <= STOPS[i][0]) {
+        const [t0, a] = STOPS[i - 1], [t1, b] = STOPS[i], u = (t - t0) / (t1 - t0);
+        return [Math.round(a[0] + (b[0] - a[0]) * u), Math.round(a[1] + (b[1] - a[1]) * u),
+          Math.round(a[2] + (b[2] - a[2]) * u)];
       }
     }
-    return hex(s[s.length - 1][1]);
+    return STOPS[STOPS.length - 1][1].slice();
   };
   /* A Plotly colorscale over raw weights 0…1 that colours w like weightColour(f(w)): the cells keep their
      exact values (hover shows them), only the colour mapping bends. */
