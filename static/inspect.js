@@ -246,12 +246,19 @@
     if (want !== `${S.layer}/${S.head}/${S.kind}`) return; // a newer selection is on its way
     const z = unpack(m);
     S.matrix = { z, kind: m.kind };
+    const box = document.getElementById("heatmap");
     if (!window.Plotly) {
       // First paint without Plotly: the same cells on a canvas now, the interactive chart once Plotly has loaded.
       paintCanvas(m, z);
       await kv.plotlyWhenUsed();
       if (want !== `${S.layer}/${S.head}/${S.kind}` || S.matrix.z !== z) return;
-      document.getElementById("heatmap").textContent = "";
+      box.textContent = "";
+    } else if (box._fullLayout && box._fullLayout._size && S.cols === m.cols) {
+      // Another head of the same prompt: its cells on a canvas laid over the chart's plot area at once (same
+      // axes), while Plotly redraws its interactive chart underneath (a few hundred ms at T = 512).
+      overlayCanvas(box, m, z);
+      await new Promise((go) => requestAnimationFrame(() => requestAnimationFrame(go)));  // shown before Plotly's work
+      if (want !== `${S.layer}/${S.head}/${S.kind}`) return;
     }
     const idx = [...Array(m.cols).keys()];
     const small = m.cols <= (kv.narrow() ? 16 : 32); // token labels on the axes only while they fit (a phone: fewer)
@@ -284,6 +291,7 @@
     S.cols = m.cols;
     await Plotly.react("heatmap", [trace], layout, kv.PLOT_CONFIG);
     const el = document.getElementById("heatmap");
+    el.querySelectorAll(".heat-overlay").forEach((c) => c.remove());
     el.removeAllListeners && el.removeAllListeners("plotly_click");
     el.removeAllListeners && el.removeAllListeners("plotly_hover");
     el.removeAllListeners && el.removeAllListeners("plotly_unhover");
@@ -300,9 +308,30 @@
   /* The heatmap as a plain canvas, cell colours exactly as Plotly will draw them (weights on the chosen
      scale, scores on a blue–white–red scale around 0, masked cells in the mask colour). */
   function paintCanvas(m, z) {
-    const box = document.getElementById("heatmap");
-    const c = kv.el("canvas", { width: m.cols, height: m.rows, class: "heat-canvas",
-      "aria-label": kv.t("js.inspect.head_label", { layer: S.layer, head: S.head, rows: m.rows, cols: m.cols }) });
+    const c = heatCanvas(m, z, "heat-canvas");
+    c.setAttribute("aria-label", kv.t("js.inspect.head_label", { layer: S.layer, head: S.head, rows: m.rows, cols: m.cols }));
+    document.getElementById("heatmap").replaceChildren(c);
+    document.getElementById("head-label").textContent =
+      kv.t("js.inspect.head_label", { layer: S.layer, head: S.head, rows: m.rows, cols: m.cols });
+    heatmapDrawn();
+  }
+
+  /* The same cells over the Plotly chart's plot area (its axes stay), removed once Plotly has redrawn. */
+  function overlayCanvas(box, m, z) {
+    const { l, t, w, h } = box._fullLayout._size, c = heatCanvas(m, z, "heat-overlay");
+    Object.assign(c.style, { left: l + "px", top: t + "px", width: w + "px", height: h + "px" });
+    c.setAttribute("aria-hidden", "true");
+    box.querySelectorAll(".heat-overlay").forEach((old) => old.remove());
+    box.appendChild(c);
+    document.getElementById("head-label").textContent =
+      kv.t("js.inspect.head_label", { layer: S.layer, head: S.head, rows: m.rows, cols: m.cols });
+    heatmapDrawn();
+  }
+
+  /* One pixel per cell: weights on the chosen scale, scores on a blue–white–red scale around 0, masked cells in
+     the mask colour (the colours Plotly draws). */
+  function heatCanvas(m, z, cls) {
+    const c = kv.el("canvas", { width: m.cols, height: m.rows, class: cls });
     const ctx = c.getContext("2d"), img = ctx.createImageData(m.cols, m.rows);
     const weights = m.kind === "weights", f = kv.SCALES[S.scale].f, mask = kv.MASK_RGB;
     let span = 0;
@@ -318,10 +347,7 @@
       }
     }
     ctx.putImageData(img, 0, 0);
-    box.replaceChildren(c);
-    document.getElementById("head-label").textContent =
-      kv.t("js.inspect.head_label", { layer: S.layer, head: S.head, rows: m.rows, cols: m.cols });
-    heatmapDrawn();
+    return c;
   }
 
   /* Counted for tests and benchmarks; the explainer panels below (sinks, lens, ablation) are asked for on the

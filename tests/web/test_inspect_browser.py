@@ -104,7 +104,11 @@ def test_heatmap_marks_the_query_row_names_positions_and_scales_colours(page, li
 DRAWN_AT_OPEN = """window.__opened = []; const open = XMLHttpRequest.prototype.open;
 XMLHttpRequest.prototype.open = function (m, url, ...rest) {
   window.__opened.push([String(url), +(document.body && document.body.dataset.heatmapDrawn) || 0]);
-  return open.call(this, m, url, ...rest); };"""
+  return open.call(this, m, url, ...rest); };
+window.__overlays = 0;
+new MutationObserver((records) => { for (const r of records) for (const n of r.addedNodes)
+  if (n.classList && n.classList.contains("heat-overlay")) window.__overlays++; })
+  .observe(document, { childList: true, subtree: true });"""
 
 
 def test_the_heatmap_is_asked_for_first_and_once(page, live_server):
@@ -126,10 +130,14 @@ def test_the_heatmap_is_asked_for_first_and_once(page, live_server):
     opened = {url.split("/")[-1].split("?")[0]: drawn for url, drawn in page.evaluate("window.__opened")}
     assert opened["sinks"] >= 1 and opened["lens"] >= 1 and opened["ablate"] >= 1
 
+    page.mouse.move(5, 5)  # the page loads Plotly on the first sign of a user; the chart is then redrawn by it
+    page.wait_for_function("+document.body.dataset.heatmapPlotly >= 1")
     n = int(page.evaluate("+document.body.dataset.heatmapDrawn"))
     mark = len(events)
     page.click("#head-grid .head-cell[data-layer='1'][data-head='4']")
     page.wait_for_function(f"+document.body.dataset.heatmapDrawn > {n}")
     page.wait_for_selector("#math-panel .shape:has-text('layer 1')")
     assert first("start", "/query?layer=1&head=4", mark) > first("done", "/attention/1/4", mark)
+    # The new head's cells were laid over the chart at once, and taken away once Plotly had redrawn it.
+    assert page.evaluate("window.__overlays") == 1 and page.locator("#heatmap .heat-overlay").count() == 0
     assert page.js_errors == []
