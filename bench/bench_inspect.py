@@ -9,7 +9,8 @@
     encoded = transferred response bodies) vs the size of bertviz 1.4.1 head_view HTML for the same prompt;
 (3) time to first heatmap in headless Chromium, KVScope (cold: includes the server's capture) vs bertviz
     head_view rendered from a file:// URL (its CDN scripts served from local npm copies);
-(4) click-to-drawn-heatmap at T=512: another head in the grid, another query token.
+(4) click-to-drawn-heatmap at T=512: another head in the grid (its cells drawn over the chart; then Plotly's
+    interactive chart redrawn), another query token.
 Beyond ``--bertviz-max`` tokens bertviz is not run: its size and render time are extrapolated ∝ T² from the
 largest measured T and labelled so; REFERENCE.md's measured figures are shown beside them, labelled.
 """
@@ -63,6 +64,7 @@ CDN = {
 # Installed before any page script: remembers when the last click happened (event time, page clock).
 CLICK_CLOCK = "document.addEventListener('click', (e) => { window.__clickT = e.timeStamp; }, true);"
 KV_DRAWN = "(n) => (+(document.body && document.body.dataset.heatmapDrawn) > n) && performance.now()"
+KV_PLOTLY = "(n) => (+(document.body && document.body.dataset.heatmapPlotly) > n) && performance.now()"
 BV_DRAWN = "() => !!document.querySelector('#vis svg #attention') && performance.now()"
 MATH_NEW = ("() => { const m = document.getElementById('math-panel'); "
             "return !!m && !m.dataset.old && performance.now(); }")
@@ -168,6 +170,9 @@ def kvscope_first_heatmap(browser, base: str, prompt: str) -> dict:
             resp = req.response()
             enc = (resp.headers.get("content-encoding", "") if resp else "") or "identity"
             rows.append((req.url.replace(base, "")[:60], sizes["responseBodySize"], enc))
+        # Let the page's later requests (grid, explainers) finish before the context closes: left running, they
+        # would find the next cold run's emptied trace store and capture the prompt again beside it.
+        page.wait_for_load_state("networkidle", timeout=300_000)
         return {"seconds": t / 1e3, "bytes": sum(r[1] for r in rows), "requests": rows,
                 "html_s": nav[0] / 1e3, "scripts_s": nav[1] / 1e3}
     finally:
@@ -189,13 +194,18 @@ def click_latency(browser, base: str, prompt: str, clicks: int) -> dict:
         n_layer = page.locator("#head-grid .head-cell[data-head='0']").count()
         n_head = page.locator("#head-grid .head-cell[data-layer='0']").count()
         n_tok = page.locator("#token-strip .tok[data-pos]").count()
-        heads, tokens = [], []
+        page.mouse.move(5, 5)  # the page loads Plotly on the first sign of a user: clicks below find it loaded
+        page.wait_for_function(KV_PLOTLY, arg=0, polling="raf", timeout=60_000)
+        heads, charts, tokens = [], [], []
         for i in range(clicks):
             layer, head = (i * 5 + 1) % n_layer, (i * 7 + 3) % n_head
             n0 = int(page.evaluate("+document.body.dataset.heatmapDrawn || 0"))
+            p0 = int(page.evaluate("+document.body.dataset.heatmapPlotly || 0"))
             page.locator(f"#head-grid .head-cell[data-layer='{layer}'][data-head='{head}']").click()
             t = page.wait_for_function(KV_DRAWN, arg=n0, polling="raf", timeout=60_000).json_value()
             heads.append((t - page.evaluate("window.__clickT")) / 1e3)
+            t = page.wait_for_function(KV_PLOTLY, arg=p0, polling="raf", timeout=60_000).json_value()
+            charts.append((t - page.evaluate("window.__clickT")) / 1e3)
             page.wait_for_timeout(300)  # let the arithmetic panel's request land before the next click
         for i in range(clicks):
             pos = (i * 97 + 11) % n_tok
@@ -204,7 +214,7 @@ def click_latency(browser, base: str, prompt: str, clicks: int) -> dict:
             t = page.wait_for_function(MATH_NEW, polling="raf", timeout=60_000).json_value()
             tokens.append((t - page.evaluate("window.__clickT")) / 1e3)
             page.wait_for_timeout(200)
-        return {"head": heads, "token": tokens, "errors": errors}
+        return {"head": heads, "chart": charts, "token": tokens, "errors": errors}
     finally:
         context.close()
 
@@ -336,16 +346,22 @@ def main(argv: list[str] | None = None) -> int:
     if 512 in first and results["rows"][512]["bv_render_s"]:
         r = results["rows"][512]["bv_render_s"] / results["rows"][512]["kv_cold_s"]
         how = "measured" if 512 in bert else "bertviz EXTRAPOLATED"
-        print(f"\nT=512: {r:.0f}× shorter ({how}) — target ≥ 10×: {'met' if r >= 10 else 'NOT met'} (against "
+        verdict = "met" if r >= 30 else "NOT met"
+        print(f"\nT=512: {r:.0f}× shorter ({how}) — target ≥ 30× (issue 13): {verdict} (against "
               f"REFERENCE.md's measured 63 s: {63 / results['rows'][512]['kv_cold_s']:.0f}×)")
 
     print(f"\n## (4) Click to drawn, T=512 ({clicks} clicks each; from the click event to the next frame after)")
     print(table(["click", "median", "min–max (ms)"], [
-        ["another head in the grid → its heatmap drawn", f"{median(clicks_res['head']) * 1e3:.0f} ms",
-         spread(clicks_res["head"])],
+        ["another head in the grid → its heatmap drawn (cells over the chart)",
+         f"{median(clicks_res['head']) * 1e3:.0f} ms", spread(clicks_res["head"])],
+        ["… → Plotly's interactive chart redrawn (hover values)", f"{median(clicks_res['chart']) * 1e3:.0f} ms",
+         spread(clicks_res["chart"])],
         ["another token in the strip → arithmetic panel updated", f"{median(clicks_res['token']) * 1e3:.0f} ms",
          spread(clicks_res["token"])],
     ]))
+    head_ms = median(clicks_res["head"]) * 1e3
+    print(f"\nclick → another head drawn: {head_ms:.0f} ms — target ≤ 300 ms (issue 13): "
+          f"{'met' if head_ms <= 300 else 'NOT met'}")
     if clicks_res["errors"]:
         print("JS errors:", clicks_res["errors"])
     print(f"\nLoad average at the end: {os.getloadavg()[0]:.1f} (other work on this machine inflates absolute times; "
