@@ -63,8 +63,26 @@ CDN = {
 
 # Installed before any page script: remembers when the last click happened (event time, page clock).
 CLICK_CLOCK = "document.addEventListener('click', (e) => { window.__clickT = e.timeStamp; }, true);"
-KV_DRAWN = "(n) => (+(document.body && document.body.dataset.heatmapDrawn) > n) && performance.now()"
-KV_PLOTLY = "(n) => (+(document.body && document.body.dataset.heatmapPlotly) > n) && performance.now()"
+# When the page's heatmap counters change, the time of the next animation frame (the frame that paints the
+# change) is noted in the page; the predicates below read it. Polling for the counter and taking the time at
+# the poll instead would add the poller's own lag (up to ~200 ms on this machine).
+FRAME_CLOCK = """window.__frames = {};
+new MutationObserver(() => {
+  const b = document.body;
+  if (!b) return;
+  for (const k of ["heatmapDrawn", "heatmapPlotly"]) {
+    const key = k + b.dataset[k];
+    if (b.dataset[k] && !(key in window.__frames)) {
+      window.__frames[key] = null;
+      requestAnimationFrame(() => { window.__frames[key] = performance.now(); });
+    }
+  }
+}).observe(document, { attributes: true, subtree: true,
+                       attributeFilter: ["data-heatmap-drawn", "data-heatmap-plotly"] });"""
+KV_DRAWN = ("(n) => (+(document.body && document.body.dataset.heatmapDrawn) > n)"
+            " && window.__frames['heatmapDrawn' + (n + 1)]")
+KV_PLOTLY = ("(n) => (+(document.body && document.body.dataset.heatmapPlotly) > n)"
+             " && window.__frames['heatmapPlotly' + (n + 1)]")
 BV_DRAWN = "() => !!document.querySelector('#vis svg #attention') && performance.now()"
 MATH_NEW = ("() => { const m = document.getElementById('math-panel'); "
             "return !!m && !m.dataset.old && performance.now(); }")
@@ -155,6 +173,7 @@ def render_bertviz(browser, path: Path, cdn: dict[str, bytes]) -> float:
 def kvscope_first_heatmap(browser, base: str, prompt: str) -> dict:
     """Navigate straight to /?prompt=...; bytes and time until the page says the first heatmap is drawn."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.add_init_script(FRAME_CLOCK)
     page = context.new_page()
     finished: list = []
     page.on("requestfinished", lambda r: finished.append(r))
@@ -183,6 +202,7 @@ def click_latency(browser, base: str, prompt: str, clicks: int) -> dict:
     """Median ms from a real click to the drawn heatmap (head) / the updated arithmetic panel (token)."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     context.add_init_script(CLICK_CLOCK)
+    context.add_init_script(FRAME_CLOCK)
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))

@@ -73,13 +73,20 @@
     }
   }
 
-  function markToken() {
-    document.querySelectorAll("#token-strip .tok").forEach((el) => {
-      const on = +el.dataset.pos === S.q;
+  /* Mark the selected one of ``items`` and unmark the others, touching only elements whose state changes (a
+     512-token strip rewritten on every click cost the browser a style pass over every token). */
+  function markOne(items, isOn, attr) {
+    items.forEach((el) => {
+      const on = isOn(el);
+      if (el.classList.contains("sel") === on && el.hasAttribute(attr)) return;
       el.classList.toggle("sel", on);
-      el.setAttribute("aria-selected", on ? "true" : "false");
+      el.setAttribute(attr, on ? "true" : "false");
       el.setAttribute("tabindex", on ? "0" : "-1");
     });
+  }
+
+  function markToken() {
+    markOne(document.querySelectorAll("#token-strip .tok"), (el) => +el.dataset.pos === S.q, "aria-selected");
   }
 
   /* Query head h reads KV head h // (n_head / n_kv_head): heads sharing one KV head form a group (GPT-2: groups of one). */
@@ -216,12 +223,8 @@
   }
 
   function markGrid() {
-    document.querySelectorAll("#head-grid .head-cell").forEach((c) => {
-      const on = +c.dataset.layer === S.layer && +c.dataset.head === S.head;
-      c.classList.toggle("sel", on);
-      c.setAttribute("aria-pressed", on ? "true" : "false");
-      c.setAttribute("tabindex", on ? "0" : "-1");
-    });
+    markOne(document.querySelectorAll("#head-grid .head-cell"),
+      (c) => +c.dataset.layer === S.layer && +c.dataset.head === S.head, "aria-pressed");
   }
 
   /* Unpack the server's matrix into rows; null marks cells the causal mask hides. */
