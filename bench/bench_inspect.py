@@ -185,6 +185,8 @@ def kvscope_first_heatmap(browser, base: str, prompt: str) -> dict:
                             " return [e.responseStart, e.domContentLoadedEventEnd]; })()")
         rows = []
         for req in done:
+            if not req.url.startswith("http"):
+                continue  # blob: and data: URLs the page made itself: nothing was transferred
             sizes = req.sizes()
             resp = req.response()
             enc = (resp.headers.get("content-encoding", "") if resp else "") or "identity"
