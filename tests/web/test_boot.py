@@ -184,7 +184,13 @@ def test_serve_exits_with_status_1_when_the_models_cannot_be_prepared(capfd):
     def loader(settings):
         raise RuntimeError("boom: no model")
 
-    assert boot.serve(Settings(port=_free_port()), loader=loader) == 1
+    # In a thread of its own: the session's Playwright (sync API) keeps an event loop running in the main thread,
+    # and uvicorn starts its own with asyncio.run.
+    status: list[int] = []
+    worker = threading.Thread(target=lambda: status.append(boot.serve(Settings(port=_free_port()), loader=loader)))
+    worker.start()
+    worker.join(timeout=60)
+    assert status == [1]
     err = capfd.readouterr().err
     assert "boom: no model" in err and "KVScope could not start" in err
 
