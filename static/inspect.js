@@ -164,15 +164,16 @@
 
   /* One picture of every head (layer l, head h in the tile at row l, column h) shown by the cells, each
      its own tile. The picture is encoded off the page's main work (toBlob) and replaces the previous one. */
+  let spriteUrl = null, spriteVersion = 0;  // the page's one picture, across prompts (S is made anew for each)
   function paintSprite(sprite) {
-    const g = S.grid, version = (S.spriteVersion = (S.spriteVersion || 0) + 1);
+    const g = S.grid, version = ++spriteVersion;
     sprite.toBlob((blob) => {
-      if (!blob || version !== S.spriteVersion) return;
-      if (S.spriteUrl) URL.revokeObjectURL(S.spriteUrl);
-      S.spriteUrl = URL.createObjectURL(blob);
+      if (!blob || version !== spriteVersion) return;
+      if (spriteUrl) URL.revokeObjectURL(spriteUrl);
+      spriteUrl = URL.createObjectURL(blob);
       const at = (i, n) => (n > 1 ? (100 * i) / (n - 1) : 0) + "%";
       document.querySelectorAll("#head-grid .head-cell").forEach((c) => {
-        c.style.backgroundImage = `url(${S.spriteUrl})`;
+        c.style.backgroundImage = `url(${spriteUrl})`;
         c.style.backgroundSize = `${g.n_head * 100}% ${g.n_layer * 100}%`;
         c.style.backgroundPosition = `${at(+c.dataset.head, g.n_head)} ${at(+c.dataset.layer, g.n_layer)}`;
       });
