@@ -85,7 +85,7 @@ def test_api_errors_follow_the_request_language(client):
 
 
 def test_accept_language_picks_the_best_catalog_language():
-    from app.web.render import accept_language
+    from app.i18n import accept_language
 
     langs = ["en", "zh"]
     assert accept_language("zh-CN,zh;q=0.9,en;q=0.8", langs) == "zh"

@@ -9,11 +9,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from fastapi.templating import Jinja2Templates
 
-from app.i18n import (  # noqa: F401  (LANG_COOKIE, LANG_HEADER, accept_language: imported from here too)
+from app.i18n import (
     DEFAULT_LANG,
     LANG_COOKIE,
     LANG_HEADER,
-    accept_language,
     available_languages,
     catalog,
     html_lang,

@@ -7,8 +7,7 @@ import re
 
 import pytest
 
-from app.i18n import catalog
-from app.web.render import LANG_COOKIE
+from app.i18n import LANG_COOKIE, catalog
 from app.web.routes.lang import safe_next
 
 

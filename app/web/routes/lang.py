@@ -8,8 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import RedirectResponse
 
 from app.errors import NotFound
-from app.i18n import available_languages
-from app.web.render import LANG_COOKIE
+from app.i18n import LANG_COOKIE, available_languages
 
 router = APIRouter(include_in_schema=False)
 
