@@ -17,6 +17,7 @@ from app.model.capture import capture, hook_count, run_traced
 from app.model.decode import DecodeSession, kv_bytes_formula
 from app.model.sampling import Sampling
 from app.viz.attention import arithmetic, embedding_rows
+from app.viz.shapes import shape_groups
 
 PROMPT = "The cat sat on the mat because it was tired of standing."
 
@@ -231,3 +232,18 @@ def test_logit_lens_of_the_last_layer_is_the_models_logits(any_model):
     with torch.no_grad():
         lens = a.unembed(a.final_norm(trace[f"blocks.{a.n_layer - 1}.resid_out"]))
     assert torch.allclose(lens, trace["logits"], atol=1e-5)
+
+
+def test_a_long_prompts_last_position_logits_equal_the_full_forwards(any_model, settings):
+    """Over ``full_logits_max_tokens`` a trace keeps the last position's logits only, on every family: the
+    same next-token distribution, and the shape trace says why the logits are (1, 1, V)."""
+    from tests.conftest import make_state
+
+    lm = any_model
+    state = make_state(settings.with_(full_logits_max_tokens=2), lm)
+    _, key, trace = state.trace_prompt(None, "The cat sat on the mat")
+    full = run_traced(lm.model, lm.adapter, trace.token_ids, trace.token_texts)
+    assert tuple(full["logits"].shape)[:2] == (1, trace.n_tokens)
+    assert torch.allclose(trace["probs"], full["probs"], atol=1e-6)
+    rows = {r["name"]: r for g in shape_groups(trace.steps, lm.adapter.family, trace.n_tokens) for r in g["rows"]}
+    assert rows["logits"]["shape"].startswith("(1, 1, ") and rows["logits"]["explain_key"] == "step.logits_last"
