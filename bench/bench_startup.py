@@ -38,14 +38,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def env_for(home: Path) -> dict[str, str]:
+def env_for(home: Path, models: str = "distilgpt2,builtin") -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"KVSCOPE_HOME": str(home), "KVSCOPE_MODELS": "distilgpt2,builtin", "HF_HUB_OFFLINE": "1",
+    env.update({"KVSCOPE_HOME": str(home), "KVSCOPE_MODELS": models, "HF_HUB_OFFLINE": "1",
                 "HF_HOME": str(home / "hf-empty"), "PYTHONUNBUFFERED": "1"})
     return env
 
 
-def time_start(home: Path, *, timeout: float = 1800.0) -> tuple[float, float, float, list[str]]:
+def time_start(home: Path, *, timeout: float = 1800.0, models: str = "distilgpt2,builtin",
+               ) -> tuple[float, float, float, list[str]]:
     """Seconds from spawning the server to its first HTTP answer and to its first /healthz 200, the CPU seconds
     the server process used until it was stopped just after (user + system: what a quiet core would need,
     since start-up and the built-in model's set-up run on one thread), and what it printed meanwhile."""
@@ -55,7 +56,7 @@ def time_start(home: Path, *, timeout: float = 1800.0) -> tuple[float, float, fl
     t0 = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)], cwd=ROOT,
-                                env=env_for(home), stdout=out, stderr=subprocess.STDOUT)
+                                env=env_for(home, models), stdout=out, stderr=subprocess.STDOUT)
         try:
             while True:
                 if proc.poll() is not None:

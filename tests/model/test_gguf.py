@@ -41,7 +41,18 @@ def test_the_header_says_what_the_file_holds(real_gguf):
 
 
 def test_first_start_converts_once_and_later_starts_load_the_saved_copy(real_gguf, tmp_path, smol, monkeypatch):
+    from app import startup
+
+    reports = []
+    real_report = startup.report
+    monkeypatch.setattr(startup, "report", lambda key, **p: (reports.append((key, p)), real_report(key, **p)))
     first = load_spec("smollm2-135m-instruct", tmp_path)
+    # The starting page said what the first start was doing, tensor by tensor, up to the last one.
+    steps = [p for k, p in reports if k == "boot.status.dequantizing" and p["total"]]
+    assert steps and steps[-1]["done"] == steps[-1]["total"] == len(first.model.state_dict()) - 1  # tied lm_head
+    assert [p["done"] for p in steps] == sorted(p["done"] for p in steps)
+    assert ("boot.status.saving", {"model": "SmolLM2-135M-Instruct"}) in reports
+    monkeypatch.setattr(startup, "report", real_report)
     folder = gguf.cache_folder(gguf.inspect_gguf(real_gguf, supported_model_types()), tmp_path)
     assert gguf.is_converted(folder)
     assert not (folder / "model.safetensors").is_symlink()
