@@ -9,9 +9,11 @@ lock that does it, with three rules a class of 40 browsers needs::
 
 - **Short work is not starved.** A decode step (tens of ms) waits for at most the forward running now
   and the steps ahead of it, never for the captures queued before it.
-- **The queue is bounded.** Beyond ``max_waiting`` waiting requests, or ``per_owner`` waiting requests
-  of one browser, a request is refused at once with "busy, retry in N s" (503, or 429 for one browser
-  asking too much) and a Retry-After header, instead of piling up in the server's threads.
+- **The queue is bounded.** Beyond ``max_waiting`` waiting requests, ``per_owner`` waiting requests
+  of one browser, or ``per_address`` of all browsers at one network address, a request is refused at once
+  with "busy, retry in N s" (503, or 429 for one browser or address asking too much) and a Retry-After
+  header, instead of piling up in the server's threads. The per-address bound is what holds against a
+  script that drops its cookie: each request would be a new browser, never a new address.
 - **Waiting is bounded.** A request that has waited ``max_wait_s`` gives up with the same answer.
 
 N comes from the measured average time of each kind of work times the queue ahead.
@@ -31,30 +33,35 @@ from app.errors import Busy
 
 SHORT, LONG = "short", "long"
 
-# The browser on whose behalf the current request runs (set by the owner-cookie middleware).
+# The browser on whose behalf the current request runs, and the network address it came from (both set by
+# the owner-cookie middleware, app/web/security.py; empty outside a request: no per-browser or per-address cap).
 current_owner: ContextVar[str] = ContextVar("kvscope_owner", default="")
+current_address: ContextVar[str] = ContextVar("kvscope_address", default="")
 
 
 class Throttled(Busy):
-    """One browser asks for more than its share: 429 Too Many Requests, with Retry-After."""
+    """One browser (or one network address) asks for more than its share: 429 Too Many Requests, with Retry-After."""
 
     status = 429
 
 
 class _Ticket:
-    __slots__ = ("kind", "owner")
+    __slots__ = ("address", "kind", "owner")
 
-    def __init__(self, kind: str, owner: str) -> None:
+    def __init__(self, kind: str, owner: str, address: str = "") -> None:
         self.kind = kind
         self.owner = owner
+        self.address = address
 
 
 class ModelGate:
     """The model lock, with priorities and a bounded queue (see the module docstring)."""
 
-    def __init__(self, *, max_waiting: int = 48, per_owner: int = 4, max_wait_s: float = 60.0) -> None:
+    def __init__(self, *, max_waiting: int = 48, per_owner: int = 4, max_wait_s: float = 60.0,
+                 per_address: int | None = None) -> None:
         self.max_waiting = max_waiting
         self.per_owner = per_owner
+        self.per_address = max_waiting if per_address is None else per_address
         self.max_wait_s = max_wait_s
         self._cond = threading.Condition(threading.Lock())
         self._queues: dict[str, deque[_Ticket]] = {SHORT: deque(), LONG: deque()}
@@ -87,7 +94,7 @@ class ModelGate:
 
     def acquire(self, kind: str = LONG) -> None:
         me = threading.get_ident()
-        owner = current_owner.get()
+        owner, address = current_owner.get(), current_address.get()
         with self._cond:
             if self._holder == me:
                 self._depth += 1
@@ -95,8 +102,8 @@ class ModelGate:
             if self._holder is None and not self._queues[SHORT] and not self._queues[LONG]:
                 self._take(me, kind)
                 return
-            self._admit_or_refuse(owner)
-            ticket = _Ticket(kind, owner)
+            self._admit_or_refuse(owner, address)
+            ticket = _Ticket(kind, owner, address)
             queue = self._queues[kind]
             queue.append(ticket)
             deadline = time.monotonic() + self.max_wait_s
@@ -135,7 +142,7 @@ class ModelGate:
                 return self._queues[kind][0]
         return None
 
-    def _admit_or_refuse(self, owner: str) -> None:
+    def _admit_or_refuse(self, owner: str, address: str) -> None:
         waiting = self.waiting()
         if waiting >= self.max_waiting:
             self.refused += 1
@@ -143,6 +150,9 @@ class ModelGate:
         if owner and sum(t.owner == owner for q in self._queues.values() for t in q) >= self.per_owner:
             self.refused += 1
             raise Throttled("sturdy.busy_owner", retry_after=self.retry_after(), limit=self.per_owner)
+        if address and sum(t.address == address for q in self._queues.values() for t in q) >= self.per_address:
+            self.refused += 1
+            raise Throttled("sturdy.busy_address", retry_after=self.retry_after(), limit=self.per_address)
 
     def waiting(self) -> int:
         return len(self._queues[SHORT]) + len(self._queues[LONG])
@@ -156,5 +166,6 @@ class ModelGate:
         with self._cond:
             return {"busy": self._holder is not None, "waiting_short": len(self._queues[SHORT]),
                     "waiting_long": len(self._queues[LONG]), "max_waiting": self.max_waiting,
-                    "per_browser": self.per_owner, "served": self.served, "refused": self.refused,
+                    "per_browser": self.per_owner, "per_address": self.per_address, "served": self.served,
+                    "refused": self.refused,
                     "avg_ms": {k: round(v * 1000, 1) for k, v in self.avg_s.items()}}

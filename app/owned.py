@@ -3,6 +3,9 @@
 Used for the paged lab's block pools and the prefix lab (one per browser). The rules::
 
     create(owner)   owner already holds ``per_owner``: their own least recently used one is dropped
+                    the owners at the request's network address hold ``per_address``: refused (429), nothing
+                    of anyone's is dropped, so a script minting a new owner per request fills its address's
+                    share and never another address's
                     server holds ``max_items``, or the bytes would pass ``max_bytes``: busy, retry later
     get(owner, id)  an id of another owner is answered exactly like an unknown id (410)
     purge()         drops everything idle for more than ``ttl_s`` (a timer calls it)
@@ -21,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from app.admission import Throttled, current_address
 from app.errors import Busy, Expired
 
 T = TypeVar("T")
@@ -31,31 +35,38 @@ class Entry(Generic[T]):
     obj: T
     owner: str
     nbytes: int
+    address: str = ""  # the network address of the request that made it ("" outside a request: not counted)
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
 
 class OwnedTable(Generic[T]):
-    def __init__(self, *, kind: str, per_owner: int, max_items: int, ttl_s: float, max_bytes: int) -> None:
+    def __init__(self, *, kind: str, per_owner: int, max_items: int, ttl_s: float, max_bytes: int,
+                 per_address: int | None = None) -> None:
         self.kind = kind  # "pools", "labs": names the messages (sturdy.pools_full, sturdy.pools_expired ...)
         self.per_owner = per_owner
         self.max_items = max_items
+        self.per_address = max_items if per_address is None else per_address
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
         self._items: OrderedDict[str, Entry[T]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def create(self, owner: str, make: Callable[[], T], *, nbytes: int = 0, sid: str | None = None) -> tuple[str, T]:
-        """Make a new object for ``owner`` if the caps allow (``make`` runs only then, outside no lock)."""
+    def create(self, owner: str, make: Callable[[], T], *, nbytes: int = 0, sid: str | None = None,
+               address: str | None = None) -> tuple[str, T]:
+        """Make a new object for ``owner`` if the caps allow (``make`` runs only then, under the table's lock).
+
+        ``address``: the network address asking (default: the current request's, ``current_address``)."""
+        address = current_address.get() if address is None else address
         with self._lock:
             self._purge(time.monotonic())
-            self._make_room(owner, nbytes, keep=sid)
+            self._make_room(owner, nbytes, keep=sid, address=address)
             sid = sid or secrets.token_urlsafe(12)
-            entry: Entry[T] = Entry(obj=make(), owner=owner, nbytes=nbytes)
+            entry: Entry[T] = Entry(obj=make(), owner=owner, nbytes=nbytes, address=address)
             self._items[sid] = entry
             return sid, entry.obj
 
-    def _make_room(self, owner: str, nbytes: int, keep: str | None = None) -> None:
+    def _make_room(self, owner: str, nbytes: int, keep: str | None = None, address: str = "") -> None:
         mine = [k for k, e in self._items.items() if e.owner == owner and k != keep]
         while mine and len(mine) >= self.per_owner:
             del self._items[mine.pop(0)]  # the owner's least recently used
@@ -63,6 +74,8 @@ class OwnedTable(Generic[T]):
             self._items.pop(keep, None)
         if len(self._items) >= self.max_items:
             raise self._full(len(self._items))
+        if address and sum(e.address == address for e in self._items.values()) >= self.per_address:
+            raise self._address_full()
         if self.bytes() + nbytes > self.max_bytes:
             raise self._memory_full()
 
@@ -71,6 +84,11 @@ class OwnedTable(Generic[T]):
         if self.kind == "pools":
             return Busy("sturdy.pools_full", retry_after=60, n=n)
         return Busy("sturdy.labs_full", retry_after=60, n=n)
+
+    def _address_full(self) -> Throttled:
+        if self.kind == "pools":
+            return Throttled("sturdy.pools_address_full", retry_after=60, n=self.per_address, total=self.max_items)
+        return Throttled("sturdy.labs_address_full", retry_after=60, n=self.per_address, total=self.max_items)
 
     def _memory_full(self) -> Busy:
         mib = round(self.max_bytes / 1024**2)
@@ -138,4 +156,4 @@ class OwnedTable(Generic[T]):
     def stats(self) -> dict:
         with self._lock:
             return {"items": len(self._items), "bytes": self.bytes(), "max_items": self.max_items,
-                    "per_browser": self.per_owner, "max_bytes": self.max_bytes}
+                    "per_browser": self.per_owner, "per_address": self.per_address, "max_bytes": self.max_bytes}

@@ -80,6 +80,16 @@ class Settings:
     max_export_bytes: int = 512 * 1024**2
     # Torch threads for the model (0 = torch's default).
     torch_threads: int = 0
+    # The key that signs owner cookies (HMAC-SHA256): the server accepts only ids it minted itself. Empty: a
+    # random key at every start (browsers get new ids after a restart; what they owned was in memory anyway).
+    # Set one long random string on every worker when several processes serve one class. Never shown.
+    secret: str = field(default="", repr=False)
+    # Fair shares (app/owned.py, app/model/sessions.py, app/admission.py): the browsers at one network address
+    # may together hold at most this fraction of each server-wide cap (decode sessions, block pools, prefix
+    # labs, requests waiting for the model), and never less than one browser's own cap. A script that drops
+    # its cookie is a new browser at every request, but not a new address. 1.0 turns the share off: a class
+    # behind one NAT or proxy reaches the server from one address (README, Classroom mode).
+    address_share: float = 0.5
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:

@@ -21,7 +21,9 @@ training           the Training lab            the server (one job at a time,  s
                                                every browser sees it)
 =================  ==========================  ==============================  ==================================
 
-A browser is its ``kvscope_owner`` cookie (``app/web/security.py``). The janitor thread (``start_janitor``)
+A browser is its ``kvscope_owner`` cookie (``app/web/security.py``: an id the server minted and signed). Besides
+each browser's own cap, the browsers at one network address share at most ``address_share`` of each server-wide
+cap (sessions, pools, labs, the model queue): ``per_address`` below. The janitor thread (``start_janitor``)
 releases whatever expired every ``purge_interval_s`` and hands freed memory back to the OS.
 """
 
@@ -31,6 +33,7 @@ import contextlib
 import ctypes
 import hashlib
 import logging
+import math
 import threading
 import weakref
 from collections import OrderedDict
@@ -79,18 +82,25 @@ class AppState:
 
         s = settings
         ttl = s.session_ttl_s
+
+        def per_address(server_cap: int, per_browser: int) -> int:
+            return max(per_browser, math.ceil(s.address_share * server_cap))
+
         state = cls(
             settings=s,
             registry=registry,
             traces=TraceStore(s.trace_cache_bytes, ttl_s=s.trace_ttl_s, keep_one_bytes=s.trace_keep_one_bytes),
             sessions=SessionStore(ttl_s=ttl, max_sessions=s.max_sessions, max_bytes=s.session_cache_bytes,
-                                  max_steps=s.max_decode_steps, max_per_owner=s.max_sessions_per_browser),
+                                  max_steps=s.max_decode_steps, max_per_owner=s.max_sessions_per_browser,
+                                  max_per_address=per_address(s.max_sessions, s.max_sessions_per_browser)),
             paged_pools=OwnedTable(kind="pools", per_owner=s.max_paged_pools_per_browser,
-                                   max_items=s.max_paged_pools, ttl_s=ttl, max_bytes=s.paged_cache_bytes),
+                                   max_items=s.max_paged_pools, ttl_s=ttl, max_bytes=s.paged_cache_bytes,
+                                   per_address=per_address(s.max_paged_pools, s.max_paged_pools_per_browser)),
             prefix_labs=OwnedTable(kind="labs", per_owner=1, max_items=s.max_prefix_labs, ttl_s=ttl,
-                                   max_bytes=s.prefix_cache_bytes),
+                                   max_bytes=s.prefix_cache_bytes, per_address=per_address(s.max_prefix_labs, 1)),
             model_lock=ModelGate(max_waiting=s.queue_max_waiting, per_owner=s.queue_per_browser,
-                                 max_wait_s=s.queue_max_wait_s),
+                                 max_wait_s=s.queue_max_wait_s,
+                                 per_address=per_address(s.queue_max_waiting, s.queue_per_browser)),
         )
         state.training = TrainingLab(state)
         return state

@@ -3,7 +3,8 @@
     .venv/bin/python bench/bench_load.py            # 40 clients (built-in) and 20 clients (DistilGPT-2-shaped)
     .venv/bin/python bench/bench_load.py --quick    # 10 and 5 clients
 
-Each run starts the real app (uvicorn, default settings) in its own process, so its RSS is the server's alone.
+Each run starts the real app (uvicorn, default settings but one: no per-address share) in its own process, so its
+RSS is the server's alone.
 One client (a browser: its own cookie jar) does what a student does on Inspect and Decode:
 
     GET  /api/trace?prompt=...           its own prompt (seeded), so traces are not shared
@@ -60,7 +61,9 @@ def serve(model: str, port: int) -> None:
 
     setup_torch()
     lm = load_builtin(OUT / "kvhome") if model == "builtin" else load_model()
-    settings = Settings(models=(lm.name,), home=OUT / "kvhome")
+    # Every simulated browser comes from 127.0.0.1, like a class behind one NAT: the per-address share is turned off
+    # (README, Classroom mode) so the run measures the server's own caps, as before there was one.
+    settings = Settings(models=(lm.name,), home=OUT / "kvhome", address_share=1.0)
     state = AppState.create(settings, ModelRegistry(models={lm.name: lm}, default=lm.name, failures={}))
     uvicorn.run(create_app(state=state), host="127.0.0.1", port=port, log_level="warning",
                 h11_max_incomplete_event_size=512 * 1024)

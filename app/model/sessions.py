@@ -9,7 +9,9 @@ Who may do what, and the locks that make the caps hard::
 - A session belongs to the browser that made it (its owner cookie). Another browser sees it as
   nonexistent (410), as it would a guessed id.
 - Caps: ``max_sessions`` per server (beyond it: busy, retry later) and ``max_per_owner`` per browser
-  (beyond it the browser's own least recently used session is ended; its tokens are kept so it can be rebuilt).
+  (beyond it the browser's own least recently used session is ended; its tokens are kept so it can be rebuilt),
+  and ``max_per_address`` for all browsers at one network address (beyond it: refused, 429; nobody's session
+  is ended), so a script that mints a new owner per request cannot take the sessions of other addresses.
 - Bytes: before a prefill or a step, its growth (K/V of the new tokens plus the step's record) is reserved
   under the store lock; if the reservation would take all sessions past ``max_bytes`` it is refused.
   So the total never goes over the cap, even with many clicks at once.
@@ -29,6 +31,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from app.admission import Throttled, current_address
 from app.errors import BadInput, Busy, Expired
 from app.model.decode import DecodeSession
 from app.model.loading import LoadedModel
@@ -46,21 +49,26 @@ def step_growth(session: DecodeSession, n_new: int) -> int:
 
 class SessionStore:
     def __init__(self, *, ttl_s: float, max_sessions: int, max_bytes: int, max_steps: int,
-                 max_per_owner: int = 3) -> None:
+                 max_per_owner: int = 3, max_per_address: int | None = None) -> None:
         self.ttl_s = ttl_s
         self.max_sessions = max_sessions
         self.max_per_owner = max_per_owner
+        self.max_per_address = max_sessions if max_per_address is None else max_per_address
         self.max_bytes = max_bytes
         self.max_steps = max_steps
         self._live: dict[str, DecodeSession] = {}
         self._owner: dict[str, str] = {}
+        self._address: dict[str, str] = {}  # sid -> network address that made it ("" outside a request)
         self._locks: dict[str, threading.RLock] = {}
         self._tombstones: OrderedDict[str, dict] = OrderedDict()
         self._reserved = 0
         self._lock = threading.Lock()
 
     # --- life cycle ---------------------------------------------------------------------------------
-    def create(self, lm: LoadedModel, prompt_ids: list[int], sampling: Sampling, *, owner: str = "") -> DecodeSession:
+    def create(self, lm: LoadedModel, prompt_ids: list[int], sampling: Sampling, *, owner: str = "",
+               address: str | None = None) -> DecodeSession:
+        """A new session for ``owner``; ``address`` defaults to the current request's (``current_address``)."""
+        address = current_address.get() if address is None else address
         with self._lock:
             self._purge_expired()
             mine = [sid for sid, o in self._owner.items() if o == owner]
@@ -70,12 +78,16 @@ class SessionStore:
                 mine.remove(oldest)
             if len(self._live) >= self.max_sessions:
                 raise Busy("sturdy.sessions_full", retry_after=60, n=len(self._live))
+            if address and sum(a == address for a in self._address.values()) >= self.max_per_address:
+                raise Throttled("sturdy.sessions_address_full", retry_after=60, n=self.max_per_address,
+                                total=self.max_sessions)
             if self._bytes() >= self.max_bytes:
                 raise Busy("sturdy.sessions_memory_full", retry_after=30)
             session = DecodeSession(id=secrets.token_urlsafe(12), lm=lm, prompt_ids=list(prompt_ids),
                                     sampling=sampling, max_steps=self.max_steps)
             self._live[session.id] = session
             self._owner[session.id] = owner
+            self._address[session.id] = address
             self._locks[session.id] = threading.RLock()
             return session
 
@@ -140,6 +152,7 @@ class SessionStore:
     def _bury(self, sid: str) -> None:
         session = self._live.pop(sid)
         owner = self._owner.pop(sid, "")
+        self._address.pop(sid, None)
         self._locks.pop(sid, None)
         self._tombstones[session.id] = {
             "model": session.lm.name, "model_ref": weakref.ref(session.lm), "ids": session.ids,
@@ -167,7 +180,8 @@ class SessionStore:
         with self._lock:
             self._purge_expired()
             return {"sessions": len(self._live), "bytes": self._bytes(), "max_sessions": self.max_sessions,
-                    "max_per_browser": self.max_per_owner, "max_bytes": self.max_bytes}
+                    "max_per_browser": self.max_per_owner, "max_per_address": self.max_per_address,
+                    "max_bytes": self.max_bytes}
 
 
 def _mib(n: int) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 from contextlib import asynccontextmanager
 
 import anyio.to_thread
@@ -68,7 +69,7 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
     # anything else runs, then the owner cookie, the body limit and compression.
     app.add_middleware(GZipMiddleware, minimum_size=1024, exclude_content_types=NO_GZIP)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(OwnerCookie)
+    app.add_middleware(OwnerCookie, secret=settings.secret.encode() if settings.secret else secrets.token_bytes(32))
     app.add_middleware(HostAndOrigin, hosts=allowed_hosts(settings.host, settings.allowed_hosts),
                        any_ip=settings.host in ("0.0.0.0", "::"))
     app.add_middleware(SecurityHeaders)

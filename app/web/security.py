@@ -3,7 +3,10 @@
 Each is a small ASGI middleware so it also covers static files and error responses.
 
 - ``OwnerCookie``: every browser gets an unguessable id in an HttpOnly, SameSite=Lax cookie
-  (``kvscope_owner``). Labs, pools and decode sessions belong to it (``app/state.py``).
+  (``kvscope_owner``), minted and signed by the server (``id.HMAC``); a cookie whose signature does not
+  check out is treated as no cookie, so a client cannot pick its id or borrow another browser's. Labs, pools
+  and decode sessions belong to that id (``app/state.py``). The middleware also notes the request's network
+  address (``client_address``): server-wide caps are shared per address, which a script cannot rotate for free.
 - ``HostAndOrigin``: a request whose Host is not on the allow-list gets 400 (DNS rebinding: a page on
   ``evil.example`` that resolves to 127.0.0.1 still sends ``Host: evil.example``). A state-changing
   request (not GET/HEAD/OPTIONS) whose Origin (or, lacking one, Referer) is another site gets 403: a page
@@ -15,7 +18,10 @@ Each is a small ASGI middleware so it also covers static files and error respons
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
+import hmac
 import ipaddress
 import json
 import re
@@ -23,7 +29,7 @@ import secrets
 import socket
 from urllib.parse import urlsplit
 
-from app.admission import current_owner
+from app.admission import current_address, current_owner
 from app.i18n import scope_lang, translate
 
 OWNER_COOKIE = "kvscope_owner"
@@ -67,25 +73,64 @@ async def _reply(send, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-class OwnerCookie:
-    """Reads (or hands out) the browser's owner id; sets ``current_owner`` and ``scope['state']['owner']``."""
+def sign_owner(owner: str, key: bytes) -> str:
+    """The cookie value for ``owner``: ``id.signature`` (HMAC-SHA256 under the server's key, base64url)."""
+    mac = hmac.new(key, b"kvscope-owner:" + owner.encode(), hashlib.sha256).digest()
+    return f"{owner}.{base64.urlsafe_b64encode(mac).rstrip(b'=').decode()}"
 
-    def __init__(self, app) -> None:
+
+def verified_owner(value: str | None, key: bytes) -> str | None:
+    """The id in a cookie this server signed, or None (missing, malformed, unsigned, signed with another key)."""
+    if not value:
+        return None
+    owner, dot, _ = value.partition(".")
+    if not dot or not _OWNER_RE.match(owner):
+        return None
+    return owner if hmac.compare_digest(sign_owner(owner, key).encode(), value.encode()) else None
+
+
+def client_address(scope) -> str:
+    """Who is asking, as far as a script cannot change it for free: the peer's IP address (an IPv6 one by its
+    /64 network, which one machine is handed whole). Without a peer (a Unix socket), one shared name."""
+    host = (scope.get("client") or ("local", 0))[0]
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
+class OwnerCookie:
+    """Reads (or mints) the browser's signed owner id; sets ``current_owner``/``scope['state']['owner']`` and
+    ``current_address``/``scope['state']['address']``.
+
+    ``secret`` is the signing key: ``Settings.secret`` when set (the same on every worker), else random per
+    start, so a restart hands every browser a new id (what it owned was in memory and is gone anyway).
+    """
+
+    def __init__(self, app, secret: bytes) -> None:
         self.app = app
+        self.key = secret
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        owner = _cookie(_headers(scope).get(b"cookie"), OWNER_COOKIE)
-        fresh = owner is None or not _OWNER_RE.match(owner)
-        if fresh:
+        owner = verified_owner(_cookie(_headers(scope).get(b"cookie"), OWNER_COOKIE), self.key)
+        fresh = owner is None
+        if owner is None:
             owner = secrets.token_urlsafe(18)
-        scope.setdefault("state", {})["owner"] = owner
-        token = current_owner.set(owner)
+        address = client_address(scope)
+        scope.setdefault("state", {}).update(owner=owner, address=address)
+        tokens = current_owner.set(owner), current_address.set(address)
 
         async def send_with_cookie(message):
             if fresh and message["type"] == "http.response.start":
-                cookie = f"{OWNER_COOKIE}={owner}; Path=/; Max-Age=31536000; HttpOnly; SameSite=Lax"
+                value = sign_owner(owner, self.key)
+                cookie = f"{OWNER_COOKIE}={value}; Path=/; Max-Age=31536000; HttpOnly; SameSite=Lax"
                 message.setdefault("headers", [])
                 message["headers"] = list(message["headers"]) + [(b"set-cookie", cookie.encode())]
             await send(message)
@@ -93,7 +138,8 @@ class OwnerCookie:
         try:
             await self.app(scope, receive, send_with_cookie)
         finally:
-            current_owner.reset(token)
+            current_owner.reset(tokens[0])
+            current_address.reset(tokens[1])
 
 
 def allowed_hosts(host: str, extra: tuple[str, ...] = ()) -> set[str]:

@@ -1,0 +1,84 @@
+"""Every memory budget Settings declares, plus the models the default settings load, fits the laptop the README names.
+
+The budgets are found from the Settings fields themselves (every ``*_bytes`` field), so a budget added later is
+counted without touching this file. Each is counted at its full size and once: the trace cache and the one long
+trace kept beyond it (``trace_keep_one_bytes``) as if both were full at once, a request body and a download as
+one in flight. Not counted, because no setting claims to bound it: the transient tensors of one capture while it
+runs (one at a time, under the model lock), and several downloads packed at the same moment.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+
+import pytest
+import torch
+from transformers import GPT2LMHeadModel
+
+from app.model.builtin import build_char_tokenizer, builtin_vocabulary, tiny_config
+from app.model.catalog import CATALOG
+from app.settings import Settings
+from app.training.jobs import MAX_TEXT_CHARS
+
+GiB, MiB = 1024**3, 1024**2
+LAPTOP = 4 * GiB  # README, "How memory is bounded": the server fits a 4 GiB laptop
+# Python, torch and the app with no model loaded: README's ~750 MB RSS with DistilGPT-2 less its ~330 MB of weights.
+RUNTIME = 450 * MiB
+FLOAT32 = 4  # app/model/loading.py loads every checkpoint in float32
+
+
+def budgets(s: Settings) -> dict[str, int]:
+    """Every memory budget the settings declare: the fields named ``*_bytes``."""
+    return {f.name: getattr(s, f.name) for f in fields(s) if f.name.endswith("_bytes")}
+
+
+def tiny_params(vocab_size: int) -> int:
+    with torch.device("meta"):  # shapes only, nothing allocated
+        model = GPT2LMHeadModel(tiny_config(vocab_size))
+    return sum(p.numel() for p in model.parameters())
+
+
+def model_bytes(s: Settings) -> int:
+    """The weights the settings load: catalog models by their parameter count, the built-in one by its config, and
+    ``max_trained_models`` Training-lab models (each at most one token per character of the longest text) plus one
+    run in progress (weights, gradients and AdamW's two moments)."""
+    total = 0
+    for name in s.models:
+        if name == "builtin":
+            total += FLOAT32 * tiny_params(len(builtin_vocabulary()))
+        else:
+            millions = re.search(r"(\d+)M parameters", CATALOG[name].note)
+            assert millions, CATALOG[name].note
+            total += FLOAT32 * int(millions.group(1)) * 10**6
+    trained = FLOAT32 * tiny_params(len(build_char_tokenizer("")) + MAX_TEXT_CHARS)
+    return total + s.max_trained_models * trained + 4 * trained
+
+
+def held(s: Settings) -> int:
+    return sum(budgets(s).values()) + model_bytes(s) + RUNTIME
+
+
+def test_every_memory_budget_and_the_default_models_fit_a_4_gib_laptop():
+    s = Settings()
+    # The README's list of what is bounded is found by the derivation (a check that the derivation looks).
+    assert {"trace_cache_bytes", "trace_keep_one_bytes", "session_cache_bytes", "paged_cache_bytes",
+            "prefix_cache_bytes", "max_export_bytes", "max_body_bytes"} <= budgets(s).keys()
+    assert held(s) <= LAPTOP, f"{held(s) / GiB:.2f} GiB: {budgets(s)}, models {model_bytes(s) / MiB:.0f} MiB"
+
+
+@pytest.mark.parametrize("name", sorted(budgets(Settings())))
+def test_the_check_fails_when_any_one_budget_grows_past_what_is_left(name):
+    s = Settings()
+    spare = LAPTOP - held(s)
+    assert spare > 0
+    bigger = s.with_(**{name: getattr(s, name) + spare + 1})
+    assert held(bigger) > LAPTOP  # the keep-one budget, left out before, now counts like every other
+
+
+def test_a_budget_added_to_settings_later_is_counted():
+    @dataclass(frozen=True)
+    class WithANewBudget(Settings):
+        new_lab_cache_bytes: int = 300 * MiB
+
+    assert held(WithANewBudget()) == held(Settings()) + 300 * MiB
