@@ -96,21 +96,28 @@
       ctx: int(inp.context), blocks: int(r.blocks_per_request), bytes: fmtBytes(r.request_bytes), waste: r.tail_waste_tokens,
     });
     $("r-batch").textContent = `${int(inp.batch)} × ${fmtBytes(r.request_bytes)} = ${fmtBytes(r.batch_bytes)}`;
-    $("r-weights").textContent = t("js.capacity.weights", {
-      params: (r.parameters / 1e9).toFixed(2), bytes: fmtBytes(r.weight_bytes), per_gpu: fmtBytes(r.weights_per_gpu),
-    });
+    $("r-weights").textContent = r.weights_known
+      ? t("js.capacity.weights", {
+        params: (r.parameters / 1e9).toFixed(2), bytes: fmtBytes(r.weight_bytes), per_gpu: fmtBytes(r.weights_per_gpu),
+      })
+      : t("js.capacity.weights_unknown");
+    const memory = { gpu: inp.gpu_memory_gib, util: inp.utilization, weights: fmtBytes(r.weights_per_gpu),
+      other: fmtBytes(inp.other_gib * GiB) };
     $("r-kv").textContent = inp.kv_memory_gib !== null
       ? t("js.capacity.kv_given", { kv: fmtBytes(r.kv_memory) })
-      : t("js.capacity.kv_memory", {
-        gpu: inp.gpu_memory_gib, util: inp.utilization, weights: fmtBytes(r.weights_per_gpu),
-        other: fmtBytes(inp.other_gib * GiB), kv: fmtBytes(r.kv_memory),
-      });
-    $("r-blocks").textContent = `⌊${fmtBytes(Math.max(0, r.kv_memory))} / ${fmtBytes(r.page_bytes)}⌋ = ${int(r.num_blocks)}`;
+      : t(r.weights_fit ? "js.capacity.kv_memory" : "js.capacity.kv_no_room",
+        Object.assign({ kv: fmtBytes(r.kv_memory), short: fmtBytes(r.kv_shortfall) }, memory));
+    $("r-blocks").textContent = `⌊${fmtBytes(r.kv_memory)} / ${fmtBytes(r.page_bytes)}⌋ = ${int(r.num_blocks)}`;
     $("r-tokens").textContent = `${int(r.num_blocks)} × ${inp.block_size} = ${int(r.tokens)}`;
     $("r-conc").textContent = `${int(r.tokens)} / ${int(inp.context)} = ${r.max_concurrency.toFixed(2)}×`;
-    $("r-vllm").textContent = t("js.capacity.vllm_line", {
-      kv: (r.kv_memory / GiB).toFixed(2), blocks: r.num_blocks, ctx: inp.context, conc: r.max_concurrency.toFixed(2),
-    });
+    // vLLM refuses to start when not one request of max_model_len fits: say that, never a negative size.
+    const needed = { ctx: int(inp.context), need: fmtBytes(r.request_bytes), kv: fmtBytes(r.kv_memory) };
+    $("r-vllm").textContent = !r.weights_fit ? t("js.capacity.vllm_no_memory")
+      : r.whole_requests < 1 ? t("js.capacity.vllm_too_long", needed)
+        : t("js.capacity.vllm_line", {
+          kv: (r.kv_memory / GiB).toFixed(2), blocks: r.num_blocks, ctx: inp.context, conc: r.max_concurrency.toFixed(2),
+        });
+    drawTpFit(r, memory, needed);
     const fits = $("r-fits");
     fits.className = r.batch_fits ? "ok" : "bad";
     fits.textContent = t(r.batch_fits ? "js.capacity.fits" : "js.capacity.no_fit", {
@@ -128,6 +135,26 @@
     drawCalcChart(r);
   }
 
+  // Not one request fits at this TP: why (the weights, or the request), and the smallest TP that fits, if any.
+  function drawTpFit(r, memory, needed) {
+    $("r-tp-fit").hidden = !r.tp_searched;
+    if (!r.tp_searched) return;
+    $("r-tp-fit-why").textContent = r.weights_fit ? t("js.capacity.request_too_big", needed)
+      : t(r.input.other_gib ? "js.capacity.weights_too_big" : "js.capacity.weights_too_big_alone",
+        Object.assign({ budget: fmtBytes(r.gpu_budget) }, memory));
+    const fit = r.tp_fit, use = $("r-tp-use");
+    $("r-tp-fit-how").textContent = fit
+      ? t("js.capacity.tp_fit", { tp: fit.tp, weights: fmtBytes(fit.weights_per_gpu), kv: fmtBytes(fit.kv_memory),
+        whole: int(fit.whole_requests), ctx: int(r.input.context) })
+      : t("js.capacity.tp_none", { ctx: int(r.input.context) });
+    use.hidden = !fit;
+    if (fit) {
+      use.textContent = t("js.capacity.tp_use", { tp: fit.tp });
+      use.dataset.tp = fit.tp;
+    }
+  }
+  $("r-tp-use").addEventListener("click", () => { $("calc-tp").value = $("r-tp-use").dataset.tp; runCalc(); });
+
   async function drawCalcChart(r) {
     const Plotly = await window.kv.plotlyReady();
     if (!Plotly) return;
@@ -141,8 +168,10 @@
       traces.push({ x: xs, y: r.chart.batch_bytes.map((b) => b / GiB), name: t("js.capacity.chart.chosen"),
         mode: "lines", line: { width: 4, color: "#16213a" } });
     }
-    traces.push({ x: [xs[0], xs[xs.length - 1]], y: [r.kv_memory / GiB, r.kv_memory / GiB], mode: "lines",
-      name: t("js.capacity.chart.budget"), line: { color: "#a4001d", dash: "dash" } });
+    if (r.kv_memory > 0) {  // a log axis has no 0: without KV memory there is no line to draw
+      traces.push({ x: [xs[0], xs[xs.length - 1]], y: [r.kv_memory / GiB, r.kv_memory / GiB], mode: "lines",
+        name: t("js.capacity.chart.budget"), line: { color: "#a4001d", dash: "dash" } });
+    }
     Plotly.react("calc-chart", traces, {
       title: { text: t("js.capacity.chart.title", { batch: r.input.batch }), font: { size: 16 } },
       xaxis: { title: { text: t("js.capacity.chart.context") }, type: "log" },
