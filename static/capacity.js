@@ -210,7 +210,7 @@
   // --- simulator --------------------------------------------------------------------------------------
   function simBody() {
     const body = { model: $("sim-model").value, cost: $("sim-cost").value, gpu: $("sim-gpu").value,
-      dtype: $("sim-dtype").value, block_size: Number($("sim-block").value), num_blocks: num($("sim-blocks").value),
+      tp: Number($("sim-tp").value), dtype: $("sim-dtype").value, block_size: Number($("sim-block").value), num_blocks: num($("sim-blocks").value),
       max_num_batched_tokens: num($("sim-budget").value), max_num_seqs: num($("sim-seqs").value),
       chunked_prefill: $("sim-chunked").checked, prefix_caching: $("sim-prefix").checked,
       workload: document.querySelector("input[name=workload]:checked").value };
@@ -239,21 +239,29 @@
 
   function drawSim(r) {
     $("sim-result").hidden = false;
-    const c = r.counters, cost = r.cost;
+    const c = r.counters, cost = r.cost, stop = r.stopped;
+    $("sim-stopped").hidden = !stop;
+    if (stop) {
+      $("sim-stopped").textContent = t("js.capacity.sim.stopped." + stop.reason, {
+        limit: stop.reason === "steps" ? int(stop.limit) : stop.limit, steps: int(stop.steps), simulated: c.makespan_s.toFixed(2),
+        finished: int(stop.finished), requests: int(stop.requests),
+      });
+    }
     $("sim-limit").textContent = cost.kind === "roofline"
       ? t("js.capacity.sim.roofline", { gpu: cost.gpu, weights: fmtBytes(cost.weight_bytes), bw: (cost.bandwidth / 1e12).toFixed(2),
         floor: ms(cost.min_step_s), tps: cost.max_tokens_per_s_per_seq.toFixed(0), ridge: cost.ridge_batch ? cost.ridge_batch.toFixed(0) : "—" })
       : t("js.capacity.sim.measured", { model: cost.model, a: ms(cost.per_sequence_s), b: ms(cost.per_token_s),
         tps: cost.max_tokens_per_s_per_seq.toFixed(1) });
     const items = [
-      ["num_requests", int(c.num_requests)], ["num_steps", int(c.num_steps)],
+      ["num_requests", int(c.num_requests)], [t("js.capacity.sim.finished"), int(c.finished_requests)],
+      ["num_steps", int(c.num_steps)],
       ["num_preemptions", int(c.num_preemptions)],
       ["prefix_cache_hits / prefix_cache_queries", `${int(c.prefix_cache_hits)} / ${int(c.prefix_cache_queries)}` +
         (c.prefix_cache_hit_rate !== null ? ` (${(100 * c.prefix_cache_hit_rate).toFixed(1)}%)` : "")],
       ["kv_cache_usage_perc (" + t("js.capacity.sim.peak") + ")", (100 * c.peak_kv_cache_usage_perc).toFixed(1) + "%"],
       [t("js.capacity.sim.blocks"), int(r.config.num_blocks) + " × " + r.config.block_size],
       [t("js.capacity.sim.throughput"), `${c.output_tokens_per_s.toFixed(1)} tok/s · ${c.requests_per_s.toFixed(2)} req/s`],
-      [t("js.capacity.sim.makespan"), c.makespan_s.toFixed(2) + " s"],
+      [t(stop ? "js.capacity.sim.simulated" : "js.capacity.sim.makespan"), c.makespan_s.toFixed(2) + " s"],
       [t("js.capacity.sim.max_waiting"), int(c.max_waiting)],
     ];
     $("sim-counters").replaceChildren(...items.map(([k, v]) => {
