@@ -6,6 +6,7 @@ their own ``Settings`` and hand it to ``create_app``; nothing else reads the env
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
@@ -90,6 +91,26 @@ class Settings:
     # its cookie is a new browser at every request, but not a new address. 1.0 turns the share off: a class
     # behind one NAT or proxy reaches the server from one address (README, Classroom mode).
     address_share: float = 0.5
+    # The capacity lab's scheduler simulator (/api/capacity/simulate) runs in a server thread and holds the GIL
+    # while it runs, so every run is bounded. Checked before it starts (a 4xx naming the limit): the KV blocks it
+    # models (a pool is ~170 bytes a block), the workload's tokens (prompts plus outputs) and the fewest steps the
+    # workload can take. Checked at every step (the run stops and says so; what was simulated is shown): the
+    # steps (each kept for the charts, ~460 bytes) and the seconds it has computed. It also stops when its
+    # client disconnects.
+    capacity_sim_max_blocks: int = 1_000_000
+    capacity_sim_max_tokens: int = 50_000_000
+    capacity_sim_max_steps: int = 200_000
+    capacity_sim_max_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        for name in ("capacity_sim_max_blocks", "capacity_sim_max_tokens", "capacity_sim_max_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"KVSCOPE_{name.upper()} must be a whole number of at least 1, not {value!r}")
+        if not (isinstance(self.capacity_sim_max_s, int | float) and math.isfinite(self.capacity_sim_max_s)
+                and self.capacity_sim_max_s > 0):
+            raise ValueError(f"KVSCOPE_CAPACITY_SIM_MAX_S must be a positive number of seconds, "
+                             f"not {self.capacity_sim_max_s!r}")
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:

@@ -96,21 +96,28 @@
       ctx: int(inp.context), blocks: int(r.blocks_per_request), bytes: fmtBytes(r.request_bytes), waste: r.tail_waste_tokens,
     });
     $("r-batch").textContent = `${int(inp.batch)} × ${fmtBytes(r.request_bytes)} = ${fmtBytes(r.batch_bytes)}`;
-    $("r-weights").textContent = t("js.capacity.weights", {
-      params: (r.parameters / 1e9).toFixed(2), bytes: fmtBytes(r.weight_bytes), per_gpu: fmtBytes(r.weights_per_gpu),
-    });
+    $("r-weights").textContent = r.weights_known
+      ? t("js.capacity.weights", {
+        params: (r.parameters / 1e9).toFixed(2), bytes: fmtBytes(r.weight_bytes), per_gpu: fmtBytes(r.weights_per_gpu),
+      })
+      : t("js.capacity.weights_unknown");
+    const memory = { gpu: inp.gpu_memory_gib, util: inp.utilization, weights: fmtBytes(r.weights_per_gpu),
+      other: fmtBytes(inp.other_gib * GiB) };
     $("r-kv").textContent = inp.kv_memory_gib !== null
       ? t("js.capacity.kv_given", { kv: fmtBytes(r.kv_memory) })
-      : t("js.capacity.kv_memory", {
-        gpu: inp.gpu_memory_gib, util: inp.utilization, weights: fmtBytes(r.weights_per_gpu),
-        other: fmtBytes(inp.other_gib * GiB), kv: fmtBytes(r.kv_memory),
-      });
-    $("r-blocks").textContent = `⌊${fmtBytes(Math.max(0, r.kv_memory))} / ${fmtBytes(r.page_bytes)}⌋ = ${int(r.num_blocks)}`;
+      : t(r.weights_fit ? "js.capacity.kv_memory" : "js.capacity.kv_no_room",
+        Object.assign({ kv: fmtBytes(r.kv_memory), short: fmtBytes(r.kv_shortfall) }, memory));
+    $("r-blocks").textContent = `⌊${fmtBytes(r.kv_memory)} / ${fmtBytes(r.page_bytes)}⌋ = ${int(r.num_blocks)}`;
     $("r-tokens").textContent = `${int(r.num_blocks)} × ${inp.block_size} = ${int(r.tokens)}`;
     $("r-conc").textContent = `${int(r.tokens)} / ${int(inp.context)} = ${r.max_concurrency.toFixed(2)}×`;
-    $("r-vllm").textContent = t("js.capacity.vllm_line", {
-      kv: (r.kv_memory / GiB).toFixed(2), blocks: r.num_blocks, ctx: inp.context, conc: r.max_concurrency.toFixed(2),
-    });
+    // vLLM refuses to start when not one request of max_model_len fits: say that, never a negative size.
+    const needed = { ctx: int(inp.context), need: fmtBytes(r.request_bytes), kv: fmtBytes(r.kv_memory) };
+    $("r-vllm").textContent = !r.weights_fit ? t("js.capacity.vllm_no_memory")
+      : r.whole_requests < 1 ? t("js.capacity.vllm_too_long", needed)
+        : t("js.capacity.vllm_line", {
+          kv: (r.kv_memory / GiB).toFixed(2), blocks: r.num_blocks, ctx: inp.context, conc: r.max_concurrency.toFixed(2),
+        });
+    drawTpFit(r, memory, needed);
     const fits = $("r-fits");
     fits.className = r.batch_fits ? "ok" : "bad";
     fits.textContent = t(r.batch_fits ? "js.capacity.fits" : "js.capacity.no_fit", {
@@ -128,6 +135,26 @@
     drawCalcChart(r);
   }
 
+  // Not one request fits at this TP: why (the weights, or the request), and the smallest TP that fits, if any.
+  function drawTpFit(r, memory, needed) {
+    $("r-tp-fit").hidden = !r.tp_searched;
+    if (!r.tp_searched) return;
+    $("r-tp-fit-why").textContent = r.weights_fit ? t("js.capacity.request_too_big", needed)
+      : t(r.input.other_gib ? "js.capacity.weights_too_big" : "js.capacity.weights_too_big_alone",
+        Object.assign({ budget: fmtBytes(r.gpu_budget) }, memory));
+    const fit = r.tp_fit, use = $("r-tp-use");
+    $("r-tp-fit-how").textContent = fit
+      ? t("js.capacity.tp_fit", { tp: fit.tp, weights: fmtBytes(fit.weights_per_gpu), kv: fmtBytes(fit.kv_memory),
+        whole: int(fit.whole_requests), ctx: int(r.input.context) })
+      : t("js.capacity.tp_none", { ctx: int(r.input.context) });
+    use.hidden = !fit;
+    if (fit) {
+      use.textContent = t("js.capacity.tp_use", { tp: fit.tp });
+      use.dataset.tp = fit.tp;
+    }
+  }
+  $("r-tp-use").addEventListener("click", () => { $("calc-tp").value = $("r-tp-use").dataset.tp; runCalc(); });
+
   async function drawCalcChart(r) {
     const Plotly = await window.kv.plotlyReady();
     if (!Plotly) return;
@@ -141,8 +168,10 @@
       traces.push({ x: xs, y: r.chart.batch_bytes.map((b) => b / GiB), name: t("js.capacity.chart.chosen"),
         mode: "lines", line: { width: 4, color: "#16213a" } });
     }
-    traces.push({ x: [xs[0], xs[xs.length - 1]], y: [r.kv_memory / GiB, r.kv_memory / GiB], mode: "lines",
-      name: t("js.capacity.chart.budget"), line: { color: "#a4001d", dash: "dash" } });
+    if (r.kv_memory > 0) {  // a log axis has no 0: without KV memory there is no line to draw
+      traces.push({ x: [xs[0], xs[xs.length - 1]], y: [r.kv_memory / GiB, r.kv_memory / GiB], mode: "lines",
+        name: t("js.capacity.chart.budget"), line: { color: "#a4001d", dash: "dash" } });
+    }
     Plotly.react("calc-chart", traces, {
       title: { text: t("js.capacity.chart.title", { batch: r.input.batch }), font: { size: 16 } },
       xaxis: { title: { text: t("js.capacity.chart.context") }, type: "log" },
@@ -181,7 +210,7 @@
   // --- simulator --------------------------------------------------------------------------------------
   function simBody() {
     const body = { model: $("sim-model").value, cost: $("sim-cost").value, gpu: $("sim-gpu").value,
-      dtype: $("sim-dtype").value, block_size: Number($("sim-block").value), num_blocks: num($("sim-blocks").value),
+      tp: Number($("sim-tp").value), dtype: $("sim-dtype").value, block_size: Number($("sim-block").value), num_blocks: num($("sim-blocks").value),
       max_num_batched_tokens: num($("sim-budget").value), max_num_seqs: num($("sim-seqs").value),
       chunked_prefill: $("sim-chunked").checked, prefix_caching: $("sim-prefix").checked,
       workload: document.querySelector("input[name=workload]:checked").value };
@@ -210,21 +239,29 @@
 
   function drawSim(r) {
     $("sim-result").hidden = false;
-    const c = r.counters, cost = r.cost;
+    const c = r.counters, cost = r.cost, stop = r.stopped;
+    $("sim-stopped").hidden = !stop;
+    if (stop) {
+      $("sim-stopped").textContent = t("js.capacity.sim.stopped." + stop.reason, {
+        limit: stop.reason === "steps" ? int(stop.limit) : stop.limit, steps: int(stop.steps), simulated: c.makespan_s.toFixed(2),
+        finished: int(stop.finished), requests: int(stop.requests),
+      });
+    }
     $("sim-limit").textContent = cost.kind === "roofline"
       ? t("js.capacity.sim.roofline", { gpu: cost.gpu, weights: fmtBytes(cost.weight_bytes), bw: (cost.bandwidth / 1e12).toFixed(2),
         floor: ms(cost.min_step_s), tps: cost.max_tokens_per_s_per_seq.toFixed(0), ridge: cost.ridge_batch ? cost.ridge_batch.toFixed(0) : "—" })
       : t("js.capacity.sim.measured", { model: cost.model, a: ms(cost.per_sequence_s), b: ms(cost.per_token_s),
         tps: cost.max_tokens_per_s_per_seq.toFixed(1) });
     const items = [
-      ["num_requests", int(c.num_requests)], ["num_steps", int(c.num_steps)],
+      ["num_requests", int(c.num_requests)], [t("js.capacity.sim.finished"), int(c.finished_requests)],
+      ["num_steps", int(c.num_steps)],
       ["num_preemptions", int(c.num_preemptions)],
       ["prefix_cache_hits / prefix_cache_queries", `${int(c.prefix_cache_hits)} / ${int(c.prefix_cache_queries)}` +
         (c.prefix_cache_hit_rate !== null ? ` (${(100 * c.prefix_cache_hit_rate).toFixed(1)}%)` : "")],
       ["kv_cache_usage_perc (" + t("js.capacity.sim.peak") + ")", (100 * c.peak_kv_cache_usage_perc).toFixed(1) + "%"],
       [t("js.capacity.sim.blocks"), int(r.config.num_blocks) + " × " + r.config.block_size],
       [t("js.capacity.sim.throughput"), `${c.output_tokens_per_s.toFixed(1)} tok/s · ${c.requests_per_s.toFixed(2)} req/s`],
-      [t("js.capacity.sim.makespan"), c.makespan_s.toFixed(2) + " s"],
+      [t(stop ? "js.capacity.sim.simulated" : "js.capacity.sim.makespan"), c.makespan_s.toFixed(2) + " s"],
       [t("js.capacity.sim.max_waiting"), int(c.max_waiting)],
     ];
     $("sim-counters").replaceChildren(...items.map(([k, v]) => {

@@ -4,6 +4,8 @@ Everything here is arithmetic on a ``ModelConfig``; the bytes per token come fro
 (the same function /paged, /prefix and /decode use). vLLM's capacity rule is followed::
 
     KV memory per GPU   = GPU memory · utilisation − weights / TP − other (activations, CUDA graphs ...)
+                          (nothing when that is ≤ 0: the weights do not fit; then the smallest TP that fits
+                          one request is searched with the same formula, as vLLM would not start)
     page (block) bytes  = block_size · bytes per token per GPU
     num_gpu_blocks      = floor(KV memory / page bytes)
     max concurrency     = num_gpu_blocks · block_size / context          (vLLM's "Maximum concurrency ... x")
@@ -98,12 +100,13 @@ def calculate(model: ModelConfig, inp: CalcInput) -> dict:
     params = model.parameters
     weight_bytes = inp.weight_gib * GiB if inp.weight_gib is not None else params * WEIGHT_BYTES[inp.weight_dtype]
     weights_per_gpu = weight_bytes / inp.tp
-    if inp.kv_memory_gib is not None:
-        kv_memory = inp.kv_memory_gib * GiB
-    else:
-        kv_memory = inp.gpu_memory_gib * GiB * inp.utilization - weights_per_gpu - inp.other_gib * GiB
-    num_blocks = max(0, int(kv_memory // page)) if kv_memory > 0 else 0
+    left = inp.kv_memory_gib * GiB if inp.kv_memory_gib is not None else kv_memory_left(inp, weight_bytes, inp.tp)
+    kv_memory = max(0.0, left)
+    num_blocks = int(kv_memory // page)
     tokens = num_blocks * inp.block_size
+    whole = num_blocks // blocks_per_request
+    # Not one request fits (the weights alone may not): the tensor-parallel degree that would, if any.
+    search = whole == 0 and inp.kv_memory_gib is None
     return {
         "model": model.view(),
         "input": inp.__dict__,
@@ -123,15 +126,47 @@ def calculate(model: ModelConfig, inp: CalcInput) -> dict:
         "parameters": params,
         "weight_bytes": weight_bytes,
         "weights_per_gpu": weights_per_gpu,
+        "weights_known": params > 0 or inp.weight_gib is not None,
         "gpu_budget": inp.gpu_memory_gib * GiB * inp.utilization,
         "kv_memory": kv_memory,
+        "weights_fit": left > 0,  # False: weights (and other memory) take all the GPU may use
+        "kv_shortfall": max(0.0, -left),  # by how much they exceed it
         "num_blocks": num_blocks,
         "tokens": tokens,
         "max_concurrency": tokens / inp.context,
-        "whole_requests": num_blocks // blocks_per_request,
+        "whole_requests": whole,
         "batch_fits": inp.batch * blocks_per_request <= num_blocks,
+        "tp_searched": search,
+        "tp_fit": smallest_fitting_tp(model, inp, weight_bytes) if search else None,
         "chart": chart(model, inp),
     }
+
+
+TP_DEGREES = (1, 2, 4, 8, 16, 32, 64)  # the tensor-parallel degrees the calculator offers
+
+
+def kv_memory_left(inp: CalcInput, weight_bytes: float, tp: int) -> float:
+    """GPU memory · utilisation − weights / TP − other: what one GPU leaves for KV blocks (negative: the weights
+    and the other memory alone do not fit in what the GPU may use)."""
+    return inp.gpu_memory_gib * GiB * inp.utilization - weight_bytes / tp - inp.other_gib * GiB
+
+
+def smallest_fitting_tp(model: ModelConfig, inp: CalcInput, weight_bytes: float) -> dict | None:
+    """The smallest tensor-parallel degree at which one whole request of ``inp.context`` tokens fits in the KV
+    memory the weights leave (vLLM refuses to start otherwise), by the same subtraction and block rounding as
+    ``calculate``; None if no degree up to 64 does. Degrees the model's KV heads cannot be split over are skipped."""
+    need = blocks_needed(inp.context, inp.block_size)
+    for tp in TP_DEGREES:
+        try:
+            page = inp.block_size * per_token(model, inp, tp=tp)
+        except BadInput:
+            continue
+        left = kv_memory_left(inp, weight_bytes, tp)
+        blocks = int(left // page) if left > 0 else 0
+        if blocks >= need:
+            return {"tp": tp, "weights_per_gpu": weight_bytes / tp, "kv_memory": left, "num_blocks": blocks,
+                    "whole_requests": blocks // need}
+    return None
 
 
 def context_points(context: int, max_positions: int) -> list[int]:

@@ -113,8 +113,10 @@ def _int_field(cfg: dict, *names: str, required: bool = True, default: int | Non
     for name in names:
         if name in cfg and cfg[name] is not None:
             value = cfg[name]
+            if isinstance(value, str):  # "32" in quotes: transformers would keep the text and fail on it too
+                raise BadInput("err.capacity.config_text", field=name, value=json.dumps(value)[:40])
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIM * 1024:
-                raise BadInput("err.capacity.config_field", field=name, value=str(value)[:40])
+                raise BadInput("err.capacity.config_field", field=name, value=json.dumps(value)[:40])
             return value
     if required and default is None:
         raise BadInput("err.capacity.config_missing", field=" / ".join(names))

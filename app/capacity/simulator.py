@@ -150,6 +150,7 @@ class Simulator:
         self.waiting: deque[_Req] = deque()
         self.running: list[_Req] = []
         self.steps: list[StepRecord] = []
+        self.stopped: str | None = None  # why run() stopped before every request finished (its ``stop`` said)
         self.now = 0.0
         self.num_preemptions = 0
         self.prefix_cache_queries = 0
@@ -526,7 +527,9 @@ class Simulator:
             self.on_step(self, rec)
         return rec
 
-    def run(self) -> Simulator:
+    def run(self, stop: Callable[[Simulator], str | None] | None = None) -> Simulator:
+        """Step until every request has finished, or until ``stop`` (asked after every step: a deadline, a step
+        limit, a cancel flag) names a reason: then ``self.stopped`` holds it and the run so far is kept."""
         pending = deque(self.reqs)
         while pending or self.waiting or self.running:
             if not self.waiting and not self.running and pending[0].r.arrival > self.now:
@@ -534,6 +537,9 @@ class Simulator:
             while pending and pending[0].r.arrival <= self.now:
                 self.waiting.append(pending.popleft())
             self.step()
+            if stop is not None and (why := stop(self)):
+                self.stopped = why
+                break
             if len(self.steps) > MAX_STEPS:
                 raise BadInput("err.capacity.sim_steps", steps=MAX_STEPS)
         return self

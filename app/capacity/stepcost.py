@@ -53,8 +53,11 @@ class Roofline:
 
     @classmethod
     def for_model(cls, gpu: GPU, model: ModelConfig, *, weight_bytes: float, kv_bytes_per_token: float,
-                  tp: int = 1) -> Roofline:
-        return cls(gpu, weight_bytes / tp, model.parameters / tp, kv_bytes_per_token,
+                  tp: int = 1, params: float | None = None) -> Roofline:
+        """``params``: the parameters a step multiplies by (default: the model's count; a model whose count is
+        not known, hand-entered numbers or a mixture of experts, gives one from its weight bytes)."""
+        params = model.parameters if params is None else params
+        return cls(gpu, weight_bytes / tp, params / tp, kv_bytes_per_token,
                    4 * model.n_layer * model.n_head * model.head_dim / tp)
 
     def __call__(self, prefill: int, decode: int, kv_read: int, n: int) -> float:

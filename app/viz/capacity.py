@@ -49,7 +49,8 @@ def simulation_view(sim: Simulator, *, cost: dict) -> dict:
         "config": sim.cfg.__dict__,
         "cost": cost,
         "counters": {
-            "num_requests": len(sim.reqs), "num_steps": len(steps), "num_preemptions": sim.num_preemptions,
+            "num_requests": len(sim.reqs), "finished_requests": len(done), "num_steps": len(steps),
+            "num_preemptions": sim.num_preemptions,
             "prefix_cache_queries": sim.prefix_cache_queries, "prefix_cache_hits": sim.prefix_cache_hits,
             "prefix_cache_hit_rate": sim.prefix_cache_hits / sim.prefix_cache_queries
             if sim.prefix_cache_queries else None,

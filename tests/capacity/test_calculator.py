@@ -130,7 +130,8 @@ def test_parameter_counts_from_configs():
     ("[1, 2]", "err.capacity.config_not_object"),
     ('{"num_attention_heads": 12, "hidden_size": 768}', "err.capacity.config_missing"),
     ('{"num_hidden_layers": -3, "num_attention_heads": 12, "hidden_size": 768}', "err.capacity.config_field"),
-    ('{"num_hidden_layers": "12", "num_attention_heads": 12, "hidden_size": 768}', "err.capacity.config_field"),
+    ('{"num_hidden_layers": "12", "num_attention_heads": 12, "hidden_size": 768}', "err.capacity.config_text"),
+    ('{"num_hidden_layers": 12.5, "num_attention_heads": 12, "hidden_size": 768}', "err.capacity.config_field"),
     ('{"num_hidden_layers": 2, "num_attention_heads": 12, "num_key_value_heads": 5, "hidden_size": 768}',
      "err.capacity.config_kv_heads"),
     ("[" * 100_000, "err.capacity.config_too_big"),
@@ -146,3 +147,83 @@ def test_unknown_dtype_and_model():
         calc("llama-3-8b", dtype="fp64")
     with pytest.raises(BadInput):
         catalog.get("gpt-5")
+
+
+@pytest.mark.parametrize("value", ['"32"', '" 32 "', '"thirty-two"'])
+def test_a_number_written_as_text_is_refused_saying_it_must_be_a_number(value):
+    """transformers keeps "32" as text (and a model then fails on it), so the calculator does not guess either:
+    it says the field is text, shows it in quotes, and asks for a number without them."""
+    text = f'{{"num_hidden_layers": {value}, "num_attention_heads": 32, "hidden_size": 4096}}'
+    with pytest.raises(BadInput) as exc:
+        catalog.from_config_json(text)
+    assert exc.value.key == "err.capacity.config_text"
+    assert value in exc.value.message and "not a number" in exc.value.message
+    assert "num_hidden_layers" in exc.value.message and "without quotes" in exc.value.message
+    assert "不是数字" in exc.value.text("zh")
+
+
+def _smallest_tp(*, params: int, weight_bytes_each: int, layers: int, kv_heads: int, head_dim: int, kv_bytes: int,
+                 gpu_gib: float, utilization: float, block: int, context: int) -> int | None:
+    """The TP degree derived here from the published numbers alone, not from the calculator's functions."""
+    for tp in (1, 2, 4, 8, 16, 32, 64):
+        if tp <= kv_heads and kv_heads % tp or tp > kv_heads and tp % kv_heads:
+            continue
+        left = gpu_gib * 1024**3 * utilization - params * weight_bytes_each / tp
+        page = block * 2 * layers * max(1, kv_heads // tp) * head_dim * kv_bytes
+        if left > 0 and left // page >= -(-context // block):
+            return tp
+    return None
+
+
+@pytest.mark.parametrize("gpu_gib,expected", [(80, 2), (24, 8), (40, 4)])
+def test_weights_that_do_not_fit_say_so_and_name_the_smallest_tp_that_does(gpu_gib, expected):
+    """Llama-3.1-70B in bf16 on one GPU: 70.55 B parameters × 2 B = 131.4 GiB of weights, more than 80 GiB × 0.9.
+    Never a negative KV memory: nothing left, the shortfall, and the smallest TP degree at which one request of
+    the context fits (derived here independently from the config's numbers)."""
+    r = calc("llama-3.1-70b", gpu_memory_gib=gpu_gib, utilization=0.9, context=8192, tp=1)
+    weights = 70_553_706_496 * 2
+    assert r["weights_fit"] is False and r["kv_memory"] == 0 and r["num_blocks"] == 0
+    assert r["kv_shortfall"] == pytest.approx(weights - gpu_gib * GiB * 0.9)
+    if gpu_gib == 80:
+        assert f"{r['kv_shortfall'] / GiB:.2f}" == "59.42"  # the −59.42 GiB the page used to show
+    tp = _smallest_tp(params=70_553_706_496, weight_bytes_each=2, layers=80, kv_heads=8, head_dim=128, kv_bytes=2,
+                      gpu_gib=gpu_gib, utilization=0.9, block=16, context=8192)
+    assert tp == expected and r["tp_searched"] and r["tp_fit"]["tp"] == tp
+    fit = r["tp_fit"]
+    assert fit["weights_per_gpu"] == weights / tp
+    assert fit["kv_memory"] == pytest.approx(gpu_gib * GiB * 0.9 - weights / tp)
+    at_tp = calc("llama-3.1-70b", gpu_memory_gib=gpu_gib, utilization=0.9, context=8192, tp=tp)
+    assert at_tp["weights_fit"] and at_tp["whole_requests"] == fit["whole_requests"] >= 1 and not at_tp["tp_searched"]
+    if tp > 1:  # one degree fewer does not fit one request
+        below = calc("llama-3.1-70b", gpu_memory_gib=gpu_gib, utilization=0.9, context=8192, tp=tp // 2)
+        assert below["whole_requests"] == 0
+
+
+def test_weights_that_fit_but_leave_no_room_for_one_request_also_get_the_tp_that_does():
+    # Llama-3-8B: 14.96 GiB of weights fit in 16 GiB × 0.95 = 15.2 GiB, but the 0.24 GiB left holds
+    # 124 blocks = 1,984 tokens, not 8192.
+    r = calc("llama-3-8b", gpu_memory_gib=16, utilization=0.95, context=8192)
+    assert r["weights_fit"] and r["kv_memory"] > 0 and r["whole_requests"] == 0
+    tp = _smallest_tp(params=8_030_261_248, weight_bytes_each=2, layers=32, kv_heads=8, head_dim=128, kv_bytes=2,
+                      gpu_gib=16, utilization=0.95, block=16, context=8192)
+    assert r["tp_fit"]["tp"] == tp == 2
+
+
+def test_no_tp_degree_fits_says_none():
+    r = calc("llama-3.1-70b", gpu_memory_gib=1, context=8192)
+    assert r["tp_searched"] and r["tp_fit"] is None
+    assert _smallest_tp(params=70_553_706_496, weight_bytes_each=2, layers=80, kv_heads=8, head_dim=128, kv_bytes=2,
+                        gpu_gib=1, utilization=0.9, block=16, context=8192) is None
+
+
+def test_a_known_kv_memory_needs_no_tp_search():
+    r = calc("llama-3.1-70b", gpu_memory_gib=80, kv_memory_gib=20)
+    assert r["weights_fit"] and not r["tp_searched"] and r["tp_fit"] is None and r["num_blocks"] > 0
+
+
+def test_hand_entered_numbers_have_unknown_weights_until_given():
+    custom = catalog.from_numbers(n_layer=32, n_head=32, n_kv_head=8, head_dim=128)
+    assert calculate(custom, CalcInput())["weights_known"] is False
+    given = calculate(custom, CalcInput(weight_gib=15))
+    assert given["weights_known"] and given["weight_bytes"] == 15 * GiB
+    assert calc("llama-3-8b")["weights_known"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Literal
 
 from fastapi import APIRouter, Request
@@ -9,11 +10,13 @@ from pydantic import BaseModel, Field
 
 from app.cache.kv_bytes import DTYPE_BYTES, SCALES
 from app.capacity import catalog, check, stepcost
-from app.capacity.calculator import CalcInput, calculate
-from app.capacity.simulator import SimConfig, Simulator, parse_requests, synthetic_workload
+from app.capacity.bounds import SimLimits, run_bounded, stopped_view
+from app.capacity.calculator import TP_DEGREES, WEIGHT_BYTES, CalcInput, calculate
+from app.capacity.simulator import SimConfig, parse_requests, synthetic_workload
 from app.errors import BadInput
 from app.state import AppState
 from app.viz.capacity import simulation_view
+from app.web.cancel import run_until_disconnected
 from app.web.deps import StateDep
 from app.web.render import render
 
@@ -25,6 +28,7 @@ BlockSize = Literal[1, 2, 4, 8, 16, 32, 64, 128]
 TP = Literal[1, 2, 4, 8, 16, 32, 64]
 MAX_TEXT = 60_000
 assert set(Dtype.__args__) == set(DTYPE_BYTES) and set(Scales.__args__) == set(SCALES)  # type: ignore[attr-defined]
+assert TP.__args__ == TP_DEGREES  # type: ignore[attr-defined]
 
 
 class Custom(BaseModel):
@@ -82,6 +86,8 @@ class SimBody(ModelChoice):
     prefix_len: int = Field(256, ge=0, le=1_000_000)
     seed: int = Field(0, ge=0, le=2**31)
     requests_text: str | None = Field(None, max_length=MAX_TEXT)
+    weight_gib: float | None = Field(None, gt=0, le=100_000,
+                                     description="omit: parameters × 2 bytes (needed for model=custom)")
 
 
 class CheckBody(BaseModel):
@@ -137,8 +143,15 @@ def calculate_capacity(state: StateDep, body: CalcBody) -> dict:
 
 
 @router.post("/api/capacity/simulate", tags=["capacity"])
-def simulate(state: StateDep, body: SimBody) -> dict:
-    """Continuous batching as vLLM schedules it, over a synthetic workload or a pasted request list."""
+async def simulate(request: Request, state: StateDep, body: SimBody) -> dict:
+    """Continuous batching as vLLM schedules it, over a synthetic workload or a pasted request list.
+
+    Bounded (``app/capacity/bounds.py``): refused before it starts when too big, stopped at the step or time
+    limit (the answer says so and shows what ran), and stopped when the client disconnects."""
+    return await run_until_disconnected(request, lambda cancel: _simulate(state, body, cancel))
+
+
+def _simulate(state: AppState, body: SimBody, cancel: threading.Event) -> dict:
     if body.workload == "list":
         requests = parse_requests(body.requests_text or "")
     else:
@@ -151,8 +164,11 @@ def simulate(state: StateDep, body: SimBody) -> dict:
     if body.gpu not in stepcost.GPUS:
         raise BadInput("err.capacity.gpu", gpu=body.gpu, known=", ".join(stepcost.GPUS))
     gpu = stepcost.GPUS[body.gpu]
+    if body.cost == "roofline" and not model.parameters and body.weight_gib is None:
+        raise BadInput("err.capacity.sim_weights_unknown", model=model.name)  # hand-entered numbers, MoE config
     calc = calculate(model, CalcInput(dtype=body.dtype, block_size=body.block_size, tp=body.tp,
                                       gpu_memory_gib=gpu.memory_gib, utilization=body.utilization,
+                                      weight_gib=body.weight_gib,
                                       context=max(r.prompt_len + r.output_len for r in requests)))
     if body.cost == "measured":
         if not body.model.startswith("loaded:"):
@@ -161,17 +177,24 @@ def simulate(state: StateDep, body: SimBody) -> dict:
         cost_info = {"kind": "measured"} | cost.limits()
         num_blocks = body.num_blocks or 512
     else:
+        # A model without a parameter count multiplies by about as many parameters as its weights hold.
+        params = model.parameters or calc["weight_bytes"] / WEIGHT_BYTES[calc["input"]["weight_dtype"]]
         cost = stepcost.Roofline.for_model(gpu, model, weight_bytes=calc["weight_bytes"],
-                                           kv_bytes_per_token=calc["bytes_per_token"], tp=body.tp)
+                                           kv_bytes_per_token=calc["bytes_per_token"], tp=body.tp, params=params)
         cost_info = {"kind": "roofline"} | cost.limits()
         num_blocks = body.num_blocks or calc["num_blocks"]
     if num_blocks < 1:
-        raise BadInput("err.capacity.no_kv_memory", model=model.name, gpu=gpu.name)
+        fit = calc["tp_fit"]
+        if fit is None:
+            raise BadInput("err.capacity.no_kv_memory", model=model.name, gpu=gpu.name)
+        raise BadInput("err.capacity.no_kv_memory_tp", model=model.name, gpu=gpu.name, tp=fit["tp"])
     cfg = SimConfig(num_blocks=num_blocks, block_size=body.block_size,
                     max_num_batched_tokens=body.max_num_batched_tokens, max_num_seqs=body.max_num_seqs,
                     chunked_prefill=body.chunked_prefill, prefix_caching=body.prefix_caching)
-    sim = Simulator(cfg, requests, cost).run()
+    limits = SimLimits.from_settings(state.settings)
+    sim = run_bounded(cfg, requests, cost, limits=limits, cancel=cancel)
     view = simulation_view(sim, cost=cost_info)
+    view["stopped"] = stopped_view(sim, limits)
     view["model"] = model.name
     view["bytes_per_token"] = calc["bytes_per_token"]
     return view
