@@ -17,6 +17,8 @@ paged_pools        paged-lab block pools       the browser that made them      i
                                                                                browser's 3rd; ``paged_cache_bytes``
 prefix_labs        prefix-cache lab            one per browser                 idle ``session_ttl_s``;
                                                                                ``prefix_cache_bytes`` in all
+head_surveys       head-roles scores, one per  the server (shared: the same    as long as that model object is
+                   model (``/heads``)          sequence for every browser)     served
 training           the Training lab            the server (one job at a time,  shutdown
                                                every browser sees it)
 =================  ==========================  ==============================  ==================================
@@ -45,6 +47,7 @@ from app.cache.paged_decode import PagedEngine
 from app.cache.prefix import PrefixLab
 from app.errors import BadInput, Expired
 from app.model.capture import run_traced
+from app.model.head_survey import SurveyCache
 from app.model.loading import LoadedModel, ModelRegistry
 from app.model.prompts import encode_prompt
 from app.model.sessions import SessionStore
@@ -69,6 +72,7 @@ class AppState:
     paged_pools: OwnedTable[PagedEngine]
     prefix_labs: OwnedTable[PrefixLab]
     model_lock: ModelGate
+    head_surveys: SurveyCache
     # trace key -> (model name, token ids, the model object it ran on): small, so it outlives the traces
     # themselves and lets an evicted trace be recomputed from a page's link.
     trace_index: OrderedDict[str, tuple[str, tuple[int, ...], weakref.ref]] = field(default_factory=OrderedDict)
@@ -101,6 +105,7 @@ class AppState:
             model_lock=ModelGate(max_waiting=s.queue_max_waiting, per_owner=s.queue_per_browser,
                                  max_wait_s=s.queue_max_wait_s,
                                  per_address=per_address(s.queue_max_waiting, s.queue_per_browser)),
+            head_surveys=SurveyCache(),
         )
         state.training = TrainingLab(state)
         return state

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.browser
 AXE = Path(__file__).resolve().parents[1] / ".node" / "node_modules" / "axe-core" / "axe.min.js"
 PROMPT = "The cat sat on the mat."
 Q = PROMPT.replace(" ", "+")
-PAGES = ("inspect", "decode", "prefix", "paged", "capacity", "arena", "train")
+PAGES = ("inspect", "heads", "decode", "prefix", "paged", "capacity", "arena", "train")
 
 
 def _wait(page, expr: str, timeout: float = 120_000) -> None:
@@ -40,6 +40,10 @@ def load(page, base: str, name: str, lang: str, extra: str = "") -> None:
         _wait(page, "+(document.body.dataset.heatmapPlotly || 0) >= 1")
         page.wait_for_selector("#head-grid [data-layer]")
         page.wait_for_selector("#sinks-table", state="attached")
+    elif name == "heads":
+        page.goto(f"{base}/heads?model=builtin&{q}")
+        page.click("#heads-table th[data-col='induction'] button")
+        page.wait_for_selector("#heads-table th[aria-sort='descending']")
     elif name == "decode":
         page.goto(f"{base}/decode?model=builtin&prompt={Q}&{q}")
         page.click("#prefill")
@@ -246,7 +250,7 @@ def test_every_page_fits_a_phone(a11y_page, live_server):
         nav = page.evaluate("""[...document.querySelectorAll("header.top nav a")].filter((a) => {
             const r = a.getBoundingClientRect();
             return r.width > 0 && r.left >= 0 && r.right <= innerWidth; }).length""")
-        if nav < 9:  # seven pages and two languages, all on screen
+        if nav < 10:  # eight pages and two languages, all on screen
             problems.append(f"{name}: only {nav} header links are on screen")
         small = page.evaluate(SMALL_TEXT)
         if small:

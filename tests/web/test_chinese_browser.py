@@ -134,6 +134,13 @@ def test_prefix_in_chinese(page, live_server):
     check(page)
 
 
+def test_head_roles_in_chinese(page, live_server):
+    page.goto(live_server + "/heads?lang=zh&model=builtin")
+    page.click("#heads-table th[data-col='local'] button")
+    page.click("#heads-sequence summary")
+    check(page)
+
+
 def test_train_in_chinese(page, live_server):
     page.goto(live_server + "/train?lang=zh")
     page.wait_for_selector("#loss-plot .main-svg")
