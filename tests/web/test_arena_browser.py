@@ -38,3 +38,29 @@ def test_inspect_explainers(page, live_server):
     page.wait_for_selector("#abl-table")
     assert "0.1, 1.2" in page.inner_text("#abl-summary")
     assert page.js_errors == []
+
+
+def test_arena_runs_under_the_csp_and_a_new_run_clears_the_old_error(browser, live_server):
+    """With the real Content-Security-Policy (no bypass): a run reports no violation and no page error, and
+    the error banner of a bad run is gone once a later run succeeds."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if "Content Security Policy" in m.text else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    try:
+        page.goto(live_server + "/arena?model=builtin")
+        page.fill("#arena-steps", "2")
+        for p in ("window", "streaming", "h2o", "snapkv", "fp8-e4m3", "int8-head", "int4-head"):
+            page.uncheck(f"input[name=policies][value='{p}']")
+        page.fill("#arena-budget", "0")  # not a budget: the server refuses it
+        page.click("#arena-run")
+        page.wait_for_selector("#error .error-box")
+        page.fill("#arena-budget", "25")
+        page.click("#arena-run")
+        page.wait_for_selector("#arena-table tr[data-policy='kivi']", timeout=120_000)
+        stale_errors = page.locator("#error .error-box").count()
+    finally:
+        context.close()
+    assert problems == []
+    assert stale_errors == 0
