@@ -27,6 +27,7 @@ def model_card(lm: LoadedModel) -> dict:
         "name": lm.name,
         "source": lm.source,
         "builtin": lm.is_builtin,
+        "random_weights": lm.random_weights,
         "family": a.family,
         "n_layer": a.n_layer,
         "n_head": a.n_head,

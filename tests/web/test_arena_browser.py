@@ -9,7 +9,7 @@ pytestmark = pytest.mark.browser
 
 def test_arena_run_draws_the_table_and_charts(page, live_server):
     page.goto(live_server + "/arena?model=builtin")
-    assert page.is_visible("#arena-weights-note")
+    assert page.is_visible("#arena-builtin-note") and not page.is_visible("#arena-weights-note")  # trained
     page.fill("#arena-steps", "3")
     for p in ("fp8-e4m3", "int8-head", "int4-head", "snapkv", "window"):
         page.uncheck(f"input[name=policies][value='{p}']")

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 
-def test_arena_page_renders_with_its_note_and_rules(tiny_client):
+def test_arena_page_renders_with_its_notes_and_rules(tiny_client):
     r = tiny_client.get("/arena")
     assert r.status_code == 200
-    assert 'id="arena-form"' in r.text and "random weights" in r.text
+    assert 'id="arena-form"' in r.text and "character-level" in r.text  # the built-in model's own note
     assert 'href="/arena"' in r.text  # the nav line
     assert "streaming-norerope" in r.text and "disabled" in r.text  # not for GPT-2: absolute positions
 
@@ -42,4 +42,17 @@ def test_the_api_returns_the_view_numbers(tiny_client):
 
 def test_the_page_in_chinese(tiny_client):
     r = tiny_client.get("/arena", params={"lang": "zh"})
-    assert "压缩擂台" in r.text and "随机权重" in r.text
+    assert "压缩擂台" in r.text and "字符级" in r.text
+
+
+def test_the_random_weights_note_shows_only_on_a_model_with_random_weights(client, distil, tiny):
+    assert distil.random_weights and not tiny.random_weights  # the test model is random, the built-in one trained
+    random_page = client.get("/arena", params={"model": "distilgpt2"}).text
+    trained_page = client.get("/arena", params={"model": "builtin"}).text
+    assert 'id="arena-weights-note"' in random_page and "random (untrained)" in random_page
+    assert 'id="arena-weights-note"' not in trained_page and 'id="arena-builtin-note"' in trained_page
+    # A run's fragment brings the notes of the model it ran on, to replace those above the form (out of band).
+    frag = client.get("/arena", params={"model": "builtin", "source": "text", "steps": 2, "policies": ["window"]},
+                      headers={"HX-Request": "true"}).text
+    assert '<div id="arena-notes" hx-swap-oob="true">' in frag
+    assert 'id="arena-weights-note"' not in frag and 'id="arena-builtin-note"' in frag
