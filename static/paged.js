@@ -19,7 +19,7 @@
 
   function showBusy() {
     const b = $("paged-busy");
-    b.style.display = running ? "inline" : "";
+    b.style.visibility = running ? "visible" : "";  // its room is kept (paged.css): nothing below jumps
     b.textContent = queue.length ? t("js.paged.queued", { n: queue.length }) : b.dataset.working;
     lab.setAttribute("aria-busy", running ? "true" : "false");
   }
