@@ -32,7 +32,8 @@ def test_inspect_on_llama_shows_the_rotary_panel(page, llama_server):
     text = page.inner_text("#rotary-panel")
     assert "reads KV head 1" in text
     scores = [float(x) for x in page.locator("#rope-demo tbody tr:not(.muted) td.w").all_inner_texts()]
-    assert len(scores) == 4 and max(scores) - min(scores) < 1e-4
+    # the pair itself, moved back to the prompt's start (its key is not token 0 here), and three moves forward
+    assert len(scores) == 5 and max(scores) - min(scores) < 1e-4
     assert "no position table" in page.inner_text("#embed-panel")
     # choosing another query token re-renders the panel for it
     page.click("#token-strip .tok[data-pos='2']")
