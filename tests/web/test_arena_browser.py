@@ -40,16 +40,19 @@ def test_inspect_explainers(page, live_server):
     assert page.js_errors == []
 
 
-def test_arena_runs_under_the_csp_and_a_new_run_clears_the_old_error(browser, live_server):
-    """With the real Content-Security-Policy (no bypass): a run reports no violation and no page error, and
-    the error banner of a bad run is gone once a later run succeeds."""
+def test_an_arena_run_under_the_csp_clears_the_old_error_and_brings_its_models_notes(browser, live_server):
+    """With the real Content-Security-Policy (no bypass): a run reports no violation and no page error, the
+    error banner of a bad run is gone once a later run succeeds, and a run on another model brings that
+    model's notes (the trained built-in model: no random-weights notice)."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     problems: list[str] = []
     page.on("console", lambda m: problems.append(m.text) if "Content Security Policy" in m.text else None)
     page.on("pageerror", lambda e: problems.append(str(e)))
     try:
-        page.goto(live_server + "/arena?model=builtin")
+        page.goto(live_server + "/arena?model=distilgpt2")
+        assert page.is_visible("#arena-weights-note")  # the test model's weights are random
+        page.select_option("#arena-model", "builtin")
         page.fill("#arena-steps", "2")
         for p in ("window", "streaming", "h2o", "snapkv", "fp8-e4m3", "int8-head", "int4-head"):
             page.uncheck(f"input[name=policies][value='{p}']")
@@ -60,7 +63,9 @@ def test_arena_runs_under_the_csp_and_a_new_run_clears_the_old_error(browser, li
         page.click("#arena-run")
         page.wait_for_selector("#arena-table tr[data-policy='kivi']", timeout=120_000)
         stale_errors = page.locator("#error .error-box").count()
+        notes = page.is_visible("#arena-weights-note"), page.is_visible("#arena-builtin-note")
     finally:
         context.close()
     assert problems == []
     assert stale_errors == 0
+    assert notes == (False, True)
