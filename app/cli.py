@@ -72,7 +72,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from app.model.prompts import encode_prompt
     from app.model.trained import load_saved_trained
     from app.state import AppState
-    from app.viz.export import FORMATS, pack_trace
+    from app.viz.export import FORMATS, entry_names, pack_trace
     from app.viz.tokens import honest_texts
 
     out = Path(args.out)
@@ -101,10 +101,11 @@ def cmd_trace(args: argparse.Namespace) -> int:
     except UserError as exc:
         print(exc.message, file=sys.stderr)
         return 1
-    out.write_bytes(pack_trace(trace, fmt, model=lm.name))
-    print(f"{out}: {len(trace.tensors) + 1} tensors from {lm.name}, {trace.n_tokens} tokens "
-          f"({out.stat().st_size:,} bytes). Load with "
-          + ("numpy.load" if fmt == "npz" else "safetensors.safe_open") + ".")
+    blob = pack_trace(trace, fmt, model=lm.name)
+    out.write_bytes(blob)
+    kind = "arrays" if fmt == "npz" else "tensors"  # counted in what was written, extra entries included
+    print(f"{out}: {len(entry_names(blob, fmt))} {kind} from {lm.name}, {trace.n_tokens} tokens "
+          f"({len(blob):,} bytes). Load with " + ("numpy.load" if fmt == "npz" else "safetensors.safe_open") + ".")
     return 0
 
 

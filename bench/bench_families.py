@@ -42,14 +42,13 @@ from bench.common import (
 
 
 def load_smollm2():
-    from app.model.loading import load_dir
-    from tests.shaped_model import build_smollm2_shaped
+    from tests.shaped_model import build_smollm2_shaped, load_random
 
     target = OUT / "smollm2-135m-shaped"
     if not (target / "model.safetensors").exists() or not (target / "tokenizer.json").exists():
         target.mkdir(parents=True, exist_ok=True)
         build_smollm2_shaped(target)
-    return load_dir(target, name="smollm2-135m", source="SmolLM2-135M-shaped model with random weights (bench)")
+    return load_random(target, name="smollm2-135m", source="SmolLM2-135M-shaped model with random weights (bench)")
 
 
 def capture_pair(lm, ids: list[int]):

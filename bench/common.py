@@ -64,14 +64,13 @@ def machine() -> str:
 
 def load_model():
     """The DistilGPT-2-shaped model as the app loads it (``load_dir``: eager attention, float32)."""
-    from app.model.loading import load_dir
-    from tests.shaped_model import build_distilgpt2_shaped
+    from tests.shaped_model import build_distilgpt2_shaped, load_random
 
     target = OUT / "distilgpt2-shaped"
     if not (target / "model.safetensors").exists() or not (target / "tokenizer.json").exists():
         target.mkdir(parents=True, exist_ok=True)
         build_distilgpt2_shaped(target)
-    return load_dir(target, name="distilgpt2", source="DistilGPT-2-shaped model with random weights (bench)")
+    return load_random(target, name="distilgpt2", source="DistilGPT-2-shaped model with random weights (bench)")
 
 
 def prompt_of(lm, n_tokens: int) -> tuple[str, list[int]]:

@@ -45,6 +45,15 @@
     if (label) label.textContent = p.name;
   }
 
+  /* A new run clears the previous run's error banner (a handler here, not an hx-on attribute: the page's
+     Content-Security-Policy allows no inline script). */
+  document.addEventListener("htmx:beforeRequest", (e) => {
+    const form = e.detail && e.detail.elt;
+    if (!form || form.id !== "arena-form") return;
+    const box = document.getElementById("error");
+    if (box) box.replaceChildren();
+  });
+
   document.addEventListener("DOMContentLoaded", draw);
   document.body && document.body.addEventListener("htmx:afterSwap", (e) => {
     if (e.target && e.target.id === "arena-result") draw();

@@ -5,36 +5,74 @@
   const $ = (id) => document.getElementById(id);
   const lab = $("paged-lab");
   if (!lab) return;
-  let sid = null, timer = null, busy = false, last = null;
+  let sid = null, timer = null, last = null;
 
   const color = (seq) => PALETTE[seq % PALETTE.length];
   const kv = window.kv, t = kv.t;
 
-  async function call(method, url, body) {
-    if (busy) return null;
-    busy = true;
-    $("paged-busy").style.display = "inline";
+  /* Every click is one request, and requests run one at a time, in the order they were clicked: a click made
+     while a request is in flight (0.5–2 s on a real model) waits in `queue` and is sent when its turn comes,
+     never dropped. #paged-busy shows that work is under way and how many clicks wait. If a request fails, the
+     clicks queued behind it are not sent (they may depend on it), and the error message says how many. */
+  const queue = [];
+  let running = false;
+
+  function showBusy() {
+    const b = $("paged-busy");
+    b.style.visibility = running ? "visible" : "";  // its room is kept (paged.css): nothing below jumps
+    b.textContent = queue.length ? t("js.paged.queued", { n: queue.length }) : b.dataset.working;
+    lab.setAttribute("aria-busy", running ? "true" : "false");
+  }
+
+  /* Queue `job` (a function returning a promise of the view, or null); resolves with what it returned
+     (null when it was never sent). */
+  function enqueue(job) {
+    return new Promise((resolve) => {
+      queue.push({ job, resolve });
+      pump();
+    });
+  }
+
+  async function pump() {
+    if (running) { showBusy(); return; }
+    const next = queue.shift();
+    if (!next) return;
+    running = true;
+    showBusy();
+    let out = null;
+    try { out = await next.job(); } finally {
+      running = false;
+      next.resolve(out);
+      showBusy();
+      pump();
+    }
+  }
+
+  /* One request now (its turn has come): draw the answer, or stop and drop what was queued behind it. */
+  async function send(method, url, body) {
     try {
       const data = await kv.request(method, url, body);
       kv.clearError();
       render(data);
       return data;
     } catch (e) {
-      stopPlay(); return null;  // kv.request has shown the message
-    } finally {
-      busy = false;
-      $("paged-busy").style.display = "";
+      stopPlay();  // kv.request has shown the message; say what was not sent after it
+      const dropped = queue.splice(0);
+      dropped.forEach((q) => q.resolve(null));
+      const box = document.querySelector("#error .error-box");
+      if (dropped.length && box) box.append(" " + t("js.paged.dropped", { n: dropped.length }));
+      return null;
     }
   }
 
   function newPool() {
     stopPlay();
     const model = $("pool-model") ? $("pool-model").value : lab.dataset.model;
-    return call("POST", "/api/paged/sessions", {
-      model, num_blocks: Number($("pool-blocks").value), block_size: Number($("pool-block-size").value),
-    }).then((d) => { if (d) sid = d.session; return d; });
+    const body = { model, num_blocks: Number($("pool-blocks").value), block_size: Number($("pool-block-size").value) };
+    return enqueue(() => send("POST", "/api/paged/sessions", body).then((d) => { if (d) sid = d.session; return d; }));
   }
-  const act = (path) => sid && call("POST", `/api/paged/sessions/${sid}${path}`);
+  /* An action on the pool that is current when its turn comes (a queued reset may have replaced it). */
+  const act = (path, body) => enqueue(() => (sid ? send("POST", `/api/paged/sessions/${sid}${path}`, body) : Promise.resolve(null)));
 
   // --- drawing -------------------------------------------------------------------------------------
   function drawPool(view) {
@@ -160,7 +198,7 @@
     $("play").textContent = $("play").dataset.play;
   }
   async function tick() {
-    if (busy) return;
+    if (running || queue.length) return;  // a tick is not a click: it waits for the user's clicks to be done
     const v = await act("/step");
     const live = v && v.sequences.some((s) => s.status === "running" || s.status === "waiting");
     if (!v || !live || v.stall) stopPlay();  // a stall waits for the user's choice
@@ -169,10 +207,8 @@
   $("pool-form").addEventListener("submit", (e) => { e.preventDefault(); newPool(); });
   $("add-form").addEventListener("submit", (e) => {
     e.preventDefault();
-    if (!sid) return;
-    call("POST", `/api/paged/sessions/${sid}/sequences`, {
-      prompt: $("add-prompt").value, max_new: Number($("add-max-new").value),
-    });
+    const body = { prompt: $("add-prompt").value, max_new: Number($("add-max-new").value) };  // as it was clicked
+    act("/sequences", body);
   });
   $("step").addEventListener("click", () => act("/step"));
   $("play").addEventListener("click", () => {

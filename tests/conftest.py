@@ -14,11 +14,11 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.model.loading import LoadedModel, ModelRegistry, load_builtin, load_dir
+from app.model.loading import LoadedModel, ModelRegistry, load_builtin
 from app.settings import Settings
 from app.state import AppState
 from tests.live import browser_page, serve_in_thread
-from tests.shaped_model import TINY_FAMILIES, build_distilgpt2_shaped, build_tiny_family
+from tests.shaped_model import TINY_FAMILIES, build_distilgpt2_shaped, build_tiny_family, load_random
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -30,7 +30,7 @@ def distil_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def distil(distil_dir) -> LoadedModel:
-    return load_dir(distil_dir, name="distilgpt2", source="DistilGPT-2-shaped model with random weights (tests)")
+    return load_random(distil_dir, name="distilgpt2", source="DistilGPT-2-shaped model with random weights (tests)")
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +40,7 @@ def family_models(tmp_path_factory) -> dict[str, LoadedModel]:
     out = {}
     for fam in TINY_FAMILIES:
         path = build_tiny_family(tmp_path_factory.mktemp(f"tiny-{fam}"), fam)
-        out[fam] = load_dir(path, name=f"tiny-{fam}", source=f"tiny random {fam} checkpoint (tests)")
+        out[fam] = load_random(path, name=f"tiny-{fam}", source=f"tiny random {fam} checkpoint (tests)")
     return out
 
 
@@ -131,7 +131,8 @@ def live_server(distil_dir, tiny, kv_home):
     finishing a request a browser test left behind while the next test's in-process client runs a forward
     with capture hooks on the shared objects, and one process serves one AppState (one model lock) in real use.
     """
-    own_distil = load_dir(distil_dir, name="distilgpt2", source="DistilGPT-2-shaped model with random weights (tests)")
+    own_distil = load_random(distil_dir, name="distilgpt2",
+                             source="DistilGPT-2-shaped model with random weights (tests)")
     own_tiny = load_builtin(kv_home)
     settings = Settings(models=("distilgpt2", "builtin"), home=kv_home, session_ttl_s=600)
     with serve_in_thread(make_state(settings, own_distil, own_tiny)) as url:

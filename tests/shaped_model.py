@@ -38,6 +38,16 @@ def build_distilgpt2_shaped(target: Path) -> Path:
     return target
 
 
+def load_random(path: Path, *, name: str, source: str):
+    """A checkpoint built here, loaded the way the app loads any (``load_dir``) and marked as random weights,
+    so pages say that its attention patterns and compression quality mean nothing."""
+    from app.model.loading import load_dir
+
+    lm = load_dir(path, name=name, source=source)
+    lm.random_weights = True
+    return lm
+
+
 def _save_gpt2_tokenizer(target: Path, max_length: int) -> None:
     vocab, merges = gpt2_tokenizer_files()
     GPT2TokenizerFast(vocab=str(vocab), merges=str(merges), model_max_length=max_length).save_pretrained(target)

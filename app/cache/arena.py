@@ -20,6 +20,10 @@ Per policy and step:
                         steps only, since every policy but the sliding window reads the whole prompt at prefill
 
 The kept map is each (layer, KV head)'s kept positions after the last teacher-forced step.
+
+Per step, the margin of full attention's free-running greedy choice is its top-1 logit minus its top-2 logit
+(= log p1/p2). A policy's first divergence happens on the same history as full attention's step, so the
+margin at that step says how close the choice was: a near-tie (``app.viz.arena``) flips on a small change.
 """
 
 from __future__ import annotations
@@ -56,6 +60,13 @@ class FullRun:
     logits: list[torch.Tensor]  # per step (V,)
     weights: list[list[torch.Tensor]]  # per step, per layer (H, Tk)
     greedy: list[int]  # free-running greedy tokens
+    margins: list[float]  # per step, top-1 minus top-2 logit of the free-running greedy choice
+
+
+def top2_margin(logits: torch.Tensor) -> float:
+    """How far the greedy choice is ahead of the runner-up, in logits (log p1 − log p2)."""
+    top = logits.double().topk(2).values
+    return float(top[0] - top[1])
 
 
 def kl_full_policy(full: torch.Tensor, policy: torch.Tensor) -> float:
@@ -83,17 +94,21 @@ def _full_run(lm: LoadedModel, prompt: list[int], reference: list[int] | None, s
         weights = [list(rec.last)]
         after_prefill = copy.deepcopy(rec)
         greedy = [int(logits[0].argmax())]
+        margins = [top2_margin(logits[0])]
         for s in range(1, steps):
             tok = reference[s - 1] if reference is not None else greedy[-1]
             logits.append(lm.adapter.forward_through(rec, [tok])[-1])
             weights.append(list(rec.last))
             if reference is None:
                 greedy.append(int(logits[-1].argmax()))
+                margins.append(top2_margin(logits[-1]))
         if reference is not None:  # free-running greedy of full attention, from the same prefill
             free = after_prefill
             for _ in range(1, steps):
-                greedy.append(int(lm.adapter.forward_through(free, [greedy[-1]])[-1].argmax()))
-    return FullRun(logits, weights, greedy)
+                step_logits = lm.adapter.forward_through(free, [greedy[-1]])[-1]
+                greedy.append(int(step_logits.argmax()))
+                margins.append(top2_margin(step_logits))
+    return FullRun(logits, weights, greedy, margins)
 
 
 def _policy_run(lm: LoadedModel, name: str, prompt: list[int], reference: list[int], full: FullRun, *,
@@ -139,6 +154,8 @@ def _policy_run(lm: LoadedModel, name: str, prompt: list[int], reference: list[i
             keep_map.append({"layer": layer, "head": head, "bits": "".join(bits)})
     diverge = next((s for s, (x, y) in enumerate(zip(greedy, full.greedy, strict=True)) if x != y), None)
     return {
+        "settings": getattr(store, "settings", None),  # a policy's own parameters, where it has any (KIVI)
+        "divergence_margin": None if diverge is None else full.margins[diverge],
         "name": name, "bytes_held": bytes_held(store), "tokens_held": kept_positions(store, 0, a.n_kv_head).shape[1],
         "kl": kl, "agree": agree, "agreement": sum(agree) / len(agree), "nll": nll,
         "ppl": math.exp(sum(nll) / len(nll)), "mass": mass.tolist(), "mass_mean": float(mass.mean()),
@@ -174,7 +191,8 @@ def run_arena(lm: LoadedModel, prompt: list[int], *, steps: int, budget: int, po
             r["ppl_change"] = r["ppl"] / full_ppl - 1
             r["slowdown"] = r["decode_ms_per_step"] / max(base["decode_ms_per_step"], 1e-9)
         return {
-            "prompt": prompt, "reference": ref, "full_greedy": full.greedy, "steps": steps, "budget": budget,
+            "prompt": prompt, "reference": ref, "full_greedy": full.greedy, "full_margins": full.margins,
+            "steps": steps, "budget": budget,
             "bytes_per_token": float_bytes_per_token(n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim),
             "total_tokens": len(prompt) + steps, "full_ppl": full_ppl, "runs": runs,
             "teacher_forced_on": "text" if reference is not None else "greedy",

@@ -41,14 +41,15 @@ def run_bench(
     lm: LoadedModel, ids: list[int], *, steps: int, block_size: int = 16, window: int = 8,
     lock: threading.RLock | None = None,
 ) -> dict:
-    """Per step (0 = the prefill's prediction, then one per generated token): every path's logits error and token."""
+    """``steps`` rows, one per generated token: step 0 is the prefill's prediction, step s the s-th decode step
+    (the arena counts the same way). Each row: every path's logits error and the token it would choose."""
     a = lm.adapter
     guard = lock or nullcontext()
-    if len(ids) + steps > a.max_positions:
+    if len(ids) + steps - 1 > a.max_positions:  # the last step reads positions 0 .. len(ids) + steps - 2
         raise ValueError("prompt + steps exceed the model's positions")
     model = lm.model
     names = path_names(window)
-    paged = PagedKVCache(num_blocks=-(-(len(ids) + steps) // block_size), block_size=block_size,
+    paged = PagedKVCache(num_blocks=-(-(len(ids) + steps - 1) // block_size), block_size=block_size,
                          n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim, dtype=a.dtype)
     stores = {"paged": PagedSeqStore(paged, 0)}
     stores |= {f: QuantizedKVStore(f, n_layer=a.n_layer, block_size=block_size) for f in QUANT_PATHS}
@@ -58,7 +59,7 @@ def run_bench(
     prefix = list(ids)
     feed = list(ids)  # what the cached paths process this step: the prompt, then one token at a time
     rows = []
-    for step in range(steps + 1):
+    for step in range(steps):
         with guard:
             ref = model(input_ids=torch.tensor([prefix])).logits[0, -1]  # (V,)
             out = model(input_ids=torch.tensor([feed]), cache=dyn, use_cache=True)

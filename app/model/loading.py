@@ -61,6 +61,10 @@ class LoadedModel:
     adapter: ModelAdapter
     is_builtin: bool = False
     meta: dict = field(default_factory=dict)
+    # Untrained weights (the shaped checkpoints tests and benchmarks build): pages then say that attention
+    # patterns and compression quality mean nothing. Nothing loaded from a catalog, the built-in model or a
+    # user's directory is known to be random, so the loaders leave it False; whoever builds a random model sets it.
+    random_weights: bool = False
 
     @property
     def max_positions(self) -> int:

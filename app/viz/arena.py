@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 from app.cache.policies import EVICTING
 
 # Which paper each policy comes from, for its reference card (the claims themselves are catalog strings).
 PAPERS = {
     "streaming": "streaming", "streaming-norerope": "streaming", "h2o": "h2o", "snapkv": "snapkv", "kivi": "kivi",
 }
+
+
+# A first divergence where full attention's top two logits were closer than this is a near-tie: log p1/p2 < 0.25,
+# the runner-up at least e^-0.25 ≈ 78 % as likely as the top token, so the policy flipped an almost even choice.
+NEAR_TIE = 0.25
 
 
 def _kind(name: str) -> str:
@@ -34,6 +41,9 @@ def arena_view(lm, run: dict) -> dict:
             "tokens": r["tokens_held"], "kl_mean": sum(r["kl"]) / len(r["kl"]), "kl_max": max(r["kl"]),
             "agreement": 100 * r["agreement"], "ppl": r["ppl"], "ppl_change": 100 * r["ppl_change"],
             "mass": r["mass_mean"], "first_divergence": d, "ms": r["decode_ms_per_step"], "slowdown": r["slowdown"],
+            "divergence_margin": r["divergence_margin"],
+            "near_tie": r["divergence_margin"] is not None and r["divergence_margin"] < NEAR_TIE,
+            "settings": r["settings"],
             "same_text": _text(lm, same), "diverged_text": _text(lm, rest), "paper": PAPERS.get(r["name"]),
         })
         charts.append({"name": r["name"], "kl": r["kl"], "agree": r["agree"], "mass": r["mass"],
@@ -47,6 +57,9 @@ def arena_view(lm, run: dict) -> dict:
         "teacher_forced_on": run["teacher_forced_on"],
         "prompt_text": _text(lm, run["prompt"]), "reference_text": _text(lm, run["reference"]),
         "full_text": _text(lm, run["full_greedy"]),
+        "near_tie_limit": NEAR_TIE, "near_tie_pct": round(100 * math.exp(-NEAR_TIE)),
+        # the settings of the policy behind each paper's card, where it has any (KIVI: group size, residual)
+        "paper_settings": {r["paper"]: r["settings"] for r in rows if r["paper"] and r["settings"]},
         "papers": sorted({p for p in PAPERS.values() if any(r["paper"] == p for r in rows)},
                          key=["streaming", "h2o", "snapkv", "kivi"].index),
         "chart": {

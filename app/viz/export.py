@@ -59,6 +59,17 @@ def pack_trace(trace: Trace, fmt: str, *, model: str) -> bytes:
     raise BadInput("err.classroom.export_format", fmt=fmt, formats=", ".join(FORMATS))
 
 
+def entry_names(blob: bytes, fmt: str) -> list[str]:
+    """The names of the arrays (npz) or tensors (safetensors) a trace file holds, read back from its bytes."""
+    if fmt == "npz":
+        with np.load(io.BytesIO(blob)) as data:
+            return list(data.files)
+    if fmt == "safetensors":  # 8 bytes of header length (little-endian), then a JSON header naming each tensor
+        size = int.from_bytes(blob[:8], "little")
+        return [name for name in json.loads(blob[8 : 8 + size]) if name != "__metadata__"]
+    raise BadInput("err.classroom.export_format", fmt=fmt, formats=", ".join(FORMATS))
+
+
 def head_values(trace: Trace, layer: int, head: int, kind: str = "weights") -> torch.Tensor:
     """One head's (T, Tk) matrix exactly as Inspect draws it: captured softmax weights, or masked / raw
     scores recomputed from the captured Q and K."""

@@ -27,6 +27,7 @@ def model_card(lm: LoadedModel) -> dict:
         "name": lm.name,
         "source": lm.source,
         "builtin": lm.is_builtin,
+        "random_weights": lm.random_weights,
         "family": a.family,
         "n_layer": a.n_layer,
         "n_head": a.n_head,
@@ -34,6 +35,7 @@ def model_card(lm: LoadedModel) -> dict:
         "d_model": a.d_model,
         "head_dim": a.head_dim,
         "max_positions": a.max_positions,
+        "model_window": a.model_window,  # a sliding window the model was trained with (None: full attention)
         "vocab_size": a.vocab_size,
         "parameters": a.parameter_count(),
         "char_level": is_char_level(lm),

@@ -4,7 +4,11 @@ pair, and why a score depends only on the distance between two tokens.
 RoPE turns each pair of dimensions (j, j + Dh/2) of q and k by the angle pos · θ_j. The score of a query
 at position m with a key at position n is then q(m)·k(n) = f(q, k, m − n): moving both tokens by the same
 shift leaves it unchanged. The demonstration takes this query's and one key's vectors *before* rotation,
-places them at shifted positions with the model's own rotation, and scores them again.
+places them at shifted positions with the model's own rotation, and scores them again: every shifted row
+moves both positions by the same non-zero offset (so it is never the original pair), staying inside the
+model's positions; the grey row moves the key alone, to another position the query can read, and the score
+changes. When the most-read key is token 0 (an attention sink: common) the key cannot move back, so the
+shifts go forward and the grey key comes after it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,20 @@ import torch
 from app.model.trace import Trace
 from app.viz.tokens import visible
 
-SHIFTS = (0, 1, 10, 100)
+SHIFTS = (1, 10, 100)  # forward moves of both positions; one move back to the prompt's start is added when possible
+OTHER_KEY = (-5, 5, -1, 1)  # where the grey row's key may go, relative to the key shown: the first that exists
+
+
+def shift_offsets(m: int, n: int, limit: int) -> list[int]:
+    """Non-zero offsets s that move query m and key n to m + s and n + s, both inside 0 .. limit - 1: back to
+    the prompt's start (key at 0) when the key is not already there, then forward."""
+    back = [-n] if n > 0 else []
+    return [s for s in back + list(SHIFTS) if n + s >= 0 and m + s < limit]
+
+
+def other_key(m: int, n: int) -> int | None:
+    """A key position other than n that query m can read (0 .. m), near n; None when m has no other."""
+    return next((n + d for d in OTHER_KEY if 0 <= n + d <= m and n + d != n), None)
 
 
 def _r(t: torch.Tensor, n: int) -> list[float]:
@@ -48,17 +65,17 @@ def rotary_view(trace: Trace, layer: int, head: int, pos: int, *, first: int = 8
     ]
     scale = a.attn_scale(layer)
     demo = []
+    other, plain = None, None
     if k_pre is not None:
-        for s in SHIFTS:
+        for s in [0, *shift_offsets(m, n, a.max_positions)]:  # 0: the pair itself
             qs = a.rotate(q_pre[None], torch.tensor([m + s]))[0]
             ks = a.rotate(k_pre[None], torch.tensor([n + s]))[0]
             demo.append({"q_pos": m + s, "k_pos": n + s, "distance": m - n, "score": float(qs @ ks) * scale})
-        far = a.rotate(k_pre[None], torch.tensor([max(0, n - 5)]))[0]
-        other = {"q_pos": m, "k_pos": max(0, n - 5), "distance": m - max(0, n - 5),
-                 "score": float(q_rot @ far) * scale}
+        k_other = other_key(m, n)
+        if k_other is not None:
+            far = a.rotate(k_pre[None], torch.tensor([k_other]))[0]
+            other = {"q_pos": m, "k_pos": k_other, "distance": m - k_other, "score": float(q_rot @ far) * scale}
         plain = float(q_pre @ k_pre) * scale
-    else:
-        other, plain = None, None
     return {
         "layer": layer, "head": head, "kv_head": kv, "pos": m, "key_pos": n,
         "token": visible(trace.token_texts[pos]),

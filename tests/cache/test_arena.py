@@ -48,6 +48,29 @@ def test_kl_agreement_perplexity_and_attention_mass_recomputed(tiny):
     h2o = run["runs"][1]
     assert h2o["tokens_held"] == budget and h2o["bytes_held"] == budget * run["bytes_per_token"]
     assert h2o["mass_mean"] < 1.0 and run["runs"][2]["mass_mean"] == 1.0  # KIVI keeps every token
+    kivi = run["runs"][2]
+    assert kivi["settings"]["group"] == 32 and kivi["settings"]["residual"] == 32 and kivi["settings"]["bits"] == 2
+    assert a.head_dim % kivi["settings"]["v_group"] == 0  # value groups split a head's channels evenly
+    assert h2o["settings"] is None  # the budget is its only parameter, shown in the summary
+
+
+def test_full_attention_margins_and_the_margin_at_each_first_divergence(distil):
+    """The margin of full attention's greedy choice (top-1 minus top-2 logit) at every step, recomputed from
+    transformers' own forward over the whole prefix; a policy's first divergence carries the margin there."""
+    lm = distil
+    prompt = lm.encode("The cat sat on the mat because it was")
+    steps = 3
+    run = run_arena(lm, prompt, steps=steps, budget=3, policies=["window"])
+    greedy = run["full_greedy"]
+    for s in range(steps):
+        with torch.no_grad():
+            top = lm.model(input_ids=torch.tensor([prompt + greedy[:s]])).logits[0, -1].double().topk(2).values
+        assert abs(run["full_margins"][s] - float(top[0] - top[1])) < 1e-4  # fp32 noise of two forward paths
+    window = run["runs"][1]
+    d = window["first_divergence"]
+    assert d is not None  # three tokens of a random model's context: it diverges
+    assert window["divergence_margin"] == run["full_margins"][d]
+    assert run["runs"][0]["divergence_margin"] is None  # full attention never diverges from itself
 
 
 def test_budget_in_bytes_or_percent():

@@ -13,10 +13,11 @@ def test_bench_on_the_tiny_model(tiny):
     steps = 12
     r = run_bench(tiny, ids, steps=steps, block_size=4, window=6)
     assert r["paths"] == ["full", "contiguous", "paged", *FORMATS, "window-6"]
-    assert len(r["rows"]) == steps + 1
+    assert len(r["rows"]) == steps  # one row per generated token: step 0 is the prefill's prediction
+    assert [row["step"] for row in r["rows"]] == list(range(steps))
 
     # The reference tokens are plain greedy decoding (derived a second way: transformers' generate).
-    out = tiny.model.generate(torch.tensor([ids]), max_new_tokens=steps + 1, do_sample=False,
+    out = tiny.model.generate(torch.tensor([ids]), max_new_tokens=steps, do_sample=False,
                               pad_token_id=tiny.tokenizer.eos_token_id)
     assert r["tokens"] == out[0].tolist()
 
@@ -34,8 +35,9 @@ def test_bench_on_the_tiny_model(tiny):
     # Bytes per token: 2 · layers · heads · head_dim · 4 bytes for the float paths.
     a = tiny.adapter
     assert r["bytes_per_token"]["paged"] == 2 * a.n_layer * a.n_kv_head * a.head_dim * 4
-    # The paged path held exactly the blocks the sequence needed (prompt + steps tokens in blocks of 4).
-    assert r["bytes_held"]["paged"] == -(-(len(ids) + steps + 1) // 4) * 4 * 2 * a.n_layer * a.d_model * 4
+    # The paged path held exactly the blocks the sequence needed: the prompt and every generated token but the
+    # last (nothing has read it yet), in blocks of 4.
+    assert r["bytes_held"]["paged"] == -(-(len(ids) + steps - 1) // 4) * 4 * 2 * a.n_layer * a.d_model * 4
 
 
 def test_a_window_as_long_as_the_sequence_is_exact(tiny):

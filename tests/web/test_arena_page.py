@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import torch
 
-def test_arena_page_renders_with_its_note_and_rules(tiny_client):
+
+def test_arena_page_renders_with_its_notes_and_rules(tiny_client):
     r = tiny_client.get("/arena")
     assert r.status_code == 200
-    assert 'id="arena-form"' in r.text and "random weights" in r.text
+    assert 'id="arena-form"' in r.text and "character-level" in r.text  # the built-in model's own note
     assert 'href="/arena"' in r.text  # the nav line
     assert "streaming-norerope" in r.text and "disabled" in r.text  # not for GPT-2: absolute positions
 
@@ -42,4 +44,44 @@ def test_the_api_returns_the_view_numbers(tiny_client):
 
 def test_the_page_in_chinese(tiny_client):
     r = tiny_client.get("/arena", params={"lang": "zh"})
-    assert "压缩擂台" in r.text and "随机权重" in r.text
+    assert "压缩擂台" in r.text and "字符级" in r.text
+
+
+def test_the_random_weights_note_shows_only_on_a_model_with_random_weights(client, distil, tiny):
+    assert distil.random_weights and not tiny.random_weights  # the test model is random, the built-in one trained
+    random_page = client.get("/arena", params={"model": "distilgpt2"}).text
+    trained_page = client.get("/arena", params={"model": "builtin"}).text
+    assert 'id="arena-weights-note"' in random_page and "random (untrained)" in random_page
+    assert 'id="arena-weights-note"' not in trained_page and 'id="arena-builtin-note"' in trained_page
+    # A run's fragment brings the notes of the model it ran on, to replace those above the form (out of band).
+    frag = client.get("/arena", params={"model": "builtin", "source": "text", "steps": 2, "policies": ["window"]},
+                      headers={"HX-Request": "true"}).text
+    assert '<div id="arena-notes" hx-swap-oob="true">' in frag
+    assert 'id="arena-weights-note"' not in frag and 'id="arena-builtin-note"' in frag
+
+
+def test_kivi_card_shows_its_settings_beside_the_papers(tiny_client):
+    r = tiny_client.get("/arena", params={"source": "text", "steps": 2, "policies": ["kivi"]},
+                        headers={"HX-Request": "true"})
+    card = r.text.split('data-paper="kivi"', 1)[1].split("</article>", 1)[0]
+    assert "Claimed for 2-bit" in card and "G = 32, R = 128" in card  # the paper's claim, with its settings
+    assert "the newest R = 32 tokens kept in float32" in card  # ... and this run's
+
+
+def test_a_first_divergence_on_a_near_tie_is_marked(client, distil):
+    """The random test model's logits are nearly flat, so full attention's top two tokens are close: a window of
+    3 tokens changes the first pick at step 0, and the table says that step was a near-tie."""
+    from app.viz.arena import NEAR_TIE
+
+    prompt = "The cat sat on the mat because it was"
+    with torch.no_grad():
+        top = distil.model(input_ids=torch.tensor([distil.encode(prompt)])).logits[0, -1].double().topk(2).values
+    gap = float(top[0] - top[1])
+    assert gap < NEAR_TIE
+    r = client.get("/arena", params={"model": "distilgpt2", "source": "prompt", "prompt": prompt, "steps": 2,
+                                     "budget": 25, "policies": ["window"]}, headers={"HX-Request": "true"})
+    row = r.text.split('data-policy="window"', 1)[1].split("</tr>", 1)[0]
+    assert f"near-tie (Δlogit {gap:.3f})" in row
+    assert "A first divergence marked near-tie" in r.text
+    full_row = r.text.split('data-policy="full"', 1)[1].split("</tr>", 1)[0]
+    assert "near-tie" not in full_row

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from app.model.loading import load_builtin, load_dir
+from app.model.loading import load_builtin
 from app.settings import Settings
 from tests.conftest import make_state
 from tests.live import serve_in_thread
-from tests.shaped_model import build_tiny_family
+from tests.shaped_model import build_tiny_family, load_random
 
 pytestmark = pytest.mark.browser
 
@@ -18,7 +18,7 @@ def llama_server(tmp_path_factory, kv_home):
     # Model objects of its own, as tests/conftest.py's live_server (a server thread must not share hooked
     # models with in-process clients).
     path = build_tiny_family(tmp_path_factory.mktemp("llama-server"), "llama")
-    llama = load_dir(path, name="tiny-llama", source="tiny random llama checkpoint (tests)")
+    llama = load_random(path, name="tiny-llama", source="tiny random llama checkpoint (tests)")
     settings = Settings(models=("tiny-llama", "builtin"), home=kv_home, session_ttl_s=600)
     with serve_in_thread(make_state(settings, llama, load_builtin(kv_home))) as url:
         yield url
@@ -32,7 +32,8 @@ def test_inspect_on_llama_shows_the_rotary_panel(page, llama_server):
     text = page.inner_text("#rotary-panel")
     assert "reads KV head 1" in text
     scores = [float(x) for x in page.locator("#rope-demo tbody tr:not(.muted) td.w").all_inner_texts()]
-    assert len(scores) == 4 and max(scores) - min(scores) < 1e-4
+    # the pair itself, moved back to the prompt's start (its key is not token 0 here), and three moves forward
+    assert len(scores) == 5 and max(scores) - min(scores) < 1e-4
     assert "no position table" in page.inner_text("#embed-panel")
     # choosing another query token re-renders the panel for it
     page.click("#token-strip .tok[data-pos='2']")

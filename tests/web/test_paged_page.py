@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
+from fastapi.testclient import TestClient
+
+from tests.conftest import make_state
 
 M = "builtin"  # the tiny trained model: real decoding, fast
 
@@ -25,6 +30,22 @@ def test_page_renders(client):
     assert r.status_code == 200
     for marker in ('id="pool-map"', 'id="seq-table"', 'id="bench-form"', 'id="capacity"', "approximation"):
         assert marker in r.text
+
+
+def window_note(html: str) -> str:
+    return re.search(r'id="window-note">(.*?)</p>', html, re.S).group(1)
+
+
+def test_the_window_note_is_worded_from_how_the_model_places_positions(client, settings, llama, tiny):
+    from app.web.main import create_app
+
+    table = window_note(client.get("/paged", params={"model": "distilgpt2"}).text)  # GPT-2: a position table
+    assert "learned position vector" in table and "1024 positions" in table
+    with TestClient(create_app(state=make_state(settings, llama, tiny))) as llama_client:
+        rotary = window_note(llama_client.get("/paged", params={"model": llama.name}).text)
+    assert "rotary" in rotary and "learned position vector" not in rotary
+    for note in (table, rotary):
+        assert "GPT-2" not in note and "approximation" in note  # both were trained with full attention
 
 
 def test_add_step_fork_finish_and_the_numbers_shown(client, tiny):
@@ -108,7 +129,7 @@ def test_bench_api_reports_exact_and_approximate_paths(client):
     paths = {p["name"]: p for p in body["paths"]}
     assert paths["paged"]["first_divergence"] is None and paths["paged"]["max_abs_diff"] <= 1e-4
     assert paths["window-4"]["label"] == "window W=4"
-    assert len(body["rows"]) == 7
+    assert len(body["rows"]) == 6  # as many rows as steps asked for
     html = client.get("/paged/bench", params={"prompt": "the cat", "model": M, "steps": 2},
                       headers={"HX-Request": "true"}).text
     assert 'id="bench-table"' in html
@@ -174,6 +195,6 @@ def test_block_map_and_bench_in_a_browser(page, live_server):
     page.fill("#bench-form input[name=steps]", "4")
     page.click("#bench-run")
     page.wait_for_selector("#bench-table")
-    assert page.locator("#bench-table tbody tr").count() == 5
+    assert page.locator("#bench-table tbody tr").count() == 4  # Steps = 4
     assert page.locator("#bench-summary tr[data-path='paged'] .first").inner_text() == "none"
     assert page.js_errors == []

@@ -114,6 +114,12 @@ class KIVIStore:
             self.v_deq[layer] = self._cat(self.v_deq[layer], dequantize_groups(codes, scale, lo).reshape(H, extra, Dh))
             self.v_res[layer] = res[:, extra:]
 
+    @property
+    def settings(self) -> dict[str, int]:
+        """What the page shows beside the paper's claim: group size (keys: tokens per channel group; values:
+        channels per token group), the full-precision residual window in tokens, and the bit width."""
+        return {"group": self.group, "v_group": self.v_group, "residual": self.residual, "bits": self.bits}
+
     def kept_positions(self, layer: int) -> torch.Tensor:
         return torch.arange(self.length).expand(self.n_kv_head, -1)
 

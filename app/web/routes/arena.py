@@ -54,9 +54,10 @@ def read_arena(
     view = None
     if source is not None:
         lm, view = _run(state, form)
-    template = "partials/_arena_result.html" if is_htmx(request) and view else "arena.html"
+    fragment = is_htmx(request) and view is not None
+    template = "partials/_arena_result.html" if fragment else "arena.html"
     return render(request, template, page="arena", view=view, form=form, all_policies=POLICIES,
-                  applicable=available(lm.adapter), limits=state.settings)
+                  applicable=available(lm.adapter), limits=state.settings, oob=fragment)
 
 
 @router.post("/api/arena/run", tags=["arena"])
