@@ -189,8 +189,7 @@ def load_spec(spec: str, home: Path, hf_cache: str | None = None) -> LoadedModel
         except gguf.BadGGUF as exc:
             raise ModelUnavailable(exc.key, **exc.params) from None
         except (OSError, ValueError, RuntimeError) as exc:  # transformers' reader fails in all three ways
-            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}" if str(exc) else type(exc).__name__
-            raise ModelUnavailable("err.model.not_loadable", spec=spec, why=why) from None
+            raise ModelUnavailable("err.model.not_loadable", spec=spec, why=type(exc).__name__) from None
     if not path.is_dir():
         if "/" in spec and not spec.startswith((".", "/", "~")):
             raise ModelUnavailable("err.model.not_in_catalog", spec=spec, names=", ".join(CATALOG))
