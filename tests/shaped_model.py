@@ -48,9 +48,28 @@ def load_random(path: Path, *, name: str, source: str):
     return lm
 
 
-def _save_gpt2_tokenizer(target: Path, max_length: int) -> None:
+GPT2_VOCAB = 50257  # 256 bytes, 50000 merges, <|endoftext|>
+
+
+def _save_gpt2_tokenizer(target: Path, max_length: int, vocab_size: int = GPT2_VOCAB) -> None:
+    """GPT-2's tokenizer, or its first ``vocab_size - 1`` tokens and <|endoftext|> after them.
+
+    GPT-2's merge k makes token 256 + k, so the first n tokens and the first n - 256 merges are a complete
+    BPE of their own: the same text splits into (more, shorter) pieces of GPT-2's own. A small vocabulary keeps
+    a GGUF header small (gguf's reader takes ~8 s over GPT-2's 100,000 token and merge strings)."""
     vocab, merges = gpt2_tokenizer_files()
-    GPT2TokenizerFast(vocab=str(vocab), merges=str(merges), model_max_length=max_length).save_pretrained(target)
+    if vocab_size == GPT2_VOCAB:
+        tokenizer = GPT2TokenizerFast(vocab=str(vocab), merges=str(merges), model_max_length=max_length)
+    else:
+        import json
+
+        kept = {t: i for t, i in json.loads(vocab.read_text(encoding="utf-8")).items() if i < vocab_size - 1}
+        lines = [ln for ln in merges.read_text(encoding="utf-8").split("\n")[1:] if ln]
+        kept["<|endoftext|>"] = vocab_size - 1
+        tokenizer = GPT2TokenizerFast(vocab=kept, merges=[tuple(ln.split(" ")) for ln in lines[:vocab_size - 257]],
+                                      model_max_length=max_length, unk_token="<|endoftext|>",
+                                      bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+    tokenizer.save_pretrained(target)
 
 
 # Tiny random checkpoints of the Llama family, small enough for every test to run on each of them:
@@ -60,21 +79,38 @@ def _save_gpt2_tokenizer(target: Path, max_length: int) -> None:
 TINY_FAMILIES = ("llama", "qwen2", "qwen3")
 
 
-def build_tiny_family(target: Path, family: str = "llama") -> Path:
+def build_tiny_family(target: Path, family: str = "llama", vocab_size: int = GPT2_VOCAB, **config) -> Path:
+    """One of TINY_FAMILIES, or ``mistral`` (a Llama in all but name, here with its own lm_head and a
+    Mistral-sized RoPE base, for the GGUF tests); ``vocab_size`` below GPT-2's cuts its tokenizer short, and
+    ``config`` overrides config entries (``head_dim=128``)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    torch.manual_seed({"llama": 11, "qwen2": 12, "qwen3": 13}[family])
+    torch.manual_seed({"llama": 11, "qwen2": 12, "qwen3": 13, "mistral": 14}[family])
     common = dict(
-        vocab_size=50257, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=8,
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=8,
         num_key_value_heads=2, head_dim=12, max_position_embeddings=256, initializer_range=0.2,
-        bos_token_id=50256, eos_token_id=50256, tie_word_embeddings=True, rope_theta=10000.0,
+        bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1, tie_word_embeddings=True, rope_theta=10000.0,
     )
     if family == "qwen2":
         common.pop("head_dim")  # Qwen2 derives head_dim = hidden / heads; QKV projections carry a bias
         common.update(hidden_size=96, num_attention_heads=8, num_key_value_heads=2)
-    config = AutoConfig.for_model(family, **common)
-    AutoModelForCausalLM.from_config(config).eval().save_pretrained(target, safe_serialization=True)
-    _save_gpt2_tokenizer(target, 256)
+    if family == "mistral":
+        common.update(tie_word_embeddings=False, rope_theta=1_000_000.0, sliding_window=None)
+    common.update(config)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **common)).eval().save_pretrained(
+        target, safe_serialization=True)
+    _save_gpt2_tokenizer(target, 256, vocab_size)
+    return target
+
+
+def build_tiny_gpt2(target: Path, vocab_size: int = GPT2_VOCAB, n_positions: int = 1024) -> Path:
+    """A 2-layer GPT-2 (4 heads, d=64) with GPT-2's tokenizer: DistilGPT-2's shape, shrunk for tests that build
+    several models. 1024 positions by default, as every released GPT-2 has."""
+    torch.manual_seed(2)
+    config = GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=n_positions, vocab_size=vocab_size,
+                        bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1, initializer_range=0.2)
+    GPT2LMHeadModel(config).eval().save_pretrained(target, safe_serialization=True)
+    _save_gpt2_tokenizer(target, 1024, vocab_size)
     return target
 
 

@@ -14,8 +14,10 @@ folder), so a start killed half-way leaves nothing that looks complete.
 
 What is checked before any weight is read, each with a message the page shows (``BadGGUF``): the file
 exists and starts with the GGUF signature; its header and metadata parse (a truncated or corrupt file
-fails here or when its tensors are mapped); its architecture is one transformers' GGUF reader knows *and* a
-KVScope adapter reads; the ``gguf`` and ``accelerate`` packages are installed.
+fails here or when its tensors are mapped); its architecture is one of ``OPENS``, checked end to end, and a
+KVScope adapter reads its model type; its shape is one transformers' reader can rebuild (``_unreadable``);
+the ``gguf`` and ``accelerate`` packages are installed. After the weights are read, a file that lacks one
+the model needs is refused rather than left with a randomly initialised layer.
 
 The weights are honest about where they come from: a Q4_1 file dequantized to fp32 holds the original
 weights plus the quantization error, and ``GGUFInfo.quantization`` says which scheme it was.
@@ -41,6 +43,22 @@ log = logging.getLogger(__name__)
 
 MAGIC = b"GGUF"
 MARKER = "kvscope-gguf.json"  # written last into a finished cache folder
+
+# general.architecture -> the transformers model type it opens as: the architectures checked end to end
+# (tests/model/test_gguf_archs.py writes a tiny checkpoint as llama.cpp's converter does, opens it here and
+# gets the original's logits). Every other architecture is refused from the header. Of those transformers'
+# reader lists (GGUF_SUPPORTED_ARCHITECTURES) and an adapter reads, "mistral" is left out: llama.cpp never
+# writes it, and transformers fails on it (gguf-py has no "mistral" tensor names). llama.cpp writes Mistral
+# models as "llama", and they open as Llamas: the same computation (llama.cpp keeps no sliding window either).
+OPENS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gpt2": "gpt2"}
+
+# Sizes transformers' reader does not take from the file (its GGUF_CONFIG_MAPPING has no key for them), so the
+# model is built with the config class's own and a file that differs cannot load into it:
+#   qwen3: attention.key_length is not read, so head_dim is Qwen3Config's 128 (as in every released Qwen3);
+#   qwen2: attention.key_length is not read, so head_dim is embedding_length / head_count (every Qwen2);
+#   gpt2:  context_length becomes n_ctx, which GPT2Config ignores, so there are 1024 positions (every GPT-2).
+QWEN3_HEAD_DIM = 128
+GPT2_POSITIONS = 1024
 
 
 class BadGGUF(ValueError):
@@ -122,11 +140,14 @@ def inspect_gguf(path: Path, supported_model_types: list[str]) -> GGUFInfo:
     if end > size:
         raise BadGGUF("err.gguf.corrupt", spec=path.name, why=f"tensor data ends at byte {end:,}, file has {size:,}")
     arch = str(_field(reader, "general.architecture") or "")
-    name = str(_field(reader, "general.name") or path.stem)
-    model_type = _model_type(arch, name)
+    written_name = _field(reader, "general.name")
+    name = str(written_name or path.stem)
+    model_type = _model_type(arch)
     if model_type not in supported_model_types:
         raise BadGGUF("err.gguf.unsupported", spec=path.name, arch=arch or "?",
-                      supported=", ".join(sorted(supported_model_types)))
+                      supported=", ".join(sorted(a for a, t in OPENS.items() if t in supported_model_types)))
+    if (refusal := _unreadable(reader, arch, written_name, path.name)) is not None:
+        raise refusal
     file_type = _field(reader, "general.file_type")
     try:
         quant = LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else ""
@@ -136,14 +157,33 @@ def inspect_gguf(path: Path, supported_model_types: list[str]) -> GGUFInfo:
                     size=size)
 
 
-def _model_type(arch: str, name: str) -> str:
-    """The transformers model type a GGUF architecture becomes, as transformers' own reader decides it
-    (llama.cpp writes Mistral models as ``llama``; transformers tells them apart by ``general.name``)."""
+def _model_type(arch: str) -> str:
+    """The transformers model type a file of ``arch`` opens as; "" when it does not open.
+
+    llama.cpp writes Mistral models as ``llama`` with their name in ``general.name`` ("Mistral 7B Instruct
+    v0.3"). transformers' reader tests ``"mistral" in [general.name]``, a list, so only a name that is exactly
+    "mistral" makes it build a ``mistral`` model, and that fails (``_unreadable`` refuses it from the header);
+    every other Mistral file opens as a Llama, so the model type is the architecture's."""
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
-    if arch == "llama" and "mistral" in name.lower():
-        return "mistral"
-    return arch if arch in GGUF_SUPPORTED_ARCHITECTURES else ""
+    return OPENS[arch] if arch in OPENS and arch in GGUF_SUPPORTED_ARCHITECTURES else ""
+
+
+def _unreadable(reader, arch: str, written_name: object, spec: str) -> BadGGUF | None:
+    """Why transformers' reader cannot rebuild this file's model, found in its header; None when it can."""
+    if arch == "llama" and written_name == "mistral":
+        return BadGGUF("err.gguf.mistral_name", spec=spec,
+                       command=f'gguf-new-metadata --general-name "Mistral" {spec} renamed.gguf')
+    n_embd, n_head = _field(reader, f"{arch}.embedding_length"), _field(reader, f"{arch}.attention.head_count")
+    if arch in ("qwen2", "qwen3") and isinstance(n_embd, int) and isinstance(n_head, int) and n_head > 0:
+        head_dim = _field(reader, f"{arch}.attention.key_length") or n_embd // n_head
+        built = QWEN3_HEAD_DIM if arch == "qwen3" else n_embd // n_head
+        if head_dim != built:
+            return BadGGUF("err.gguf.head_dim", spec=spec, arch=arch, size=head_dim, built=built)
+    positions = _field(reader, "gpt2.context_length")
+    if arch == "gpt2" and positions is not None and positions != GPT2_POSITIONS:
+        return BadGGUF("err.gguf.positions", spec=spec, positions=positions, built=GPT2_POSITIONS)
+    return None
 
 
 def cache_folder(info: GGUFInfo, home: Path) -> Path:
@@ -204,7 +244,10 @@ def convert(info: GGUFInfo, home: Path, *, title: str) -> Path:
     startup.report("boot.status.dequantizing", model=title, done=0, total=0)
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     with _progress(title):
-        model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+        model, loading = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32,
+                                                              output_loading_info=True)
+    if missing := sorted(loading["missing_keys"]):  # transformers would leave them randomly initialised
+        raise BadGGUF("err.gguf.missing_tensors", spec=src.name, count=len(missing), names=", ".join(missing[:3]))
     startup.report("boot.status.saving", model=title)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))

@@ -192,7 +192,7 @@ def load_spec(spec: str, home: Path, hf_cache: str | None = None) -> LoadedModel
             return load_gguf(file, home, name=file.stem)
         except gguf.BadGGUF as exc:
             raise ModelUnavailable(exc.key, **exc.params) from None
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RuntimeError) as exc:  # transformers' reader fails in all three ways
             raise ModelUnavailable("err.model.not_loadable", spec=spec, why=type(exc).__name__) from None
     if not path.is_dir():
         if "/" in spec and not spec.startswith((".", "/", "~")):

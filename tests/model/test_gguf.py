@@ -138,7 +138,7 @@ def _write_gguf(path, arch: str) -> None:
     w.close()
 
 
-@pytest.mark.parametrize("arch", ["mamba", "t5", "made-up-arch"])
+@pytest.mark.parametrize("arch", ["mamba", "t5", "made-up-arch", "mistral"])
 def test_an_architecture_kvscope_cannot_read_is_refused_from_the_header(tmp_path, arch):
     path = tmp_path / f"{arch}.gguf"
     _write_gguf(path, arch)
