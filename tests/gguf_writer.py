@@ -43,13 +43,14 @@ def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarr
 
 
 def write_gguf(checkpoint: Path, path: Path, *, name: str | None = None, hparams: dict | None = None,
-               arch: str | None = None, leave_out: tuple[str, ...] = ()) -> Path:
+               arch: str | None = None, leave_out: tuple[str, ...] = (), extra: dict | None = None) -> Path:
     """Write ``checkpoint`` (config.json + model.safetensors + tokenizer.json) to ``path``; ``path``.
 
     ``name`` is ``general.name`` (the folder's name by default). To make files llama.cpp would not:
     ``hparams`` overrides config.json entries for the metadata only (a header that says something its
     weights do not), ``arch`` overrides ``general.architecture`` (tensor names stay llama.cpp's), and
-    the tensors named in ``leave_out`` (GGUF names, ``blk.1.attn_q.weight``) are not written."""
+    the tensors named in ``leave_out`` (GGUF names, ``blk.1.attn_q.weight``) are not written; ``extra`` adds
+    tensors by GGUF name (``rope_freqs.weight``, as llama.cpp writes for Llama 3.1 / 3.2)."""
     import gguf
 
     config = json.loads((checkpoint / "config.json").read_text())
@@ -66,6 +67,8 @@ def write_gguf(checkpoint: Path, path: Path, *, name: str | None = None, hparams
     for tensor_name, array in _tensors(checkpoint, model_type, arch, config):
         if tensor_name not in leave_out:
             writer.add_tensor(tensor_name, array)
+    for tensor_name, array in (extra or {}).items():
+        writer.add_tensor(tensor_name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -126,11 +126,12 @@ def load_gguf(path: Path, home: Path, *, name: str, title: str | None = None) ->
 
     Raises ``gguf.BadGGUF`` (nothing loaded) for a file that is not GGUF, is damaged, or holds an
     architecture KVScope cannot read."""
-    info = gguf.inspect_gguf(path, supported_model_types())
+    folder = gguf.cache_folder(path, home)
+    info = gguf.converted_info(folder)  # a later start: the header was checked when this copy was made
+    if info is None:
+        info = gguf.inspect_gguf(path, supported_model_types())
+        folder = gguf.convert(info, home, title=title or info.name)
     title = title or info.name
-    folder = gguf.cache_folder(info, home)
-    if not gguf.is_converted(folder):
-        folder = gguf.convert(info, home, title=title)
     startup.report("boot.status.loading", model=title)
     lm = load_dir(folder, name=name, source=f"{path.name} ({info.quantization or 'GGUF'}, dequantized to fp32)")
     lm.meta.update(gguf=path.name, quantization=info.quantization, architecture=info.architecture)

@@ -175,3 +175,23 @@ def test_a_header_that_disagrees_with_its_weights_gives_a_message_not_a_stack_tr
         load_spec(str(file), tmp_path / "home")
     assert err.value.key == "err.model.not_loadable"
     assert "lying.gguf" in str(err.value) and "RuntimeError" in str(err.value)
+
+
+def test_a_llama_3_file_with_rope_scaling_frequencies_is_refused(built, tmp_path):
+    # transformers' reader drops rope_freqs.weight: the model would run with plain RoPE and compute another model.
+    path = write_gguf(built("llama"), tmp_path / "llama31.gguf",
+                      extra={"rope_freqs.weight": np.ones(8, dtype=np.float32)})
+    with pytest.raises(ModelUnavailable) as err:
+        load_spec(str(path), tmp_path / "home")
+    assert err.value.key == "err.gguf.rope_freqs"
+    assert not (tmp_path / "home" / "gguf").exists()
+
+
+def test_a_later_start_loads_the_saved_copy_without_reading_the_header(built, tmp_path, monkeypatch):
+    path = write_gguf(built("llama"), tmp_path / "tiny.gguf")
+    first = load_spec(str(path), tmp_path / "home")
+    monkeypatch.setattr(gguf, "inspect_gguf", lambda *a, **k: pytest.fail("the header was read again"))
+    later = load_spec(str(path), tmp_path / "home")
+    ids = later.encode(SENTENCE)
+    assert torch.equal(_logits(first, ids), _logits(later, ids))
+    assert later.meta == first.meta
