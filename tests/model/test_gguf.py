@@ -16,6 +16,7 @@ from app.model import gguf
 from app.model.adapters import supported_model_types
 from app.model.catalog import CATALOG
 from app.model.loading import ModelUnavailable, load_registry, load_spec
+from tests.conftest import REAL_HOME
 
 ENTRY = CATALOG["smollm2-135m-instruct"]
 
@@ -92,8 +93,9 @@ def test_a_users_gguf_file_and_a_folder_holding_one_open(real_gguf, tmp_path, sm
     folder = tmp_path / "models"
     folder.mkdir()
     (folder / real_gguf.name).symlink_to(real_gguf)
-    by_file = load_spec(str(folder / real_gguf.name), tmp_path / "home")
-    by_folder = load_spec(str(folder), tmp_path / "home")
+    # A link resolves to the same file, so the copy `smol` saved is found (no second conversion).
+    by_file = load_spec(str(folder / real_gguf.name), REAL_HOME)
+    by_folder = load_spec(str(folder), REAL_HOME)
     assert by_file.name == by_folder.name == "SmolLM2-135M-Instruct.Q4_1"
     assert by_file.adapter.n_kv_head == 3 and by_file.adapter.n_head == 9
 
