@@ -87,6 +87,16 @@
 
   function markToken() {
     markOne(document.querySelectorAll("#token-strip .tok"), (el) => +el.dataset.pos === S.q, "aria-selected");
+    const strip = document.getElementById("token-strip"), on = strip && strip.querySelector(".tok.sel");
+    if (on) showInStrip(strip, on);
+  }
+
+  /* The chosen token in sight inside the strip's own scroll box (a click on the heatmap or a shared link may choose
+     one out of sight); the page itself does not move. */
+  function showInStrip(strip, el) {
+    const box = strip.getBoundingClientRect(), r = el.getBoundingClientRect();
+    if (r.top < box.top) strip.scrollTop -= box.top - r.top + 4;
+    else if (r.bottom > box.bottom) strip.scrollTop += r.bottom - box.bottom + 4;
   }
 
   /* Query head h reads KV head h // (n_head / n_kv_head): heads sharing one KV head form a group (GPT-2: groups of one). */
