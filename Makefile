@@ -29,7 +29,7 @@ chromium:
 
 # axe-core for the accessibility scan (tests/web/test_a11y_browser.py): npm's axe-core, pinned, under tests/.node,
 # never committed (git-ignored). Debian's npm is installed when the machine has none.
-AXE_VERSION := 4.10.2
+AXE_VERSION := 4.14.1
 axe-deps:
 	@test -f tests/.node/node_modules/axe-core/axe.min.js && grep -q '"$(AXE_VERSION)"' tests/.node/node_modules/axe-core/package.json || \
 	  { command -v npm >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq npm; }; \

@@ -87,6 +87,16 @@
 
   function markToken() {
     markOne(document.querySelectorAll("#token-strip .tok"), (el) => +el.dataset.pos === S.q, "aria-selected");
+    const strip = document.getElementById("token-strip"), on = strip && strip.querySelector(".tok.sel");
+    if (on) showInStrip(strip, on);
+  }
+
+  /* The chosen token in sight inside the strip's own scroll box (a click on the heatmap or a shared link may choose
+     one out of sight); the page itself does not move. */
+  function showInStrip(strip, el) {
+    const box = strip.getBoundingClientRect(), r = el.getBoundingClientRect();
+    if (r.top < box.top) strip.scrollTop -= box.top - r.top + 4;
+    else if (r.bottom > box.bottom) strip.scrollTop += r.bottom - box.bottom + 4;
   }
 
   /* Query head h reads KV head h // (n_head / n_kv_head): heads sharing one KV head form a group (GPT-2: groups of one). */
@@ -99,11 +109,17 @@
     S.grid.bytes = kv.b64ToBytes(g.data);
     const box = document.getElementById("head-grid");
     box.textContent = "";
-    const label = (text, cls) => kv.el("div", { class: "lbl" + (cls ? " " + cls : "") }, text);
+    const label = (content, cls) => kv.el("div", { class: "lbl" + (cls ? " " + cls : "") }, ...[].concat(content));
     const grouped = S.KV < S.H;
-    box.appendChild(label(""));
+    // Column labels are numbers, one per line: the query head, then (grouped-query attention) the KV head it
+    // reads. The corner names the lines ("h", "kv"), so a label stays as narrow as its number ("h10·kv1" ran
+    // into its neighbours at 14 heads).
+    const lines = (...parts) => parts.map((p) => kv.el("span", null, String(p)));
+    const corner = label(lines("h", ...(grouped ? ["kv"] : [])), "corner");
+    corner.title = kv.t(grouped ? "js.inspect.grid_corner_kv" : "js.inspect.grid_corner");
+    box.appendChild(corner);
     for (let h = 0; h < g.n_head; h++) {
-      const d = label(grouped ? `h${h}·kv${kvGroup(h)}` : "h" + h, "group");
+      const d = label(lines(h, ...(grouped ? [kvGroup(h)] : [])), "group");
       d.style.borderBottomColor = GROUP_COLOURS[kvGroup(h) % GROUP_COLOURS.length];
       d.title = kv.t("js.inspect.kv_group", { head: h, kv: kvGroup(h) });
       box.appendChild(d);
@@ -265,7 +281,7 @@
       if (want !== `${S.layer}/${S.head}/${S.kind}`) return;
     }
     const idx = [...Array(m.cols).keys()];
-    const small = m.cols <= (kv.narrow() ? 16 : 32); // token labels on the axes only while they fit (a phone: fewer)
+    const { small, margin } = heatLayout(m.cols);
     const ticks = small ? { tickvals: idx, ticktext: idx.map((i) => S.labels[i]) } : {};
     const weights = m.kind === "weights";
     const trace = {
@@ -286,7 +302,7 @@
     }
     const axis = { zeroline: false, showgrid: false };
     const layout = {
-      margin: { l: small ? 90 : 60, r: 10, t: 10, b: small ? 90 : 55 }, font: kv.plotFont,
+      margin, font: kv.plotFont,
       plot_bgcolor: kv.MASK_COLOUR, // cells left empty (null) are the masked future
       xaxis: Object.assign({ title: { text: kv.t("js.inspect.axis_key") }, tickangle: small ? -60 : 0 }, axis, ticks),
       yaxis: Object.assign({ title: { text: kv.t("js.inspect.axis_query") }, autorange: "reversed" }, axis, ticks),
@@ -309,15 +325,43 @@
     drawRow();
   }
 
-  /* The heatmap as a plain canvas, cell colours exactly as Plotly will draw them (weights on the chosen
-     scale, scores on a blue–white–red scale around 0, masked cells in the mask colour). */
+  /* The heatmap's frame, the same for the first paint and for Plotly: token labels on the axes while they fit
+     (a phone: fewer), wider margins for them. */
+  function heatLayout(cols) {
+    const small = cols <= (kv.narrow() ? 16 : 32);
+    return { small, margin: { l: small ? 90 : 60, r: 10, t: 10, b: small ? 90 : 55 } };
+  }
+
+  /* The heatmap before Plotly has loaded: its cells on a canvas, cell colours as Plotly will draw them, in the
+     frame Plotly will draw (heatframe.js: axes, token labels, titles, colour bar), so the first paint is whole. */
   function paintCanvas(m, z) {
-    const c = heatCanvas(m, z, "heat-canvas");
-    c.setAttribute("aria-label", kv.t("js.inspect.head_label", { layer: S.layer, head: S.head, rows: m.rows, cols: m.cols }));
-    document.getElementById("heatmap").replaceChildren(c);
-    document.getElementById("head-label").textContent =
-      kv.t("js.inspect.head_label", { layer: S.layer, head: S.head, rows: m.rows, cols: m.cols });
+    const box = document.getElementById("heatmap"), { small, margin } = heatLayout(m.cols);
+    const name = kv.t("js.inspect.head_label", { layer: S.layer, head: S.head, rows: m.rows, cols: m.cols });
+    const frame = kv.heatFrame({
+      canvas: heatCanvas(m, z, "heat-canvas"), cols: m.cols, rows: m.rows, q: S.q, margin, narrow: kv.narrow(),
+      boxWidth: box.clientWidth, boxHeight: box.clientHeight, labels: small ? S.labels : null,
+      xTitle: kv.t("js.inspect.axis_key"), yTitle: kv.t("js.inspect.axis_query"), bar: colourBar(m, z),
+    });
+    frame.setAttribute("role", "img");
+    frame.setAttribute("aria-label", name);
+    box.replaceChildren(frame);
+    document.getElementById("head-label").textContent = name;
     heatmapDrawn();
+  }
+
+  /* The colour bar of the first paint: weights 0…1 on the chosen scale, scores on the canvas's blue–white–red. */
+  function colourBar(m, z) {
+    if (m.kind === "weights") return { title: title(m.kind), stops: kv.weightScale(S.scale), lo: 0, hi: 1 };
+    const span = scoreSpan(z) || 1, stops = [];
+    for (let i = 0; i <= 10; i++) stops.push([i / 10, `rgb(${scoreColour(i / 5 - 1).join(",")})`]);
+    return { title: title(m.kind), stops, lo: -span, hi: span };
+  }
+  /* Scores on a blue (−span) – white (0) – red (+span) scale: u = score / span in [−1, 1]. */
+  const scoreColour = (u) => (u >= 0 ? [255, 255 - 200 * u, 255 - 200 * u] : [255 + 200 * u, 255 + 200 * u, 255]);
+  function scoreSpan(z) {
+    let span = 0;
+    for (const row of z) for (const v of row) if (v !== null && isFinite(v)) span = Math.max(span, Math.abs(v));
+    return span;
   }
 
   /* The same cells over the Plotly chart's plot area (its axes stay), removed once Plotly has redrawn. */
@@ -338,15 +382,14 @@
     const c = kv.el("canvas", { width: m.cols, height: m.rows, class: cls });
     const ctx = c.getContext("2d"), img = ctx.createImageData(m.cols, m.rows);
     const weights = m.kind === "weights", f = kv.SCALES[S.scale].f, mask = kv.MASK_RGB;
-    let span = 0;
-    if (!weights) for (const row of z) for (const v of row) if (v !== null && isFinite(v)) span = Math.max(span, Math.abs(v));
+    const span = weights ? 0 : scoreSpan(z);
     for (let i = 0; i < m.rows; i++) {
       for (let j = 0; j < m.cols; j++) {
         const v = z[i][j], o = 4 * (i * m.cols + j);
         let rgb;
         if (v === null || !isFinite(v)) rgb = mask;
         else if (weights) rgb = kv.weightColour(f(v));
-        else { const u = span ? v / span : 0; rgb = u >= 0 ? [255, 255 - 200 * u, 255 - 200 * u] : [255 + 200 * u, 255 + 200 * u, 255]; }
+        else rgb = scoreColour(span ? v / span : 0);
         img.data[o] = rgb[0]; img.data[o + 1] = rgb[1]; img.data[o + 2] = rgb[2]; img.data[o + 3] = 255;
       }
     }

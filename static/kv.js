@@ -104,8 +104,9 @@
       const orig = P[name];
       if (typeof orig !== "function") return;
       P[name] = function () {
-        if ((name === "newPlot" || name === "react") && Array.isArray(arguments[1]) && kv.narrow()) {
-          arguments[1] = arguments[1].map(barUnder);
+        if ((name === "newPlot" || name === "react") && kv.narrow()) {
+          if (Array.isArray(arguments[1])) arguments[1] = arguments[1].map(barUnder);
+          if (arguments[2] && typeof arguments[2] === "object") arguments[2] = phoneLayout(arguments[0], arguments[2]);
         }
         const out = orig.apply(this, arguments);
         Promise.resolve(out).then(chartKeyboard, () => {});
@@ -122,6 +123,64 @@
     if (bar.title) bar.title = Object.assign({}, bar.title, { side: "top" });
     return Object.assign({}, trace, { colorbar: bar });
   }
+  /* On a phone every chart's text is 14 px or more and its titles stay inside it: smaller sizes are raised, a
+     title wider than its room is broken into lines (the axis then makes room for them), and a log axis labels only
+     powers of ten (Plotly draws the 2s and 5s between them at ¾ size). */
+  const MIN_PX = 14;
+  const floorFont = (o) => (o && o.font && o.font.size < MIN_PX ? Object.assign({}, o, { font: Object.assign({}, o.font, { size: MIN_PX }) }) : o);
+  function phoneLayout(gd, layout) {
+    const el = typeof gd === "string" ? document.getElementById(gd) : gd;
+    const L = Object.assign({}, layout), W = (el && el.clientWidth) || window.innerWidth;
+    const size = Math.max(MIN_PX, (L.font && L.font.size) || 12), family = (L.font && L.font.family) || kv.plotFont.family;
+    L.font = Object.assign({}, L.font, { size });
+    const m = Object.assign({ l: 80, r: 80, t: 100, b: 80 }, L.margin), H = L.height || (el && el.clientHeight) || 450;
+    if (L.legend) L.legend = floorFont(L.legend);
+    if (L.annotations) L.annotations = L.annotations.map(floorFont);
+    if (L.title) {
+      L.title = fitTitle(L.title, size * 1.4, family, W - 20);
+      // The lines stand on the plot's top edge (where Plotly places a title of several lines right), and the top
+      // margin grows to hold them.
+      if (L.title.text && L.title.text.includes("<br>")) {
+        L.title = Object.assign({ y: 1, yref: "paper", yanchor: "bottom", pad: { b: 8 }, automargin: true }, L.title);
+      }
+    }
+    for (const k of Object.keys(L)) {
+      if (!/^[xy]axis\d*$/.test(k) || !L[k]) continue;
+      const ax = Object.assign({}, L[k]), dom = ax.domain || [0, 1];
+      const room = (k[0] === "x" ? W - m.l - m.r : H - m.t - m.b) * (dom[1] - dom[0]) - 8;
+      if (ax.tickfont && ax.tickfont.size < MIN_PX) ax.tickfont = Object.assign({}, ax.tickfont, { size: MIN_PX });
+      if (ax.title) {
+        ax.title = fitTitle(ax.title, size * 1.2, family, room);
+        if (ax.title.text && ax.title.text.includes("<br>")) ax.automargin = true;
+      }
+      if (ax.type === "log" && ax.dtick === undefined) ax.dtick = 1;
+      L[k] = ax;
+    }
+    return L;
+  }
+  /* A chart or axis title (a string or {text, font}) broken into lines of at most `room` pixels, at spaces or
+     between Chinese characters; font sizes under 14 px raised. Plotly's default title sizes: `size`. */
+  function fitTitle(title, size, family, room) {
+    const t = floorFont(typeof title === "string" ? { text: title } : Object.assign({}, title));
+    const px = (t.font && t.font.size) || size, text = t.text;
+    if (!text || /<br>/i.test(text) || textWidth(text, px, family) <= room) return t;
+    const CJK = "\u2e80-\u9fff\uff00-\uffef";
+    const words = text.match(new RegExp(`\\s*(?:[${CJK}]|[^\\s${CJK}]+)`, "g")) || [text];
+    const lines = [];
+    let line = "";
+    for (const w of words) {
+      if (line && textWidth(line + w, px, family) > room) { lines.push(line); line = w.trimStart(); } else line += w;
+    }
+    lines.push(line);
+    return Object.assign(t, { text: lines.join("<br>") });
+  }
+  /* The width in pixels of one line of text in this font (a canvas measures it; nothing is laid out). */
+  let ruler = null;
+  const textWidth = (kv.textWidth = function (text, px, family) {
+    ruler = ruler || document.createElement("canvas").getContext("2d");
+    ruler.font = `${px}px ${family || kv.plotFont.family}`;
+    return ruler.measureText(text).width;
+  });
   /* A chart's download bar for the keyboard: one tab stop (role=toolbar, ←/→ between PNG and SVG), out of
      sight until focused (a11y.css). Plotly's mode-bar buttons get tabindex=-1 each time Plotly draws. */
   function chartKeyboard(gd) {

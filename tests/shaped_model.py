@@ -129,3 +129,19 @@ def build_smollm2_shaped(target: Path) -> Path:
     LlamaForCausalLM(config).eval().save_pretrained(target, safe_serialization=True)
     _save_gpt2_tokenizer(target, 2048)
     return target
+
+
+def build_tiny_many_heads(target: Path) -> Path:
+    """Qwen2.5-0.5B's heads (14 query heads sharing 2 KV heads) in a tiny random Qwen2 (2 layers, d=112, head_dim
+    8), for the views whose layout follows the number of heads."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(14)
+    config = AutoConfig.for_model(
+        "qwen2", vocab_size=50257, hidden_size=112, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2,
+        bos_token_id=50256, eos_token_id=50256, tie_word_embeddings=True, rope_theta=10000.0,
+    )
+    AutoModelForCausalLM.from_config(config).eval().save_pretrained(target, safe_serialization=True)
+    _save_gpt2_tokenizer(target, 512)
+    return target

@@ -223,7 +223,7 @@ def test_inspect_by_keyboard_only(a11y_page, live_server):
 
 
 PHONE = {"width": 390, "height": 844}  # an iPhone 12/13
-# Visible HTML text smaller than 14 px at phone width (chart labels are SVG and not counted).
+# Visible HTML text smaller than 14 px at phone width (the charts' SVG text: CHART_TEXT).
 SMALL_TEXT = """() => { const out = [];
   const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
   for (let n = walker.nextNode(); n; n = walker.nextNode()) {
@@ -234,11 +234,27 @@ SMALL_TEXT = """() => { const out = [];
     if (size < 14) out.push(`${p.tagName}.${p.className} ${size}px: ${n.textContent.trim().slice(0, 30)}`);
   }
   return out.slice(0, 10); }"""
+# Chart text (Plotly's SVG: ticks, titles, legends, colour bars) smaller than 14 px, or not inside its chart's box.
+CHART_TEXT = """() => { const out = [];
+  for (const gd of document.querySelectorAll(".js-plotly-plot")) {
+    const b = gd.getBoundingClientRect();
+    if (!b.width) continue;
+    for (const t of gd.querySelectorAll(".main-svg text")) {
+      const r = t.getBoundingClientRect();
+      if (!t.textContent.trim() || !r.width) continue;
+      const size = parseFloat(getComputedStyle(t).fontSize);
+      const inside = r.left >= b.left - 1 && r.right <= b.right + 1 && r.top >= b.top - 1 && r.bottom <= b.bottom + 1;
+      if (size < 14 || !inside) out.push(`#${gd.id} ${t.getAttribute("class") || "text"} ${size}px` +
+        `${inside ? "" : " outside the chart"}: ${t.textContent.slice(0, 30)}`);
+    }
+  }
+  return out.slice(0, 10); }"""
 
 
 def test_every_page_fits_a_phone(a11y_page, live_server):
     """In English at 390 px: nothing scrolls the page sideways (wide tables and tracks scroll in their own box),
-    the navigation is all on screen, the text is 14 px or more, and axe finds nothing serious."""
+    the navigation is all on screen, the text is 14 px or more (the charts' too, their titles inside them), and axe
+    finds nothing serious."""
     page = a11y_page
     page.set_viewport_size(PHONE)
     problems = []
@@ -255,6 +271,9 @@ def test_every_page_fits_a_phone(a11y_page, live_server):
         small = page.evaluate(SMALL_TEXT)
         if small:
             problems.append(f"{name}: text under 14 px: {small}")
+        charts = page.evaluate(CHART_TEXT)
+        if charts:
+            problems.append(f"{name}: chart text under 14 px or cut: {charts}")
         found = axe_scan(page)
         serious = [v for v in found if v["impact"] in SERIOUS]
         if serious:
