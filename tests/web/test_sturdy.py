@@ -6,6 +6,8 @@ Numbers in the test names follow the issue's "What probing found" list.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import json
 import re
 import threading
 
@@ -384,3 +386,24 @@ def test_concurrent_misses_on_one_trace_compute_it_once():
     for t in threads:
         t.join()
     assert len(calls) == 1 and len(store) == 1
+
+
+def test_a_training_run_that_cannot_save_says_so_without_server_paths(client, state, monkeypatch, caplog):
+    """A read-only home fails the run at its first write; the page gets a catalog sentence, the console the path."""
+    home = str(state.settings.home)
+
+    def read_only(model, tokenizer, out, meta):
+        raise OSError(errno.EROFS, "Read-only file system", str(out))  # what open() says on a read-only mount
+
+    monkeypatch.setattr("app.training.jobs.save_checkpoint", read_only)
+    assert client.post("/api/train/start", json={"steps": 2}).status_code == 200
+    state.training.wait(timeout=120)
+    for lang in ("en", "zh"):
+        said = client.get("/api/train/status", params={"lang": lang}).json()
+        assert said["status"] == "failed" and said["error"] == translate("err.train.not_saved", lang)
+        init = re.search(r'<script id="train-init" type="application/json">(.*?)</script>',
+                         client.get("/train", params={"lang": lang}).text, re.S).group(1)
+        assert json.loads(init)["status"]["error"] == said["error"]
+        for leak in (home, "Errno", "Read-only file system"):
+            assert leak not in said["error"]
+    assert home in caplog.text and "Read-only file system" in caplog.text  # the detail is on the console

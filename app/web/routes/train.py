@@ -32,10 +32,17 @@ class ResumeRequest(BaseModel):
     steps: int | None = None
 
 
+def said(status: dict, lang: str) -> dict:
+    """The status with its failure (a catalog key, ``app.training.jobs.failure_key``) as a sentence in ``lang``."""
+    if status.get("error"):
+        status["error"] = translate(status["error"], lang)
+    return status
+
+
 @router.get("/train", include_in_schema=False)
 def read_train_page(request: Request, state: StateDep):
     lab = lab_for(state)
-    status = lab.status()
+    status = said(lab.status(), request_lang(request))
     _ = translator(request_lang(request))
     init = {"status": status, "figure": loss_figure([tuple(p) for p in status["losses"]], _),
             "default_param": DEFAULT_PARAM}
@@ -82,10 +89,7 @@ def resume_training(state: StateDep, body: ResumeRequest | None = None) -> dict:
 @router.get("/api/train/status", tags=["train"])
 def read_training_status(request: Request, state: StateDep, since: int = 0) -> dict:
     """The current job: status, step, and the losses from step index ``since`` on (for live curves)."""
-    status = lab_for(state).status(since)
-    if status.get("error"):
-        status["error"] = translate("err.train.failed", request_lang(request), why=status["error"])
-    return status
+    return said(lab_for(state).status(since), request_lang(request))
 
 
 @router.get("/api/train/params", tags=["train"])
