@@ -15,6 +15,7 @@ from app.errors import BadInput
 from app.state import AppState
 from app.viz.capacity import simulation_view
 from app.web.deps import StateDep
+from app.web.openapi import errors
 from app.web.render import render
 
 router = APIRouter()
@@ -127,7 +128,7 @@ def read_models(state: StateDep) -> dict:
             "gpus": [g.__dict__ for g in stepcost.GPUS.values()]}
 
 
-@router.post("/api/capacity/calculate", tags=["capacity"])
+@router.post("/api/capacity/calculate", tags=["capacity"], responses=errors(422))
 def calculate_capacity(state: StateDep, body: CalcBody) -> dict:
     """Bytes per token (formula filled in), per request and batch; KV memory → blocks → tokens → concurrency."""
     result = calculate(_model(state, body), _calc_input(body))
@@ -136,7 +137,7 @@ def calculate_capacity(state: StateDep, body: CalcBody) -> dict:
     return result
 
 
-@router.post("/api/capacity/simulate", tags=["capacity"])
+@router.post("/api/capacity/simulate", tags=["capacity"], responses=errors(422, 429, 503))
 def simulate(state: StateDep, body: SimBody) -> dict:
     """Continuous batching as vLLM schedules it, over a synthetic workload or a pasted request list."""
     if body.workload == "list":
@@ -177,7 +178,7 @@ def simulate(state: StateDep, body: SimBody) -> dict:
     return view
 
 
-@router.post("/api/capacity/check", tags=["capacity"])
+@router.post("/api/capacity/check", tags=["capacity"], responses=errors(422, 429, 503))
 def check_against_engine(state: StateDep, body: CheckBody) -> dict:
     """The same requests and budgets through the simulator and the real paged engine, step by step."""
     lm = state.model(body.model)
