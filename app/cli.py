@@ -7,6 +7,7 @@ import argparse
 import logging
 import sys
 
+from app.errors import BadSetting
 from app.settings import Settings
 
 
@@ -132,7 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     trace.add_argument("--out", required=True, help="output file, ending in .npz or .safetensors")
     trace.set_defaults(func=cmd_trace)
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BadSetting as exc:  # a KVSCOPE_* variable the server cannot run with: say which, and stop
+        from app.web.boot import console, console_lang
+
+        console("boot.console.bad_setting", why=exc.text(console_lang()))
+        return 2
 
 
 if __name__ == "__main__":

@@ -51,3 +51,7 @@ class Busy(UserError):
     def __init__(self, key: str, /, *, retry_after: int | None = None, **params: object) -> None:
         self.retry_after = retry_after
         super().__init__(key, **params)
+
+
+class BadSetting(UserError):
+    """A ``KVSCOPE_*`` variable the server cannot run with: start-up stops with this message, which names it."""

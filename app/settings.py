@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
 
+from app.errors import BadSetting
+
 
 def _default_home() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvscope"
@@ -114,26 +116,66 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        """The settings with every ``KVSCOPE_*`` variable set in ``env`` (default: the process environment).
+
+        A value the server cannot run with raises ``BadSetting`` naming the variable, so start-up stops there
+        (``kvscope serve`` prints the message): a number that is not one, negative, 0 where 0 means nothing
+        (every number but those in ``ZERO_MEANS``), above its ``MAXIMUM``, or an empty model list."""
         env = dict(os.environ if env is None else env)
         values: dict[str, object] = {}
         for f in fields(cls):
-            raw = env.get(f"KVSCOPE_{f.name.upper()}")
+            var = f"KVSCOPE_{f.name.upper()}"
+            raw = env.get(var)
             if raw is None:
                 continue
             if f.name in ("models", "allowed_hosts"):
                 values[f.name] = tuple(m.strip() for m in raw.split(",") if m.strip())
+                if f.name == "models" and not values[f.name]:
+                    raise BadSetting("boot.settings.no_models", name=var)
             elif f.name == "home":
                 values[f.name] = Path(raw)
-            elif f.type in ("int", int):
-                values[f.name] = int(raw)
-            elif f.type in ("float", float):
-                values[f.name] = float(raw)
+            elif f.type in ("int", int, "float", float):
+                values[f.name] = _number(var, raw, whole=f.type in ("int", int), zero=f.name in ZERO_MEANS,
+                                         high=MAXIMUM.get(f.name))
             else:
                 values[f.name] = raw
         return cls(**values)  # type: ignore[arg-type]
 
     def with_(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
+
+
+# The numbers that may be 0, and what 0 means. Any other 0 would mean nothing a server can run with: a cap of
+# 0 refuses everything, a time-to-live of 0 ends everything at once, a purge interval of 0 spins.
+ZERO_MEANS = {
+    "trace_keep_one_bytes": "never keep a trace larger than the budget",
+    "full_logits_max_tokens": "every prompt gets only its last position's logits",
+    "queue_max_waiting": "no request waits for the model: busy at once",
+    "queue_per_browser": "no request of one browser waits for the model",
+    "torch_threads": "torch's default",
+}
+MAXIMUM = {"port": 65535}
+
+
+def _number(var: str, raw: str, *, whole: bool, zero: bool, high: int | None) -> int | float:
+    """``raw`` as a whole number (or any finite number), at least 0 or 1 (0 or more than 0), at most ``high``."""
+    try:
+        value: int | float = int(raw) if whole else float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        if whole:
+            raise BadSetting("boot.settings.whole_number", name=var, value=repr(raw))
+        raise BadSetting("boot.settings.number", name=var, value=repr(raw))
+    if value < 0 or (value == 0 and not zero):
+        if whole:
+            raise BadSetting("boot.settings.at_least", name=var, value=repr(raw), low=0 if zero else 1)
+        if zero:
+            raise BadSetting("boot.settings.at_least", name=var, value=repr(raw), low=0)
+        raise BadSetting("boot.settings.above_zero", name=var, value=repr(raw))
+    if high is not None and value > high:
+        raise BadSetting("boot.settings.at_most", name=var, value=repr(raw), high=high)
+    return value
 
 
 @lru_cache

@@ -9,7 +9,7 @@ from pathlib import Path
 from app.i18n import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
-ERRORS = {"UserError", "BadInput", "NotFound", "Expired", "Busy", "Throttled"}
+ERRORS = {"UserError", "BadInput", "NotFound", "Expired", "Busy", "Throttled", "BadSetting"}
 # Files that may still raise literal sentences (none: every message is a key).
 PENDING: set[str] = set()
 

@@ -116,8 +116,9 @@ class DecodeSession:
     @torch.no_grad()
     def verify(self, index: int) -> dict:
         """Recompute step ``index`` from the full prefix, no cache; compare logits and the choice."""
-        step = self.steps[index]
-        prefix = self.prompt_ids + [s.chosen for s in self.steps[:index]]
+        steps = self.steps[: index + 1]  # one read: a release meanwhile empties the list, never half of it
+        step = steps[index]
+        prefix = self.prompt_ids + [s.chosen for s in steps[:index]]
         t0 = time.perf_counter()
         logits = self.lm.model(input_ids=torch.tensor([prefix]), use_cache=False).logits[0, -1]
         ms = (time.perf_counter() - t0) * 1000

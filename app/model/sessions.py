@@ -6,6 +6,14 @@ Who may do what, and the locks that make the caps hard::
     session lock   one per session: "is it done?", "does its next step fit?" and the step itself run under it,
                    so two clicks on one session take turns and can never pass the limits together
 
+Ending a session (DELETE, the tab-close beacon, expiry, the owner's cap) never pulls it from under a request
+that holds it. Under the store lock the session leaves the table at once, so no new request can take it
+(a step waiting for its lock then answers 410 "ended"); its memory is released by whoever lets go of it last:
+the ender when nobody holds it, else the last ``hold`` on its way out, once the step's view has been read::
+
+    step   hold ──── forward ──── view ──── exit: last holder, ended → release
+    close        end: out of the table, holders > 0 → release deferred
+
 - A session belongs to the browser that made it (its owner cookie). Another browser sees it as
   nonexistent (410), as it would a guessed id.
 - Caps: ``max_sessions`` per server (beyond it: busy, retry later) and ``max_per_owner`` per browser
@@ -30,6 +38,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 from app.admission import Throttled, current_address
 from app.errors import BadInput, Busy, Expired
@@ -47,6 +56,16 @@ def step_growth(session: DecodeSession, n_new: int) -> int:
     return kv + record
 
 
+@dataclass
+class _Slot:
+    """A live session's lock and who is using it. ``holders`` and ``ended`` change only under the store lock."""
+
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    holders: int = 0  # hold() calls in progress on this session, waiting for its lock or holding it
+    ended: bool = False  # out of the table; the last holder releases its memory
+    stone: dict | None = None  # its tombstone, brought up to date when the release was deferred
+
+
 class SessionStore:
     def __init__(self, *, ttl_s: float, max_sessions: int, max_bytes: int, max_steps: int,
                  max_per_owner: int = 3, max_per_address: int | None = None) -> None:
@@ -59,7 +78,8 @@ class SessionStore:
         self._live: dict[str, DecodeSession] = {}
         self._owner: dict[str, str] = {}
         self._address: dict[str, str] = {}  # sid -> network address that made it ("" outside a request)
-        self._locks: dict[str, threading.RLock] = {}
+        self._slots: dict[str, _Slot] = {}
+        self._ending: dict[str, DecodeSession] = {}  # ended while held: their bytes still count until released
         self._tombstones: OrderedDict[str, dict] = OrderedDict()
         self._reserved = 0
         self._lock = threading.Lock()
@@ -88,7 +108,7 @@ class SessionStore:
             self._live[session.id] = session
             self._owner[session.id] = owner
             self._address[session.id] = address
-            self._locks[session.id] = threading.RLock()
+            self._slots[session.id] = _Slot()
             return session
 
     def get(self, sid: str, owner: str = "") -> DecodeSession:
@@ -105,15 +125,25 @@ class SessionStore:
 
     @contextmanager
     def hold(self, sid: str, owner: str = "") -> Iterator[DecodeSession]:
-        """The session, with its lock held: one action at a time on one session."""
+        """The session, with its lock held: one action at a time on one session. A session ended meanwhile
+        is kept whole until the last holder leaves, and a holder that gets the lock after the end gets 410."""
         session = self.get(sid, owner)
-        lock = self._locks.get(sid)
-        if lock is None:  # ended between the lookup and here
-            raise Expired("err.session.ended")
-        with lock:
-            if self._live.get(sid) is not session:
+        with self._lock:
+            slot = self._slots.get(sid)
+            if slot is None or self._live.get(sid) is not session:  # ended between the lookup and here
                 raise Expired("err.session.ended")
-            yield session
+            slot.holders += 1
+        try:
+            with slot.lock:
+                if slot.ended:
+                    raise Expired("err.session.ended")
+                yield session
+        finally:
+            with self._lock:
+                slot.holders -= 1
+                last_out = slot.ended and slot.holders == 0
+            if last_out:
+                self._release(session, slot)
 
     def tombstone(self, sid: str, owner: str = "") -> dict | None:
         stone = self._tombstones.get(sid)
@@ -150,17 +180,31 @@ class SessionStore:
 
     # --- internals --------------------------------------------------------------------------------------
     def _bury(self, sid: str) -> None:
+        """Take a session out of the table (store lock held); release it now unless a request holds it."""
         session = self._live.pop(sid)
         owner = self._owner.pop(sid, "")
         self._address.pop(sid, None)
-        self._locks.pop(sid, None)
-        self._tombstones[session.id] = {
+        slot = self._slots.pop(sid)
+        slot.ended = True
+        slot.stone = self._tombstones[session.id] = {
             "model": session.lm.name, "model_ref": weakref.ref(session.lm), "ids": session.ids,
             "prompt_len": len(session.prompt_ids), "sampling": session.sampling.__dict__, "owner": owner,
         }
         while len(self._tombstones) > 1000:
             self._tombstones.popitem(last=False)
-        session.release()
+        if slot.holders == 0:
+            session.release()
+        else:
+            self._ending[sid] = session
+
+    def _release(self, session: DecodeSession, slot: _Slot) -> None:
+        """The deferred end: the step that held the session may have added a token the tombstone must keep."""
+        with slot.lock:
+            if slot.stone is not None:
+                slot.stone["ids"] = session.ids
+            session.release()
+        with self._lock:
+            self._ending.pop(session.id, None)
 
     def _purge_expired(self) -> int:
         now = time.monotonic()
@@ -170,7 +214,7 @@ class SessionStore:
         return len(expired)
 
     def _bytes(self) -> int:
-        return sum(s.nbytes() for s in self._live.values())
+        return sum(s.nbytes() for s in (*self._live.values(), *self._ending.values()))
 
     def owned_by(self, owner: str) -> int:
         with self._lock:

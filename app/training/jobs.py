@@ -121,7 +121,7 @@ class TrainingJob:
         )
         self.losses: list[tuple[int, float]] = []  # (step, loss), append-only
         self.status = "ready"
-        self.error: str | None = None
+        self.error: str | None = None  # a catalog key (failure_key), said in the reader's language
         self.result: dict | None = None  # set when done: registered name, files, equivalence
         self.step_lock = threading.Lock()
         self.stop_event = threading.Event()
@@ -274,9 +274,9 @@ class TrainingLab:
                 job.result = self._publish(job)
                 job.status = "done"
         except Exception as exc:  # the run is lost, the registered models are not
-            log.exception("training job %s failed", job.id)
+            log.exception("training job %s failed (trained models go under %s)", job.id, trained_root(self.home))
             with self._lock:
-                job.error = str(exc)  # the page says "Training failed: …" in its language (err.train.failed)
+                job.error = failure_key(exc)
                 job.status = "failed"
         finally:
             job.seconds += time.perf_counter() - t0
@@ -317,6 +317,14 @@ class TrainingLab:
         with state.model_lock:
             state.registry.models[lm.name] = lm
             return prune_trained(state.registry, self.home, keep=max(1, state.settings.max_trained_models))
+
+
+def failure_key(exc: BaseException) -> str:
+    """What the page says about a failed run: a catalog key naming the kind of failure, never the exception's
+    text, which can hold server paths ("[Errno 30] Read-only file system: '/srv/…'"); the console log has that."""
+    if isinstance(exc, OSError):
+        return "err.train.not_saved"
+    return "err.train.crashed"
 
 
 def lab_for(state) -> TrainingLab:

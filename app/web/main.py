@@ -24,6 +24,7 @@ from app.state import AppState
 from app.web import assets
 from app.web.deps import is_htmx
 from app.web.middleware import BodyLimit
+from app.web.openapi import install as install_openapi
 from app.web.render import NO_GZIP, ROOT, localize, render, request_lang
 from app.web.routes import all_routers
 from app.web.security import HostAndOrigin, OwnerCookie, SecurityHeaders, allowed_hosts
@@ -78,21 +79,24 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
     for router in all_routers():
         app.include_router(router)
     _install_error_handlers(app)
+    install_openapi(app)
     return app
 
 
-def _error_response(request: Request, status: int, message: str):
+def _error_response(request: Request, status: int, message: str, headers: dict[str, str] | None = None):
+    """Every error answer: ``{"detail": message}`` (app/web/openapi.py documents it), or the same message as
+    a page or an htmx fragment. ``headers`` (Allow on a 405, say) go on whichever it is."""
     if is_htmx(request):
         # Show the message in the page's error area and leave the current view as it was.
         return render(request, "partials/_error.html", status_code=status, message=message,
-                      headers={"HX-Retarget": "#error", "HX-Reswap": "innerHTML"})
+                      headers={**(headers or {}), "HX-Retarget": "#error", "HX-Reswap": "innerHTML"})
     if not request.url.path.startswith("/api/") and "text/html" in request.headers.get("accept", ""):
         # A person followed a link or typed a URL: a page with the message, not raw JSON.
         try:
-            return render(request, "error.html", status_code=status, message=message, page=None)
+            return render(request, "error.html", status_code=status, message=message, page=None, headers=headers)
         except Exception:  # the error page itself must never turn a clear message into a 500
             log.exception("error page failed")
-    return JSONResponse({"detail": message}, status_code=status)
+    return JSONResponse({"detail": message}, status_code=status, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError, lang: str) -> str:
@@ -100,7 +104,10 @@ def _validation_message(exc: RequestValidationError, lang: str) -> str:
     parts = []
     for err in exc.errors():
         where = ".".join(str(x) for x in err.get("loc", ()) if x not in ("query", "path", "body"))
-        parts.append(f"{where}: {err.get('msg', 'invalid')}" if where else err.get("msg", "invalid"))
+        why = err.get("msg", "invalid")
+        if isinstance(err.get("input"), bool):  # a number field sent true/false: say what was sent
+            why += f" (got {str(err['input']).lower()})"
+        parts.append(f"{where}: {why}" if where else why)
     return translate("err.invalid", lang, details="; ".join(parts))
 
 
@@ -122,7 +129,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         message = localize(exc.detail, lang) if isinstance(exc.detail, str) else translate("err.request_failed", lang)
         if exc.status_code == 404 and exc.detail == "Not Found":
             message = translate("err.not_found", lang, path=request.url.path)
-        return _error_response(request, exc.status_code, message)
+        elif exc.status_code == 405:
+            message = translate("err.method", lang, method=request.method, allowed=(exc.headers or {}).get("Allow", ""))
+        elif exc.status_code == 400 and exc.detail == "There was an error parsing the body":  # FastAPI's words
+            message = translate("err.body_unreadable", lang)
+        return _error_response(request, exc.status_code, message, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
+from fastapi.testclient import TestClient
 
-from app.errors import Busy
+from app.errors import Busy, Expired
+from app.i18n import translate
 from app.model.sampling import Sampling
 
 
@@ -90,3 +93,72 @@ def test_byte_cap_says_busy(state, tiny):
 def test_decode_page_renders(client):
     r = client.get("/decode")
     assert r.status_code == 200 and 'id="prefill"' in r.text
+
+
+def test_a_step_racing_a_close_either_finishes_or_says_the_session_ended(state):
+    """A step and a DELETE (or the tab-close beacon) on one session, sent at once from two threads.
+
+    Whichever wins, the step answers 200 with a whole view or 410 with the catalog's "ended" message, and the
+    close releases every byte once the step is out. The client answers a server error as a 500 (not raised),
+    as a browser would see it."""
+    from app.web.main import create_app
+
+    outcomes: dict[int, int] = {}
+    with TestClient(create_app(state=state), raise_server_exceptions=False) as client:
+        for round_ in range(30):
+            _race_step_and_close(client, state, round_, outcomes)
+    assert sum(outcomes.values()) == 30
+
+
+def _race_step_and_close(client, state, round_: int, outcomes: dict[int, int]) -> None:
+    """One round: a session two tokens in, then a step and a close released by one barrier."""
+    first = start(client, model="builtin")
+    sid = first["session"]
+    client.post(f"/api/decode/{sid}/step")
+    gate = threading.Barrier(2)
+    answers: dict[str, object] = {}
+
+    def step():
+        gate.wait()
+        answers["step"] = client.post(f"/api/decode/{sid}/step")
+
+    def close():
+        gate.wait()
+        answers["close"] = (client.delete(f"/api/decode/{sid}") if round_ % 2
+                            else client.post(f"/api/decode/{sid}/close"))
+
+    threads = [threading.Thread(target=step), threading.Thread(target=close)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    r, c = answers["step"], answers["close"]
+    assert c.status_code == 200 and c.json()["released"], c.text
+    assert r.status_code in (200, 410), (round_, r.status_code, r.text[:300])
+    if r.status_code == 200:
+        view = r.json()
+        assert view["cache_len"] == view["prompt_len"] + 2 and len(view["tokens"]) == view["cache_len"] + 1
+    else:
+        assert r.json()["detail"] == translate("err.session.ended", "en")
+    outcomes[r.status_code] = outcomes.get(r.status_code, 0) + 1
+    assert state.sessions.stats() == {**state.sessions.stats(), "sessions": 0, "bytes": 0}
+    # The ended session's tokens include the raced step's choice exactly when that step answered 200.
+    rebuilt = client.post(f"/api/decode/{sid}/rebuild").json()
+    assert rebuilt["prompt_len"] == first["prompt_len"] + (3 if r.status_code == 200 else 2)
+    client.delete(f"/api/decode/{rebuilt['session']}")
+
+
+def test_a_session_ended_while_held_is_released_by_its_last_holder(state, tiny):
+    store = state.sessions
+    session = store.create(tiny, [1, 2, 3], Sampling(), owner="me")
+    with store.hold(session.id, "me"):
+        session.prefill()
+        held = session.nbytes()
+        assert store.delete(session.id, "me")
+        assert session.cache is not None and store.stats()["bytes"] == held  # whole, and still counted
+        session.step()  # the step in flight finishes on the whole session
+        ids = session.ids  # 3 prompt tokens, 2 chosen
+        with pytest.raises(Expired), store.hold(session.id, "me"):  # a request arriving now: "ended"
+            pass
+    assert session.cache is None and store.stats()["bytes"] == 0
+    assert len(ids) == 5 and store.tombstone(session.id, "me")["ids"] == ids  # rebuilt with the step's token

@@ -1,9 +1,12 @@
-"""A bounded schemathesis run over /openapi.json against both models: no input may cause a 5xx.
+"""A bounded schemathesis run over /openapi.json against both models: no input causes a 5xx, every answer is one
+the schema documents (its status code, media type, headers and body), and invalid input is refused.
 
-Every operation gets ``KVSCOPE_FUZZ_EXAMPLES`` generated requests (default 4) on each of two servers:
-DistilGPT-2-shaped + built-in, and the built-in model alone. A generated request that names a model gets
-one of the served names half of the time, so the model code is reached and not only the validation.
-Prompts are capped at 300 characters here so the run stays bounded (longer prompts are tested elsewhere).
+Every operation gets ``KVSCOPE_FUZZ_EXAMPLES`` generated requests (default 3) of valid data and as many of
+invalid data (schemathesis's negative mode: wrong types, missing fields, values out of bounds) on each of two
+servers: DistilGPT-2-shaped + built-in, and the built-in model alone. A generated request that names a model
+gets one of the served names half of the time, so the model code is reached and not only the validation.
+Prompts are capped at 300 characters and arena runs at 4 steps of 64 tokens here so the run stays bounded
+(longer ones are tested elsewhere).
 
 The fuzzer sends one request at a time, so the server is never busy. The one server-wide slot, the
 training run, is stopped after each request that started one: "a run is already in progress" is the
@@ -18,12 +21,26 @@ import zlib
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+from schemathesis.core.failures import Failure, FailureGroup
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from app.training.jobs import ACTIVE
 from app.web.main import create_app
 from tests.conftest import make_state
 
-EXAMPLES = int(os.environ.get("KVSCOPE_FUZZ_EXAMPLES", "4"))
+EXAMPLES = int(os.environ.get("KVSCOPE_FUZZ_EXAMPLES", "3"))
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
+          response_schema_conformance]
+NEGATIVE_CHECKS = [*CHECKS, negative_data_rejection]  # invalid data is refused (a 4xx), never taken
 
 
 def _stop_training(state) -> None:
@@ -34,35 +51,46 @@ def _stop_training(state) -> None:
 
 
 @pytest.mark.parametrize("served", ["distilgpt2+builtin", "builtin"])
-def test_no_input_causes_a_server_error(served, settings, distil, tiny):
+def test_every_answer_is_documented_and_none_is_a_server_error(served, settings, distil, tiny):
     models = (distil, tiny) if served == "distilgpt2+builtin" else (tiny,)
-    state = make_state(settings.with_(max_prompt_chars=300), *models)
+    state = make_state(settings.with_(max_prompt_chars=300, arena_max_steps=4, arena_max_prompt_tokens=64), *models)
     app = create_app(state=state)
     names = [m.name for m in models]
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
-    calls = 0
+    calls: dict[GenerationMode, int] = dict.fromkeys(GenerationMode, 0)
+    failures: list[str] = []
 
-    def check(case) -> None:
-        nonlocal calls
+    def check(case, mode: GenerationMode) -> None:
         pick = zlib.crc32(repr((case.path, case.body, case.query)).encode())
         for part in (case.body, case.query):
-            if isinstance(part, dict) and "model" in part and pick % 2:
+            if isinstance(part, dict) and "model" in part and pick % 2 and mode is GenerationMode.POSITIVE:
                 part["model"] = names[pick % len(names)]
         response = case.call(timeout=600)
-        calls += 1
+        calls[mode] += 1
         if case.path.startswith("/api/train/"):
             _stop_training(state)
-        assert response.status_code < 500, (case.method, case.formatted_path, case.body, case.query,
-                                            response.text[:300])
+        try:
+            case.validate_response(response, checks=CHECKS if mode is GenerationMode.POSITIVE else NEGATIVE_CHECKS)
+        except (Failure, FailureGroup) as failure:  # collected: one run reports every operation that fails
+            failures.append(f"{mode.value} {case.method} {case.formatted_path} body={case.body!r:.200} "
+                            f"query={case.query!r:.200} -> {response.status_code}: {failure}"[:1500])
 
     try:
         for result in schema.get_all_operations():
             operation = result.ok()
-            run = settings_for(given(case=operation.as_strategy())(check))
-            run()
+            raw = operation.definition.raw
+            takes_input = bool(raw.get("parameters") or raw.get("requestBody"))
+            for mode in GenerationMode if takes_input else [GenerationMode.POSITIVE]:  # nothing to get wrong
+                run = settings_for(given(case=operation.as_strategy(generation_mode=mode))(check))
+                try:
+                    run(mode=mode)
+                except Unsatisfiable:  # every input it takes is valid (free strings): no invalid request exists
+                    assert mode is GenerationMode.NEGATIVE, operation.label
     finally:
         _stop_training(state)
-    assert calls >= 2 * len(list(schema.get_all_operations()))
+    assert not failures, "\n\n".join(failures)
+    n_ops = len(list(schema.get_all_operations()))
+    assert calls[GenerationMode.POSITIVE] >= 2 * n_ops and calls[GenerationMode.NEGATIVE] >= n_ops // 2
 
 
 def settings_for(test):

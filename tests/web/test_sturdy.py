@@ -6,6 +6,8 @@ Numbers in the test names follow the issue's "What probing found" list.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import json
 import re
 import threading
 
@@ -376,3 +378,99 @@ def test_concurrent_misses_on_one_trace_compute_it_once():
     for t in threads:
         t.join()
     assert len(calls) == 1 and len(store) == 1
+
+
+def test_a_training_run_that_cannot_save_says_so_without_server_paths(client, state, monkeypatch, caplog):
+    """A read-only home fails the run at its first write; the page gets a catalog sentence, the console the path."""
+    home = str(state.settings.home)
+
+    def read_only(model, tokenizer, out, meta):
+        raise OSError(errno.EROFS, "Read-only file system", str(out))  # what open() says on a read-only mount
+
+    monkeypatch.setattr("app.training.jobs.save_checkpoint", read_only)
+    assert client.post("/api/train/start", json={"steps": 2}).status_code == 200
+    state.training.wait(timeout=120)
+    for lang in ("en", "zh"):
+        said = client.get("/api/train/status", params={"lang": lang}).json()
+        assert said["status"] == "failed" and said["error"] == translate("err.train.not_saved", lang)
+        init = re.search(r'<script id="train-init" type="application/json">(.*?)</script>',
+                         client.get("/train", params={"lang": lang}).text, re.S).group(1)
+        assert json.loads(init)["status"]["error"] == said["error"]
+        for leak in (home, "Errno", "Read-only file system"):
+            assert leak not in said["error"]
+    assert home in caplog.text and "Read-only file system" in caplog.text  # the detail is on the console
+
+
+# --- the API answers what /openapi.json says --------------------------------------------------------------
+
+def test_every_error_is_one_sentence_in_the_documented_shape(client, state):
+    schema = client.get("/openapi.json").json()
+    assert schema["components"]["schemas"]["ErrorBody"]["properties"]["detail"]["type"] == "string"
+    assert "HTTPValidationError" not in schema["components"]["schemas"]  # FastAPI's list shape is never sent
+    sid = client.post("/api/decode/sessions", json={"prompt": "The cat", "model": "builtin"}).json()["session"]
+    client.delete(f"/api/decode/{sid}")
+    json_type = {"content-type": "application/json"}
+    limit = state.settings.max_body_bytes
+    models = ", ".join(state.registry.names)
+    cases = [  # (method, documented path, request, status, the sentence when it is a catalog one)
+        ("post", "/api/decode/sessions", {"json": {"model": "builtin"}}, 422, None),  # pydantic: no prompt
+        ("post", "/api/decode/sessions", {"json": {"prompt": "x", "model": "nope"}}, 422,
+         translate("err.model.unknown", "en", name="'nope'", models=models)),
+        ("post", "/api/decode/{sid}/step", {}, 410, translate("err.session.ended", "en")),
+        ("post", "/api/decode/sessions", {"content": b"\xb9", "headers": json_type}, 400,
+         translate("err.body_unreadable", "en")),
+        ("get", "/api/trace", {"params": {"prompt": "x"}, "headers": {"host": "evil.example"}}, 400, None),
+        ("post", "/api/decode/sessions", {"content": b" " * (limit + 1), "headers": json_type}, 413,
+         translate("err.too_large", "en", n=f"{limit:,}")),
+        ("post", "/api/decode/sessions", {"json": {"prompt": "The cat", "model": "builtin"}}, 503,
+         translate("sturdy.sessions_full", "en", n=0)),
+    ]
+    state.sessions.max_sessions = 0  # only the last case gets that far
+    for method, path, request, status, sentence in cases:
+        r = client.request(method.upper(), path.format(sid=sid), **request)
+        assert r.status_code == status, (path, r.text)
+        assert list(r.json()) == ["detail"] and isinstance(r.json()["detail"], str), r.text
+        assert sentence is None or r.json()["detail"] == sentence
+        documented = schema["paths"][path][method]["responses"][str(status)]
+        assert documented["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorBody"}
+        if status == 503:
+            assert int(r.headers["retry-after"]) > 0 and "Retry-After" in documented["headers"]
+
+
+def test_a_wrong_method_gets_405_with_allow_and_a_sentence(client):
+    r = client.get("/api/decode/some-session")  # that path takes DELETE only
+    assert r.status_code == 405 and r.headers["allow"] == "DELETE"
+    assert r.json()["detail"] == translate("err.method", "en", method="GET", allowed="DELETE")
+    r = client.put("/api/decode/sessions", params={"lang": "zh"})
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert r.json()["detail"] == translate("err.method", "zh", method="PUT", allowed="POST")
+
+
+def test_numbers_in_json_bodies_refuse_true_and_false(client, state):
+    cases = [
+        ("/api/decode/sessions", {"prompt": "The cat", "model": "builtin", "seed": False}, "seed"),
+        ("/api/decode/sessions", {"prompt": "The cat", "model": "builtin", "temperature": True}, "temperature"),
+        ("/api/paged/sessions", {"model": "builtin", "block_size": True}, "block_size"),  # a Literal[1, 2, 4 …]
+        ("/api/paged/sessions", {"model": "builtin", "num_blocks": "8"}, "num_blocks"),  # nor a number as text
+        ("/api/prefix/run", {"model": "builtin", "capacity": True}, "capacity"),
+        ("/api/prefix/run", {"model": "builtin", "block_size": True}, "block_size"),  # "auto" or a number
+        ("/api/arena/run", {"model": "builtin", "steps": True}, "steps"),
+        ("/api/train/start", {"seed": False}, "seed"),
+    ]
+    try:
+        for path, body, field in cases:
+            r = client.post(path, json=body)
+            assert r.status_code == 422, (path, body, r.text)
+            detail = r.json()["detail"]
+            assert re.search(rf"{field}(\.\w+)?: Input should be a valid", detail), detail  # .str: for str | int
+            if isinstance(body[field], bool):
+                assert detail.endswith(f"(got {str(body[field]).lower()})"), detail
+    finally:
+        job = state.training.job  # without the fix the run above starts: stop it
+        if job is not None:
+            job.stop_event.set()
+            state.training.wait(timeout=120)
+    r = client.post("/api/decode/sessions", json={"prompt": "The cat", "model": "builtin", "seed": 0, "temperature": 1,
+                                                   "mode": "sample"})
+    assert r.status_code == 200 and r.json()["sampling"]["seed"] == 0  # numbers pass; 1 for a float too
+    assert client.post("/api/paged/sessions", json={"model": "builtin", "block_size": 2}).status_code == 200

@@ -9,12 +9,13 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from app.cache.arena import run_request
 from app.cache.policies import POLICIES, available
 from app.viz.arena import arena_view
 from app.web.deps import StateDep, is_htmx
+from app.web.openapi import Body, errors
 from app.web.render import render
 
 router = APIRouter()
@@ -22,7 +23,7 @@ router = APIRouter()
 DEFAULT_POLICIES = ("window", "streaming", "streaming-norerope", "h2o", "snapkv", "kivi", "int8-head", "int4-head")
 
 
-class ArenaRun(BaseModel):
+class ArenaRun(Body):
     model: str | None = None
     source: Literal["text", "prompt"] = "text"
     prompt: str | None = Field(None, max_length=20_000)
@@ -60,7 +61,7 @@ def read_arena(
                   applicable=available(lm.adapter), limits=state.settings, oob=fragment)
 
 
-@router.post("/api/arena/run", tags=["arena"])
+@router.post("/api/arena/run", tags=["arena"], responses=errors(422, 429, 503))
 def run_arena_api(state: StateDep, body: ArenaRun) -> dict:
     """Every chosen policy against full attention on one prompt: per-step KL, agreement, perplexity, attention mass,
     kept maps, bytes held, first divergence (the page's numbers)."""

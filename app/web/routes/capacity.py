@@ -18,6 +18,7 @@ from app.state import AppState
 from app.viz.capacity import simulation_view
 from app.web.cancel import run_until_disconnected
 from app.web.deps import StateDep
+from app.web.openapi import errors
 from app.web.render import render
 
 router = APIRouter()
@@ -133,7 +134,7 @@ def read_models(state: StateDep) -> dict:
             "gpus": [g.__dict__ for g in stepcost.GPUS.values()]}
 
 
-@router.post("/api/capacity/calculate", tags=["capacity"])
+@router.post("/api/capacity/calculate", tags=["capacity"], responses=errors(422))
 def calculate_capacity(state: StateDep, body: CalcBody) -> dict:
     """Bytes per token (formula filled in), per request and batch; KV memory → blocks → tokens → concurrency."""
     result = calculate(_model(state, body), _calc_input(body))
@@ -142,7 +143,7 @@ def calculate_capacity(state: StateDep, body: CalcBody) -> dict:
     return result
 
 
-@router.post("/api/capacity/simulate", tags=["capacity"])
+@router.post("/api/capacity/simulate", tags=["capacity"], responses=errors(422, 429, 503))
 async def simulate(request: Request, state: StateDep, body: SimBody) -> dict:
     """Continuous batching as vLLM schedules it, over a synthetic workload or a pasted request list.
 
@@ -200,7 +201,7 @@ def _simulate(state: AppState, body: SimBody, cancel: threading.Event) -> dict:
     return view
 
 
-@router.post("/api/capacity/check", tags=["capacity"])
+@router.post("/api/capacity/check", tags=["capacity"], responses=errors(422, 429, 503))
 def check_against_engine(state: StateDep, body: CheckBody) -> dict:
     """The same requests and budgets through the simulator and the real paged engine, step by step."""
     lm = state.model(body.model)

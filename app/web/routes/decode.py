@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from app.model.sampling import Sampling
 from app.model.studio import rebuild_session, start_session, step_session, verify_step
 from app.viz.decode import cache_rows, step_view
 from app.viz.tokens import unknown_note
 from app.web.deps import OwnerDep, SessionsDep, StateDep
+from app.web.openapi import Body, errors
 from app.web.render import render
 
 router = APIRouter()
 
 
-class StartBody(BaseModel):
+class StartBody(Body):
     prompt: str = Field(max_length=100_000)
     model: str | None = None
     mode: str = "greedy"
@@ -31,7 +32,7 @@ def read_decode_page(request: Request, state: StateDep, prompt: str = "The cat s
     return render(request, "decode.html", page="decode", prompt=prompt, model_name=lm.name)
 
 
-@router.post("/api/decode/sessions", tags=["decode"])
+@router.post("/api/decode/sessions", tags=["decode"], responses=errors(422, 429, 503))
 def create_session(state: StateDep, owner: OwnerDep, body: StartBody) -> dict:
     """Start a session: prefill the prompt, fill the KV cache, choose the first token."""
     sampling = Sampling(mode=body.mode, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
@@ -42,7 +43,7 @@ def create_session(state: StateDep, owner: OwnerDep, body: StartBody) -> dict:
     return view
 
 
-@router.post("/api/decode/{sid}/step", tags=["decode"])
+@router.post("/api/decode/{sid}/step", tags=["decode"], responses=errors(410, 422, 429, 503))
 def create_step(state: StateDep, owner: OwnerDep, sid: str) -> dict:
     """Feed the last chosen token (input (1, 1)) through every layer with the cache."""
     with state.sessions.hold(sid, owner):  # the view is read before another click can change the session
@@ -50,13 +51,13 @@ def create_step(state: StateDep, owner: OwnerDep, sid: str) -> dict:
         return step_view(session, step)
 
 
-@router.get("/api/decode/{sid}/verify/{index}", tags=["decode"])
+@router.get("/api/decode/{sid}/verify/{index}", tags=["decode"], responses=errors(410, 422, 429, 503))
 def read_verify(state: StateDep, owner: OwnerDep, sid: str, index: int) -> dict:
     """Recompute step ``index`` from the full prefix with no cache and compare."""
     return verify_step(state, sid, index, owner)
 
 
-@router.get("/api/decode/{sid}/cache/{layer}/{head}", tags=["decode"])
+@router.get("/api/decode/{sid}/cache/{layer}/{head}", tags=["decode"], responses=errors(410, 422))
 def read_cache_rows(sessions: SessionsDep, owner: OwnerDep, sid: str, layer: int, head: int, last: int = 24) -> dict:
     with sessions.hold(sid, owner) as session:
         return cache_rows(session, layer, head, max(1, min(last, 256)))
@@ -74,7 +75,7 @@ def close_session(sessions: SessionsDep, owner: OwnerDep, sid: str) -> dict:
     return {"released": sessions.delete(sid, owner)}
 
 
-@router.post("/api/decode/{sid}/rebuild", tags=["decode"])
+@router.post("/api/decode/{sid}/rebuild", tags=["decode"], responses=errors(410, 422, 429, 503))
 def create_rebuilt(state: StateDep, owner: OwnerDep, sid: str) -> dict:
     """Start a new session from an ended one's tokens."""
     session = rebuild_session(state, sid, owner)

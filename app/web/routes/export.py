@@ -13,6 +13,7 @@ from fastapi import APIRouter, Response
 from app.errors import BadInput
 from app.viz.export import FORMATS, export_bytes, head_csv, head_json, pack_trace
 from app.web.deps import StateDep
+from app.web.openapi import errors
 
 router = APIRouter()
 
@@ -20,11 +21,17 @@ MEDIA = {"npz": "application/octet-stream", "safetensors": "application/octet-st
          "csv": "text/csv; charset=utf-8", "json": "application/json"}
 
 
+def _file(description: str, *media: str) -> dict:
+    """``responses=`` for a download: the file's media types for 200, and the errors a trace lookup can give."""
+    return {200: {"description": description, "content": {m: {} for m in media}}, **errors(410, 422, 429, 503)}
+
+
 def _download(body: bytes | str, filename: str, fmt: str) -> Response:
     return Response(body, media_type=MEDIA[fmt], headers={"Content-Disposition": f'attachment; filename="{filename}"'})
 
 
-@router.get("/api/traces/{key}/export/trace.{fmt}", tags=["export"])
+@router.get("/api/traces/{key}/export/trace.{fmt}", tags=["export"], response_class=Response,
+            responses=_file("The trace as a .npz or .safetensors file", MEDIA["npz"]))
 def read_trace_file(state: StateDep, key: str, fmt: str) -> Response:
     """Every captured tensor of the trace, named by its capture name (``blocks.0.attn.q`` …), plus
     ``input_ids``; ``fmt`` is ``npz`` (``numpy.load``) or ``safetensors`` (``safetensors.safe_open``)."""
@@ -37,7 +44,8 @@ def read_trace_file(state: StateDep, key: str, fmt: str) -> Response:
     return _download(pack_trace(trace, fmt, model=lm.name), f"kvscope-{lm.name}-{key}.{fmt}", fmt)
 
 
-@router.get("/api/traces/{key}/export/head/{layer}/{head}.{fmt}", tags=["export"])
+@router.get("/api/traces/{key}/export/head/{layer}/{head}.{fmt}", tags=["export"], response_class=Response,
+            responses=_file("The head's matrix as CSV or JSON", MEDIA["csv"], MEDIA["json"]))
 def read_head_file(state: StateDep, key: str, layer: int, head: int, fmt: str, kind: str = "weights") -> Response:
     """One head's (T, Tk) matrix (``kind``: weights, masked or scores) as ``csv`` or ``json``."""
     if fmt not in ("csv", "json"):

@@ -8,12 +8,13 @@ from app.i18n import catalog, translator
 from app.viz.lesson import lesson_view
 from app.viz.models import model_card
 from app.web.deps import StateDep
+from app.web.openapi import errors
 from app.web.render import request_lang
 
 router = APIRouter()
 
 
-@router.get("/api/lesson", tags=["lesson"])
+@router.get("/api/lesson", tags=["lesson"], responses=errors(422))
 def read_lesson(request: Request, state: StateDep, model: str | None = None) -> dict:
     """Every stop of the lesson on "The cat sat on": page, highlighted element, text, the controls it drives."""
     lang = request_lang(request)

@@ -8,10 +8,10 @@ through the model gate (a step is short work).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from app.admission import LONG, SHORT
 from app.cache.kv_bytes import dtype_name, page_bytes
@@ -23,6 +23,7 @@ from app.state import AppState
 from app.viz.models import model_card
 from app.viz.paged import bench_view, engine_view
 from app.web.deps import OwnerDep, StateDep
+from app.web.openapi import Body, NotBool, errors
 from app.web.render import render, request_lang
 
 router = APIRouter()
@@ -33,13 +34,13 @@ MAX_BENCH_STEPS = 40
 BLOCK_SIZES = (1, 2, 4, 8, 16)
 
 
-class NewPool(BaseModel):
+class NewPool(Body):
     model: str | None = None
     num_blocks: int = Field(24, ge=2, le=64)
-    block_size: Literal[1, 2, 4, 8, 16] = 4
+    block_size: Annotated[Literal[1, 2, 4, 8, 16], NotBool] = 4
 
 
-class NewSequence(BaseModel):
+class NewSequence(Body):
     prompt: str = Field(..., max_length=MAX_PROMPT_CHARS)
     max_new: int = Field(12, ge=1, le=48)
 
@@ -78,7 +79,7 @@ def read_paged_page(request: Request, state: StateDep, model: str | None = None)
     return render(request, "paged.html", page="paged", card=model_card(lm))
 
 
-@router.post("/api/paged/sessions", tags=["paged"])
+@router.post("/api/paged/sessions", tags=["paged"], responses=errors(422, 503))
 def create_pool(request: Request, state: StateDep, owner: OwnerDep, body: NewPool) -> dict:
     """A new block pool of ``num_blocks`` blocks of ``block_size`` tokens for the chosen model.
 
@@ -90,31 +91,32 @@ def create_pool(request: Request, state: StateDep, owner: OwnerDep, body: NewPoo
     return _act(request, state, owner, sid, None)
 
 
-@router.get("/api/paged/sessions/{sid}", tags=["paged"])
+@router.get("/api/paged/sessions/{sid}", tags=["paged"], responses=errors(410))
 def read_pool(request: Request, state: StateDep, owner: OwnerDep, sid: str) -> dict:
     return _act(request, state, owner, sid, None)
 
 
-@router.post("/api/paged/sessions/{sid}/sequences", tags=["paged"])
+@router.post("/api/paged/sessions/{sid}/sequences", tags=["paged"], responses=errors(410, 422, 429, 503))
 def add_sequence(request: Request, state: StateDep, owner: OwnerDep, sid: str, body: NewSequence) -> dict:
     """A new request: it is prefilled into the pool if its blocks fit, otherwise it waits."""
     return _act(request, state, owner, sid,
                 lambda engine: engine.add(_prompt_ids(engine.lm, body.prompt), body.max_new))
 
 
-@router.post("/api/paged/sessions/{sid}/step", tags=["paged"])
+@router.post("/api/paged/sessions/{sid}/step", tags=["paged"], responses=errors(410, 429, 503))
 def step_pool(request: Request, state: StateDep, owner: OwnerDep, sid: str) -> dict:
     """One decode step: one greedy token per running sequence, then admit waiting sequences that fit."""
     return _act(request, state, owner, sid, PagedEngine.step, SHORT)
 
 
-@router.post("/api/paged/sessions/{sid}/wait", tags=["paged"])
+@router.post("/api/paged/sessions/{sid}/wait", tags=["paged"], responses=errors(410, 429, 503))
 def choose_wait(request: Request, state: StateDep, owner: OwnerDep, sid: str) -> dict:
     """Pool exhausted, choice 1: wait (nothing is freed; blocked sequences retry at the next step)."""
     return _act(request, state, owner, sid, PagedEngine.wait)
 
 
-@router.post("/api/paged/sessions/{sid}/sequences/{seq_id}/{action}", tags=["paged"])
+@router.post("/api/paged/sessions/{sid}/sequences/{seq_id}/{action}", tags=["paged"],
+             responses=errors(410, 422, 429, 503))
 def act_on_sequence(
     request: Request, state: StateDep, owner: OwnerDep, sid: str, seq_id: int,
     action: Literal["fork", "finish", "cancel", "preempt"],
@@ -133,7 +135,7 @@ def _bench(request: Request, state: AppState, prompt: str | None, model: str | N
                                     lock=state.model_lock), request_lang(request))
 
 
-@router.get("/api/paged/bench", tags=["paged"])
+@router.get("/api/paged/bench", tags=["paged"], responses=errors(422, 429, 503))
 def read_bench(
     request: Request, state: StateDep, prompt: str, model: str | None = None,
     steps: int = Query(16, ge=1, le=MAX_BENCH_STEPS),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from app.cache.prefix import (
     DEFAULT_NUM_BLOCKS,
@@ -18,6 +18,7 @@ from app.cache.prefix import (
 )
 from app.viz.prefix import lab_view, presets_view
 from app.web.deps import OwnerDep, StateDep, is_htmx
+from app.web.openapi import Body, errors
 from app.web.render import render, request_lang
 
 router = APIRouter()
@@ -25,7 +26,7 @@ router = APIRouter()
 PROMPT_SEPARATOR = "---"  # a line holding only this separates custom prompts in the form
 
 
-class RunBody(BaseModel):
+class RunBody(Body):
     model: str | None = None
     preset: str | None = Field(None, description="system | chat | timestamp, or null/custom to run `prompts`")
     prompts: list[str] | None = Field(None, max_length=MAX_PROMPTS_PER_RUN)
@@ -34,7 +35,7 @@ class RunBody(BaseModel):
     salt: str | None = Field(None, max_length=64)
 
 
-class FinishBody(BaseModel):
+class FinishBody(Body):
     request_id: int | None = Field(None, description="omit to finish every running request")
     reason: str = Field("finished", description="finished | cancelled")
 
@@ -108,7 +109,7 @@ def read_prefix_state(request: Request, state: StateDep, owner: OwnerDep) -> dic
     return lab_view(peek_lab(state, owner), request_lang(request))
 
 
-@router.post("/api/prefix/run", tags=["prefix"])
+@router.post("/api/prefix/run", tags=["prefix"], responses=errors(410, 422, 429, 503))
 def run_prefix(request: Request, body: RunBody, state: StateDep, owner: OwnerDep) -> dict:
     """Finish the previous run, then prefill a preset's prompts (or yours) through the prefix cache."""
     lab = run_lab(state, model=body.model, preset=body.preset, prompts=body.prompts, block_size=body.block_size,
@@ -116,14 +117,14 @@ def run_prefix(request: Request, body: RunBody, state: StateDep, owner: OwnerDep
     return lab_view(lab, request_lang(request))
 
 
-@router.post("/api/prefix/finish", tags=["prefix"])
+@router.post("/api/prefix/finish", tags=["prefix"], responses=errors(404, 410, 422, 503))
 def finish_prefix(request: Request, body: FinishBody, state: StateDep, owner: OwnerDep) -> dict:
     """End (or cancel) one running request or all of them: their blocks are released tail first."""
     lab = finish_lab(state, request_id=body.request_id, reason=body.reason, owner=owner)
     return lab_view(lab, request_lang(request))
 
 
-@router.post("/api/prefix/reset", tags=["prefix"])
+@router.post("/api/prefix/reset", tags=["prefix"], responses=errors(410, 503))
 def reset_prefix(request: Request, state: StateDep, owner: OwnerDep) -> dict:
     """Empty this browser's prefix cache (other browsers' labs are their own)."""
     return lab_view(reset_lab(state, owner), request_lang(request))

@@ -1,0 +1,108 @@
+"""The answers besides 200, as /openapi.json documents them (and /docs shows them).
+
+Every error body has one shape, ``{"detail": "<one sentence for a person, in the request's language>"}``:
+request validation included, whose pydantic list the handler in ``app/web/main.py`` turns into one sentence.
+So the schema documents that shape (``ErrorBody``), never FastAPI's default list for 422.
+
+Two sources of errors, documented two ways::
+
+    a route's own code     404 NotFound  410 Expired  422 BadInput  429 Throttled  503 Busy
+                           the route says which: ``@router.post(..., responses=errors(410, 503))``
+    before any route runs  400  a Host not on the allow-list (any request), a body that cannot be read
+                           403  a state-changing request sent by another site's page
+                           413  a body over ``max_body_bytes`` (checked on any request)
+                           422  an operation's parameters or body fail validation
+                           the same for every operation, so ``install`` adds them to the generated schema
+
+429 and 503 carry a Retry-After header (seconds) when the server can tell when to try again.
+
+JSON bodies derive from ``Body``: validated strictly, so what the server accepts is what the schema says.
+JSON Schema's ``integer`` and ``number`` are not ``true``/``false``, and ``"5"`` is not a number; pydantic's lax
+mode would take ``{"seed": false}`` as 0. A ``Literal`` of numbers also needs ``NotBool`` (``True == 1``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
+
+
+class Body(BaseModel):
+    """A JSON request body: every field takes exactly its type (no true for 1, no "5" for 5; 5 for 5.0 is fine)."""
+
+    model_config = ConfigDict(strict=True)
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
+NotBool = BeforeValidator(_not_bool)  # for Literal[1, 2, 4]: pydantic matches True to 1 even when strict
+
+
+class ErrorBody(BaseModel):
+    detail: str = Field(description="What went wrong and what to do, for a person, in the request's language")
+
+
+WHY = {
+    400: "Bad request: the Host header is not one this server answers to, or the body cannot be read",
+    403: "Refused: a state-changing request sent by another site's page",
+    404: "Not found: the thing named does not exist",
+    410: "Gone: what the id names has ended or expired, or belongs to another browser",
+    413: "The request body is larger than the server accepts",
+    422: "Invalid input: a wrong type, a value out of bounds, or a name the server does not know",
+    429: "This browser has too many requests waiting for the model: retry later",
+    503: "The server is busy (model queue, caps on sessions or memory, a run in progress): retry later",
+}
+ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
+RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before trying again", "required": False,
+                               "schema": {"type": "integer"}}}
+UNSAFE = {"post", "put", "patch", "delete"}
+
+
+def error_response(status: int) -> dict:
+    """One documented error answer: its reason, the ``ErrorBody`` JSON, and Retry-After where it applies."""
+    response: dict = {"description": WHY[status], "content": {"application/json": {"schema": ERROR_REF}}}
+    if status in (429, 503):
+        response["headers"] = RETRY_AFTER
+    return response
+
+
+def errors(*statuses: int) -> dict[int | str, dict]:
+    """``responses=`` for a route: the errors its own code can answer (the middleware's are added for all)."""
+    return {status: error_response(status) for status in statuses}
+
+
+def install(app: FastAPI) -> None:
+    """Make ``app.openapi()`` add the errors every operation can get and document 422 as it really is."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            document_common_errors(generate())  # FastAPI keeps the schema it returns in app.openapi_schema
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def document_common_errors(schema: dict) -> dict:
+    for path in schema.get("paths", {}).values():
+        for method, operation in path.items():
+            responses = operation.setdefault("responses", {})
+            takes_input = bool(operation.get("parameters") or operation.get("requestBody"))
+            common = [400, 413] + ([403] if method in UNSAFE else []) + ([422] if takes_input else [])
+            for status in common:
+                responses.setdefault(str(status), error_response(status))
+            if "422" in responses:  # FastAPI's default says a list; ours is one sentence, like every error
+                responses["422"] = error_response(422)
+            operation["responses"] = dict(sorted(responses.items()))
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components["ErrorBody"] = ErrorBody.model_json_schema()
+    for unused in ("HTTPValidationError", "ValidationError"):
+        components.pop(unused, None)
+    return schema
