@@ -1,8 +1,9 @@
-"""A paged KV cache: a block pool of fixed-size physical blocks, a free block queue, block tables.
+"""A paged KV cache: the block pool of ``app/cache/blocks.py``, block tables, and the K/V tensors.
 
 The nouns are vLLM's (``vllm/v1/core/block_pool.py``, ``kv_cache_manager.py``) so a reader can go on to
-read vLLM next. One ``PagedKVCache`` owns, for every layer, a K tensor and a V tensor cut into
-``num_blocks`` physical blocks of ``block_size`` token slots each::
+read vLLM next. One ``PagedKVCache`` owns a ``BlockPool`` (prefix caching off: the /paged lab shares blocks by
+forking, not by hash) and, for every layer, a K tensor and a V tensor cut into ``num_blocks`` physical blocks
+of ``block_size`` token slots each::
 
     key_cache[layer]  (num_blocks, H_kv, block_size, Dh)      value_cache[layer] likewise
 
@@ -18,16 +19,17 @@ Invariants (checked by tests/cache/test_paged_stress.py after every operation):
   * every operation that needs blocks checks the free count first and raises ``PoolExhausted`` before
     touching anything, so a failed call leaves the pool exactly as it was.
 
-Who mutates what: only the methods below change ``blocks``, ``free_block_queue`` and ``block_tables``;
+Who mutates what: only the methods below change the pool (``blocks``, its free block queue) and ``block_tables``;
 the decoder (``app/cache/paged_decode.py``) writes K/V through ``write_kv`` and reads through ``gather_kv``.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass
-
 import torch
+
+from app.cache.blocks import BlockPool, KVCacheBlock, blocks_needed
+
+__all__ = ["PagedKVCache", "PoolExhausted", "blocks_needed"]
 
 
 class PoolExhausted(RuntimeError):
@@ -40,26 +42,12 @@ class PoolExhausted(RuntimeError):
         self.free = free
 
 
-@dataclass
-class PagedBlock:
-    """One physical block: ``block_size`` token slots in every layer's K and V tensors."""
-
-    block_id: int
-    ref_cnt: int = 0
-
-
-def blocks_needed(num_tokens: int, block_size: int) -> int:
-    """ceil(num_tokens / block_size): blocks a sequence of that length occupies."""
-    return -(-num_tokens // block_size)
-
-
 class PagedKVCache:
     """Block pool + block tables + the K/V tensors themselves.
 
-    The free block queue is a FIFO: a freed block goes to its back and allocation takes from its front,
-    so a just-freed block is reused last (blocks of a finished sequence are freed in reverse order, tail
-    first, as vLLM does). vLLM uses a doubly linked list so that a cached prefix block can be pulled out
-    of the middle on a hit; this pool has no prefix hashing, so a deque is enough.
+    The pool's free block queue is a FIFO here: a freed block goes to its back and allocation takes from its
+    front, so a just-freed block is reused last (blocks of a finished sequence are freed in reverse order, tail
+    first, as vLLM does). With prefix caching off no block keeps a hash, so nothing is ever evicted.
     """
 
     def __init__(
@@ -74,20 +62,28 @@ class PagedKVCache:
         shape = (num_blocks, n_kv_head, block_size, head_dim)
         self.key_cache = [torch.zeros(shape, dtype=dtype) for _ in range(n_layer)]
         self.value_cache = [torch.zeros(shape, dtype=dtype) for _ in range(n_layer)]
-        self.blocks = [PagedBlock(i) for i in range(num_blocks)]
-        self.free_block_queue: deque[int] = deque(range(num_blocks))
+        self.pool = BlockPool(num_blocks, enable_caching=False)
         self.block_tables: dict[int, list[int]] = {}
         self.num_tokens: dict[int, int] = {}  # tokens whose K/V are (or are being) stored, per sequence
         self.cow_copies = 0  # copy-on-write copies made, a metric the article asks engines to expose
 
     # --- sizes -----------------------------------------------------------------------------------
     @property
+    def blocks(self) -> list[KVCacheBlock]:
+        return self.pool.blocks
+
+    @property
+    def free_block_queue(self) -> list[int]:
+        """Ids of the free blocks, the next one to be taken first."""
+        return [b.block_id for b in self.pool.free_block_queue.blocks()]
+
+    @property
     def num_free_blocks(self) -> int:
-        return len(self.free_block_queue)
+        return self.pool.num_free_blocks
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self.free_block_queue)
+        return self.pool.num_used_blocks
 
     @property
     def bytes_per_block(self) -> int:
@@ -99,22 +95,12 @@ class PagedKVCache:
         return len(self.block_tables[seq_id]) * self.block_size - self.num_tokens[seq_id]
 
     # --- block pool --------------------------------------------------------------------------------
-    def _take_free_block(self) -> int:
-        block_id = self.free_block_queue.popleft()
-        assert self.blocks[block_id].ref_cnt == 0
-        self.blocks[block_id].ref_cnt = 1
-        return block_id
-
-    def _release(self, block_id: int) -> None:
-        block = self.blocks[block_id]
-        assert block.ref_cnt > 0, f"block {block_id} released twice"
-        block.ref_cnt -= 1
-        if block.ref_cnt == 0:
-            self.free_block_queue.append(block_id)
+    def _take_free_blocks(self, n: int) -> list[int]:
+        return [b.block_id for b in self.pool.get_new_blocks(n)]
 
     def _check(self, seq_id: int, needed: int) -> None:
-        if needed > len(self.free_block_queue):
-            raise PoolExhausted(seq_id, needed, len(self.free_block_queue))
+        if needed > self.pool.num_free_blocks:
+            raise PoolExhausted(seq_id, needed, self.pool.num_free_blocks)
 
     # --- sequence lifecycle ----------------------------------------------------------------------------
     def allocate(self, seq_id: int, num_tokens: int) -> list[int]:
@@ -124,7 +110,7 @@ class PagedKVCache:
         if num_tokens < 1:
             raise ValueError("a sequence needs at least one token")
         self._check(seq_id, blocks_needed(num_tokens, self.block_size))
-        table = [self._take_free_block() for _ in range(blocks_needed(num_tokens, self.block_size))]
+        table = self._take_free_blocks(blocks_needed(num_tokens, self.block_size))
         self.block_tables[seq_id] = table
         self.num_tokens[seq_id] = num_tokens
         return list(table)
@@ -147,14 +133,14 @@ class PagedKVCache:
         offset = n % self.block_size
         self._check(seq_id, self.blocks_to_append(seq_id))
         if offset == 0:
-            table.append(self._take_free_block())
+            table += self._take_free_blocks(1)
         elif self.blocks[table[-1]].ref_cnt > 1:
             old = table[-1]
-            new = self._take_free_block()
+            (new,) = self._take_free_blocks(1)
             for layer in range(self.n_layer):
                 self.key_cache[layer][new, :, :offset] = self.key_cache[layer][old, :, :offset]
                 self.value_cache[layer][new, :, :offset] = self.value_cache[layer][old, :, :offset]
-            self._release(old)
+            self.pool.free_blocks([self.blocks[old]])
             table[-1] = new
             self.cow_copies += 1
         self.num_tokens[seq_id] = n + 1
@@ -165,8 +151,7 @@ class PagedKVCache:
         if child_id in self.block_tables:
             raise ValueError(f"sequence {child_id} already has a block table")
         table = list(self.block_tables[parent_id])
-        for block_id in table:
-            self.blocks[block_id].ref_cnt += 1
+        self.pool.touch(self.blocks[b] for b in table)
         self.block_tables[child_id] = table
         self.num_tokens[child_id] = self.num_tokens[parent_id]
         return list(table)
@@ -175,12 +160,8 @@ class PagedKVCache:
         """Finish or cancel: drop the sequence's references, tail first. Returns the blocks now free."""
         table = self.block_tables.pop(seq_id)
         del self.num_tokens[seq_id]
-        freed = []
-        for block_id in reversed(table):
-            self._release(block_id)
-            if self.blocks[block_id].ref_cnt == 0:
-                freed.append(block_id)
-        return freed
+        self.pool.free_blocks(self.blocks[b] for b in reversed(table))
+        return [b for b in reversed(table) if self.blocks[b].ref_cnt == 0]
 
     # --- K/V through the block table -----------------------------------------------------------------
     def slot(self, seq_id: int, position: int) -> tuple[int, int]:

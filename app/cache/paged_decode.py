@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from app.cache.paged import PagedKVCache, PoolExhausted, blocks_needed
+from app.cache.blocks import blocks_needed
+from app.cache.paged import PagedKVCache, PoolExhausted
 from app.errors import BadInput
 from app.i18n import Term
 from app.model.loading import LoadedModel

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from app.cache import kv_bytes
-from app.cache.paged import blocks_needed
+from app.cache.blocks import blocks_needed
 from app.capacity.catalog import ModelConfig
 from app.errors import BadInput
 
