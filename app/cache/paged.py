@@ -1,15 +1,17 @@
 """A paged KV cache: the block pool of ``app/cache/blocks.py``, block tables, and the K/V tensors.
 
 The nouns are vLLM's (``vllm/v1/core/block_pool.py``, ``kv_cache_manager.py``) so a reader can go on to
-read vLLM next. One ``PagedKVCache`` owns a ``BlockPool`` (prefix caching off: the /paged lab shares blocks by
-forking, not by hash) and, for every layer, a K tensor and a V tensor cut into ``num_blocks`` physical blocks
-of ``block_size`` token slots each::
+read vLLM next. One ``PagedKVCache`` owns a ``BlockPool`` (prefix caching off for the /paged lab, which shares
+blocks by forking; on for the /prefix lab, which ``attach``es cached blocks to a new sequence) and, for every
+layer, a K tensor and a V tensor cut into ``num_blocks`` physical blocks of ``block_size`` token slots each::
 
     key_cache[layer]  (num_blocks, H_kv, block_size, Dh)      value_cache[layer] likewise
 
     sequence 0: block table [5, 2, 7]       tokens 0..3 -> block 5, 4..7 -> block 2, 8..9 -> block 7
                                             (block 7 holds 2 of 4 slots: 2 slots of tail waste)
     sequence 1 (forked from 0): [5, 2, 7]   every block ref_cnt 2 until one of them writes
+    sequence 2 (attached [5, 2]): [5, 2, 9] a prefix hit: blocks 5 and 2 hold its first 8 tokens already,
+                                            only tokens 8.. are computed and written (into block 9)
 
 Invariants (checked by tests/cache/test_paged_stress.py after every operation):
   * a block's ``ref_cnt`` equals the number of block-table entries that point at it;
@@ -52,7 +54,7 @@ class PagedKVCache:
 
     def __init__(
         self, *, num_blocks: int, block_size: int, n_layer: int, n_kv_head: int, head_dim: int,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype = torch.float32, enable_caching: bool = False,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
@@ -62,7 +64,7 @@ class PagedKVCache:
         shape = (num_blocks, n_kv_head, block_size, head_dim)
         self.key_cache = [torch.zeros(shape, dtype=dtype) for _ in range(n_layer)]
         self.value_cache = [torch.zeros(shape, dtype=dtype) for _ in range(n_layer)]
-        self.pool = BlockPool(num_blocks, enable_caching=False)
+        self.pool = BlockPool(num_blocks, enable_caching=enable_caching)
         self.block_tables: dict[int, list[int]] = {}
         self.num_tokens: dict[int, int] = {}  # tokens whose K/V are (or are being) stored, per sequence
         self.cow_copies = 0  # copy-on-write copies made, a metric the article asks engines to expose
@@ -115,26 +117,34 @@ class PagedKVCache:
         self.num_tokens[seq_id] = num_tokens
         return list(table)
 
-    def blocks_to_append(self, seq_id: int) -> int:
-        """Free blocks the next ``append_slot`` will take: 1 if the tail is full or shared, else 0."""
+    def attach(self, seq_id: int, computed_blocks: list[KVCacheBlock]) -> None:
+        """A new sequence whose first tokens are already cached: it starts with ``computed_blocks`` (full blocks
+        a prefix hit found, ref_cnt + 1 each, so they leave the free queue) and grows with ``append_slots``."""
+        if seq_id in self.block_tables:
+            raise ValueError(f"sequence {seq_id} already has a block table")
+        self.pool.touch(computed_blocks)
+        self.block_tables[seq_id] = [b.block_id for b in computed_blocks]
+        self.num_tokens[seq_id] = len(computed_blocks) * self.block_size
+
+    def blocks_to_append(self, seq_id: int, n_new: int = 1) -> int:
+        """Free blocks the next ``append_slots(n_new)`` will take: new blocks past the tail, plus 1 when the tail
+        is partial and shared (its copy)."""
         n = self.num_tokens[seq_id]
-        if n % self.block_size == 0:
-            return 1
-        return 1 if self.blocks[self.block_tables[seq_id][-1]].ref_cnt > 1 else 0
+        table = self.block_tables[seq_id]
+        cow = 1 if n % self.block_size and self.blocks[table[-1]].ref_cnt > 1 else 0
+        return blocks_needed(n + n_new, self.block_size) - len(table) + cow
 
-    def append_slot(self, seq_id: int) -> tuple[int, int]:
-        """Reserve the slot of the sequence's next token; returns (physical block id, offset in block).
+    def append_slots(self, seq_id: int, n_new: int) -> None:
+        """Reserve the slots of the sequence's next ``n_new`` tokens (vLLM's allocate_slots).
 
-        A full tail gets a new block. A tail shared with a fork is copied first (copy-on-write): only that
-        one block, and only its written slots; the full blocks before it stay shared.
+        A tail shared with a fork is copied first (copy-on-write): only that one block, and only its written
+        slots; the full blocks before it stay shared. Then new blocks for whatever does not fit.
         """
         table = self.block_tables[seq_id]
         n = self.num_tokens[seq_id]
         offset = n % self.block_size
-        self._check(seq_id, self.blocks_to_append(seq_id))
-        if offset == 0:
-            table += self._take_free_blocks(1)
-        elif self.blocks[table[-1]].ref_cnt > 1:
+        self._check(seq_id, self.blocks_to_append(seq_id, n_new))
+        if offset and self.blocks[table[-1]].ref_cnt > 1:
             old = table[-1]
             (new,) = self._take_free_blocks(1)
             for layer in range(self.n_layer):
@@ -143,8 +153,13 @@ class PagedKVCache:
             self.pool.free_blocks([self.blocks[old]])
             table[-1] = new
             self.cow_copies += 1
-        self.num_tokens[seq_id] = n + 1
-        return table[-1], offset
+        table += self._take_free_blocks(blocks_needed(n + n_new, self.block_size) - len(table))
+        self.num_tokens[seq_id] = n + n_new
+
+    def append_slot(self, seq_id: int) -> tuple[int, int]:
+        """Reserve the slot of the sequence's next token; returns (physical block id, offset in block)."""
+        self.append_slots(seq_id, 1)
+        return self.slot(seq_id, self.num_tokens[seq_id] - 1)
 
     def fork(self, parent_id: int, child_id: int) -> list[int]:
         """The child shares every block of the parent (ref_cnt + 1 each); nothing is copied yet."""
@@ -172,13 +187,16 @@ class PagedKVCache:
 
     def write_kv(self, seq_id: int, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V of tokens ``start .. start+T-1`` (k, v: (H_kv, T, Dh)) into their slots."""
-        for t in range(k.shape[1]):
-            block_id, offset = self.slot(seq_id, start + t)
+        slots = [self.slot(seq_id, start + t) for t in range(k.shape[1])]
+        for block_id in {b for b, _ in slots}:
             if self.blocks[block_id].ref_cnt != 1:
                 # Writing a shared block would change another sequence's history: refuse, never corrupt.
                 raise RuntimeError(f"block {block_id} is shared (ref_cnt {self.blocks[block_id].ref_cnt})")
-            self.key_cache[layer][block_id, :, offset] = k[:, t]
-            self.value_cache[layer][block_id, :, offset] = v[:, t]
+        block_ids = torch.tensor([b for b, _ in slots])  # (T,)
+        offsets = torch.tensor([o for _, o in slots])  # (T,)
+        dtype = self.key_cache[layer].dtype
+        self.key_cache[layer][block_ids, :, offsets] = k.transpose(0, 1).to(dtype)  # (T, H_kv, Dh) into T slots
+        self.value_cache[layer][block_ids, :, offsets] = v.transpose(0, 1).to(dtype)
 
     def gather_kv(self, seq_id: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The sequence's K and V in logical order: (H_kv, T, Dh) each, read block by block."""

@@ -68,10 +68,8 @@ class PagedSeqStore:
         self._start = self.length
         if self.seq_id not in self.cache.block_tables:
             self.cache.allocate(self.seq_id, n_new)  # prefill: all the prompt's blocks at once
-        elif n_new == 1:
-            self.cache.append_slot(self.seq_id)  # decode: one slot, maybe a new block or a copy-on-write
-        else:
-            raise ValueError("a sequence already in the pool grows one token per step")
+        else:  # decode (one slot, maybe a new block or a copy-on-write), or the rest of a prompt after a prefix hit
+            self.cache.append_slots(self.seq_id, n_new)
 
     def attend_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         self.cache.write_kv(self.seq_id, layer, self._start, k, v)
