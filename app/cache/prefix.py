@@ -41,7 +41,7 @@ from app.cache.blocks import (
     hash_request_tokens,
 )
 from app.cache.paged import PagedKVCache
-from app.cache.paged_decode import FloatKVStore, PagedSeqStore
+from app.cache.store import FloatKVStore, PagedSeqStore
 from app.errors import BadInput, NotFound
 from app.model.loading import LoadedModel
 from app.model.prompts import encode_prompt

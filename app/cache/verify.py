@@ -24,8 +24,9 @@ import torch
 from transformers import DynamicCache
 
 from app.cache.paged import PagedKVCache
-from app.cache.paged_decode import PagedSeqStore, forward_through
+from app.cache.paged_decode import forward_through
 from app.cache.quant import FORMATS, QuantizedKVStore, float_bytes_per_token
+from app.cache.store import PagedSeqStore
 from app.cache.window import WindowKVStore
 from app.model.loading import LoadedModel
 
@@ -82,8 +83,7 @@ def run_bench(
     fp32 = float_bytes_per_token(**shape)
     bytes_per_token = {"full": 0.0, "contiguous": float(fp32), "paged": float(fp32), names[-1]: float(fp32)}
     bytes_per_token |= {f: FORMATS[f].bytes_per_token(**shape, block_size=block_size) for f in QUANT_PATHS}
-    held = {n: stores[n].nbytes for n in (*QUANT_PATHS, names[-1])}
-    held["paged"] = paged.num_used_blocks * paged.bytes_per_block
+    held = {n: stores[n].nbytes for n in ("paged", *QUANT_PATHS, names[-1])}
     held["contiguous"] = sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in dyn.layers)
     held["full"] = 0
     return {
