@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence, Sized
 from dataclasses import dataclass
 from itertools import islice
 
@@ -135,7 +135,30 @@ class NoFreeBlocks(RuntimeError):
     """The pool cannot hand out that many blocks: every block is held by a running request."""
 
 
-class BlockPool:
+class _PoolCounts:
+    """The counts both layouts derive the same way from ``num_blocks``, the free queue and ``eviction_order``."""
+
+    num_blocks: int
+    free_block_queue: Sized
+
+    def eviction_order(self) -> list:
+        raise NotImplementedError
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks a new request could take: never used, or evictable."""
+        return len(self.free_block_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_block_queue)
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        return len(self.eviction_order())
+
+
+class BlockPool(_PoolCounts):
     """Owns the blocks, the free queue and the map ``block_hash -> block`` of reusable blocks."""
 
     def __init__(self, num_blocks: int, *, enable_caching: bool = True) -> None:
@@ -220,25 +243,12 @@ class BlockPool:
         return True
 
     # --- counts ----------------------------------------------------------------------------------
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks a new request could take: never used, or evictable."""
-        return len(self.free_block_queue)
-
-    @property
-    def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self.free_block_queue)
-
-    @property
-    def num_evictable_blocks(self) -> int:
-        return sum(1 for b in self.free_block_queue.blocks() if b.block_hash is not None)
-
     def eviction_order(self) -> list[KVCacheBlock]:
         """Evictable blocks, the next one to be evicted first."""
         return [b for b in self.free_block_queue.blocks() if b.block_hash is not None]
 
 
-class ArrayBlockPool:
+class ArrayBlockPool(_PoolCounts):
     """``BlockPool`` over plain arrays: a block is its ``block_id``, and a hash is any hashable key.
 
     Same nouns, same methods, same order of hand-out and eviction as ``BlockPool``; the state is laid out
@@ -338,19 +348,6 @@ class ArrayBlockPool:
         return True
 
     # --- counts ----------------------------------------------------------------------------------
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks a new request could take: never used, or evictable."""
-        return len(self.free_block_queue)
-
-    @property
-    def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self.free_block_queue)
-
-    @property
-    def num_evictable_blocks(self) -> int:
-        return sum(1 for b in self.free_block_queue if self.block_hash[b] is not None)
-
     def eviction_order(self) -> list[int]:
         """Evictable blocks, the next one to be evicted first."""
         return [b for b in self.free_block_queue if self.block_hash[b] is not None]
