@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from app.cache.blocks import BlockPool, KVCacheBlock, blocks_needed
+from app.kv_bytes import dtype_name, page_bytes
 
 __all__ = ["PagedKVCache", "PoolExhausted", "blocks_needed"]
 
@@ -89,8 +90,9 @@ class PagedKVCache:
 
     @property
     def bytes_per_block(self) -> int:
-        k = self.key_cache[0]
-        return 2 * self.n_layer * k[0].numel() * k.element_size()
+        _, n_kv_head, block_size, head_dim = self.key_cache[0].shape
+        return int(page_bytes(block_size=block_size, n_layer=self.n_layer, n_kv_head=n_kv_head, head_dim=head_dim,
+                              dtype=dtype_name(self.key_cache[0].dtype)))
 
     def tail_waste(self, seq_id: int) -> int:
         """Unused slots in the sequence's last block (internal fragmentation)."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from app.cache import kv_bytes
+from app import kv_bytes
 from app.cache.blocks import (
     BlockHash,
     BlockPool,

@@ -23,6 +23,7 @@ from contextlib import nullcontext
 import torch
 from transformers import DynamicCache
 
+from app.cache.blocks import blocks_needed
 from app.cache.paged import PagedKVCache
 from app.cache.paged_decode import forward_through
 from app.cache.quant import FORMATS, QuantizedKVStore, float_bytes_per_token
@@ -49,7 +50,7 @@ def run_bench(
         raise ValueError("prompt + steps exceed the model's positions")
     model = lm.model
     names = path_names(window)
-    paged = PagedKVCache(num_blocks=-(-(len(ids) + steps) // block_size), block_size=block_size,
+    paged = PagedKVCache(num_blocks=blocks_needed(len(ids) + steps, block_size), block_size=block_size,
                          n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim, dtype=a.dtype)
     stores = {"paged": PagedSeqStore(paged, 0)}
     stores |= {f: QuantizedKVStore(f, n_layer=a.n_layer, block_size=block_size) for f in QUANT_PATHS}
