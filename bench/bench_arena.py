@@ -24,8 +24,8 @@ if __package__ in (None, ""):
 import torch
 
 from app.cache.arena import run_arena
-from app.cache.paged_decode import FloatKVStore
 from app.cache.policies import available
+from app.cache.store import FloatKVStore
 from bench.common import load_model, machine, median, prompt_of, setup_torch, table
 
 PROMPT_TOKENS, STEPS = 512, 32

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from app.cache.paged_decode import FloatKVStore
 from app.cache.policies import bytes_held, kept_positions, make_store
 from app.cache.quant import float_bytes_per_token
+from app.cache.store import FloatKVStore
 from app.model.loading import LoadedModel
 
 

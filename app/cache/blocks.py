@@ -24,20 +24,35 @@ whatever storage the caller indexes by ``block_id``). Invariants:
   evicted first; its first blocks (the prefix most likely shared) survive longest.
 
 Only the code that owns a pool mutates it; nothing here locks (hold your own lock around a pool).
+
+Two implementations of the one pool, held to the same property tests (tests/cache/test_block_pool.py)::
+
+    BlockPool        a block is a ``KVCacheBlock`` object        the prefix lab (caching on), the paged lab (off)
+    ArrayBlockPool   a block is its id; ref counts, hashes and   the capacity simulator (millions of
+                     the free queue are plain arrays             allocations, no K/V behind them)
+
+Both hand out blocks in the same order, evict the same blocks and find the same hits for the same calls.
+With ``enable_caching=False`` no hash is ever registered, so the pool is a plain FIFO of free blocks.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence, Sized
 from dataclasses import dataclass
+from itertools import islice
 
 BlockHash = str  # hex sha256
 
 # The parent hash of a request's first block (vLLM seeds it per process; ours is fixed so keys are
 # reproducible across restarts and in tests).
 NONE_HASH: BlockHash = hashlib.sha256(b"kvscope:none-hash").hexdigest()
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    """ceil(num_tokens / block_size): the blocks ``num_tokens`` token slots occupy (the last one maybe partial)."""
+    return -(-num_tokens // block_size)
 
 
 def hash_block_tokens(
@@ -120,7 +135,30 @@ class NoFreeBlocks(RuntimeError):
     """The pool cannot hand out that many blocks: every block is held by a running request."""
 
 
-class BlockPool:
+class _PoolCounts:
+    """The counts both layouts derive the same way from ``num_blocks``, the free queue and ``eviction_order``."""
+
+    num_blocks: int
+    free_block_queue: Sized
+
+    def eviction_order(self) -> list:
+        raise NotImplementedError
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks a new request could take: never used, or evictable."""
+        return len(self.free_block_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_block_queue)
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        return len(self.eviction_order())
+
+
+class BlockPool(_PoolCounts):
     """Owns the blocks, the free queue and the map ``block_hash -> block`` of reusable blocks."""
 
     def __init__(self, num_blocks: int, *, enable_caching: bool = True) -> None:
@@ -138,11 +176,11 @@ class BlockPool:
         return self.cached_block_hash_to_block.get(block_hash) if self.enable_caching else None
 
     def find_longest_cache_hit(
-        self, block_hashes: Sequence[BlockHash], max_blocks: int | None = None
+        self, block_hashes: Iterable[BlockHash], max_blocks: int | None = None
     ) -> list[KVCacheBlock]:
         """The cached blocks of the longest run of leading hashes; stops at the first miss."""
         hits: list[KVCacheBlock] = []
-        for h in block_hashes[: len(block_hashes) if max_blocks is None else max_blocks]:
+        for h in islice(block_hashes, max_blocks):
             block = self.get_cached_block(h)
             if block is None:
                 break
@@ -205,19 +243,111 @@ class BlockPool:
         return True
 
     # --- counts ----------------------------------------------------------------------------------
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks a new request could take: never used, or evictable."""
-        return len(self.free_block_queue)
-
-    @property
-    def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self.free_block_queue)
-
-    @property
-    def num_evictable_blocks(self) -> int:
-        return sum(1 for b in self.free_block_queue.blocks() if b.block_hash is not None)
-
     def eviction_order(self) -> list[KVCacheBlock]:
         """Evictable blocks, the next one to be evicted first."""
         return [b for b in self.free_block_queue.blocks() if b.block_hash is not None]
+
+
+class ArrayBlockPool(_PoolCounts):
+    """``BlockPool`` over plain arrays: a block is its ``block_id``, and a hash is any hashable key.
+
+    Same nouns, same methods, same order of hand-out and eviction as ``BlockPool``; the state is laid out
+    for a loop that allocates millions of times without a model behind it::
+
+        ref_cnt[block_id]              int        running requests holding the block
+        block_hash[block_id]           key|None   set by cache_full_block, cleared when the block is evicted
+        cached_block_hash_to_block     key -> block_id
+        free_block_queue               OrderedDict block_id -> None, front = evicted next
+
+    The free queue is an ``OrderedDict`` for the reason ``FreeKVCacheBlockQueue`` wraps one: a hit on a
+    freed block pulls it out of the middle in O(1).
+    """
+
+    def __init__(self, num_blocks: int, *, enable_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError("a pool needs at least one block")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.ref_cnt = [0] * num_blocks
+        self.block_hash: list[Hashable | None] = [None] * num_blocks
+        self.cached_block_hash_to_block: dict[Hashable, int] = {}
+        self.free_block_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.num_evictions = 0
+
+    # --- lookup ----------------------------------------------------------------------------------
+    def get_cached_block(self, block_hash: Hashable) -> int | None:
+        return self.cached_block_hash_to_block.get(block_hash) if self.enable_caching else None
+
+    def find_longest_cache_hit(self, block_hashes: Iterable[Hashable], max_blocks: int | None = None) -> list[int]:
+        """The cached blocks of the longest run of leading hashes; stops at the first miss."""
+        if not self.enable_caching:
+            return []
+        get = self.cached_block_hash_to_block.get
+        hits: list[int] = []
+        for h in islice(block_hashes, max_blocks):
+            block = get(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    # --- reference counting ----------------------------------------------------------------------
+    def touch(self, blocks: Iterable[int]) -> None:
+        """A request starts using cached blocks: an evictable block leaves the free queue."""
+        ref, free = self.ref_cnt, self.free_block_queue
+        for b in blocks:
+            if ref[b] == 0:
+                del free[b]
+            ref[b] += 1
+
+    def get_new_blocks(self, n: int) -> list[int]:
+        """Take ``n`` blocks from the front of the free queue, evicting any cached content they hold."""
+        free = self.free_block_queue
+        if n > len(free):
+            raise NoFreeBlocks(f"{n} blocks needed, {len(free)} free or evictable")
+        ref, block_hash, popitem = self.ref_cnt, self.block_hash, free.popitem
+        out = []
+        for _ in range(n):
+            b = popitem(last=False)[0]
+            h = block_hash[b]
+            if h is not None:  # the block's cached content is evicted
+                if self.cached_block_hash_to_block.get(h) == b:
+                    del self.cached_block_hash_to_block[h]
+                block_hash[b] = None
+                self.num_evictions += 1
+            ref[b] = 1
+            out.append(b)
+        return out
+
+    def cache_full_block(self, block: int, block_hash: Hashable) -> bool:
+        """Register a full block; the first block registered under a hash stays the cached copy."""
+        cached = self.cached_block_hash_to_block
+        if not self.enable_caching or block_hash in cached:
+            return False
+        cached[block_hash] = block
+        self.block_hash[block] = block_hash
+        return True
+
+    def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
+        """Drop one reference from each block, in the order given (a request's blocks reversed: tail first)."""
+        ref, free = self.ref_cnt, self.free_block_queue
+        for b in ordered_blocks:
+            r = ref[b] - 1
+            if r < 0:
+                raise ValueError(f"block {b} freed more often than taken")
+            ref[b] = r
+            if not r:
+                free[b] = None
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; only possible when no request holds a block."""
+        if any(self.ref_cnt):
+            return False
+        self.block_hash[:] = [None] * self.num_blocks
+        self.cached_block_hash_to_block.clear()
+        return True
+
+    # --- counts ----------------------------------------------------------------------------------
+    def eviction_order(self) -> list[int]:
+        """Evictable blocks, the next one to be evicted first."""
+        return [b for b in self.free_block_queue if self.block_hash[b] is not None]

@@ -1,14 +1,17 @@
-"""A paged KV cache: a block pool of fixed-size physical blocks, a free block queue, block tables.
+"""A paged KV cache: the block pool of ``app/cache/blocks.py``, block tables, and the K/V tensors.
 
 The nouns are vLLM's (``vllm/v1/core/block_pool.py``, ``kv_cache_manager.py``) so a reader can go on to
-read vLLM next. One ``PagedKVCache`` owns, for every layer, a K tensor and a V tensor cut into
-``num_blocks`` physical blocks of ``block_size`` token slots each::
+read vLLM next. One ``PagedKVCache`` owns a ``BlockPool`` (prefix caching off for the /paged lab, which shares
+blocks by forking; on for the /prefix lab, which ``attach``es cached blocks to a new sequence) and, for every
+layer, a K tensor and a V tensor cut into ``num_blocks`` physical blocks of ``block_size`` token slots each::
 
     key_cache[layer]  (num_blocks, H_kv, block_size, Dh)      value_cache[layer] likewise
 
     sequence 0: block table [5, 2, 7]       tokens 0..3 -> block 5, 4..7 -> block 2, 8..9 -> block 7
                                             (block 7 holds 2 of 4 slots: 2 slots of tail waste)
     sequence 1 (forked from 0): [5, 2, 7]   every block ref_cnt 2 until one of them writes
+    sequence 2 (attached [5, 2]): [5, 2, 9] a prefix hit: blocks 5 and 2 hold its first 8 tokens already,
+                                            only tokens 8.. are computed and written (into block 9)
 
 Invariants (checked by tests/cache/test_paged_stress.py after every operation):
   * a block's ``ref_cnt`` equals the number of block-table entries that point at it;
@@ -18,16 +21,18 @@ Invariants (checked by tests/cache/test_paged_stress.py after every operation):
   * every operation that needs blocks checks the free count first and raises ``PoolExhausted`` before
     touching anything, so a failed call leaves the pool exactly as it was.
 
-Who mutates what: only the methods below change ``blocks``, ``free_block_queue`` and ``block_tables``;
+Who mutates what: only the methods below change the pool (``blocks``, its free block queue) and ``block_tables``;
 the decoder (``app/cache/paged_decode.py``) writes K/V through ``write_kv`` and reads through ``gather_kv``.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass
-
 import torch
+
+from app.cache.blocks import BlockPool, KVCacheBlock, blocks_needed
+from app.kv_bytes import dtype_name, page_bytes
+
+__all__ = ["PagedKVCache", "PoolExhausted", "blocks_needed"]
 
 
 class PoolExhausted(RuntimeError):
@@ -40,31 +45,17 @@ class PoolExhausted(RuntimeError):
         self.free = free
 
 
-@dataclass
-class PagedBlock:
-    """One physical block: ``block_size`` token slots in every layer's K and V tensors."""
-
-    block_id: int
-    ref_cnt: int = 0
-
-
-def blocks_needed(num_tokens: int, block_size: int) -> int:
-    """ceil(num_tokens / block_size): blocks a sequence of that length occupies."""
-    return -(-num_tokens // block_size)
-
-
 class PagedKVCache:
     """Block pool + block tables + the K/V tensors themselves.
 
-    The free block queue is a FIFO: a freed block goes to its back and allocation takes from its front,
-    so a just-freed block is reused last (blocks of a finished sequence are freed in reverse order, tail
-    first, as vLLM does). vLLM uses a doubly linked list so that a cached prefix block can be pulled out
-    of the middle on a hit; this pool has no prefix hashing, so a deque is enough.
+    The pool's free block queue is a FIFO here: a freed block goes to its back and allocation takes from its
+    front, so a just-freed block is reused last (blocks of a finished sequence are freed in reverse order, tail
+    first, as vLLM does). With prefix caching off no block keeps a hash, so nothing is ever evicted.
     """
 
     def __init__(
         self, *, num_blocks: int, block_size: int, n_layer: int, n_kv_head: int, head_dim: int,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype = torch.float32, enable_caching: bool = False,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
@@ -74,47 +65,46 @@ class PagedKVCache:
         shape = (num_blocks, n_kv_head, block_size, head_dim)
         self.key_cache = [torch.zeros(shape, dtype=dtype) for _ in range(n_layer)]
         self.value_cache = [torch.zeros(shape, dtype=dtype) for _ in range(n_layer)]
-        self.blocks = [PagedBlock(i) for i in range(num_blocks)]
-        self.free_block_queue: deque[int] = deque(range(num_blocks))
+        self.pool = BlockPool(num_blocks, enable_caching=enable_caching)
         self.block_tables: dict[int, list[int]] = {}
         self.num_tokens: dict[int, int] = {}  # tokens whose K/V are (or are being) stored, per sequence
         self.cow_copies = 0  # copy-on-write copies made, a metric the article asks engines to expose
 
     # --- sizes -----------------------------------------------------------------------------------
     @property
+    def blocks(self) -> list[KVCacheBlock]:
+        return self.pool.blocks
+
+    @property
+    def free_block_queue(self) -> list[int]:
+        """Ids of the free blocks, the next one to be taken first."""
+        return [b.block_id for b in self.pool.free_block_queue.blocks()]
+
+    @property
     def num_free_blocks(self) -> int:
-        return len(self.free_block_queue)
+        return self.pool.num_free_blocks
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self.free_block_queue)
+        return self.pool.num_used_blocks
 
     @property
     def bytes_per_block(self) -> int:
-        k = self.key_cache[0]
-        return 2 * self.n_layer * k[0].numel() * k.element_size()
+        _, n_kv_head, block_size, head_dim = self.key_cache[0].shape
+        return int(page_bytes(block_size=block_size, n_layer=self.n_layer, n_kv_head=n_kv_head, head_dim=head_dim,
+                              dtype=dtype_name(self.key_cache[0].dtype)))
 
     def tail_waste(self, seq_id: int) -> int:
         """Unused slots in the sequence's last block (internal fragmentation)."""
         return len(self.block_tables[seq_id]) * self.block_size - self.num_tokens[seq_id]
 
     # --- block pool --------------------------------------------------------------------------------
-    def _take_free_block(self) -> int:
-        block_id = self.free_block_queue.popleft()
-        assert self.blocks[block_id].ref_cnt == 0
-        self.blocks[block_id].ref_cnt = 1
-        return block_id
-
-    def _release(self, block_id: int) -> None:
-        block = self.blocks[block_id]
-        assert block.ref_cnt > 0, f"block {block_id} released twice"
-        block.ref_cnt -= 1
-        if block.ref_cnt == 0:
-            self.free_block_queue.append(block_id)
+    def _take_free_blocks(self, n: int) -> list[int]:
+        return [b.block_id for b in self.pool.get_new_blocks(n)]
 
     def _check(self, seq_id: int, needed: int) -> None:
-        if needed > len(self.free_block_queue):
-            raise PoolExhausted(seq_id, needed, len(self.free_block_queue))
+        if needed > self.pool.num_free_blocks:
+            raise PoolExhausted(seq_id, needed, self.pool.num_free_blocks)
 
     # --- sequence lifecycle ----------------------------------------------------------------------------
     def allocate(self, seq_id: int, num_tokens: int) -> list[int]:
@@ -124,49 +114,61 @@ class PagedKVCache:
         if num_tokens < 1:
             raise ValueError("a sequence needs at least one token")
         self._check(seq_id, blocks_needed(num_tokens, self.block_size))
-        table = [self._take_free_block() for _ in range(blocks_needed(num_tokens, self.block_size))]
+        table = self._take_free_blocks(blocks_needed(num_tokens, self.block_size))
         self.block_tables[seq_id] = table
         self.num_tokens[seq_id] = num_tokens
         return list(table)
 
-    def blocks_to_append(self, seq_id: int) -> int:
-        """Free blocks the next ``append_slot`` will take: 1 if the tail is full or shared, else 0."""
+    def attach(self, seq_id: int, computed_blocks: list[KVCacheBlock]) -> None:
+        """A new sequence whose first tokens are already cached: it starts with ``computed_blocks`` (full blocks
+        a prefix hit found, ref_cnt + 1 each, so they leave the free queue) and grows with ``append_slots``."""
+        if seq_id in self.block_tables:
+            raise ValueError(f"sequence {seq_id} already has a block table")
+        self.pool.touch(computed_blocks)
+        self.block_tables[seq_id] = [b.block_id for b in computed_blocks]
+        self.num_tokens[seq_id] = len(computed_blocks) * self.block_size
+
+    def blocks_to_append(self, seq_id: int, n_new: int = 1) -> int:
+        """Free blocks the next ``append_slots(n_new)`` will take: new blocks past the tail, plus 1 when the tail
+        is partial and shared (its copy)."""
         n = self.num_tokens[seq_id]
-        if n % self.block_size == 0:
-            return 1
-        return 1 if self.blocks[self.block_tables[seq_id][-1]].ref_cnt > 1 else 0
+        table = self.block_tables[seq_id]
+        cow = 1 if n % self.block_size and self.blocks[table[-1]].ref_cnt > 1 else 0
+        return blocks_needed(n + n_new, self.block_size) - len(table) + cow
 
-    def append_slot(self, seq_id: int) -> tuple[int, int]:
-        """Reserve the slot of the sequence's next token; returns (physical block id, offset in block).
+    def append_slots(self, seq_id: int, n_new: int) -> None:
+        """Reserve the slots of the sequence's next ``n_new`` tokens (vLLM's allocate_slots).
 
-        A full tail gets a new block. A tail shared with a fork is copied first (copy-on-write): only that
-        one block, and only its written slots; the full blocks before it stay shared.
+        A tail shared with a fork is copied first (copy-on-write): only that one block, and only its written
+        slots; the full blocks before it stay shared. Then new blocks for whatever does not fit.
         """
         table = self.block_tables[seq_id]
         n = self.num_tokens[seq_id]
         offset = n % self.block_size
-        self._check(seq_id, self.blocks_to_append(seq_id))
-        if offset == 0:
-            table.append(self._take_free_block())
-        elif self.blocks[table[-1]].ref_cnt > 1:
+        self._check(seq_id, self.blocks_to_append(seq_id, n_new))
+        if offset and self.blocks[table[-1]].ref_cnt > 1:
             old = table[-1]
-            new = self._take_free_block()
+            (new,) = self._take_free_blocks(1)
             for layer in range(self.n_layer):
                 self.key_cache[layer][new, :, :offset] = self.key_cache[layer][old, :, :offset]
                 self.value_cache[layer][new, :, :offset] = self.value_cache[layer][old, :, :offset]
-            self._release(old)
+            self.pool.free_blocks([self.blocks[old]])
             table[-1] = new
             self.cow_copies += 1
-        self.num_tokens[seq_id] = n + 1
-        return table[-1], offset
+        table += self._take_free_blocks(blocks_needed(n + n_new, self.block_size) - len(table))
+        self.num_tokens[seq_id] = n + n_new
+
+    def append_slot(self, seq_id: int) -> tuple[int, int]:
+        """Reserve the slot of the sequence's next token; returns (physical block id, offset in block)."""
+        self.append_slots(seq_id, 1)
+        return self.slot(seq_id, self.num_tokens[seq_id] - 1)
 
     def fork(self, parent_id: int, child_id: int) -> list[int]:
         """The child shares every block of the parent (ref_cnt + 1 each); nothing is copied yet."""
         if child_id in self.block_tables:
             raise ValueError(f"sequence {child_id} already has a block table")
         table = list(self.block_tables[parent_id])
-        for block_id in table:
-            self.blocks[block_id].ref_cnt += 1
+        self.pool.touch(self.blocks[b] for b in table)
         self.block_tables[child_id] = table
         self.num_tokens[child_id] = self.num_tokens[parent_id]
         return list(table)
@@ -175,12 +177,8 @@ class PagedKVCache:
         """Finish or cancel: drop the sequence's references, tail first. Returns the blocks now free."""
         table = self.block_tables.pop(seq_id)
         del self.num_tokens[seq_id]
-        freed = []
-        for block_id in reversed(table):
-            self._release(block_id)
-            if self.blocks[block_id].ref_cnt == 0:
-                freed.append(block_id)
-        return freed
+        self.pool.free_blocks(self.blocks[b] for b in reversed(table))
+        return [b for b in reversed(table) if self.blocks[b].ref_cnt == 0]
 
     # --- K/V through the block table -----------------------------------------------------------------
     def slot(self, seq_id: int, position: int) -> tuple[int, int]:
@@ -191,13 +189,16 @@ class PagedKVCache:
 
     def write_kv(self, seq_id: int, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V of tokens ``start .. start+T-1`` (k, v: (H_kv, T, Dh)) into their slots."""
-        for t in range(k.shape[1]):
-            block_id, offset = self.slot(seq_id, start + t)
+        slots = [self.slot(seq_id, start + t) for t in range(k.shape[1])]
+        for block_id in {b for b, _ in slots}:
             if self.blocks[block_id].ref_cnt != 1:
                 # Writing a shared block would change another sequence's history: refuse, never corrupt.
                 raise RuntimeError(f"block {block_id} is shared (ref_cnt {self.blocks[block_id].ref_cnt})")
-            self.key_cache[layer][block_id, :, offset] = k[:, t]
-            self.value_cache[layer][block_id, :, offset] = v[:, t]
+        block_ids = torch.tensor([b for b, _ in slots])  # (T,)
+        offsets = torch.tensor([o for _, o in slots])  # (T,)
+        dtype = self.key_cache[layer].dtype
+        self.key_cache[layer][block_ids, :, offsets] = k.transpose(0, 1).to(dtype)  # (T, H_kv, Dh) into T slots
+        self.value_cache[layer][block_ids, :, offsets] = v.transpose(0, 1).to(dtype)
 
     def gather_kv(self, seq_id: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The sequence's K and V in logical order: (H_kv, T, Dh) each, read block by block."""

@@ -2,10 +2,8 @@
 
 The model side lives behind the adapter: ``lm.adapter.forward_through(store, ids)`` runs the model's own
 modules and does the attention itself (``app.model.attention.attend``), so the K/V it reads come from the
-store and nowhere else, for every model family. A KV store has ``length`` (tokens stored), ``window`` (None
-or W), ``begin(T)`` (reserve room for T new tokens; raises before changing anything if it cannot),
-``attend_kv(layer, k, v)`` -> (keys, values, key positions), with k, v of shape (H_kv, T, Dh), and ``end(T)``.
-For RoPE models the K a store receives is already rotated to its position.
+store and nowhere else, for every model family. The store contract is ``app.cache.store.KVStore``; the
+plain and paged stores live there too (imported here for the callers that know them by this module).
 
 ``PagedEngine`` is the small scheduler the /paged page drives: several sequences decoding greedily through
 one ``PagedKVCache``, forked, finished, cancelled, preempted and recomputed, one step at a time.
@@ -20,68 +18,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from app.cache.paged import PagedKVCache, PoolExhausted, blocks_needed
+from app.cache.blocks import blocks_needed
+from app.cache.paged import PagedKVCache, PoolExhausted
+from app.cache.store import FloatKVStore, KVStore, PagedSeqStore  # noqa: F401  (the stores, re-exported)
 from app.errors import BadInput
 from app.i18n import Term
 from app.model.loading import LoadedModel
 
 
-class FloatKVStore:
-    """A plain contiguous float32 cache: one growing (H, T, Dh) tensor per layer."""
-
-    window: int | None = None
-
-    def __init__(self, n_layer: int) -> None:
-        self.k: list[torch.Tensor | None] = [None] * n_layer
-        self.v: list[torch.Tensor | None] = [None] * n_layer
-        self.length = 0
-
-    def begin(self, n_new: int) -> None:
-        pass
-
-    def attend_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        old_k, old_v = self.k[layer], self.v[layer]
-        self.k[layer] = k if old_k is None else torch.cat((old_k, k), dim=1)
-        self.v[layer] = v if old_v is None else torch.cat((old_v, v), dim=1)
-        return self.k[layer], self.v[layer], torch.arange(self.k[layer].shape[1])
-
-    def end(self, n_new: int) -> None:
-        self.length += n_new
-
-
-class PagedSeqStore:
-    """One sequence's view of a ``PagedKVCache``: new K/V go into its tail block, reads go through its block table."""
-
-    window: int | None = None
-
-    def __init__(self, cache: PagedKVCache, seq_id: int) -> None:
-        self.cache = cache
-        self.seq_id = seq_id
-        self._start = 0
-
-    @property
-    def length(self) -> int:
-        return self.cache.num_tokens.get(self.seq_id, 0)
-
-    def begin(self, n_new: int) -> None:
-        self._start = self.length
-        if self.seq_id not in self.cache.block_tables:
-            self.cache.allocate(self.seq_id, n_new)  # prefill: all the prompt's blocks at once
-        elif n_new == 1:
-            self.cache.append_slot(self.seq_id)  # decode: one slot, maybe a new block or a copy-on-write
-        else:
-            raise ValueError("a sequence already in the pool grows one token per step")
-
-    def attend_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        self.cache.write_kv(self.seq_id, layer, self._start, k, v)
-        keys, values = self.cache.gather_kv(self.seq_id, layer)
-        return keys, values, torch.arange(keys.shape[1])
-
-    def end(self, n_new: int) -> None:
-        pass
-
-
-def forward_through(lm: LoadedModel, store, ids: list[int]) -> torch.Tensor:
+def forward_through(lm: LoadedModel, store: KVStore, ids: list[int]) -> torch.Tensor:
     """Run ``ids`` (the next T tokens) through ``lm`` reading and writing K/V via ``store``: logits (T, V)."""
     return lm.adapter.forward_through(store, ids)
 

@@ -1,13 +1,15 @@
 """Prefix caching over the model's real K/V tensors.
 
-``PrefixCache`` keeps K/V in a block store indexed by ``block_id`` and a ``BlockPool`` that says which
-block holds which prefix. One request goes through vLLM's three steps::
+``PrefixCache`` keeps K/V in a ``PagedKVCache`` (the paged lab's store) whose ``BlockPool`` has prefix
+caching on, so the pool also says which block holds which prefix. One request goes through vLLM's three
+steps::
 
     get_computed_blocks   longest run of leading full blocks whose chained hash is cached  -> hits
-    allocate_slots        touch the hits (ref_cnt += 1), take new blocks for the rest      -> blocks
-    prefill               hits' K/V (per layer, concatenated) -> DynamicCache -> forward only the
-                          tokens after the hits; write their K/V into the new blocks; register each
-                          new *full* block under its hash (the partial tail block is never shared)
+    allocate_slots        attach the hits to a new sequence (ref_cnt += 1), take new blocks for the rest
+    prefill               ``forward_through`` the sequence's ``PagedSeqStore``: only the tokens after the
+                          hits run; attention reads the hits' K/V through the block table, the new K/V are
+                          written into the new blocks; then each new *full* block is registered under its
+                          hash (the partial tail block is never shared)
 
 and later ``free`` (finished or cancelled): every block loses one reference, tail first, so the
 request's last blocks are evicted before its first ones.
@@ -28,17 +30,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
-from app.cache import kv_bytes
+from app import kv_bytes
 from app.cache.blocks import (
     BlockHash,
     BlockPool,
     KVCacheBlock,
-    NoFreeBlocks,
     block_extra_keys,
+    blocks_needed,
     hash_request_tokens,
 )
+from app.cache.paged import PagedKVCache
+from app.cache.store import FloatKVStore, PagedSeqStore
 from app.errors import BadInput, NotFound
 from app.model.loading import LoadedModel
 from app.model.prompts import encode_prompt
@@ -71,8 +74,8 @@ class PrefixRequest:
     block_ids: list[int]  # snapshot of blocks' ids (blocks may be reused by others after eviction)
     num_hit_blocks: int
     status: str = "running"  # running | finished | cancelled
-    prefill_ms_reuse: float = 0.0  # gather cached K/V + forward of the uncached tokens
-    prefill_ms_full: float = 0.0  # forward of every token, from an empty cache
+    prefill_ms_reuse: float = 0.0  # forward of the uncached tokens, reading the hits through the block table
+    prefill_ms_full: float = 0.0  # forward of every token, from an empty contiguous cache
     max_abs_diff: float = 0.0  # logits of the computed positions, reuse vs from scratch
     next_token_reuse: int = -1
     next_token_full: int = -1
@@ -92,11 +95,12 @@ class PrefixRequest:
 
 
 class PrefixCache:
-    """A block pool plus the storage of each block's K/V, for one model and one block size.
+    """A paged K/V store with prefix caching on, for one model and one block size. A request is a sequence
+    of the store, its id the request id.
 
     Storage layout (L layers, H_kv heads, Dh head width, bs block size)::
 
-        key_store[block_id]   (L, H_kv, bs, Dh)      value_store likewise
+        kv.key_cache[layer][block_id]   (H_kv, bs, Dh)      value_cache likewise
         page bytes per block = 2 · L · H_kv · bs · Dh · dtype bytes
     """
 
@@ -104,16 +108,26 @@ class PrefixCache:
         a = lm.adapter
         self.lm = lm
         self.block_size = block_size
-        self.pool = BlockPool(num_blocks)
-        shape = (num_blocks, a.n_layer, a.n_kv_head, block_size, a.head_dim)
-        self.key_store = torch.zeros(shape, dtype=a.dtype)  # (N, L, H_kv, bs, Dh)
-        self.value_store = torch.zeros(shape, dtype=a.dtype)  # (N, L, H_kv, bs, Dh)
+        self.kv = PagedKVCache(num_blocks=num_blocks, block_size=block_size, n_layer=a.n_layer, n_kv_head=a.n_kv_head,
+                               head_dim=a.head_dim, dtype=a.dtype, enable_caching=True)
+
+    @property
+    def pool(self) -> BlockPool:
+        return self.kv.pool
+
+    @property
+    def key_store(self) -> torch.Tensor:
+        """Every block's K, block-major: (N, L, H_kv, bs, Dh), a copy (for views and checks)."""
+        return torch.stack(self.kv.key_cache, dim=1)
+
+    @property
+    def value_store(self) -> torch.Tensor:
+        return torch.stack(self.kv.value_cache, dim=1)
 
     @torch.no_grad()
     def warm_up(self) -> None:
         """One untimed forward, so the first measured request does not pay torch's first-call costs."""
-        model = self.lm.model
-        model(input_ids=torch.zeros((1, 2), dtype=torch.long), cache=DynamicCache(config=model.config), use_cache=True)
+        self.lm.adapter.forward_through(FloatKVStore(self.lm.adapter.n_layer), [0, 0])
 
     @staticmethod
     def page_bytes_for(lm: LoadedModel, block_size: int) -> int:
@@ -141,82 +155,48 @@ class PrefixCache:
         bs = self.block_size
         hashes, hits = self.get_computed_blocks(token_ids, salt)
         n_hit = len(hits) * bs
-        n_blocks = -(-len(token_ids) // bs)
-        self.pool.touch(hits)  # before allocating, so the hits cannot be evicted by our own allocation
-        try:
-            new_blocks = self.pool.get_new_blocks(n_blocks - len(hits))
-        except NoFreeBlocks:
-            free = len(self.pool.free_block_queue)
-            self.pool.free_blocks(reversed(hits))
-            raise BadInput("err.prefix.full", need=n_blocks - len(hits), free=free) from None
-        blocks = hits + new_blocks
+        need = blocks_needed(len(token_ids), bs) - len(hits)
+        free = self.pool.num_free_blocks - sum(1 for b in hits if b.ref_cnt == 0)  # evictable hits are taken back
+        if need > free:
+            raise BadInput("err.prefix.full", need=need, free=free)
+        # Attach the hits before allocating, so they cannot be evicted by this request's own allocation.
+        self.kv.attach(request_id, hits)
         req = PrefixRequest(request_id=request_id, group=group, text=text, token_ids=list(token_ids), salt=salt,
-                            block_size=bs, block_hashes=hashes, blocks=blocks,
-                            block_ids=[b.block_id for b in blocks], num_hit_blocks=len(hits))
+                            block_size=bs, block_hashes=hashes, blocks=list(hits), block_ids=[],
+                            num_hit_blocks=len(hits))
         try:
-            logits = self._run(req, hits, new_blocks, n_hit)
+            t0 = time.perf_counter()
+            logits = self.lm.adapter.forward_through(PagedSeqStore(self.kv, request_id), req.token_ids[n_hit:])
+            req.prefill_ms_reuse = (time.perf_counter() - t0) * 1000  # (T_new, V) logits, hits read in place
+            req.block_ids = list(self.kv.block_tables[request_id])
+            req.blocks = [self.pool.blocks[i] for i in req.block_ids]
             self._compare_with_full(req, logits, n_hit)
         except BaseException:
             # Cancelled mid-prefill: nothing half-written may become findable, so no hash is registered.
             self.free(req, reason="cancelled")
             raise
         req.newly_cached = [False] * len(hits) + [
-            self.pool.cache_full_block(blocks[i], hashes[i]) for i in range(len(hits), len(hashes))
+            self.pool.cache_full_block(req.blocks[i], hashes[i]) for i in range(len(hits), len(hashes))
         ]
         return req
 
-    def _run(self, req: PrefixRequest, hits: list[KVCacheBlock], new_blocks: list[KVCacheBlock], n_hit: int):
-        model = self.lm.model
-        t0 = time.perf_counter()
-        cache = self.gather(hits)
-        ids = torch.tensor([req.token_ids[n_hit:]])  # (1, T_new)
-        out = model(input_ids=ids, cache=cache, use_cache=True)
-        req.prefill_ms_reuse = (time.perf_counter() - t0) * 1000
-        self.scatter(out.cache, new_blocks, start=n_hit, end=req.num_tokens)
-        return out.logits[0]  # (T_new, V)
-
     def _compare_with_full(self, req: PrefixRequest, logits: torch.Tensor, n_hit: int) -> None:
-        model = self.lm.model
+        """Every token again, through a fresh contiguous store: the same arithmetic, without the reused blocks."""
         t0 = time.perf_counter()
-        full = model(input_ids=torch.tensor([req.token_ids]), cache=DynamicCache(config=model.config), use_cache=True)
+        full = self.lm.adapter.forward_through(FloatKVStore(self.lm.adapter.n_layer), req.token_ids)  # (T, V)
         req.prefill_ms_full = (time.perf_counter() - t0) * 1000
-        ref = full.logits[0, n_hit:]  # (T_new, V)
+        ref = full[n_hit:]  # (T_new, V)
         req.max_abs_diff = float((logits - ref).abs().max())
         req.next_token_reuse = int(logits[-1].argmax())
         req.next_token_full = int(ref[-1].argmax())
-
-    def gather(self, blocks: list[KVCacheBlock]) -> DynamicCache:
-        """The cached K/V of ``blocks`` as a DynamicCache: per layer (1, H_kv, len(blocks)·bs, Dh)."""
-        cache = DynamicCache(config=self.lm.model.config)
-        if not blocks:
-            return cache
-        idx = torch.tensor([b.block_id for b in blocks])
-        keys = self.key_store[idx]  # (nb, L, H_kv, bs, Dh)
-        values = self.value_store[idx]
-        nb, n_layer, h, bs, dh = keys.shape
-        for layer in range(n_layer):
-            k = keys[:, layer].permute(1, 0, 2, 3).reshape(1, h, nb * bs, dh)  # (1, H_kv, nb·bs, Dh)
-            v = values[:, layer].permute(1, 0, 2, 3).reshape(1, h, nb * bs, dh)
-            cache.update(k, v, layer)
-        return cache
-
-    def scatter(self, cache: DynamicCache, blocks: list[KVCacheBlock], *, start: int, end: int) -> None:
-        """Write positions ``start..end`` of ``cache`` into ``blocks`` (``start`` is block-aligned)."""
-        bs = self.block_size
-        for layer in range(self.lm.adapter.n_layer):
-            k, v = self.lm.adapter.layer_cache(cache, layer)  # (1, H_kv, end, Dh) each
-            for j, block in enumerate(blocks):
-                lo = start + j * bs
-                hi = min(lo + bs, end)
-                self.key_store[block.block_id, layer, :, : hi - lo] = k[0, :, lo:hi]
-                self.value_store[block.block_id, layer, :, : hi - lo] = v[0, :, lo:hi]
 
     # --- free ------------------------------------------------------------------------------------
     def free(self, req: PrefixRequest, *, reason: str = "finished") -> None:
         """Release a request's blocks, tail first. Safe to call twice."""
         if req.status != "running":
             return
-        self.pool.free_blocks(reversed(req.blocks))
+        if req.request_id in self.kv.block_tables:
+            self.kv.free(req.request_id)
         req.status = reason
 
     def is_cached(self, block_hash: BlockHash, block_id: int) -> bool:

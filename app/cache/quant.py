@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from app.cache import kv_bytes
-from app.cache.kv_bytes import SCALE_BYTES  # noqa: F401  (re-exported: float32 scales)
+from app import kv_bytes
+from app.kv_bytes import SCALE_BYTES  # noqa: F401  (re-exported: float32 scales)
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class QuantFormat:
     payload_bits: int  # per stored value
     scale_per: str  # "token" or "block"
     label: str
-    dtype: str  # the payload's name in app/cache/kv_bytes.py
+    dtype: str  # the payload's name in app/kv_bytes.py
 
     def bytes_per_token(self, *, n_layer: int, n_kv_head: int, head_dim: int, block_size: int = 16) -> float:
         """K and V of one token in every layer, payload plus scales (per-block scales shared by B tokens)."""

@@ -23,9 +23,11 @@ from contextlib import nullcontext
 import torch
 from transformers import DynamicCache
 
+from app.cache.blocks import blocks_needed
 from app.cache.paged import PagedKVCache
-from app.cache.paged_decode import PagedSeqStore, forward_through
+from app.cache.paged_decode import forward_through
 from app.cache.quant import FORMATS, QuantizedKVStore, float_bytes_per_token
+from app.cache.store import PagedSeqStore
 from app.cache.window import WindowKVStore
 from app.model.loading import LoadedModel
 
@@ -49,7 +51,7 @@ def run_bench(
         raise ValueError("prompt + steps exceed the model's positions")
     model = lm.model
     names = path_names(window)
-    paged = PagedKVCache(num_blocks=-(-(len(ids) + steps - 1) // block_size), block_size=block_size,
+    paged = PagedKVCache(num_blocks=blocks_needed(len(ids) + steps - 1, block_size), block_size=block_size,
                          n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim, dtype=a.dtype)
     stores = {"paged": PagedSeqStore(paged, 0)}
     stores |= {f: QuantizedKVStore(f, n_layer=a.n_layer, block_size=block_size) for f in QUANT_PATHS}
@@ -83,8 +85,7 @@ def run_bench(
     fp32 = float_bytes_per_token(**shape)
     bytes_per_token = {"full": 0.0, "contiguous": float(fp32), "paged": float(fp32), names[-1]: float(fp32)}
     bytes_per_token |= {f: FORMATS[f].bytes_per_token(**shape, block_size=block_size) for f in QUANT_PATHS}
-    held = {n: stores[n].nbytes for n in (*QUANT_PATHS, names[-1])}
-    held["paged"] = paged.num_used_blocks * paged.bytes_per_block
+    held = {n: stores[n].nbytes for n in ("paged", *QUANT_PATHS, names[-1])}
     held["contiguous"] = sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in dyn.layers)
     held["full"] = 0
     return {

@@ -58,6 +58,13 @@ class WindowKVStore:
     def end(self, n_new: int) -> None:
         self.length += n_new
 
+    def kept_positions(self, layer: int) -> torch.Tensor:
+        """(H_kv, n) the positions the filled slots hold, oldest first (every head holds the same ones)."""
+        held = self.slot_pos[layer][self.slot_pos[layer] >= 0].sort().values
+        return held.expand(self.k.shape[1], -1)
+
     @property
     def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
+        """K and V of the slots filled so far (the buffer of W slots once W tokens have been fed)."""
+        L, H, _, Dh = self.k.shape
+        return 2 * L * H * int((self.slot_pos[0] >= 0).sum()) * Dh * self.k.element_size()

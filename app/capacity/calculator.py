@@ -1,6 +1,6 @@
 """KV memory calculator: bytes per token → per request → per batch; GPU memory → blocks → tokens → concurrency.
 
-Everything here is arithmetic on a ``ModelConfig``; the bytes per token come from ``app/cache/kv_bytes.py``
+Everything here is arithmetic on a ``ModelConfig``; the bytes per token come from ``app/kv_bytes.py``
 (the same function /paged, /prefix and /decode use). vLLM's capacity rule is followed::
 
     KV memory per GPU   = GPU memory · utilisation − weights / TP − other (activations, CUDA graphs ...)
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from app.cache import kv_bytes
-from app.cache.paged import blocks_needed
+from app import kv_bytes
+from app.cache.blocks import blocks_needed
 from app.capacity.catalog import ModelConfig
 from app.errors import BadInput
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from app.cache.kv_bytes import MLA
 from app.errors import BadInput
+from app.kv_bytes import MLA
 
 ATTENTION_KINDS = ("MHA", "GQA", "MQA", "MLA")
 MAX_CONFIG_CHARS = 60_000

@@ -18,8 +18,9 @@ Each step (``vllm/v1/core/sched/scheduler.py``, ``Scheduler.schedule``)::
        (its first one ends TTFT); one that has max_tokens outputs finishes and frees its blocks (tail first,
        so its tail is evicted first; full blocks keep their hashes and stay reusable until evicted).
 
-Block pool (``block_pool.py``): free blocks in an LRU queue; a freed block keeps its hash and can be hit
-again until a new allocation takes it from the front of the queue (then its hash is evicted). Full blocks
+Block pool (``block_pool.py``): the labs' own pool, ``app.cache.blocks.ArrayBlockPool`` (the array layout of
+``BlockPool``, held to the same property tests): free blocks in an LRU queue; a freed block keeps its hash and can
+be hit again until a new allocation takes it from the front of the queue (then its hash is evicted). Full blocks
 are hashed by (prefix group, block index) for the shared part of a prompt, else by (request, block index) —
 the chain of parent hashes that vLLM computes reduces to this when prompts differ only in their shared prefix.
 
@@ -31,11 +32,12 @@ from __future__ import annotations
 
 import random
 from bisect import insort
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import attrgetter
 
+from app.cache.blocks import ArrayBlockPool, blocks_needed
 from app.errors import BadInput
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
@@ -139,14 +141,10 @@ class Simulator:
         self.on_step = on_step
         self.reqs = [_Req(r) for r in sorted(requests, key=lambda r: (r.arrival, r.rid))]
         longest = max((r.prompt_len + r.output_len - 1 for r in requests), default=0)
-        if -(-longest // config.block_size) > config.num_blocks:
+        if blocks_needed(longest, config.block_size) > config.num_blocks:
             raise BadInput("err.capacity.sim_too_long", tokens=longest,
-                           blocks=-(-longest // config.block_size), num_blocks=config.num_blocks)
-        n = config.num_blocks
-        self.ref = [0] * n
-        self.block_hash: list[object] = [None] * n
-        self.cached: dict[object, int] = {}
-        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(n))
+                           blocks=blocks_needed(longest, config.block_size), num_blocks=config.num_blocks)
+        self.pool = ArrayBlockPool(config.num_blocks, enable_caching=config.prefix_caching)
         self.waiting: deque[_Req] = deque()
         self.running: list[_Req] = []
         self.steps: list[StepRecord] = []
@@ -165,63 +163,51 @@ class Simulator:
         self.finish_events: dict[int, list[tuple[_Req, int]]] = {}
 
     # --- block pool -----------------------------------------------------------------------------------
+    # The pool's state under the names the invariant checks read (tests/capacity/test_simulator.py).
+    @property
+    def ref(self) -> list[int]:
+        return self.pool.ref_cnt
+
+    @property
+    def block_hash(self) -> list:
+        return self.pool.block_hash
+
+    @property
+    def cached(self) -> dict:
+        return self.pool.cached_block_hash_to_block
+
+    @property
+    def free(self):
+        return self.pool.free_block_queue
+
     def _hits(self, q: _Req) -> list[int]:
         """get_computed_blocks: the cached full blocks at the start of the request (at most num_tokens − 1)."""
-        bs = self.cfg.block_size
         r = q.r
-        get = self.cached.get
-        shared = _shared_blocks(r, bs)
-        out = []
-        for j in range((q.num_tokens - 1) // bs):
-            b = get((r.prefix_group, j) if j < shared else (-1 - r.rid, j))
-            if b is None:
-                break
-            out.append(b)
-        return out
+        shared = _shared_blocks(r, self.cfg.block_size)
+        keys = ((r.prefix_group, j) if j < shared else (-1 - r.rid, j) for j in range(q.num_tokens))
+        return self.pool.find_longest_cache_hit(keys, (q.num_tokens - 1) // self.cfg.block_size)
 
     def _allocate(self, q: _Req, n_new: int, hits: list[int] | None = None) -> bool:
         """allocate_slots: blocks for num_computed + n_new tokens, or False and nothing changed."""
-        bs = self.cfg.block_size
         if not hits and q.num_computed + n_new <= q.slots:
             return True
-        free = self.free
-        ref = self.ref
-        have = len(q.blocks) + (len(hits) if hits else 0)
-        need = -(-(q.num_computed + n_new) // bs) - have
+        pool = self.pool
+        ref = pool.ref_cnt
+        need = blocks_needed(q.num_computed + n_new, self.cfg.block_size) - len(q.blocks) - (len(hits) if hits else 0)
         evictable_hits = sum(1 for b in hits if ref[b] == 0) if hits else 0
-        if max(need, 0) + evictable_hits > len(free):
+        if max(need, 0) + evictable_hits > len(pool.free_block_queue):
             return False
         blocks = q.blocks
         if hits:
-            for b in hits:
-                if ref[b] == 0:
-                    del free[b]
-                ref[b] += 1
+            pool.touch(hits)  # before taking new blocks, so the hits cannot be evicted by this allocation
             blocks.extend(hits)
         if need > 0:
-            block_hash = self.block_hash
-            cached = self.cached
-            popitem = free.popitem
-            for _ in range(need):
-                b = popitem(False)[0]
-                h = block_hash[b]
-                if h is not None:  # evict the cached block this allocation reuses
-                    if cached.get(h) == b:
-                        del cached[h]
-                    block_hash[b] = None
-                ref[b] = 1
-                blocks.append(b)
-        q.slots = len(blocks) * bs
+            blocks.extend(pool.get_new_blocks(need))
+        q.slots = len(blocks) * self.cfg.block_size
         return True
 
     def _free(self, q: _Req) -> None:
-        ref = self.ref
-        free = self.free
-        for b in reversed(q.blocks):  # tail first: it is evicted first
-            r = ref[b] - 1
-            ref[b] = r
-            if not r:
-                free[b] = None
+        self.pool.free_blocks(reversed(q.blocks))  # tail first: it is evicted first
         q.blocks = []
         q.num_hashed = 0
         q.slots = 0
@@ -233,16 +219,11 @@ class Simulator:
         if start >= full:
             return
         r = q.r
-        cached = self.cached
-        block_hash = self.block_hash
+        cache_full_block = self.pool.cache_full_block
         blocks = q.blocks
         shared = _shared_blocks(r, bs)
         for j in range(start, full):
-            h = (r.prefix_group, j) if j < shared else (-1 - r.rid, j)
-            if h not in cached:
-                b = blocks[j]
-                cached[h] = b
-                block_hash[b] = h
+            cache_full_block(blocks[j], (r.prefix_group, j) if j < shared else (-1 - r.rid, j))
         q.num_hashed = full
 
     # --- lazy decoding ------------------------------------------------------------------------------------
@@ -345,8 +326,9 @@ class Simulator:
         done: list[_Req] = []
         prefill = decode = kv_read = nsched = 0
         running = self.running
-        free = self.free
-        block_hash, cached, ref, block_events = self.block_hash, self.cached, self.ref, self.block_events
+        free = self.pool.free_block_queue
+        get_new_blocks = self.pool.get_new_blocks
+        block_events = self.block_events
         block_ev = self._events(block_events, s)
         items = running
         if self.n_lazy:
@@ -366,29 +348,11 @@ class Simulator:
             c = q.num_computed
             if q.base_step is not None:  # a lazy request whose blocks are full (its token is reserved)
                 c += s - q.base_step
-                if free:  # one more block from the free queue (allocate_slots, inlined); it stays lazy
-                    blk = free.popitem(False)[0]
-                    h = block_hash[blk]
-                    if h is not None:
-                        if cached.get(h) == blk:
-                            del cached[h]
-                        block_hash[blk] = None
-                    ref[blk] = 1
-                    blocks = q.blocks
-                    blocks.append(blk)
+                if free:  # one more block from the free queue; it stays lazy
+                    q.blocks += get_new_blocks(1)
                     q.slots = c + bs
-                    if caching:  # the block it filled last step gets its hash (_hash_full_blocks, inlined)
-                        j = q.num_hashed
-                        full = c // bs
-                        if j < full:
-                            if full - j == 1 and j >= _shared_blocks(q.r, bs):  # one block, its own key
-                                h = (-1 - q.r.rid, j)
-                                if h not in cached:
-                                    cached[h] = blocks[j]
-                                    block_hash[blocks[j]] = h
-                                q.num_hashed = full
-                            else:
-                                self._hash_full_blocks(q, c)
+                    if caching:  # the block it filled last step gets its hash
+                        self._hash_full_blocks(q, c)
                     e = q.ev_block = s + bs
                     if e in block_events:
                         block_events[e].append((q, q.gen))
@@ -401,15 +365,8 @@ class Simulator:
             elif budget <= 0:
                 break
             if q.num_tokens - c == 1 and q.num_output and (c < q.slots or free):  # a decode: the hot path
-                if c >= q.slots:  # its blocks are full: one more from the free queue (allocate_slots, inlined)
-                    blk = free.popitem(last=False)[0]
-                    h = self.block_hash[blk]
-                    if h is not None:
-                        if self.cached.get(h) == blk:
-                            del self.cached[h]
-                        self.block_hash[blk] = None
-                    self.ref[blk] = 1
-                    q.blocks.append(blk)
+                if c >= q.slots:  # its blocks are full: one more from the free queue
+                    q.blocks += get_new_blocks(1)
                     q.slots = c + bs
                 budget -= 1
                 kv_read += c + 1
@@ -457,7 +414,8 @@ class Simulator:
             waiting = self.waiting
             while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
                 q = waiting[0]
-                if -(-min(q.num_tokens, budget) // bs) - (_shared_blocks(q.r, bs) if caching else 0) > len(free):
+                cached_at_most = _shared_blocks(q.r, bs) if caching else 0
+                if blocks_needed(min(q.num_tokens, budget), bs) - cached_at_most > len(free):
                     break  # it cannot fit, however many of its blocks are cached (a cheap test: it waits a lot)
                 hits = self._hits(q) if caching and q.num_computed == 0 else []
                 hit_tokens = len(hits) * bs
@@ -520,7 +478,7 @@ class Simulator:
                     keep.append(q)
             self.active = keep
         rec = StepRecord(s, start, duration, prefill, decode, len(running), len(self.waiting),
-                         cfg.num_blocks - len(free), admitted, preempted, finished)
+                         self.pool.num_used_blocks, admitted, preempted, finished)
         rec.scheduled = sched
         self.steps.append(rec)
         if self.on_step:
@@ -546,7 +504,7 @@ class Simulator:
 
     # --- results ------------------------------------------------------------------------------------------
     def blocks_used(self) -> int:
-        return self.cfg.num_blocks - len(self.free)
+        return self.pool.num_used_blocks
 
     def kv_cache_usage_perc(self) -> float:
         return self.blocks_used() / self.cfg.num_blocks

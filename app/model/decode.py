@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from app.kv_bytes import bytes_per_token
 from app.model.capture import run_traced
 from app.model.loading import LoadedModel
 from app.model.sampling import Candidate, Sampling, choose, top_candidates
@@ -158,9 +159,7 @@ class DecodeSession:
 
 
 def kv_bytes_formula(*, layers: int, kv_heads: int, tokens: int, head_dim: int, dtype_bytes: int) -> dict:
-    """2 (K and V) · layers · kv_heads · tokens · head_dim · bytes, per token from ``app/cache/kv_bytes.py``."""
-    from app.cache.kv_bytes import bytes_per_token
-
+    """2 (K and V) · layers · kv_heads · tokens · head_dim · bytes, per token from ``app/kv_bytes.py``."""
     dtype = {4: "fp32", 2: "bf16", 1: "int8"}[dtype_bytes]
     per_token = int(bytes_per_token(n_layer=layers, n_kv_head=kv_heads, head_dim=head_dim, dtype=dtype,
                                     scales="tensor"))

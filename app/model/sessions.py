@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 from app.admission import Throttled, current_address
 from app.errors import BadInput, Busy, Expired
+from app.kv_bytes import bytes_per_token, dtype_name
 from app.model.decode import DecodeSession
 from app.model.loading import LoadedModel
 from app.model.sampling import Sampling
@@ -50,7 +51,8 @@ from app.model.sampling import Sampling
 def step_growth(session: DecodeSession, n_new: int) -> int:
     """Bytes a forward of ``n_new`` tokens adds to a session: their K/V, the logits and attention row it keeps."""
     a = session.lm.adapter
-    kv = 2 * a.n_layer * a.n_kv_head * a.head_dim * a.dtype.itemsize * n_new
+    kv = int(bytes_per_token(n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim,
+                             dtype=dtype_name(a.dtype))) * n_new
     tk = session.cache_len + n_new
     record = 4 * (session.lm.model.config.vocab_size + a.n_layer * a.n_head * (tk + a.head_dim))
     return kv + record

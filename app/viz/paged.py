@@ -5,11 +5,11 @@ Pure functions: engine or bench result in, plain JSON-ready data out. No tensors
 
 from __future__ import annotations
 
-from app.cache.kv_bytes import bytes_per_token
-from app.cache.paged import blocks_needed
+from app.cache.blocks import blocks_needed
 from app.cache.paged_decode import PagedEngine
 from app.cache.quant import FORMATS, float_bytes_per_token
 from app.i18n import DEFAULT_LANG, translate
+from app.kv_bytes import bytes_per_token
 from app.model.loading import LoadedModel
 from app.viz.tokens import honest_text, honest_texts, visible
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from app.cache.paged_decode import PagedSeqStore
 from app.cache.prefix import PRESETS, PrefixCache, PrefixLab, auto_block_size
 from app.errors import BadInput, NotFound
 from app.viz.prefix import common_prefix_len
@@ -33,11 +34,11 @@ def test_reuse_equals_from_scratch(request, fixture, block_size):
     assert len(hits) * block_size == min(lcp // block_size, (len(b) - 1) // block_size) * block_size
     assert len(hits) >= 2
 
-    # Reuse by hand: the hits' stored K/V as the past, only the rest computed.
-    past = cache.gather(hits)
+    # Reuse by hand: a sequence with the hits attached reads their stored K/V; only the rest is computed.
     n_hit = len(hits) * block_size
-    with torch.no_grad():
-        reused = lm.model(input_ids=torch.tensor([b[n_hit:]]), cache=past, use_cache=True).logits[0]
+    cache.kv.attach(99, hits)
+    reused = lm.adapter.forward_through(PagedSeqStore(cache.kv, 99), b[n_hit:])
+    cache.kv.free(99)
     full = from_scratch(lm, b)
     ref = full.logits[0, n_hit:]
     assert (reused - ref).abs().max().item() <= 1e-4
@@ -107,7 +108,7 @@ def test_cancelled_mid_prefill_frees_blocks_and_caches_nothing(tiny, monkeypatch
     def boom(*args, **kwargs):
         raise KeyboardInterrupt("client went away")
 
-    monkeypatch.setattr(cache, "scatter", boom)
+    monkeypatch.setattr(cache.kv, "write_kv", boom)  # the forward fails after its blocks were taken
     with pytest.raises(KeyboardInterrupt):
         cache.prefill(ids, request_id=1)
     assert cache.pool.num_used_blocks == 0

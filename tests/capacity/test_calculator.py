@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.cache import kv_bytes
+from app import kv_bytes
 from app.capacity import catalog
 from app.capacity.calculator import CalcInput, GiB, calculate
 from app.errors import BadInput

@@ -13,19 +13,19 @@ dequantized K/V.
     int8-head, fp8-e4m3, int4-head   every token, quantized per head and token  app.cache.quant
 
 Token-dropping policies take a budget in tokens per head (the same for every layer); the quantizers keep
-every token and their size follows from their format.
+every token and their size follows from their format. Every store satisfies ``app.cache.store.KVStore``:
+``nbytes`` is what it holds, ``kept_positions`` which positions (``KeepsPositions``, else every one fed).
 """
 
 from __future__ import annotations
 
-import torch
-
-from app.cache.paged_decode import FloatKVStore
 from app.cache.policies.h2o import H2OStore
 from app.cache.policies.kivi import KIVIStore
 from app.cache.policies.snapkv import SnapKVStore
 from app.cache.policies.streaming import StreamingLLMStore
 from app.cache.quant import QuantizedKVStore
+from app.cache.store import FloatKVStore, KVStore
+from app.cache.store import kept_positions as kept_positions  # one answer for every store
 from app.cache.window import WindowKVStore
 
 EVICTING = ("window", "streaming", "streaming-norerope", "h2o", "snapkv")
@@ -39,7 +39,7 @@ def available(adapter) -> list[str]:
 
 
 def make_store(name: str, adapter, *, budget: int, reserve: int = 0, sinks: int = 4, kivi_group: int = 32,
-               kivi_residual: int = 32):
+               kivi_residual: int = 32) -> KVStore:
     """A fresh KV store running ``name`` for ``adapter``'s model; ``budget`` in tokens per head."""
     shape = {"n_layer": adapter.n_layer, "n_kv_head": adapter.n_kv_head, "head_dim": adapter.head_dim}
     evict = {**shape, "budget": budget, "kv_map": adapter.kv_map}
@@ -60,21 +60,6 @@ def make_store(name: str, adapter, *, budget: int, reserve: int = 0, sinks: int 
     raise ValueError(f"unknown policy {name!r}")
 
 
-def kept_positions(store, layer: int, n_kv_head: int) -> torch.Tensor:
-    """(H_kv, n) positions each KV head of ``layer`` holds, for any store here."""
-    if hasattr(store, "kept_positions"):
-        return store.kept_positions(layer)
-    if isinstance(store, WindowKVStore):
-        held = store.slot_pos[layer][store.slot_pos[layer] >= 0].sort().values
-        return held.expand(n_kv_head, -1)
-    return torch.arange(store.length).expand(n_kv_head, -1)
-
-
-def bytes_held(store) -> int:
-    if isinstance(store, FloatKVStore):
-        return sum(2 * k.numel() * k.element_size() for k in store.k if k is not None)
-    if isinstance(store, WindowKVStore):
-        held = int((store.slot_pos[0] >= 0).sum())
-        L, H, _, Dh = store.k.shape
-        return 2 * L * H * held * Dh * store.k.element_size()  # the slots filled so far
+def bytes_held(store: KVStore) -> int:
+    """Bytes of K/V (and scales) ``store`` holds now (the protocol's ``nbytes``)."""
     return store.nbytes

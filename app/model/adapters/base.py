@@ -163,9 +163,10 @@ class ModelAdapter(ABC):
     def forward_through(self, store, ids: list[int]) -> torch.Tensor:
         """Run ``ids`` (the next T tokens) through the model reading and writing K/V via ``store``: logits (T, V).
 
-        A store has ``length`` (tokens stored), ``window`` (None or W), ``begin(T)`` (reserve room for T new
-        tokens; raises before changing anything if it cannot), ``attend_kv(layer, k, v)`` -> (keys, values,
-        key positions) with k, v of shape (H_kv, T, Dh), and ``end(T)``.
+        The store contract is ``app.cache.store.KVStore``: ``length`` (tokens stored), ``window`` (None or W),
+        ``begin(T)`` (reserve room for T new tokens; raises before changing anything if it cannot),
+        ``attend_kv(layer, k, v)`` -> (keys, values, key positions) with k, v of shape (H_kv, T, Dh), ``end(T)``,
+        and ``nbytes``.
 
         Two optional methods, for compression policies (``app.cache.policies``); a store without them sees
         nothing more:

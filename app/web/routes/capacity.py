@@ -8,12 +8,12 @@ from typing import Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from app.cache.kv_bytes import DTYPE_BYTES, SCALES
 from app.capacity import catalog, check, stepcost
 from app.capacity.bounds import SimLimits, run_bounded, stopped_view
 from app.capacity.calculator import TP_DEGREES, WEIGHT_BYTES, CalcInput, calculate
 from app.capacity.simulator import SimConfig, parse_requests, synthetic_workload
 from app.errors import BadInput
+from app.kv_bytes import DTYPE_BYTES, SCALES
 from app.state import AppState
 from app.viz.capacity import simulation_view
 from app.web.cancel import run_until_disconnected

@@ -14,10 +14,10 @@ from fastapi import APIRouter, Query, Request
 from pydantic import Field
 
 from app.admission import LONG, SHORT
-from app.cache.kv_bytes import dtype_name, page_bytes
 from app.cache.paged_decode import PagedEngine
 from app.cache.verify import run_bench
 from app.errors import BadInput
+from app.kv_bytes import dtype_name, page_bytes
 from app.model.prompts import encode_prompt
 from app.state import AppState
 from app.viz.models import model_card

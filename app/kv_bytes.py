@@ -1,5 +1,8 @@
 """Bytes of KV cache per token, per block and per request: the one place this formula lives.
 
+Pure arithmetic on a model's shape, so every layer may use it: ``app/model`` (a decode session's memory
+reservation), ``app/cache`` (page sizes), ``app/capacity`` and ``app/viz``.
+
 Every page that shows a KV size (/decode's cache panel, /prefix's page size, /paged's capacity table and
 verification bench, the /capacity calculator and simulator) calls ``bytes_per_token`` or ``page_bytes``::
 
