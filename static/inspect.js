@@ -54,6 +54,8 @@
   function select(change) {
     const before = Object.assign({}, S);
     Object.assign(S, change);
+    const why = document.getElementById("head-choice"); // why the page opened on its first head: not this one's
+    if (why && (S.layer !== before.layer || S.head !== before.head)) why.hidden = true;
     document.getElementById("sel-layer").value = S.layer;
     document.getElementById("sel-head").value = S.head;
     syncUrl();

@@ -7,10 +7,11 @@ from app.model.loading import LoadedModel
 from app.model.sampling import top_candidates
 from app.model.trace import Trace
 from app.viz.attention import KINDS, arithmetic, check_indexes, embedding_rows
+from app.viz.head_pick import telling_head
 from app.viz.models import model_card
 from app.viz.rotary import rotary_view
 from app.viz.shapes import shape_groups
-from app.viz.tokens import candidate_rows, honest_texts, token_strip, unknown_note
+from app.viz.tokens import candidate_rows, honest_texts, token_strip, unknown_note, visible
 
 
 def query_view(trace: Trace, *, layer: int, head: int, q: int, limit: int | None = 48) -> dict:
@@ -27,14 +28,24 @@ def query_view(trace: Trace, *, layer: int, head: int, q: int, limit: int | None
 
 
 def inspect_view(
-    lm: LoadedModel, key: str, trace: Trace, *, layer: int = 0, head: int = 0, q: int | None = None,
-    kind: str = "weights", prompt: str | None = None,
+    lm: LoadedModel, key: str, trace: Trace, *, layer: int | None = None, head: int | None = None,
+    q: int | None = None, kind: str = "weights", prompt: str | None = None,
 ) -> dict:
     """Everything the Inspect page shows for one trace; ``prompt`` (the text) lets the page name the
-    characters that became ``<unk>``."""
+    characters that became ``<unk>``. With neither ``layer`` nor ``head`` given, the page opens on a telling
+    head (``app.viz.head_pick``); with one given, the other is 0."""
     if kind not in KINDS:
         raise BadInput("err.inspect.kind", kind=repr(kind), kinds=", ".join(KINDS))
     q = trace.n_tokens - 1 if q is None else q
+    choice = None
+    if layer is None and head is None:
+        check_indexes(trace, pos=q)
+        choice = telling_head([trace.weights(i)[0] for i in range(lm.adapter.n_layer)], q)
+        layer, head = choice["layer"], choice["head"]
+        if choice["role"] == "reader":
+            choice["key_text"] = visible(trace.token_texts[choice["key"]])
+            choice["query_text"] = visible(trace.token_texts[q])
+    layer, head = layer or 0, head or 0
     sel = query_view(trace, layer=layer, head=head, q=q)
     return {
         "key": key,
@@ -45,5 +56,6 @@ def inspect_view(
         "shape_trace": shape_groups(trace.steps, trace.adapter.family, len(trace.token_ids)),
         "top_k": candidate_rows(lm, top_candidates(trace["probs"][0], k=10)),
         "sel": {"layer": layer, "head": head, "q": q, "kind": kind},
+        "choice": choice if choice and choice["role"] else None,  # why the page opened on this head
         "query": sel,
     }

@@ -19,8 +19,8 @@ def read_inspect(
     state: StateDep,
     prompt: str | None = None,
     model: str | None = None,
-    layer: int = 0,
-    head: int = 0,
+    layer: int | None = None,  # with neither layer nor head, the page opens on a telling head
+    head: int | None = None,
     q: int | None = None,
     kind: str = "weights",
 ):
