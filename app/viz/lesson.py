@@ -50,7 +50,8 @@ STOPS: tuple[dict, ...] = (
     ]},
     {"id": "embed", "page": "inspect", "target": "#embed-panel"},
     {"id": "qkv", "page": "inspect", "target": "#shape-panel details[data-group=layer0]"},
-    {"id": "scores", "page": "inspect", "target": "#head-panel", "action": _kind("scores")},
+    {"id": "scores", "page": "inspect", "target": "#head-panel", "action": _kind("scores"),
+     "fill": {"layer": "#sel-layer option:checked", "head": "#sel-head option:checked"}},
     {"id": "mask", "page": "inspect", "target": "#head-panel", "action": _kind("masked")},
     {"id": "softmax", "page": "inspect", "target": "#head-panel", "action": _kind("weights")},
     {"id": "weighted", "page": "inspect", "target": "#math-panel", "fill": {"check": "#math-check"}},
@@ -91,7 +92,9 @@ STOPS: tuple[dict, ...] = (
     {"id": "tables", "page": "paged", "target": "#seq-table"},
 )
 
-# Sentences a stop may add for some models: key suffix → when it applies (on the model card).
+# Sentences a stop may add for some models: key suffix → when it applies, read from the model card and from what
+# the model's heads were measured to do (``app.model.probes.head_facts``: None where no head does it). A trained
+# model shows what a random or tiny one cannot, and the text says so only where it was measured.
 EXTRAS: dict[str, Callable[[dict], bool]] = {
     "chars": lambda c: bool(c["char_level"]),
     "subword": lambda c: not c["char_level"],
@@ -99,6 +102,9 @@ EXTRAS: dict[str, Callable[[dict], bool]] = {
     "rotary": lambda c: bool(c["rotary"]),
     "mha": lambda c: c["n_kv_head"] == c["n_head"],
     "gqa": lambda c: c["n_kv_head"] < c["n_head"],
+    "sink": lambda c: c["heads"].get("sink") is not None,
+    "previous": lambda c: c["heads"].get("previous") is not None,
+    "induction": lambda c: c["heads"].get("induction") is not None,
 }
 
 
@@ -108,13 +114,23 @@ def stop_keys(stop: dict) -> list[str]:
     return [f"{base}.title", f"{base}.body", *(f"{base}.{extra}" for extra in EXTRAS)]
 
 
-def facts(card: dict) -> dict:
-    """The model's numbers a stop's sentences may quote, straight from the model card."""
-    return {
+def facts(card: dict, heads: dict | None = None) -> dict:
+    """The model's numbers a stop's sentences may quote: the model card's, and its measured heads' (``heads``)."""
+    out = {
         "model": card["name"], "layers": card["n_layer"], "heads": card["n_head"], "kv_heads": card["n_kv_head"],
         "d": card["d_model"], "head_dim": card["head_dim"], "group": card["n_head"] // card["n_kv_head"],
         "vocab": card["vocab_size"], "prompt": PROMPT, "first": PREFIX_PROMPTS[0], "second": PREFIX_PROMPTS[1],
     }
+    heads = heads or {}
+    for role, short in (("previous", "prev"), ("induction", "ind"), ("sink", "sink")):
+        if heads.get(role):
+            h = heads[role]
+            out |= {f"{short}_layer": h["layer"], f"{short}_head": h["head"], f"{short}_pct": f"{h['score']:.0%}"}
+    if heads.get("sink"):
+        sink = heads["sink"]
+        out |= {"sink_mean": f"{sink['mean']:.0%}", "sink_uniform": f"{sink['uniform']:.0%}",
+                "sink_token": sink["token"], "all_heads": card["n_layer"] * card["n_head"]}
+    return out
 
 
 def stop_url(index: int, *, model: str, extra: dict | None = None) -> str:
@@ -125,16 +141,21 @@ def stop_url(index: int, *, model: str, extra: dict | None = None) -> str:
     return f"{PAGES[stop['page']]}?{urlencode(query)}"
 
 
-def lesson_view(card: dict, translate: Callable[..., str], has_key: Callable[[str], bool]) -> dict:
-    """The lesson for one model in one language: every stop with its text, target, action and URL."""
-    values = facts(card)
+def lesson_view(card: dict, translate: Callable[..., str], has_key: Callable[[str], bool],
+                heads: dict | None = None) -> dict:
+    """The lesson for one model in one language: every stop with its text, target, action and URL.
+
+    ``heads``: what the model's heads were measured to do (``app.model.probes.head_facts``), for the sentences
+    only a trained model earns (an attention sink, a previous-token head, an induction head)."""
+    values = facts(card, heads)
+    caps = {**card, "heads": heads or {}}
     stops = []
     for i, stop in enumerate(STOPS, start=1):
         base = f"lesson.{stop['id']}"
         runtime = {name: "{" + name + "}" for name in stop.get("fill", {})}  # left for the browser to fill
         sentences = [translate(f"{base}.body", **values, **runtime)]
         sentences += [translate(f"{base}.{extra}", **values, **runtime) for extra, applies in EXTRAS.items()
-                      if applies(card) and has_key(f"{base}.{extra}")]
+                      if applies(caps) and has_key(f"{base}.{extra}")]
         stops.append({
             "index": i, "id": stop["id"], "page": stop["page"], "path": PAGES[stop["page"]],
             "url": stop_url(i, model=card["name"]), "target": stop["target"],
