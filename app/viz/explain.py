@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from app.errors import BadInput
+from app.model.probes import parks_on_first
 from app.viz.tokens import visible
 
 
@@ -34,12 +35,16 @@ def sinks_view(weights: list[torch.Tensor], *, first: int, token_texts: list[str
         raise BadInput("err.explain.first", last=max(1, len(token_texts) - 1))
     shares = sink_shares(weights, first)  # (L, H)
     T = len(token_texts)
+    uniform, mean = uniform_share(T, first), float(shares.mean())
+    top = int(torch.nan_to_num(shares.flatten(), nan=-1.0).argmax())
     return {
         "first": first, "tokens": [visible(t) for t in token_texts[:first]], "n_queries": T - first,
-        "uniform": uniform_share(T, first),
+        "uniform": uniform,
         "rows": [[float(x) for x in row] for row in shares],
-        "mean": float(shares.mean()), "heads_over_half": int((shares > 0.5).sum()), "n_heads": shares.numel(),
+        "mean": mean, "heads_over_half": int((shares > 0.5).sum()), "n_heads": shares.numel(),
         "choices": [c for c in (1, 2, 4) if c < T],
+        "sinks": parks_on_first(mean, uniform),  # the verdict on this prompt
+        "top": {"layer": top // shares.shape[1], "head": top % shares.shape[1], "share": float(shares.flatten()[top])},
     }
 
 
@@ -76,8 +81,19 @@ def lens_view(adapter, resid: list[torch.Tensor], *, token_texts: list[str], tok
             "topk": [{"text": visible(token_text(int(j))), "prob": float(q)}
                      for q, j in zip(topk.values, topk.indices, strict=True)],
         })
+    ranks = [layer["rank"] for layer in layers]
     return {"positions": list(range(start, T)), "tokens": [visible(t) for t in token_texts[start:]],
-            "final_text": visible(token_text(int(final[-1]))), "layers": layers}
+            "final_text": visible(token_text(int(final[-1]))), "layers": layers,
+            "wins_at": layers[settles(ranks, 1)]["name"], "top10_at": layers[settles(ranks, 10)]["name"]}
+
+
+def settles(ranks: list[int], k: int) -> int:
+    """The first layer from which a rank stays within the top ``k`` to the last layer (where the final prediction
+    is rank 1): where the lens says the model "has" its answer."""
+    i = len(ranks)
+    while i > 0 and ranks[i - 1] <= k:
+        i -= 1
+    return i
 
 
 def parse_heads(spec: str, *, n_layer: int, n_head: int) -> dict[int, list[int]]:

@@ -9,7 +9,7 @@ import torch
 from app.errors import BadInput
 from app.model.ablation import ablated_last_logits
 from app.model.capture import run_traced
-from app.viz.explain import ablation_view, lens_logits, lens_view, parse_heads, sink_shares, sinks_view
+from app.viz.explain import ablation_view, lens_logits, lens_view, parse_heads, settles, sink_shares, sinks_view
 from app.viz.tokens import visible
 
 
@@ -81,3 +81,38 @@ def test_ablation_equals_removing_the_heads_slice_by_hand(tiny):
     for bad in ("7.0", "x", "0.99"):
         with pytest.raises(BadInput):
             parse_heads(bad, n_layer=a.n_layer, n_head=a.n_head)
+
+
+def test_the_sinks_verdict_follows_the_weights():
+    T = 5
+    sink = torch.zeros(3, T, T)
+    sink[:, :, 0] = 1.0  # every head, every query on token 0
+    spread = torch.tril(torch.ones(T, T)) / torch.arange(1, T + 1)[:, None]
+    v = sinks_view([sink], first=1, token_texts=list("abcde"))
+    assert v["sinks"] and v["top"]["share"] == 1.0
+    v = sinks_view([torch.stack([spread] * 3)], first=1, token_texts=list("abcde"))
+    assert not v["sinks"] and v["mean"] == pytest.approx(v["uniform"])
+
+
+def test_settles_is_where_a_rank_stays_in_the_top_k_to_the_end():
+    assert settles([9, 3, 1, 2, 1], 1) == 4 and settles([9, 3, 1, 2, 1], 3) == 1 and settles([1, 1], 1) == 0
+
+
+def test_the_lens_shows_where_paris_wins_on_the_real_model(smol):
+    """On "The capital of France is" the answer " Paris" wins at the last block: the lens's rows checked against
+    transformers' own hidden states read out through the final norm and lm_head."""
+    lm = smol
+    ids = lm.encode("The capital of France is")
+    trace = run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids))
+    resid = [trace["embed.h0"][0]] + [trace[f"blocks.{i}.resid_out"][0] for i in range(lm.adapter.n_layer)]
+    v = lens_view(lm.adapter, resid, token_texts=trace.token_texts, token_text=lm.token_text)
+    assert v["final_text"] == "␣Paris"
+    with torch.no_grad():
+        hs = lm.model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+        # transformers' last hidden state is already through the final norm; the others are the residual stream
+        rows = [lm.model.lm_head(lm.model.model.norm(h[0, -1])) for h in hs[:-1]] + [lm.model.lm_head(hs[-1][0, -1])]
+    paris = lm.encode(" Paris")[0]
+    ranks = [int((r > r[paris]).sum()) + 1 for r in rows]
+    assert ranks == [layer["rank"] for layer in v["layers"]]
+    first_top = next(i for i in range(len(ranks)) if all(r == 1 for r in ranks[i:]))
+    assert v["wins_at"] == v["layers"][first_top]["name"] and first_top > lm.adapter.n_layer // 2

@@ -14,6 +14,10 @@ from app.web.render import render
 
 router = APIRouter(include_in_schema=False)
 
+# A fact a pretrained model knows, offered under the logit lens: the lens shows at which layer the answer wins
+# (" Paris": the last block on SmolLM2-135M-Instruct, rank 3 one block earlier).
+LENS_EXAMPLE = "The capital of France is"
+
 
 @router.get("/inspect/{key}/sinks")
 def read_sinks(request: Request, state: StateDep, key: str, first: int = 1):
@@ -31,7 +35,8 @@ def read_lens(request: Request, state: StateDep, key: str):
     resid = [trace["embed.h0"][0]] + [trace[f"blocks.{i}.resid_out"][0] for i in range(lm.adapter.n_layer)]
     with state.model_lock:
         view = lens_view(lm.adapter, resid, token_texts=trace.token_texts, token_text=lm.token_text)
-    return render(request, "partials/_lens.html", lens=view, key=key)
+    example = LENS_EXAMPLE if trace.token_texts != lm.token_texts(lm.encode(LENS_EXAMPLE)) else None
+    return render(request, "partials/_lens.html", lens=view, key=key, model=lm.name, example=example)
 
 
 @router.get("/inspect/{key}/ablate")
