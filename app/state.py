@@ -131,9 +131,10 @@ class AppState:
             return slim(run_traced(lm.model, lm.adapter, ids, honest_texts(lm, ids),
                                    all_logits=len(ids) <= self.settings.full_logits_max_tokens))
 
-    def trace_prompt(self, model: str | None, prompt: str | None) -> tuple[LoadedModel, str, Trace]:
+    def trace_prompt(self, model: str | None, prompt: str | None, *, chat: bool = False
+                     ) -> tuple[LoadedModel, str, Trace]:
         lm = self.model(model)
-        ids = encode_prompt(lm, prompt, max_chars=self.settings.max_prompt_chars)
+        ids = encode_prompt(lm, prompt, max_chars=self.settings.max_prompt_chars, chat=chat)
         key = self._key(lm, ids)
         return lm, key, self.traces.get_or_compute(key, lambda: self._compute(lm, ids))
 

@@ -25,6 +25,7 @@
       const v = await kv.postJSON("/api/decode/sessions", {
         prompt: $("prompt").value, model: $("model").value, mode: $("mode").value,
         temperature: +$("temperature").value, top_k: +$("top_k").value, top_p: +$("top_p").value, seed: +$("seed").value,
+        chat: !!($("chat") && $("chat").checked),  // offered only for a model with a chat template
       });
       S = { id: v.session, last: v, steps: [], rows: [] };
       $("studio").hidden = false;

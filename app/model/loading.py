@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -72,6 +73,18 @@ class LoadedModel:
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False, verbose=False).input_ids)
+
+    @property
+    def has_chat_template(self) -> bool:
+        """An instruct model's tokenizer carries the template its chat training used (``<|im_start|>`` …)."""
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def encode_chat(self, text: str) -> list[int]:
+        """``text`` as one user turn, wrapped as the tokenizer's chat template does, ready for the reply:
+        ``apply_chat_template(..., add_generation_prompt=True)`` (special tokens included, as ids)."""
+        out = self.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                 tokenize=True)
+        return list(out["input_ids"] if isinstance(out, Mapping) else out)  # transformers 5 gives a BatchEncoding
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)

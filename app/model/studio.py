@@ -15,9 +15,9 @@ from app.state import AppState
 
 
 def start_session(state: AppState, *, model: str | None, prompt: str | None, sampling: Sampling,
-                  owner: str = "") -> DecodeSession:
+                  owner: str = "", chat: bool = False) -> DecodeSession:
     lm = state.model(model)
-    ids = encode_prompt(lm, prompt, max_chars=state.settings.max_prompt_chars, reserve=1)
+    ids = encode_prompt(lm, prompt, max_chars=state.settings.max_prompt_chars, reserve=1, chat=chat)
     return _prefilled(state, lm, ids, sampling.validate(), owner)
 
 

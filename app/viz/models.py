@@ -39,6 +39,7 @@ def model_card(lm: LoadedModel) -> dict:
         "vocab_size": a.vocab_size,
         "parameters": a.parameter_count(),
         "char_level": is_char_level(lm),
+        "chat_template": lm.has_chat_template,  # Inspect and Decode offer "apply the chat template"
         # Set for weights read from a GGUF file ("Q4_1"): the badge says they were dequantized to fp32.
         "quantization": lm.meta.get("quantization", ""),
     }

@@ -28,9 +28,10 @@ def read_models(state: StateDep) -> list[dict]:
 
 
 @router.get("/api/trace", tags=["inspect"], responses=errors(422, 429, 503))
-def read_trace(state: StateDep, prompt: str, model: str | None = None) -> dict:
-    """Tokenize and run a prompt; returns its trace key, tokens, shape trace and next-token top-k."""
-    lm, key, trace = state.trace_prompt(model, prompt)
+def read_trace(state: StateDep, prompt: str, model: str | None = None, chat: bool = False) -> dict:
+    """Tokenize and run a prompt (``chat``: as a user turn in the model's chat template); returns its trace key,
+    tokens, shape trace and next-token top-k."""
+    lm, key, trace = state.trace_prompt(model, prompt, chat=chat)
     return inspect_view(lm, key, trace, prompt=prompt)
 
 

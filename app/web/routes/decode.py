@@ -24,12 +24,15 @@ class StartBody(Body):
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    chat: bool = False  # the prompt as a user turn in the model's chat template
 
 
 @router.get("/decode", include_in_schema=False)
-def read_decode_page(request: Request, state: StateDep, prompt: str = "The cat sat on", model: str | None = None):
+def read_decode_page(request: Request, state: StateDep, prompt: str = "The cat sat on", model: str | None = None,
+                     chat: bool = False):
     lm = state.model(model)
-    return render(request, "decode.html", page="decode", prompt=prompt, model_name=lm.name)
+    return render(request, "decode.html", page="decode", prompt=prompt, model_name=lm.name,
+                  chat_template=lm.has_chat_template, chat=chat)
 
 
 @router.post("/api/decode/sessions", tags=["decode"], responses=errors(422, 429, 503))
@@ -37,7 +40,8 @@ def create_session(state: StateDep, owner: OwnerDep, body: StartBody) -> dict:
     """Start a session: prefill the prompt, fill the KV cache, choose the first token."""
     sampling = Sampling(mode=body.mode, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
                         seed=body.seed)
-    session = start_session(state, model=body.model, prompt=body.prompt, sampling=sampling, owner=owner)
+    session = start_session(state, model=body.model, prompt=body.prompt, sampling=sampling, owner=owner,
+                            chat=body.chat)
     view = step_view(session, session.steps[-1])
     view["unknown"] = unknown_note(session.lm, session.prompt_ids, body.prompt)
     return view

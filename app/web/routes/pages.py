@@ -23,14 +23,16 @@ def read_inspect(
     head: int | None = None,
     q: int | None = None,
     kind: str = "weights",
+    chat: bool = False,  # the prompt as a user turn in the model's chat template
 ):
     lm = state.model(model)
     view = None
     if prompt is not None:
-        lm, key, trace = state.trace_prompt(model, prompt)
+        lm, key, trace = state.trace_prompt(model, prompt, chat=chat)
         view = inspect_view(lm, key, trace, layer=layer, head=head, q=q, kind=kind, prompt=prompt)
     template = "partials/_inspect.html" if is_htmx(request) and view else "inspect.html"
-    return render(request, template, view=view, prompt=prompt or "", card=model_card(lm), page="inspect")
+    return render(request, template, view=view, prompt=prompt or "", card=model_card(lm), page="inspect",
+                  chat=chat, chat_option=True)
 
 
 @router.get("/inspect/{key}/query")
