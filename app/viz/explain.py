@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from app.errors import BadInput
-from app.model.probes import parks_on_first
+from app.viz.head_roles import STRONG
 from app.viz.tokens import visible
 
 
@@ -28,6 +28,12 @@ def sink_shares(weights: list[torch.Tensor], first: int = 1) -> torch.Tensor:
 def uniform_share(n_tokens: int, first: int) -> float:
     """What ``sink_shares`` would give if every query spread its weight equally over the tokens it sees."""
     return sum(first / (q + 1) for q in range(first, n_tokens)) / (n_tokens - first)
+
+
+def parks_on_first(mean: float, uniform: float) -> bool:
+    """Sinks, by the share of later queries' weight on the first tokens averaged over heads: more than half of it,
+    and well over the ``uniform`` share that equal weights over the visible tokens would give."""
+    return mean > STRONG and mean > 1.5 * uniform
 
 
 def sinks_view(weights: list[torch.Tensor], *, first: int, token_texts: list[str]) -> dict:

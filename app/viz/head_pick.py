@@ -4,8 +4,8 @@ Layer 0, head 0 is an arbitrary head; on a trained model most heads look alike a
 column: the attention sink). The choice, in order:
 
 1. **a previous-token head**: the head that puts the most weight on the token just before each query
-   (``app.model.probes.previous_token_scores``, queries 2 … T-1, T ≥ 4), if that is more than half: a dark stripe
-   just below the diagonal, the same pattern on every row, readable at any prompt length;
+   (``previous_token_scores``), if that is more than half (``app.viz.head_roles.STRONG``): a dark stripe just
+   below the diagonal, the same pattern on every row, readable at any prompt length;
 2. **the selected query's clearest reader**: the head whose selected query puts the most weight on one earlier
    token other than token 0 (the sink) and itself, if more than half (" is" reading " France");
 3. otherwise layer 0, head 0 (an untrained model's heads spread their weight: none is more telling).
@@ -17,7 +17,23 @@ from __future__ import annotations
 
 import torch
 
-from app.model.probes import THRESHOLD, best, previous_token_scores
+from app.viz.head_roles import STRONG
+
+
+def previous_token_scores(weights: list[torch.Tensor]) -> torch.Tensor:
+    """(L, H): each head's mean weight on the previous token over queries 2 … T-1 of any prompt (T ≥ 3).
+
+    Unlike the head-roles survey's score (``app.viz.head_roles``, on a random sequence), query 1 is left out: its
+    previous token is token 0, where sink heads put their weight anyway, and a short prompt has few queries."""
+    i = torch.arange(2, weights[0].shape[-1])
+    return torch.stack([w[:, i, i - 1].double().mean(-1) for w in weights])
+
+
+def best(scores: torch.Tensor) -> dict:
+    """The highest-scoring (layer, head) of an (L, H) table."""
+    i = int(scores.flatten().argmax())
+    layer, head = divmod(i, scores.shape[1])
+    return {"layer": layer, "head": head, "score": float(scores[layer, head])}
 
 
 def telling_head(weights: list[torch.Tensor], q: int) -> dict:
@@ -28,12 +44,12 @@ def telling_head(weights: list[torch.Tensor], q: int) -> dict:
     T = weights[0].shape[-1]
     if T >= 4:  # at least two queries (2 and 3) whose previous token is not token 0
         top = best(previous_token_scores(weights))
-        if top["score"] > THRESHOLD:
+        if top["score"] > STRONG:
             return {**top, "role": "previous", "key": None}
     if 2 <= q < T:
         rows = torch.stack([w[:, q, 1:q] for w in weights])  # (L, H, q - 1): keys 1 … q-1
         peak, at = rows.max(-1)
         top = best(peak)
-        if top["score"] > THRESHOLD:
+        if top["score"] > STRONG:
             return {**top, "role": "reader", "key": int(at[top["layer"], top["head"]]) + 1}
     return {"layer": 0, "head": 0, "role": None, "score": None, "key": None}

@@ -26,6 +26,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import urlencode
 
+import torch
+
+from app.viz.head_roles import STRONG
+
 PROMPT = "The cat sat on"
 PREFIX_PROMPTS = ("The cat sat on the mat.", "The cat sat on the sofa.")
 PREFIX_SEPARATOR = "---"  # the prefix form's separator line between custom prompts
@@ -93,7 +97,7 @@ STOPS: tuple[dict, ...] = (
 )
 
 # Sentences a stop may add for some models: key suffix → when it applies, read from the model card and from what
-# the model's heads were measured to do (``app.model.probes.head_facts``: None where no head does it). A trained
+# the model's heads were measured to do (``measured_heads``: None where no head does it). A trained
 # model shows what a random or tiny one cannot, and the text says so only where it was measured.
 EXTRAS: dict[str, Callable[[dict], bool]] = {
     "chars": lambda c: bool(c["char_level"]),
@@ -122,7 +126,7 @@ def facts(card: dict, heads: dict | None = None) -> dict:
         "vocab": card["vocab_size"], "prompt": PROMPT, "first": PREFIX_PROMPTS[0], "second": PREFIX_PROMPTS[1],
     }
     heads = heads or {}
-    for role, short in (("previous", "prev"), ("induction", "ind"), ("sink", "sink")):
+    for role, short in (("previous", "prev"), ("induction", "ind")):
         if heads.get(role):
             h = heads[role]
             out |= {f"{short}_layer": h["layer"], f"{short}_head": h["head"], f"{short}_pct": f"{h['score']:.0%}"}
@@ -130,6 +134,25 @@ def facts(card: dict, heads: dict | None = None) -> dict:
         sink = heads["sink"]
         out |= {"sink_mean": f"{sink['mean']:.0%}", "sink_uniform": f"{sink['uniform']:.0%}",
                 "sink_token": sink["token"], "all_heads": card["n_layer"] * card["n_head"]}
+    return out
+
+
+def measured_heads(roles: dict[str, torch.Tensor] | None, sinks: dict | None) -> dict:
+    """What the lesson may say a model's heads do, each None where it was not measured:
+
+    - ``previous`` / ``induction``: the strongest head on that role of the head-roles survey (``roles``, from
+      ``app.model.head_survey``: (L, H) scores on a repeated random sequence), if it passes ``STRONG``;
+    - ``sink``: the lesson prompt's attention-sinks view (``app.viz.explain.sinks_view``), if its verdict is that
+      the heads park their weight on the first token (mean share, uniform share, that token's text)."""
+    out: dict = {"previous": None, "induction": None, "sink": None}
+    for role in ("previous", "induction"):
+        if roles is not None:
+            scores = torch.nan_to_num(roles[role], nan=-1.0)
+            layer, head = divmod(int(scores.flatten().argmax()), scores.shape[1])
+            if float(scores[layer, head]) > STRONG:
+                out[role] = {"layer": layer, "head": head, "score": float(scores[layer, head])}
+    if sinks is not None and sinks["sinks"]:
+        out["sink"] = {"mean": sinks["mean"], "uniform": sinks["uniform"], "token": sinks["tokens"][0]}
     return out
 
 
@@ -145,8 +168,8 @@ def lesson_view(card: dict, translate: Callable[..., str], has_key: Callable[[st
                 heads: dict | None = None) -> dict:
     """The lesson for one model in one language: every stop with its text, target, action and URL.
 
-    ``heads``: what the model's heads were measured to do (``app.model.probes.head_facts``), for the sentences
-    only a trained model earns (an attention sink, a previous-token head, an induction head)."""
+    ``heads``: what the model's heads were measured to do (``measured_heads``), for the sentences only a trained
+    model earns (an attention sink, a previous-token head, an induction head)."""
     values = facts(card, heads)
     caps = {**card, "heads": heads or {}}
     stops = []

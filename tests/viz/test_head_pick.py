@@ -1,14 +1,18 @@
-"""The head Inspect opens on (app/viz/head_pick.py) and the measured heads the lesson quotes (app/model/probes.py):
-the scores on hand-made weights, then on the real SmolLM2, checked against attention recomputed from Q and K."""
+"""The head Inspect opens on (app/viz/head_pick.py) and the measured heads the lesson quotes
+(app/viz/lesson.py ``measured_heads``): on hand-made weights, then on the real SmolLM2, checked against attention
+recomputed from Q and K or read from transformers' own output."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from app.model.capture import run_traced
-from app.model.probes import head_facts, induction_scores, previous_token_scores, random_probe, sink_scores
-from app.viz.head_pick import telling_head
+from app.model.head_survey import survey_heads
+from app.viz.explain import sinks_view
+from app.viz.head_pick import previous_token_scores, telling_head
 from app.viz.inspect import inspect_view
+from app.viz.lesson import PROMPT, measured_heads
 
 
 def uniform(T: int) -> torch.Tensor:
@@ -26,19 +30,12 @@ def previous(T: int, share: float = 0.9) -> torch.Tensor:
     return w
 
 
-def test_scores_on_hand_made_heads():
+def test_previous_token_scores_on_hand_made_heads():
     T = 6
     layer = torch.stack([uniform(T), previous(T)])  # (H=2, T, T)
-    prev = previous_token_scores([layer])
-    assert torch.allclose(prev[0], torch.tensor([sum(1 / (i + 1) for i in range(2, T)) / (T - 2), 0.9]))
-    sink = sink_scores([layer])
-    assert torch.allclose(sink[0, 1], torch.tensor((1.0 + 0.1 * (T - 2)) / (T - 1)))  # query 1's previous is 0
-    # induction: period 3, the second half reads the token after the earlier occurrence
-    ind = torch.zeros(1, 6, 6)
-    for i in range(6):
-        ind[0, i, i - 3 + 1 if i >= 3 else 0] = 1.0
-    assert induction_scores([ind], period=3).item() == 1.0
-    assert induction_scores([uniform(6)[None]], period=3).item() < 0.5
+    prev = previous_token_scores([layer, layer.flip(0)])
+    spread = sum(1 / (i + 1) for i in range(2, T)) / (T - 2)  # queries 2 … T-1 on their previous token, uniformly
+    assert torch.allclose(prev, torch.tensor([[spread, 0.9], [0.9, spread]], dtype=torch.float64))
 
 
 def test_the_page_opens_on_a_previous_token_head_then_on_the_querys_reader_then_on_head_0():
@@ -88,20 +85,33 @@ def test_on_the_real_model_inspect_opens_on_a_head_recomputed_attention_agrees_w
     assert inspect_view(lm, "k", trace, layer=3)["choice"] is None
 
 
-def test_the_real_model_has_a_sink_a_previous_token_and_an_induction_head_the_tiny_one_none(smol, tiny):
-    facts = head_facts(smol, "The cat sat on")
-    assert facts["sink"]["mean"] > 0.5 > facts["sink"]["uniform"]
-    assert facts["previous"]["score"] > 0.8 and facts["induction"]["score"] > 0.8
-    # the induction head, scored again by hand on its own forward: each second-half query's weight on the token
-    # after the earlier occurrence of the same token
-    ids = random_probe(smol)
-    half = len(ids) // 2
-    with torch.no_grad():
-        out = smol.model(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False)
-    w = out.attentions[facts["induction"]["layer"]][0, facts["induction"]["head"]]
-    by_hand = sum(float(w[i, i - half + 1]) for i in range(half, 2 * half)) / half
-    assert abs(by_hand - facts["induction"]["score"]) < 1e-4
-    assert head_facts(smol, "The cat sat on") is facts  # measured once per model
+def test_measured_heads_names_only_what_passes_the_bar():
+    roles = {"previous": torch.tensor([[0.2, 0.9], [0.1, 0.3]]), "induction": torch.tensor([[0.1, float("nan")],
+                                                                                         [0.4, 0.45]])}
+    got = measured_heads(roles, {"sinks": True, "mean": 0.8, "uniform": 0.3, "tokens": ["The"]})
+    assert got["previous"] == {"layer": 0, "head": 1, "score": pytest.approx(0.9)}
+    assert got["induction"] is None and got["sink"] == {"mean": 0.8, "uniform": 0.3, "token": "The"}
+    assert measured_heads(None, {"sinks": False}) == {"previous": None, "induction": None, "sink": None}
 
-    none = head_facts(tiny, "The cat sat on")
-    assert (none["sink"], none["previous"], none["induction"]) == (None, None, None)
+
+def _sinks(lm) -> dict:
+    ids = lm.encode(PROMPT)
+    trace = run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids))
+    return sinks_view([trace.weights(i)[0] for i in range(lm.adapter.n_layer)], first=1, token_texts=trace.token_texts)
+
+
+def test_the_real_model_has_a_sink_a_previous_token_and_an_induction_head_the_tiny_one_none(smol, tiny):
+    survey = survey_heads(smol)
+    facts = measured_heads(survey.scores, _sinks(smol))
+    assert facts["sink"]["mean"] > 0.5 > facts["sink"]["uniform"] and facts["sink"]["token"] == "The"
+    assert facts["previous"]["score"] > 0.8 and facts["induction"]["score"] > 0.8
+    # the induction head scored again by hand from transformers' own attention output: each second-copy query's
+    # weight on the token after the earlier occurrence of the same token
+    with torch.no_grad():
+        out = smol.model(input_ids=torch.tensor([survey.ids]), output_attentions=True, use_cache=False)
+    w, n = out.attentions[facts["induction"]["layer"]][0, facts["induction"]["head"]], survey.period
+    by_hand = sum(float(w[i, i - n + 1]) for i in range(n, 2 * n)) / n
+    assert abs(by_hand - facts["induction"]["score"]) < 1e-4
+
+    none = measured_heads(survey_heads(tiny).scores, _sinks(tiny))
+    assert none == {"previous": None, "induction": None, "sink": None}

@@ -27,8 +27,9 @@ def _stops(client: TestClient, model: str, lang: str = "en") -> dict[str, str]:
 
 def test_the_lesson_names_the_real_models_sink_previous_token_and_induction_heads(real_client, smol):
     real = _stops(real_client, smol.name)
-    facts = smol.meta["head_facts"]  # measured once, by the first lesson request
-    ind, prev = facts["induction"], facts["previous"]
+    # the heads the lesson names are the head-roles page's strongest
+    top = {r["role"]: r["top"][0] for r in real_client.get(f"/api/heads?model={smol.name}").json()["summary"]}
+    ind, prev = top["induction"], top["previous"]
     assert f"Head {ind['head']} of layer {ind['layer']} is an induction head" in real["next"]
     assert f"Head {prev['head']} of layer {prev['layer']} is a previous-token head" in real["scores"]
     assert "attention sink" in real["softmax"] and "Over all its 270 heads" in real["softmax"]
