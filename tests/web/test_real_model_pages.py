@@ -30,9 +30,10 @@ def test_the_lesson_names_the_real_models_sink_previous_token_and_induction_head
     # the heads the lesson names are the head-roles page's strongest
     top = {r["role"]: r["top"][0] for r in real_client.get(f"/api/heads?model={smol.name}").json()["summary"]}
     ind, prev = top["induction"], top["previous"]
-    assert f"Head {ind['head']} of layer {ind['layer']} is an induction head" in real["next"]
-    assert f"Head {prev['head']} of layer {prev['layer']} is a previous-token head" in real["scores"]
-    assert "attention sink" in real["softmax"] and "Over all its 270 heads" in real["softmax"]
+    assert f"head {ind['head']} of layer {ind['layer']} is an induction head" in real["next"]
+    assert f"head {prev['head']} of layer {prev['layer']} gives each token's attention to the token just before" \
+        in real["scores"] and "a previous-token head" in real["scores"]
+    assert "attention sink" in real["softmax"] and f"Over all 270 heads of {smol.name}" in real["softmax"]
     assert "layer {layer}, head {head}" in real["scores"]  # the head the page shows, filled in by the browser
     zh = _stops(real_client, smol.name, "zh")
     assert "归纳头（induction head）" in zh["next"] and "注意力汇聚点（attention sink）" in zh["softmax"]
