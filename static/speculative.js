@@ -19,7 +19,8 @@
       const p = d.points.filter(filter);
       return {
         x: p.map((q) => q.intensity), y: p.map((q) => q.gflops), name: name, type: "scatter", mode: "markers+text",
-        text: p.map(label), textposition: "top center", textfont: { size: 13 },
+        // Points close together (contexts at batch 1) alternate their labels above and below.
+        text: p.map(label), textposition: p.map((_, i) => (i % 2 ? "top center" : "bottom center")), textfont: { size: 13 },
         marker: { symbol: symbol, size: 13, color: colour, line: { width: 1, color: "#222" } },
         customdata: p.map((q) => [q.ms, q.gbps, q.of_bandwidth]),
         hovertemplate: "%{x:.2f} FLOP/byte, %{y:.3g} GFLOP/s<br>%{customdata[0]:.1f} ms, %{customdata[1]:.2f} GB/s (×%{customdata[2]:.2f})<extra>" + name + "</extra>",
