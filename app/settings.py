@@ -76,6 +76,18 @@ class Settings:
     # 2 · (policies + 1) · (prefill + steps) forwards; these bound it. One run at a time.
     arena_max_prompt_tokens: int = 512
     arena_max_steps: int = 64
+    # The speculative-decoding lab (/speculative): a run decodes the prompt twice (speculatively and plainly, for
+    # the speed-up and the lossless check), each round costs γ draft forwards and one target forward. One run
+    # at a time (the model gate). Temperature bounds apply to sampled runs.
+    spec_max_gamma: int = 8
+    spec_max_new_tokens: int = 48
+    spec_max_prompt_tokens: int = 256
+    spec_min_temperature: float = 0.1
+    spec_max_temperature: float = 2.0
+    # Its roofline panel times decode steps over caches of up to this many tokens per sequence and batches up to
+    # this size (random K/V of the model's shapes; a 1024-token, batch-16 cache of SmolLM2-135M is 360 MB).
+    roofline_max_context: int = 1024
+    roofline_max_batch: int = 16
     # Models trained in the Training lab kept on disk (under home/trained) and offered after a restart;
     # a run beyond this drops the oldest.
     max_trained_models: int = 3

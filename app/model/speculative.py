@@ -1,0 +1,324 @@
+"""Speculative decoding on a real model: a draft proposes γ tokens, the target checks them in one forward.
+
+One round, with ``ids`` the committed sequence (prompt + output) and each model's KV cache holding every
+committed token but the newest::
+
+    draft    feeds what it has not seen, then one token at a time:  d1 ~ q1, d2 ~ q2, ... dγ ~ qγ
+    target   one forward of [ids[-1], d1 ... dγ] through its cache:  p1 ... pγ, pγ+1
+    rule     keep d1..dn (n ≤ γ), then one token of the target's:   a correction drawn at the first
+             rejection, or a bonus token from pγ+1 when all γ were kept
+    rollback both caches are cropped past the rejected drafts:
+
+             target cache  [ ids ........ | d1 .. dn | dn+1 .. dγ ]   ->  [ ids | d1 .. dn ]
+                                                      ^ cropped (γ − n)
+             draft cache   [ ids ........ | d1 .. dγ-1 ]               ->  [ ids | d1 .. dmin(n, γ-1) ]
+
+The rule (Leviathan et al. 2023, Chen et al. 2023) keeps the output distribution equal to the target's:
+greedy keeps the longest prefix on which the draft agrees with the target's argmax; sampling keeps dᵢ with
+probability min(1, pᵢ(dᵢ)/qᵢ(dᵢ)) and, at the first rejection, draws from normalize(max(0, pᵢ − qᵢ)).
+
+Drafts (``Runner``): the target itself exited early after its first k blocks, read out through the adapter's
+logit-lens parts (``final_norm``, ``unembed``), as LayerSkip's self-speculation does; or a second loaded model
+with the same tokenizer. Each runner owns a transformers ``DynamicCache``; ``crop`` rolls it back.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from app.errors import BadInput
+from app.model.loading import LoadedModel
+
+GREEDY, SAMPLE = "greedy", "sample"
+
+
+# --- the acceptance rule -----------------------------------------------------------------------------------
+
+@dataclass
+class Verdict:
+    """What the rule decided for one round of γ drafted tokens."""
+
+    accepted: int  # n: drafted tokens kept (0..γ)
+    token: int  # the target's own token after them: a correction (n < γ) or a bonus (n = γ)
+    bonus: bool  # every draft was kept and ``token`` came from pγ+1
+    ratios: list[float]  # min(1, p/q) of each drafted token checked (greedy: 1.0 on agreement, else 0.0)
+    residual: torch.Tensor | None = None  # (V,) normalize(max(0, p − q)) drawn from at a sampled rejection
+
+
+def accept(draft: list[int], q: torch.Tensor, p: torch.Tensor, *, mode: str,
+           generator: torch.Generator | None = None) -> Verdict:
+    """Apply the acceptance rule to ``draft`` (γ ids), drawn from ``q`` (γ, V); ``p`` (γ+1, V) is the target's.
+
+    Greedy: keep while dᵢ = argmax pᵢ; the token after is argmax pₙ₊₁. Sampling: draw r ~ U(0, 1) per
+    position and keep dᵢ while r < min(1, pᵢ(dᵢ)/qᵢ(dᵢ)); at the first rejection draw from
+    normalize(max(0, pᵢ − qᵢ)); after γ kept tokens draw the bonus from pγ+1 — all with ``generator``."""
+    gamma = len(draft)
+    assert q.shape[0] == gamma and p.shape[0] == gamma + 1, (q.shape, p.shape, gamma)
+    ratios: list[float] = []
+    for i, d in enumerate(draft):
+        if mode == GREEDY:
+            best = int(torch.argmax(p[i]))
+            ratios.append(1.0 if best == d else 0.0)
+            if best != d:
+                return Verdict(i, best, False, ratios)
+            continue
+        pi, qi = float(p[i, d]), float(q[i, d])
+        ratio = 1.0 if qi <= 0 else min(1.0, pi / qi)
+        ratios.append(ratio)
+        r = float(torch.rand((), generator=generator))
+        if r >= ratio:
+            residual = torch.clamp(p[i] - q[i], min=0)
+            mass = float(residual.sum())
+            # p = q makes the residual empty, but then the ratio is 1 and nothing is rejected; guard anyway.
+            residual = residual / mass if mass > 0 else p[i]
+            return Verdict(i, int(torch.multinomial(residual, 1, generator=generator)), False, ratios, residual)
+    last = p[gamma]
+    token = int(torch.argmax(last)) if mode == GREEDY else int(torch.multinomial(last, 1, generator=generator))
+    return Verdict(gamma, token, True, ratios)
+
+
+def distribution(logits: torch.Tensor, *, mode: str, temperature: float) -> torch.Tensor:
+    """(…, V) logits -> the distribution a token is drawn from: softmax(logits / T), or plain softmax for greedy."""
+    t = 1.0 if mode == GREEDY else temperature
+    return torch.softmax(logits.float() / t, dim=-1)
+
+
+def pick(probs: torch.Tensor, *, mode: str, generator: torch.Generator) -> int:
+    if mode == GREEDY:
+        return int(torch.argmax(probs))
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+# --- a model (or its first k blocks) with its own KV cache ----------------------------------------------------
+
+class _Exit(Exception):
+    """Raised by the early-exit hook to stop the forward once block k has run (its output rides along)."""
+
+    def __init__(self, hidden: torch.Tensor) -> None:
+        self.hidden = hidden
+
+
+@dataclass
+class Runner:
+    """One model, or the first ``exit_layer`` blocks of one, with its own ``DynamicCache``.
+
+    ``forward`` appends the fed tokens to the cache; ``rollback`` crops it. With ``exit_layer`` set, a forward
+    hook on block k−1 (the adapter's ``blocks.{k-1}.resid_out`` hook point) stops the model's own forward there,
+    so blocks k.. never run and their cache layers stay empty; the block's output is read out through the
+    adapter's ``final_norm`` and ``unembed``."""
+
+    lm: LoadedModel
+    exit_layer: int | None = None  # None: every block and the model's own head
+    cache: DynamicCache = field(default_factory=DynamicCache)
+    forwards: int = 0
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length()
+
+    @property
+    def label(self) -> str:
+        return self.lm.name if self.exit_layer is None else f"{self.lm.name}[:{self.exit_layer}]"
+
+    @torch.no_grad()
+    def forward(self, ids: list[int]) -> torch.Tensor:
+        """Feed ``ids`` after what the cache holds: logits (T, V) of every fed position."""
+        self.forwards += 1
+        x = torch.tensor([ids])  # (1, T)
+        if self.exit_layer is None:
+            return self.lm.model(input_ids=x, cache=self.cache, use_cache=True).logits[0]
+        name = f"blocks.{self.exit_layer - 1}.resid_out"
+        point = next(pt for pt in self.lm.adapter.hook_points() if pt.name == name)
+
+        def stop(_module, _args, output):
+            raise _Exit(output[0] if isinstance(output, tuple) else output)
+
+        handle = point.module.register_forward_hook(stop)
+        try:
+            self.lm.model(input_ids=x, cache=self.cache, use_cache=True)
+        except _Exit as done:
+            h = done.hidden  # (1, T, D)
+        else:  # pragma: no cover - the hook always fires
+            raise RuntimeError("early exit hook did not fire")
+        finally:
+            handle.remove()
+        return self.lm.adapter.unembed(self.lm.adapter.final_norm(h))[0]  # (T, V)
+
+    def rollback(self, length: int) -> int:
+        """Crop the cache to its first ``length`` tokens; returns how many were removed."""
+        extra = self.length - length
+        assert extra >= 0, (self.length, length)
+        if extra:
+            self.cache.crop(-extra)  # transformers 5: a negative count removes that many tokens from the end
+        return extra
+
+
+def check_draft_model(target: LoadedModel, draft: LoadedModel) -> None:
+    """A second model may draft only when both read the same tokens: same vocabulary, same unembedding size."""
+    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        raise BadInput("err.spec.tokenizer", draft=draft.name, target=target.name)
+    if draft.adapter.vocab_size != target.adapter.vocab_size:
+        raise BadInput("err.spec.vocab_size", draft=draft.name, target=target.name,
+                       draft_size=draft.adapter.vocab_size, target_size=target.adapter.vocab_size)
+
+
+# --- one run -------------------------------------------------------------------------------------------------
+
+@dataclass
+class Round:
+    index: int
+    drafted: list[int]
+    q: list[float]  # draft probability of each drafted token
+    p: list[float]  # target probability of each drafted token
+    ratios: list[float]
+    accepted: int
+    token: int  # the target's token after the kept drafts
+    token_p: float
+    bonus: bool
+    target_before: int  # target cache length after its verify forward (before rollback)
+    target_after: int
+    draft_before: int
+    draft_after: int
+    ms: float
+
+
+@dataclass
+class SpecResult:
+    prompt_ids: list[int]
+    output: list[int]  # speculative output (may run one round past max_new_tokens; cut to it)
+    rounds: list[Round]
+    gamma: int
+    mode: str
+    draft_label: str
+    spec_ms: float
+    target_forwards: int
+    draft_forwards: int
+    plain_output: list[int] | None = None
+    plain_ms: float | None = None
+
+    @property
+    def tokens(self) -> int:
+        return len(self.output)
+
+    def accepted_per_pos(self) -> list[int]:
+        """How many rounds kept the draft at position i (vLLM's ``spec_decode_num_accepted_tokens_per_pos``)."""
+        counts = [0] * self.gamma
+        for r in self.rounds:
+            for i in range(r.accepted):
+                counts[i] += 1
+        return counts
+
+    def acceptance_rate_per_pos(self) -> list[float]:
+        n = len(self.rounds)
+        return [c / n if n else 0.0 for c in self.accepted_per_pos()]
+
+    @property
+    def acceptance_rate(self) -> float:
+        drafted = self.gamma * len(self.rounds)
+        return sum(r.accepted for r in self.rounds) / drafted if drafted else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Drafts kept per round (0..γ); each round also emits one target token, so tokens/round = this + 1."""
+        return sum(r.accepted for r in self.rounds) / len(self.rounds) if self.rounds else 0.0
+
+    @property
+    def forwards_per_token(self) -> float:
+        return self.target_forwards / self.tokens if self.tokens else 0.0
+
+    @property
+    def speedup(self) -> float | None:
+        return self.plain_ms / self.spec_ms if self.plain_ms and self.spec_ms else None
+
+    @property
+    def same_as_plain(self) -> bool | None:
+        return None if self.plain_output is None else self.plain_output == self.output
+
+
+def speculate(target: Runner, draft: Runner, prompt_ids: list[int], *, gamma: int, max_new_tokens: int,
+              mode: str = GREEDY, temperature: float = 1.0, seed: int = 0) -> SpecResult:
+    """Generate ``max_new_tokens`` tokens after ``prompt_ids`` by speculative decoding (both caches start empty)."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = list(prompt_ids)
+    # Prefill both on all but the newest token: every round then starts with one token not yet in either cache.
+    if len(ids) > 1:
+        target.forward(ids[:-1])
+        draft.forward(ids[:-1])
+    t_forwards0, d_forwards0 = target.forwards, draft.forwards
+    rounds: list[Round] = []
+    t0 = time.perf_counter()
+    while len(ids) - len(prompt_ids) < max_new_tokens:
+        r0 = time.perf_counter()
+        drafted, qs = [], []
+        feed = ids[draft.length:]
+        for _ in range(gamma):
+            q = distribution(draft.forward(feed)[-1], mode=mode, temperature=temperature)  # (V,)
+            d = pick(q, mode=mode, generator=gen)
+            drafted.append(d)
+            qs.append(q)
+            feed = [d]
+        q = torch.stack(qs)  # (γ, V)
+        base = len(ids)  # committed tokens; the target cache holds base − 1 of them
+        p = distribution(target.forward(ids[target.length:] + drafted), mode=mode, temperature=temperature)  # (γ+1, V)
+        verdict = accept(drafted, q, p, mode=mode, generator=gen)
+        n = verdict.accepted
+        t_before, d_before = target.length, draft.length
+        target.rollback(base + n)  # ids + d1..dn stay cached; the new token is fed next round
+        draft.rollback(min(d_before, base + n))
+        ids += drafted[:n] + [verdict.token]
+        rounds.append(Round(
+            index=len(rounds), drafted=drafted, q=[float(q[i, d]) for i, d in enumerate(drafted)],
+            p=[float(p[i, d]) for i, d in enumerate(drafted)], ratios=verdict.ratios, accepted=n,
+            token=verdict.token, token_p=float(p[n, verdict.token]), bonus=verdict.bonus,
+            target_before=t_before, target_after=target.length, draft_before=d_before, draft_after=draft.length,
+            ms=(time.perf_counter() - r0) * 1000))
+    spec_ms = (time.perf_counter() - t0) * 1000
+    return SpecResult(prompt_ids=list(prompt_ids), output=ids[len(prompt_ids):][:max_new_tokens], rounds=rounds,
+                      gamma=gamma, mode=mode, draft_label=draft.label, spec_ms=spec_ms,
+                      target_forwards=target.forwards - t_forwards0, draft_forwards=draft.forwards - d_forwards0)
+
+
+def plain_decode(target: Runner, prompt_ids: list[int], *, max_new_tokens: int, mode: str = GREEDY,
+                 temperature: float = 1.0, seed: int = 0) -> tuple[list[int], float]:
+    """The target alone, one token per forward through its cache: (output ids, ms after prefill)."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = list(prompt_ids)
+    if len(ids) > 1:
+        target.forward(ids[:-1])
+    t0 = time.perf_counter()
+    while len(ids) - len(prompt_ids) < max_new_tokens:
+        probs = distribution(target.forward(ids[target.length:])[-1], mode=mode, temperature=temperature)
+        ids.append(pick(probs, mode=mode, generator=gen))
+    return ids[len(prompt_ids):], (time.perf_counter() - t0) * 1000
+
+
+def make_draft(target: LoadedModel, *, kind: str, exit_layer: int | None = None,
+               other: LoadedModel | None = None) -> Runner:
+    """``kind`` "early": the target's first ``exit_layer`` blocks; "model": ``other`` (same tokenizer)."""
+    if kind == "early":
+        n = target.adapter.n_layer
+        if exit_layer is None or not 1 <= exit_layer <= n:
+            raise BadInput("err.spec.exit_layer", value=exit_layer, n_layer=n)
+        return Runner(target, exit_layer=exit_layer)
+    if kind == "model":
+        if other is None:
+            raise BadInput("err.spec.no_draft_model", target=target.name)
+        check_draft_model(target, other)
+        return Runner(other)
+    raise BadInput("err.spec.draft_kind", kind=repr(kind))
+
+
+def run(target: LoadedModel, draft: Runner, prompt_ids: list[int], *, gamma: int, max_new_tokens: int,
+        mode: str = GREEDY, temperature: float = 1.0, seed: int = 0, compare: bool = True) -> SpecResult:
+    """Speculative decoding and, with ``compare``, plain decoding of the same tokens for the speed-up and the
+    lossless check (greedy: the outputs must be identical)."""
+    result = speculate(Runner(target), draft, prompt_ids, gamma=gamma, max_new_tokens=max_new_tokens, mode=mode,
+                       temperature=temperature, seed=seed)
+    if compare:
+        result.plain_output, result.plain_ms = plain_decode(Runner(target), prompt_ids, max_new_tokens=max_new_tokens,
+                                                            mode=mode, temperature=temperature, seed=seed)
+    return result

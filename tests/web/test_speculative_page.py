@@ -1,0 +1,77 @@
+"""The speculative-decoding page and API: a run's figures agree with its rounds; bad input is refused clearly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+ZH = {"X-KVScope-Lang": "zh"}
+
+
+def test_the_page_has_its_nav_link_form_and_roofline_panel(client):
+    for lang in ("en", "zh"):
+        r = client.get(f"/speculative?lang={lang}")
+        assert r.status_code == 200
+        assert 'href="/speculative"' in r.text and 'id="spec-form"' in r.text and 'id="roof-form"' in r.text
+        assert "<script>" not in r.text  # CSP: scripts come from files only
+    assert "推测解码" in client.get("/speculative?lang=zh").text
+
+
+def test_a_greedy_run_matches_plain_decoding_and_its_figures_add_up(client):
+    body = {"model": "builtin", "prompt": "The cache holds", "draft": "early", "exit_layer": 1, "gamma": 3,
+            "max_new_tokens": 10}
+    v = client.post("/api/speculative/run", json=body).json()
+    assert v["same_as_plain"] is True and v["tokens"] == 10
+    rounds = v["rounds"]
+    assert v["num_accepted_tokens_per_pos"] == [sum(r["accepted"] > i for r in rounds) for i in range(3)]
+    assert v["acceptance_per_pos"] == [c / len(rounds) for c in v["num_accepted_tokens_per_pos"]]
+    assert math.isclose(v["mean_accepted"], sum(r["accepted"] for r in rounds) / len(rounds))
+    assert math.isclose(v["forwards_per_token"], v["target_forwards"] / v["tokens"])
+    assert v["target_forwards"] == len(rounds)  # one verify forward per round after the prefill
+    assert math.isclose(v["speedup"], v["plain_ms"] / v["spec_ms"])
+    for r in rounds:
+        statuses = [t["status"] for t in r["tokens"]]
+        assert statuses == ["accepted"] * r["accepted"] + (["rejected"] + ["discarded"] * (2 - r["accepted"])
+                                                           if r["accepted"] < 3 else [])
+        assert r["target_before"] - r["target_after"] == 3 - r["accepted"]
+        assert r["final"]["kind"] == ("bonus" if r["accepted"] == 3 else "correction")
+
+
+def test_the_form_renders_coloured_rounds(client):
+    r = client.post("/speculative/run", data={"model": "builtin", "prompt": "Once upon", "exit_layer": "2",
+                                              "gamma": "2", "max_new_tokens": "4"}, headers={"HX-Request": "true"})
+    assert r.status_code == 200 and 'class="st accepted"' in r.text
+    assert "spec_decode_num_accepted_tokens_per_pos" in r.text
+
+
+@pytest.mark.parametrize(("change", "key_en", "key_zh"), [
+    ({"gamma": 0}, "γ (tokens drafted per round)", "γ（每轮起草的 token 数）"),
+    ({"gamma": 99}, "from 1 to 8", "1 到 8"),
+    ({"exit_layer": 9}, "early-exit layer k", "提前退出层 k"),
+    ({"mode": "sample", "temperature": 9}, "temperature must be between", "温度（temperature）"),
+    ({"max_new_tokens": 999}, "New tokens", "新 token 数"),
+    ({"draft": "model"}, "No second model", "没有加载"),
+    ({"draft": "model", "draft_model": "distilgpt2"}, "tokenizer is not the same", "tokenizer 不同"),
+])
+def test_bad_input_is_refused_with_a_clear_message_in_both_languages(client, change, key_en, key_zh):
+    body = {"model": "builtin", "prompt": "The cache", "gamma": 3, "max_new_tokens": 4, **change}
+    en = client.post("/api/speculative/run", json=body)
+    zh = client.post("/api/speculative/run", json=body, headers=ZH)
+    assert en.status_code == zh.status_code == 422
+    assert key_en in en.json()["detail"] and key_zh in zh.json()["detail"]
+
+
+def test_the_roofline_api_places_steps_on_a_measured_roof(client):
+    v = client.post("/api/speculative/roofline", json={"model": "builtin"}).json()
+    m = v["machine"]
+    assert all(math.isfinite(p["value"]) and p["value"] > 0 for p in v["probes"])
+    assert math.isclose(m["ridge"], m["peak"] / m["bandwidth"])
+    assert {p["phase"] for p in v["points"]} == {"decode", "prefill"}
+    for p in v["points"]:
+        assert math.isclose(p["intensity"], p["flops"] / p["bytes"])
+        assert math.isclose(p["gbps"] * p["ms"] / 1000, p["bytes"] / 1e9)
+        assert p["bytes"] == p["weight_bytes"] + p["kv_read_bytes"] + p["kv_write_bytes"]
+    assert v["gpu"]["bandwidth"] == 3.35e12 and v["gpu"]["peak"] == 989e12
+    page = client.post("/speculative/roofline", data={"model": "builtin"}, headers={"HX-Request": "true"})
+    assert 'id="roofline-data"' in page.text and 'id="roofline-chart"' in page.text
