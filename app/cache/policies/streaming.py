@@ -50,7 +50,7 @@ class StreamingLLMStore(EvictingKVStore):
         n = self.k[layer].shape[1]
         last = self.length + self._new - 1  # the newest query's position
         positions = torch.arange(n) + (last - (n - 1))  # cache index, shifted so the query sits at ``last``
-        return self.adapter.rotate(self.k[layer], positions)
+        return self.adapter.rotate(self.k[layer], positions, layer)
 
     def choose(self, layer: int, n: int) -> torch.Tensor:
         recent = self.budget - self.sinks
