@@ -186,8 +186,12 @@ class PrefixCache:
         req.next_token_full = int(ref[-1].argmax())
 
     def gather(self, blocks: list[KVCacheBlock]) -> DynamicCache:
-        """The cached K/V of ``blocks`` as a DynamicCache: per layer (1, H_kv, len(blocks)·bs, Dh)."""
-        cache = DynamicCache(config=self.lm.model.config)
+        """The cached K/V of ``blocks`` as a DynamicCache: per layer (1, H_kv, len(blocks)·bs, Dh).
+
+        Built without the model's config, so every layer keeps every token: a sliding-window layer's cache
+        (transformers keeps its last ``window - 1`` only) could not hand the new blocks' K/V to ``scatter``.
+        The model still masks such a layer to its window."""
+        cache = DynamicCache()
         if not blocks:
             return cache
         idx = torch.tensor([b.block_id for b in blocks])

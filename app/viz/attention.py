@@ -178,6 +178,7 @@ def embedding_rows(trace: Trace, pos: int, *, first: int | None = 8) -> dict:
         "width": wte.numel(),
         "shown": n,
         "rotary": a.rotary,
+        "embed_scale": a.embed_scale,  # h0 = wte · embed_scale (+ wpe): √d_model for Gemma, 1 for the others
         "wte": [round(x, 4) for x in wte[:n].tolist()],
         "wpe": [round(x, 4) for x in wpe[:n].tolist()] if wpe is not None else None,
         "h0": [round(x, 4) for x in h0[:n].tolist()],

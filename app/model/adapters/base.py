@@ -111,7 +111,9 @@ class ModelAdapter(ABC):
     model_types: ClassVar[tuple[str, ...]]  # config.model_type values this adapter reads
     rotary: ClassVar[bool] = False  # positions enter as a rotation of q and k (RoPE), not an added table
     norm_kind: ClassVar[str] = "layernorm"  # "layernorm" | "rmsnorm"
-    mlp_kind: ClassVar[str] = "gelu"  # "gelu" (fc -> act -> proj) | "swiglu" (act(gate) * up -> down)
+    mlp_kind: ClassVar[str] = "gelu"  # "gelu" (fc -> act -> proj) | "swiglu" / "geglu" (act(gate) * up -> down)
+    post_norms: ClassVar[bool] = False  # a norm after attention and after the MLP too (Gemma's "sandwich")
+    embed_scale: float = 1.0  # the token row is multiplied by this on the way in (Gemma: √d_model)
 
     def __init__(self, model: nn.Module) -> None:
         config = model.config
@@ -360,5 +362,5 @@ class ModelAdapter(ABC):
             "max_positions": self.max_positions, "vocab_size": self.vocab_size, "kv_map": list(self.kv_map),
             "attention_kind": self.attention_kind, "rotary": self.rotary, "norm": self.norm_kind,
             "mlp": self.mlp_kind, "position_table": self.position_table is not None,
-            "windows": [s.window for s in self.layers],
+            "windows": [s.window for s in self.layers], "embed_scale": self.embed_scale, "post_norms": self.post_norms,
         }
