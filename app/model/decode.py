@@ -4,6 +4,9 @@ A session owns one ``DynamicCache``. Prefill pushes the whole prompt through eve
 fills the cache with each layer's K and V, shaped (1, H_kv, T, Dh). Each step feeds only the newest
 token, shaped (1, 1): its Q reads every cached K, its own K and V are appended. ``verify`` recomputes
 the same logits from the full prefix without any cache, which is what the cache saves.
+
+A sliding-window layer (Gemma 3's local layers) keeps only its last ``window - 1`` tokens: its cache stops
+growing, so bytes per layer differ, and its newest query reads at most ``window`` keys.
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ class DecodeSession:
         plain = trace["probs"][0]  # softmax of the same last-position logits, computed by the capture
         top = top_candidates(plain, k=8, sampled_from=probs, chosen=chosen)
         L = lm.adapter.n_layer
-        attention = torch.stack([trace.weights(i)[0, :, -1] for i in range(L)])  # (L, H, Tk)
+        attention = torch.stack([_over_all_keys(trace.weights(i)[0, :, -1], past + len(fed)) for i in range(L)])
         newest_k = torch.stack([trace.k(i)[0, :, -1] for i in range(L)])  # (L, H, Dh)
         step = Step(
             index=len(self.steps),
@@ -156,6 +159,14 @@ class DecodeSession:
         self.cache = None
         self.steps.clear()
         self.texts.clear()
+
+
+def _over_all_keys(row: torch.Tensor, total: int) -> torch.Tensor:
+    """(H, Tk) weights of a layer's newest query -> (H, total): a sliding-window layer reads only the last Tk
+    positions, and gives every older one exactly 0 (transformers no longer holds their K/V)."""
+    if row.shape[-1] == total:
+        return row
+    return torch.cat((row.new_zeros(row.shape[0], total - row.shape[-1]), row), dim=-1)
 
 
 def kv_bytes_formula(*, layers: int, kv_heads: int, tokens: int, head_dim: int, dtype_bytes: int) -> dict:

@@ -69,13 +69,16 @@ class Trace:
         return self.tensors[f"blocks.{layer}.attn.v"]  # (B, H_kv, T, Dh) new tokens only
 
     def keys(self, layer: int) -> torch.Tensor:
-        """All keys the new tokens attend to (cached + new): (B, H_kv, Tk, Dh)."""
-        if self.cache is not None:
+        """All keys the new tokens attend to (cached + new): (B, H_kv, Tk, Dh).
+
+        A prefill's keys are its own; a later step reads the older ones from the cache (a sliding-window
+        layer's cache holds only its last ``window - 1`` tokens: transformers drops the rest)."""
+        if self.cache is not None and self.past_length:
             return self.adapter.layer_cache(self.cache, layer)[0][:, :, : self.total_length]
         return self.k(layer)
 
     def values(self, layer: int) -> torch.Tensor:
-        if self.cache is not None:
+        if self.cache is not None and self.past_length:
             return self.adapter.layer_cache(self.cache, layer)[1][:, :, : self.total_length]
         return self.v(layer)
 
@@ -95,16 +98,17 @@ class Trace:
         q, k, kv_map = self.q(layer), self.keys(layer), a.kv_map
         if head is not None:
             q, kv_map = q[:, head : head + 1], (a.kv_map[head],)
-        return attention.scores(q, k, kv_map, a.attn_scale(layer))
+        spec = a.spec(layer)
+        return attention.scores(q, k, kv_map, spec.scale, spec.softcap)
 
-    def causal_mask(self) -> torch.Tensor:
-        """True where query i may read key j: j <= past + i (and inside the model's own window). (T, Tk)"""
+    def causal_mask(self, layer: int = 0) -> torch.Tensor:
+        """True where query i may read key j: j <= past + i, and inside ``layer``'s own window. (T, Tk)"""
         q_pos, k_pos = self.positions()
-        return attention.allowed(q_pos, k_pos, self.adapter.model_window)
+        return attention.allowed(q_pos, k_pos, self.adapter.window(layer))
 
     def masked_scores(self, layer: int, head: int | None = None) -> torch.Tensor:
-        """Scores with future positions set to -inf, what softmax receives."""
-        return attention.masked(self.scores(layer, head), self.causal_mask())
+        """Scores with future positions (and those outside the layer's window) set to -inf, what softmax receives."""
+        return attention.masked(self.scores(layer, head), self.causal_mask(layer))
 
     def kv_head(self, head: int) -> int:
         return self.adapter.kv_map[head]

@@ -110,10 +110,12 @@ def arithmetic(trace: Trace, layer: int, head: int, pos: int, *, limit: int = 48
     q = trace.q(layer)[0, head, pos]  # (Dh,)
     k = trace.keys(layer)[0, kv, :n]  # (pos+1, Dh)
     v = trace.values(layer)[0, kv, :n]  # (pos+1, Dh)
-    scale = a.attn_scale(layer)
+    spec = a.spec(layer)
+    scale = spec.scale
     q_pos = torch.tensor([trace.past_length + pos])
     weights_2d, out_2d = attention.attend(q[None, None], k[None], v[None], q_pos=q_pos, k_pos=torch.arange(n),
-                                          kv_map=(0,), scale=scale, window=a.model_window)
+                                          kv_map=(0,), scale=scale, window=spec.window,
+                                          softcap=spec.softcap)
     dots = k @ q  # (pos+1,)
     scaled = dots * scale
     weights, out = weights_2d[0, 0], out_2d[0, 0]  # (pos+1,), (Dh,)
@@ -176,6 +178,7 @@ def embedding_rows(trace: Trace, pos: int, *, first: int | None = 8) -> dict:
         "width": wte.numel(),
         "shown": n,
         "rotary": a.rotary,
+        "embed_scale": a.embed_scale,  # h0 = wte · embed_scale (+ wpe): √d_model for Gemma, 1 for the others
         "wte": [round(x, 4) for x in wte[:n].tolist()],
         "wpe": [round(x, 4) for x in wpe[:n].tolist()] if wpe is not None else None,
         "h0": [round(x, 4) for x in h0[:n].tolist()],

@@ -52,11 +52,11 @@ def rotary_view(trace: Trace, layer: int, head: int, pos: int, *, first: int = 8
     n = int(torch.argmax(weights))  # the key this query reads most
     k_pre = trace[f"blocks.{layer}.attn.k_prerope"][0, kv, n - past] if n >= past else None
     k_rot = trace.keys(layer)[0, kv, n]
-    cos, sin = a.rope_cos_sin(torch.tensor([m]))  # (1, Dh)
+    cos, sin = a.rope_cos_sin(torch.tensor([m]), layer)  # (1, Dh)
     angles = torch.atan2(sin[0], cos[0])  # (Dh,) angle of each dimension at position m (in (-π, π])
     pairs = a.rope_pairs()
     # θ_j from two neighbouring positions, so the table needs no knowledge of the scaling scheme
-    c1, s1 = a.rope_cos_sin(torch.tensor([1]))
+    c1, s1 = a.rope_cos_sin(torch.tensor([1]), layer)
     theta = torch.atan2(s1[0], c1[0])
     pair_rows = [
         {"pair": f"({i}, {j})", "theta": float(theta[i]), "angle_deg": math.degrees(float(angles[i])) % 360.0,
@@ -68,12 +68,12 @@ def rotary_view(trace: Trace, layer: int, head: int, pos: int, *, first: int = 8
     other, plain = None, None
     if k_pre is not None:
         for s in [0, *shift_offsets(m, n, a.max_positions)]:  # 0: the pair itself
-            qs = a.rotate(q_pre[None], torch.tensor([m + s]))[0]
-            ks = a.rotate(k_pre[None], torch.tensor([n + s]))[0]
+            qs = a.rotate(q_pre[None], torch.tensor([m + s]), layer)[0]
+            ks = a.rotate(k_pre[None], torch.tensor([n + s]), layer)[0]
             demo.append({"q_pos": m + s, "k_pos": n + s, "distance": m - n, "score": float(qs @ ks) * scale})
         k_other = other_key(m, n)
         if k_other is not None:
-            far = a.rotate(k_pre[None], torch.tensor([k_other]))[0]
+            far = a.rotate(k_pre[None], torch.tensor([k_other]), layer)[0]
             other = {"q_pos": m, "k_pos": k_other, "distance": m - k_other, "score": float(q_rot @ far) * scale}
         plain = float(q_pre @ k_pre) * scale
     return {

@@ -16,7 +16,7 @@ from app.cache.policies.snapkv import SnapKVStore
 from app.cache.policies.streaming import StreamingLLMStore
 
 
-@pytest.fixture(params=["tiny", "llama", "qwen2", "qwen3"])
+@pytest.fixture(params=["tiny", "llama", "qwen2", "qwen3", "gemma3"])
 def policy_model(request, family_models):
     """The built-in GPT-2 (trained, fast) and the tiny Llama-family checkpoints: every family, quickly."""
     return request.getfixturevalue("tiny") if request.param == "tiny" else family_models[request.param]
@@ -161,7 +161,7 @@ def test_the_budget_is_never_exceeded(policy_model, policy):
         forward_through(policy_model, store, [tok])
 
 
-@pytest.mark.parametrize("fam", ["llama", "qwen3"])
+@pytest.mark.parametrize("fam", ["llama", "qwen3", "gemma3"])
 def test_streaming_rerotation_equals_the_model_run_on_the_kept_tokens_at_their_cache_positions(family_models, fam):
     """transformers' own model, given the kept tokens' K (pre-rotation keys rotated to 0 .. n-2) and V and the
     new token at position n-1, gives the logits StreamingLLM's store gives."""
@@ -177,7 +177,7 @@ def test_streaming_rerotation_equals_the_model_run_on_the_kept_tokens_at_their_c
         n = store.k[0].shape[1]  # kept before this step
         cache = DynamicCache(config=lm.model.config)
         for layer in range(a.n_layer):
-            k = a.rotate(store.k[layer], torch.arange(n))  # (H_kv, n, Dh)
+            k = a.rotate(store.k[layer], torch.arange(n), layer)  # (H_kv, n, Dh), at the layer's rotary base
             cache.update(k[None], store.v[layer][None], layer)
         want = lm.model(input_ids=torch.tensor([[tok]]), position_ids=torch.tensor([[n]]),
                         past_key_values=cache, use_cache=True).logits[0, -1]

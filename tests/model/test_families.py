@@ -1,7 +1,8 @@
 """Every model family through the same boundary, each number checked a second, independent way.
 
-Runs on the DistilGPT-2-shaped GPT-2 and on tiny random Llama / Qwen2 (QKV bias) / Qwen3 (q/k norm)
-checkpoints with 8 query heads sharing 2 KV heads and head_dim 12 (not 64 / 8).
+Runs on the DistilGPT-2-shaped GPT-2, on tiny random Llama / Qwen2 (QKV bias) / Qwen3 (q/k norm)
+checkpoints with 8 query heads sharing 2 KV heads and head_dim 12 (not 64 / 8), and on a tiny random Gemma 3
+(two sliding-window layers of 8 tokens, then a global one; 4 query heads on 1 KV head).
 """
 
 from __future__ import annotations
@@ -68,9 +69,11 @@ def test_cached_keys_are_the_hooked_rotated_keys(any_model):
     trace = run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids))
     for layer in range(lm.adapter.n_layer):
         k, v = lm.adapter.layer_cache(trace.cache, layer)
-        assert k.shape == (1, lm.adapter.n_kv_head, len(ids), lm.adapter.head_dim)
-        assert torch.equal(k, trace.k(layer))
-        assert torch.equal(v, trace.v(layer))
+        window = lm.adapter.window(layer)
+        held = len(ids) if window is None else min(len(ids), window - 1)  # a local layer keeps its last W - 1
+        assert k.shape == (1, lm.adapter.n_kv_head, held, lm.adapter.head_dim)
+        assert torch.equal(k, trace.k(layer)[:, :, -held:])
+        assert torch.equal(v, trace.v(layer)[:, :, -held:])
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
@@ -128,7 +131,11 @@ def test_embedding_rows_say_whether_a_position_table_exists(any_model):
     assert e["wte"] == [round(x, 4) for x in row.tolist()]
     if lm.adapter.rotary:
         assert e["wpe"] is None and e["wpe_shape"] is None
-        assert e["h0"] == e["wte"]  # nothing is added to the token embedding
+        assert e["embed_scale"] == lm.adapter.embed_scale  # Gemma multiplies the row by √d_model, others by 1
+        if lm.adapter.embed_scale == 1:
+            assert e["h0"] == e["wte"]  # nothing is added to the token embedding
+        else:
+            assert torch.allclose(trace["embed.h0"][0, 2], row * lm.adapter.embed_scale, atol=1e-6)
     else:
         assert e["wpe_shape"] == tuple(lm.adapter.position_table.shape)
 
@@ -162,11 +169,17 @@ def test_cache_bytes_equal_the_formula_with_kv_heads(any_model):
     session = DecodeSession(id="t", lm=lm, prompt_ids=_ids(lm), sampling=Sampling(), max_steps=5)
     for _ in range(3):
         session.step()
-    f = kv_bytes_formula(layers=a.n_layer, kv_heads=a.n_kv_head, tokens=session.cache_len, head_dim=a.head_dim,
-                         dtype_bytes=4)
-    assert session.cache_bytes() == f["total"]
-    k, _ = a.layer_cache(session.cache, 0)
-    assert k.shape == (1, a.n_kv_head, session.cache_len, a.head_dim)
+    per_layer = [session.cache_len if a.window(i) is None else min(session.cache_len, a.window(i) - 1)
+                 for i in range(a.n_layer)]  # tokens each layer holds: a sliding-window layer stops growing
+    one_layer = kv_bytes_formula(layers=1, kv_heads=a.n_kv_head, tokens=1, head_dim=a.head_dim, dtype_bytes=4)
+    assert session.cache_bytes() == sum(one_layer["total"] * n for n in per_layer)
+    for i, n in enumerate(per_layer):
+        k, _ = a.layer_cache(session.cache, i)
+        assert k.shape == (1, a.n_kv_head, n, a.head_dim)
+    if all(w is None for w in map(a.window, range(a.n_layer))):
+        f = kv_bytes_formula(layers=a.n_layer, kv_heads=a.n_kv_head, tokens=session.cache_len, head_dim=a.head_dim,
+                             dtype_bytes=4)
+        assert session.cache_bytes() == f["total"]
 
 
 def test_paged_equals_contiguous_for_30_steps(any_model):
@@ -214,7 +227,7 @@ def test_ablating_a_head_equals_removing_its_output_by_hand(any_model):
     attn_out = rec.tensors[f"blocks.{layer}.attn.out"]
     merged[..., head * a.head_dim : (head + 1) * a.head_dim] = 0
     with torch.no_grad():
-        expected_mid = resid_mid - attn_out + a.output_projection(layer)(merged)
+        expected_mid = resid_mid - attn_out + a.attn_out(layer, merged)  # o_proj (and Gemma's norm after it)
     with a.ablate({layer: [head]}), capture(a) as rec2, torch.no_grad():
         lm.model(input_ids=torch.tensor([ids]), use_cache=False)
     assert torch.allclose(rec2.tensors[f"blocks.{layer}.resid_mid"], expected_mid, atol=1e-5)
@@ -247,3 +260,57 @@ def test_a_long_prompts_last_position_logits_equal_the_full_forwards(any_model, 
     assert torch.allclose(trace["probs"], full["probs"], atol=1e-6)
     rows = {r["name"]: r for g in shape_groups(trace.steps, lm.adapter.family, trace.n_tokens) for r in g["rows"]}
     assert rows["logits"]["shape"].startswith("(1, 1, ") and rows["logits"]["explain_key"] == "step.logits_last"
+
+
+# --- Gemma 3: local and global layers --------------------------------------------------------------------
+
+def test_gemma3_layers_read_their_window_scale_and_rotary_base_from_the_config(family_models):
+    a, c = family_models["gemma3"].adapter, family_models["gemma3"].model.config
+    assert a.attention_kind == "MQA" and a.kv_map == (0,) * c.num_attention_heads
+    for i, kind in enumerate(c.layer_types):
+        spec = a.spec(i)
+        assert spec.window == (c.sliding_window if kind == "sliding_attention" else None)
+        assert spec.rope_base == c.rope_parameters[kind]["rope_theta"]
+        assert spec.scale == c.query_pre_attn_scalar**-0.5 != a.head_dim**-0.5
+    assert {a.spec(i).rope_base for i in range(a.n_layer)} == {10_000.0, 1_000_000.0}
+
+
+def test_gemma3_rotation_of_each_layer_matches_transformers_own_function(family_models):
+    from transformers.models.gemma3.modeling_gemma3 import apply_rotary_pos_emb
+
+    lm = family_models["gemma3"]
+    ids = _ids(lm)
+    trace = run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids))
+    pos = torch.arange(len(ids))[None]
+    for layer, kind in enumerate(lm.model.config.layer_types):
+        cos, sin = lm.model.model.rotary_emb(trace["embed.h0"], pos, kind)  # the model's own, per kind of layer
+        q_pre, k_pre = trace[f"blocks.{layer}.attn.q_prerope"], trace[f"blocks.{layer}.attn.k_prerope"]
+        q, k = apply_rotary_pos_emb(q_pre, k_pre, cos, sin)
+        assert torch.equal(q, trace.q(layer)) and torch.equal(k, trace.k(layer))
+
+
+def test_gemma3_local_layers_give_zero_weight_outside_their_window(family_models):
+    """The heatmap's band: in a local layer query i reads keys i - W + 1 .. i only; the global layer reads all."""
+    lm = family_models["gemma3"]
+    ids = _ids(lm)
+    trace = run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids))
+    T = len(ids)
+    distance = torch.arange(T)[:, None] - torch.arange(T)[None, :]  # (T, T) query minus key position
+    for layer in range(lm.adapter.n_layer):
+        w = trace.weights(layer)[0]  # (H, T, T)
+        window = lm.adapter.window(layer)
+        if window is None:
+            assert (w[:, distance >= 0] > 0).all()
+        else:
+            assert window < T  # the prompt runs past the window
+            assert w[:, distance >= window].abs().max() == 0
+            assert (w[:, (distance >= 0) & (distance < window)] > 0).all()
+
+
+def test_gemma3_embedding_row_is_the_table_row_and_h0_is_it_times_root_d(family_models):
+    lm = family_models["gemma3"]
+    ids = _ids(lm)
+    trace = run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids))
+    rows = lm.adapter.token_table[ids]  # (T, D)
+    assert torch.equal(trace["embed.wte"][0], rows)
+    assert torch.allclose(trace["embed.h0"][0], rows * lm.adapter.d_model**0.5, atol=1e-6)

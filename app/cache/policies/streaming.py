@@ -47,10 +47,19 @@ class StreamingLLMStore(EvictingKVStore):
     def read_keys(self, layer: int) -> torch.Tensor:
         if not self.rerotate:
             return self.k[layer]
+        return self.adapter.rotate(self.k[layer], self.cache_places(layer), layer)
+
+    def cache_places(self, layer: int) -> torch.Tensor:
+        """Where the kept keys are rotated to: cache index, shifted so the newest query sits at its position."""
         n = self.k[layer].shape[1]
         last = self.length + self._new - 1  # the newest query's position
-        positions = torch.arange(n) + (last - (n - 1))  # cache index, shifted so the query sits at ``last``
-        return self.adapter.rotate(self.k[layer], positions)
+        return torch.arange(n) + (last - (n - 1))
+
+    def attend_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Re-rotated keys are also masked at their cache places: a layer's own sliding window (Gemma 3) then
+        counts kept tokens, as the model run on the kept tokens alone would."""
+        keys, values, positions = super().attend_kv(layer, k, v)
+        return keys, values, self.cache_places(layer) if self.rerotate else positions
 
     def choose(self, layer: int, n: int) -> torch.Tensor:
         recent = self.budget - self.sinks

@@ -11,8 +11,11 @@ adapter's words:
   derive       per-head q / k / v as attention uses them (after rotation for RoPE models, with the
                pre-rotation q / k beside them), per-head outputs
   cache        ``layer_cache(cache, i)`` -> K, V of transformers' cache, (B, H_kv, T, Dh) each
-  forward      ``forward_through(store, ids)``: the model's own modules, with attention done by
-               ``app.model.attention.attend`` over K/V read from and written to an external store
+  layers       ``spec(i)``: how layer i attends (``LayerSpec``: window, scale, soft-cap, rotary base)
+  block parts  ``embed``, ``attn_in``, ``qkv`` (before rotation), ``rotate_qk``, ``attn_out``, ``mlp_branch``:
+               the pieces of one block, read off the model's own modules
+  forward      ``forward_through(store, ids)``, written once here from the block parts, with attention done
+               by ``app.model.attention.attend`` over K/V read from and written to an external store
                (paged, quantized, windowed, compressed ...)
   lens         ``final_norm(h)`` and ``unembed(h)`` (logit lens)
   ablation     ``ablate({layer: [heads]})``: a scoped hook that zeroes those heads' outputs
@@ -53,9 +56,40 @@ from typing import ClassVar, Literal
 import torch
 from torch import nn
 
-from app.model.attention import kv_map_for
+from app.model.attention import attend, kv_map_for
 
 Take = Literal["output", "output0", "output1", "input0"]
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """How one layer attends: what ``attend`` needs besides q, k, v (vLLM keeps one such spec per layer).
+
+    Most models give every layer the same spec; Gemma 3 alternates sliding-window layers (a short window,
+    rotary base 10 000) with full-attention ones (base 1 000 000), so the window and the rotary base are per
+    layer, never per model.
+    """
+
+    scale: float  # factor the scores q·kᵀ are multiplied by
+    window: int | None = None  # a query reads only the last ``window`` positions (None: full causal attention)
+    softcap: float | None = None  # scores -> softcap · tanh(scores / softcap) before the mask (None: no cap)
+    rope_base: float | None = None  # rotary base θ of this layer (None: positions are not a rotation)
+
+    @property
+    def local(self) -> bool:
+        return self.window is not None
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """[x1, x2] -> [-x2, x1] over the last dimension (transformers' RoPE layout: j pairs with j + Dh/2)."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, n, T, Dh), cos/sin (B, T, Dh): the rotation transformers applies (same ops, same floats)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return (x * cos) + (rotate_half(x) * sin)
 
 
 @dataclass(frozen=True)
@@ -77,7 +111,9 @@ class ModelAdapter(ABC):
     model_types: ClassVar[tuple[str, ...]]  # config.model_type values this adapter reads
     rotary: ClassVar[bool] = False  # positions enter as a rotation of q and k (RoPE), not an added table
     norm_kind: ClassVar[str] = "layernorm"  # "layernorm" | "rmsnorm"
-    mlp_kind: ClassVar[str] = "gelu"  # "gelu" (fc -> act -> proj) | "swiglu" (act(gate) * up -> down)
+    mlp_kind: ClassVar[str] = "gelu"  # "gelu" (fc -> act -> proj) | "swiglu" / "geglu" (act(gate) * up -> down)
+    post_norms: ClassVar[bool] = False  # a norm after attention and after the MLP too (Gemma's "sandwich")
+    embed_scale: float = 1.0  # the token row is multiplied by this on the way in (Gemma: √d_model)
 
     def __init__(self, model: nn.Module) -> None:
         config = model.config
@@ -90,6 +126,7 @@ class ModelAdapter(ABC):
         self.dtype = next(model.parameters()).dtype
         self.read_sizes(config)
         self.kv_map: tuple[int, ...] = kv_map_for(self.n_head, self.n_kv_head)
+        self.layers: tuple[LayerSpec, ...] = tuple(self.layer_spec(i) for i in range(self.n_layer))
 
     # --- sizes (set by read_sizes) -----------------------------------------------------------------
     n_layer: int
@@ -135,33 +172,85 @@ class ModelAdapter(ABC):
         """(abstract)"""
 
     @abstractmethod
-    def derive(self, captured: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Captured tensors (in hook order) -> every named tensor in execution order, per-head ones added."""
+    def derive(self, captured: dict[str, torch.Tensor], positions: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Captured tensors (in hook order) of tokens at ``positions`` (T,) -> every named tensor in execution
+        order, per-head ones added."""
 
     def split_heads(self, x: torch.Tensor, n_heads: int | None = None) -> torch.Tensor:
         """(B, T, n·Dh) -> (B, n, T, Dh)."""
         B, T, _ = x.shape
         return x.view(B, T, n_heads or self.n_head, self.head_dim).transpose(1, 2)
 
-    # --- attention ----------------------------------------------------------------------------------
+    # --- attention, per layer ---------------------------------------------------------------------------
+    def layer_spec(self, layer: int) -> LayerSpec:
+        """How ``layer`` attends, read from the config once (at construction); ``spec(i)`` returns it after."""
+        return LayerSpec(scale=self.head_dim**-0.5)
+
+    def spec(self, layer: int) -> LayerSpec:
+        return self.layers[layer]
+
     def attn_scale(self, layer: int) -> float:
-        """The factor scores are multiplied by (1/√Dh for the families here)."""
-        return self.head_dim**-0.5
+        """The factor scores are multiplied by."""
+        return self.layers[layer].scale
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window ``layer`` was trained with (None: full causal attention)."""
+        return self.layers[layer].window
 
     @property
     def model_window(self) -> int | None:
-        """A sliding window the model itself was trained with (None: full causal attention)."""
-        return None
+        """A sliding window every layer shares (None when at least one layer attends to everything)."""
+        windows = {s.window for s in self.layers}
+        return windows.pop() if len(windows) == 1 else None
 
     def layer_cache(self, cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Cached K and V of one layer as transformers keeps them: (B, H_kv, T_cached, Dh) each."""
         entry = cache.layers[layer]
         return entry.keys, entry.values
 
-    # --- decoding through an external KV store -----------------------------------------------------------
+    # --- the parts of a block, for ``forward_through`` ------------------------------------------------------
+    #   h = embed(ids, pos)                                                   (1, T, D)
+    #   per layer i:  x = attn_in(i, h)                                       (1, T, D)
+    #                 q, k, v = qkv(i, x)           before rotation           (1, H | H_kv, T, Dh)
+    #                 q, k = rotate_qk(i, q, k, pos)                          (RoPE families only)
+    #                 h = h + attn_out(i, attend(q, store K/V) merged)         (1, T, D)
+    #                 h = h + mlp_branch(i, h)                                 (1, T, D)
+    #   logits = unembed(final_norm(h))                                       (1, T, V)
     @abstractmethod
+    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """ids (1, T), positions (T,) -> the residual stream entering block 0, (1, T, D)."""
+
+    @abstractmethod
+    def attn_in(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """The norm before attention: (1, T, D) -> (1, T, D)."""
+
+    @abstractmethod
+    def qkv(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (1, T, D) -> q (1, H, T, Dh), k and v (1, H_kv, T, Dh), before any rotation."""
+
+    def rotate_qk(self, layer: int, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                  cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k as attention uses them: rotated to ``positions`` for RoPE families, unchanged otherwise."""
+        if not self.rotary:
+            return q, k
+        cos, sin = cos_sin if cos_sin is not None else self.rope_cos_sin(positions, layer)
+        return apply_rope(q, cos[None], sin[None]), apply_rope(k, cos[None], sin[None])
+
+    @abstractmethod
+    def attn_out(self, layer: int, merged: torch.Tensor) -> torch.Tensor:
+        """The heads concatenated (1, T, H·Dh) -> what attention adds to the residual stream (1, T, D)."""
+
+    @abstractmethod
+    def mlp_branch(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """The residual stream after attention (1, T, D) -> what the MLP adds to it (norms included)."""
+
+    # --- decoding through an external KV store -----------------------------------------------------------
+    @torch.no_grad()
     def forward_through(self, store, ids: list[int]) -> torch.Tensor:
         """Run ``ids`` (the next T tokens) through the model reading and writing K/V via ``store``: logits (T, V).
+
+        Written once for every family, from the block parts above and each layer's ``LayerSpec``; a store's
+        window and the layer's own window both apply (the smaller one wins).
 
         The store contract is ``app.cache.store.KVStore``: ``length`` (tokens stored), ``window`` (None or W),
         ``begin(T)`` (reserve room for T new tokens; raises before changing anything if it cannot),
@@ -176,6 +265,34 @@ class ModelAdapter(ABC):
           ``prerope_k(layer, k)``      RoPE families only: this step's keys before rotation (H_kv, T, Dh),
                                        called just before ``attend_kv`` (StreamingLLM re-rotates cached keys)
         """
+        T, start = len(ids), store.length
+        self.check_room(start, T)
+        store.begin(T)
+        pos = torch.arange(start, start + T)  # (T,)
+        h = self.embed(torch.tensor([ids]), pos)  # (1, T, D)
+        observe = getattr(store, "observe", None)
+        prerope = getattr(store, "prerope_k", None) if self.rotary else None
+        rope: dict[float | None, tuple[torch.Tensor, torch.Tensor]] = {}  # cos/sin per rotary base, made once
+        for i, spec in enumerate(self.layers):
+            q, k_pre, v = self.qkv(i, self.attn_in(i, h))  # (1, H, T, Dh), (1, H_kv, T, Dh) x2
+            if self.rotary and spec.rope_base not in rope:
+                rope[spec.rope_base] = self.rope_cos_sin(pos, i)  # (T, Dh) each
+            q, k = self.rotate_qk(i, q, k_pre, pos, rope.get(spec.rope_base))
+            if prerope is not None:
+                prerope(i, k_pre[0])
+            keys, values, kpos = store.attend_kv(i, k[0], v[0])  # (H_kv, Tk, Dh), (H_kv, Tk, Dh), (Tk,)
+            windows = [w for w in (store.window, spec.window) if w]
+            weights, out = attend(q[0], keys, values, q_pos=pos, k_pos=kpos, kv_map=self.kv_map, scale=spec.scale,
+                                  window=min(windows) if windows else None,
+                                  softcap=spec.softcap)  # (H, T, Tk), (H, T, Dh)
+            if observe is not None:
+                observe(i, weights)
+            merged = out.transpose(0, 1).reshape(1, T, self.n_head * self.head_dim)  # (1, T, H·Dh)
+            h = h + self.attn_out(i, merged)
+            h = h + self.mlp_branch(i, h)
+        logits = self.unembed(self.final_norm(h))[0]  # (T, V)
+        store.end(T)
+        return logits
 
     def check_room(self, start: int, n_new: int) -> None:
         from app.errors import BadInput
@@ -184,16 +301,21 @@ class ModelAdapter(ABC):
             raise BadInput("err.model.positions", positions=self.max_positions, needed=start + n_new)
 
     # --- rotary positions (RoPE families only) ---------------------------------------------------------
-    def rope_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_cos_sin(self, positions: torch.Tensor, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of every position's angles in ``layer`` (its rotary base), (T, Dh) each."""
         raise ValueError(f"{self.family} models have no rotary positions")
 
-    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate (..., T, Dh) vectors as if they sat at ``positions`` (T,)."""
-        raise ValueError(f"{self.family} models have no rotary positions")
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor, layer: int = 0) -> torch.Tensor:
+        """Rotate (..., T, Dh) vectors as if they sat at ``positions`` (T,) in ``layer``."""
+        cos, sin = self.rope_cos_sin(positions, layer)  # (T, Dh)
+        return x * cos + rotate_half(x) * sin
 
     def rope_pairs(self) -> list[tuple[int, int]]:
-        """Which dimensions rotate together, one pair per frequency."""
-        raise ValueError(f"{self.family} models have no rotary positions")
+        """Which dimensions rotate together, one pair per frequency (dimension j with j + Dh/2)."""
+        if not self.rotary:
+            raise ValueError(f"{self.family} models have no rotary positions")
+        half = self.head_dim // 2
+        return [(j, j + half) for j in range(half)]
 
     # --- the residual stream read out (logit lens) -------------------------------------------------------
     @abstractmethod
@@ -202,12 +324,12 @@ class ModelAdapter(ABC):
 
     @abstractmethod
     def unembed(self, h: torch.Tensor) -> torch.Tensor:
-        """(abstract)"""
+        """The residual stream after the final norm -> logits (a final soft-cap included, where a model has one)."""
 
     # --- head ablation -----------------------------------------------------------------------------------
     @abstractmethod
     def output_projection(self, layer: int) -> nn.Module:
-        """The module that takes the concatenated heads (B, T, H·Dh); used only by ``ablate``."""
+        """The module that takes the concatenated heads (B, T, H·Dh) first; ``ablate`` hooks its input."""
 
     @contextmanager
     def ablate(self, heads: dict[int, list[int]]) -> Iterator[None]:
@@ -241,4 +363,5 @@ class ModelAdapter(ABC):
             "max_positions": self.max_positions, "vocab_size": self.vocab_size, "kv_map": list(self.kv_map),
             "attention_kind": self.attention_kind, "rotary": self.rotary, "norm": self.norm_kind,
             "mlp": self.mlp_kind, "position_table": self.position_table is not None,
+            "windows": [s.window for s in self.layers], "embed_scale": self.embed_scale, "post_norms": self.post_norms,
         }

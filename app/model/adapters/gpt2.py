@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from app.model.adapters.base import HookPoint, ModelAdapter, params_of
-from app.model.attention import attend
+from app.model.adapters.base import HookPoint, LayerSpec, ModelAdapter, params_of
 
 
 class GPT2Adapter(ModelAdapter):
@@ -80,7 +79,7 @@ class GPT2Adapter(ModelAdapter):
         q, k, v = qkv.split(self.d_model, dim=2)  # (B, T, D) each
         return self.split_heads(q), self.split_heads(k), self.split_heads(v)
 
-    def derive(self, captured: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def derive(self, captured: dict[str, torch.Tensor], positions: torch.Tensor) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for name, tensor in captured.items():
             if name.endswith(".attn.weights"):
@@ -94,35 +93,28 @@ class GPT2Adapter(ModelAdapter):
                 out[name[: -len("merged")] + "head_out"] = self.split_heads(tensor)
         return out
 
-    def attn_scale(self, layer: int) -> float:
+    def layer_spec(self, layer: int) -> LayerSpec:
         config = self.config
         scale = self.head_dim**-0.5 if config.scale_attn_weights else 1.0
-        return scale / (layer + 1) if config.scale_attn_by_inverse_layer_idx else scale
+        return LayerSpec(scale=scale / (layer + 1) if config.scale_attn_by_inverse_layer_idx else scale)
 
-    @torch.no_grad()
-    def forward_through(self, store, ids: list[int]) -> torch.Tensor:
-        """h = wte[ids] + wpe[pos]; per block: ln_1 → c_attn → attend over the store's K/V → c_proj → + MLP."""
+    # --- block parts: h = wte[ids] + wpe[pos]; ln_1 → c_attn → attend → c_proj; ln_2 → MLP ------------------
+    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         tr = self.model.transformer
-        T, start = len(ids), store.length
-        self.check_room(start, T)
-        store.begin(T)
-        pos = torch.arange(start, start + T)  # (T,)
-        h = tr.wte(torch.tensor([ids])) + tr.wpe(pos)[None]  # (1, T, D)
-        window = store.window
-        observe = getattr(store, "observe", None)
-        for i, block in enumerate(tr.h):
-            q, k, v = self.split_qkv(block.attn.c_attn(block.ln_1(h)))  # (1, H, T, Dh) each
-            keys, values, kpos = store.attend_kv(i, k[0], v[0])  # (H, Tk, Dh), (H, Tk, Dh), (Tk,)
-            weights, out = attend(q[0], keys, values, q_pos=pos, k_pos=kpos, kv_map=self.kv_map,
-                                  scale=self.attn_scale(i), window=window)  # (H, T, Tk), (H, T, Dh)
-            if observe is not None:
-                observe(i, weights)
-            merged = out.transpose(0, 1).reshape(1, T, self.d_model)  # (1, T, D)
-            h = h + block.attn.c_proj(merged)
-            h = h + block.mlp(block.ln_2(h))
-        logits = self.model.lm_head(tr.ln_f(h))[0]  # (T, V)
-        store.end(T)
-        return logits
+        return tr.wte(ids) + tr.wpe(positions)[None]  # (1, T, D)
+
+    def attn_in(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        return self.model.transformer.h[layer].ln_1(h)
+
+    def qkv(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.split_qkv(self.model.transformer.h[layer].attn.c_attn(x))  # (1, H, T, Dh) each
+
+    def attn_out(self, layer: int, merged: torch.Tensor) -> torch.Tensor:
+        return self.model.transformer.h[layer].attn.c_proj(merged)
+
+    def mlp_branch(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        block = self.model.transformer.h[layer]
+        return block.mlp(block.ln_2(h))
 
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:
         return self.model.transformer.ln_f(h)

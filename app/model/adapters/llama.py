@@ -28,19 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from app.model.adapters.base import HookPoint, ModelAdapter, params_of
-from app.model.attention import attend
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, n, T, Dh), cos/sin (B, T, Dh): the rotation transformers applies (same ops, same floats)."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return (x * cos) + (rotate_half(x) * sin)
+from app.model.adapters.base import HookPoint, LayerSpec, ModelAdapter, apply_rope, params_of
 
 
 class LlamaAdapter(ModelAdapter):
@@ -69,14 +57,12 @@ class LlamaAdapter(ModelAdapter):
     def token_table(self) -> torch.Tensor:
         return self._base.embed_tokens.weight  # (V, D)
 
-    @property
-    def model_window(self) -> int | None:
+    def layer_spec(self, layer: int) -> LayerSpec:
         c = self.config
-        if c.model_type == "mistral":
-            return getattr(c, "sliding_window", None)
-        if c.model_type in ("qwen2", "qwen3") and getattr(c, "use_sliding_window", False):
-            return getattr(c, "sliding_window", None)
-        return None
+        sliding = c.model_type == "mistral" or getattr(c, "use_sliding_window", False)  # Qwen: off unless set
+        window = getattr(c, "sliding_window", None) if sliding else None
+        base = (getattr(c, "rope_parameters", None) or {}).get("rope_theta") or getattr(c, "rope_theta", None)
+        return LayerSpec(scale=self.head_dim**-0.5, window=window, rope_base=base)
 
     # --- hooks -----------------------------------------------------------------------------------
     def hook_points(self) -> list[HookPoint]:
@@ -125,7 +111,7 @@ class LlamaAdapter(ModelAdapter):
         B, T = x.shape[:2]
         return x.reshape(B, T, n, self.head_dim).transpose(1, 2)
 
-    def derive(self, captured: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def derive(self, captured: dict[str, torch.Tensor], positions: torch.Tensor) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         cos, sin = captured["rope.cos"], captured["rope.sin"]
         for name, tensor in captured.items():
@@ -148,59 +134,34 @@ class LlamaAdapter(ModelAdapter):
         return out
 
     # --- rotary positions ------------------------------------------------------------------------
-    def rope_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of every position's angles, (T, Dh), from the model's own rotary module."""
+    def rope_cos_sin(self, positions: torch.Tensor, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of every position's angles, (T, Dh), from the model's own rotary module (one base for all)."""
         probe = self.token_table[:1].unsqueeze(0)  # only its dtype and device are read
         cos, sin = self._base.rotary_emb(probe, positions.reshape(1, -1))
         return cos[0], sin[0]
 
-    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos, sin = self.rope_cos_sin(positions)  # (T, Dh)
-        return x * cos + rotate_half(x) * sin
+    # --- block parts: h = embed[ids]; RMSNorm → q/k/v (→ q/k norm) → rotate → attend → o_proj; RMSNorm → SwiGLU
+    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self._base.embed_tokens(ids)  # (1, T, D): positions enter later, as a rotation
 
-    def rope_pairs(self) -> list[tuple[int, int]]:
-        half = self.head_dim // 2
-        return [(j, j + half) for j in range(half)]
+    def attn_in(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        return self._base.layers[layer].input_layernorm(h)
 
-    # --- decoding through an external KV store -----------------------------------------------------
-    @torch.no_grad()
-    def forward_through(self, store, ids: list[int]) -> torch.Tensor:
-        """h = embed[ids]; per layer: RMSNorm → q/k/v → rotate q, k → attend over the store's K/V → o_proj → + MLP."""
-        m = self._base
-        T, start = len(ids), store.length
-        self.check_room(start, T)
-        store.begin(T)
-        pos = torch.arange(start, start + T)  # (T,)
-        h = m.embed_tokens(torch.tensor([ids]))  # (1, T, D)
-        cos, sin = m.rotary_emb(h, pos[None])  # (1, T, Dh) each
-        windows = [w for w in (store.window, self.model_window) if w]
-        window = min(windows) if windows else None
-        observe, prerope = getattr(store, "observe", None), getattr(store, "prerope_k", None)
-        for i, layer in enumerate(m.layers):
-            at = layer.self_attn
-            x = layer.input_layernorm(h)
-            q, k = at.q_proj(x), at.k_proj(x)
-            if self.qk_norm:
-                B = x.shape[0]
-                q = at.q_norm(q.view(B, T, self.n_head, self.head_dim))
-                k = at.k_norm(k.view(B, T, self.n_kv_head, self.head_dim))
-            q = apply_rope(self._heads(q, self.n_head), cos, sin)  # (1, H, T, Dh)
-            k_pre = self._heads(k, self.n_kv_head)  # (1, H_kv, T, Dh) before rotation
-            k = apply_rope(k_pre, cos, sin)  # (1, H_kv, T, Dh)
-            v = self._heads(at.v_proj(x), self.n_kv_head)  # (1, H_kv, T, Dh)
-            if prerope is not None:
-                prerope(i, k_pre[0])
-            keys, values, kpos = store.attend_kv(i, k[0], v[0])  # (H_kv, Tk, Dh), (H_kv, Tk, Dh), (Tk,)
-            weights, out = attend(q[0], keys, values, q_pos=pos, k_pos=kpos, kv_map=self.kv_map,
-                                  scale=self.attn_scale(i), window=window)  # (H, T, Tk), (H, T, Dh)
-            if observe is not None:
-                observe(i, weights)
-            merged = out.transpose(0, 1).reshape(1, T, self.n_head * self.head_dim)
-            h = h + at.o_proj(merged)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        logits = self.model.lm_head(m.norm(h))[0]  # (T, V)
-        store.end(T)
-        return logits
+    def qkv(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        at = self._base.layers[layer].self_attn
+        B, T = x.shape[:2]
+        q, k = at.q_proj(x), at.k_proj(x)
+        if self.qk_norm:
+            q = at.q_norm(q.view(B, T, self.n_head, self.head_dim))
+            k = at.k_norm(k.view(B, T, self.n_kv_head, self.head_dim))
+        return self._heads(q, self.n_head), self._heads(k, self.n_kv_head), self._heads(at.v_proj(x), self.n_kv_head)
+
+    def attn_out(self, layer: int, merged: torch.Tensor) -> torch.Tensor:
+        return self._base.layers[layer].self_attn.o_proj(merged)
+
+    def mlp_branch(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        block = self._base.layers[layer]
+        return block.mlp(block.post_attention_layernorm(h))
 
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:
         return self._base.norm(h)

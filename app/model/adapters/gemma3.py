@@ -1,0 +1,151 @@
+"""Gemma 3 family (text): gemma-3-270m, gemma-3-1b (``gemma3_text``).
+
+A Llama-shaped decoder with four differences, all read from the config:
+
+  * local and global layers: five of every six layers attend through a sliding window (512 tokens on
+    gemma-3-270m, rotary base 10 000), the sixth to everything (rotary base 1 000 000); ``config.layer_types``
+    says which is which, and each layer's ``LayerSpec`` carries its window and base. transformers' cache keeps
+    only the last ``window - 1`` K/V of a local layer (the next query's own key makes ``window``).
+  * scores scaled by ``query_pre_attn_scalar ** -0.5`` (256 on gemma-3-270m, which is head_dim anyway).
+  * embeddings multiplied by √d_model on the way in (the table itself is plain; the tied unembedding reads it as is).
+  * "sandwich" norms: RMSNorm after attention and after the MLP as well as before them, RMSNorm on q and k per
+    head, every RMSNorm scaling by (1 + weight); the MLP is a gated GELU (down(gelu(gate(x)) · up(x))).
+
+gemma-3-270m: 18 layers, 4 query heads on 1 KV head (multi-query attention), head_dim 256, d_model 640.
+
+Family-specific hook points, besides the shared ones (see ``base``)::
+
+    blocks.{i}.attn.q_proj      # (B, H, T, Dh)     q projection after q_norm, before rotation
+    blocks.{i}.attn.k_proj      # (B, H_kv, T, Dh)  k projection after k_norm
+    blocks.{i}.attn.v_proj      # (B, T, H_kv·Dh)
+    blocks.{i}.attn.q_prerope   # (B, H, T, Dh)     derived: the same, named as the Llama family names it
+    blocks.{i}.attn.k_prerope   # (B, H_kv, T, Dh)
+    blocks.{i}.attn.o_proj      # (B, T, D)         output projection, before the norm after attention
+    blocks.{i}.mlp.gate         # (B, T, d_mlp)
+    blocks.{i}.mlp.up           # (B, T, d_mlp)
+    blocks.{i}.mlp.down         # (B, T, D)         down projection, before the norm after the MLP
+
+``embed.wte`` is the table row; ``embed.h0`` the row times √d_model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from app.model.adapters.base import HookPoint, LayerSpec, apply_rope, params_of
+from app.model.adapters.llama import LlamaAdapter
+
+
+class Gemma3Adapter(LlamaAdapter):
+    family = "gemma3"
+    model_types = ("gemma3_text",)
+    mlp_kind = "geglu"
+    post_norms = True  # RMSNorm after attention and after the MLP too ("sandwich" norms)
+
+    def read_sizes(self, config) -> None:
+        super().read_sizes(config)
+        self.qk_norm = True
+        self.embed_scale = config.hidden_size**0.5
+
+    def layer_spec(self, layer: int) -> LayerSpec:
+        c = self.config
+        kind = c.layer_types[layer]  # "sliding_attention" | "full_attention"
+        return LayerSpec(scale=c.query_pre_attn_scalar**-0.5,
+                         window=c.sliding_window if kind == "sliding_attention" else None,
+                         softcap=getattr(c, "attn_logit_softcapping", None),
+                         rope_base=c.rope_parameters[kind]["rope_theta"])
+
+    # --- hooks -----------------------------------------------------------------------------------
+    def hook_points(self) -> list[HookPoint]:
+        m = self._base
+        emb = params_of(m.embed_tokens, "model.embed_tokens")
+        points = [
+            HookPoint("embed.wte", m.embed_tokens, "input0", emb),  # the ids; ``derive`` looks their rows up
+            HookPoint("embed.h0", m.embed_tokens, "output", ()),  # rows · √d_model
+        ]
+        for i, layer in enumerate(m.layers):
+            p, b = f"model.layers.{i}", f"blocks.{i}"
+            at, mlp = layer.self_attn, layer.mlp
+
+            def ps(module, name, prefix=p):
+                return params_of(module, f"{prefix}.{name}")
+
+            points += [
+                HookPoint(f"{b}.ln_1", layer.input_layernorm, "output", ps(layer.input_layernorm, "input_layernorm")),
+                HookPoint(f"{b}.attn.q_proj", at.q_norm, "output",
+                          ps(at.q_proj, "self_attn.q_proj") + ps(at.q_norm, "self_attn.q_norm")),
+                HookPoint(f"{b}.attn.k_proj", at.k_norm, "output",
+                          ps(at.k_proj, "self_attn.k_proj") + ps(at.k_norm, "self_attn.k_norm")),
+                HookPoint(f"{b}.attn.v_proj", at.v_proj, "output", ps(at.v_proj, "self_attn.v_proj")),
+                HookPoint(f"{b}.attn.weights", at, "output1", ()),
+                HookPoint(f"{b}.attn.merged", at.o_proj, "input0", ()),
+                HookPoint(f"{b}.attn.o_proj", at.o_proj, "output", ps(at.o_proj, "self_attn.o_proj")),
+                HookPoint(f"{b}.attn.out", layer.post_attention_layernorm, "output",
+                          ps(layer.post_attention_layernorm, "post_attention_layernorm")),
+                HookPoint(f"{b}.resid_mid", layer.pre_feedforward_layernorm, "input0", ()),
+                HookPoint(f"{b}.ln_2", layer.pre_feedforward_layernorm, "output",
+                          ps(layer.pre_feedforward_layernorm, "pre_feedforward_layernorm")),
+                HookPoint(f"{b}.mlp.gate", mlp.gate_proj, "output", ps(mlp.gate_proj, "mlp.gate_proj")),
+                HookPoint(f"{b}.mlp.up", mlp.up_proj, "output", ps(mlp.up_proj, "mlp.up_proj")),
+                HookPoint(f"{b}.mlp.hidden", mlp.down_proj, "input0", ()),
+                HookPoint(f"{b}.mlp.down", mlp.down_proj, "output", ps(mlp.down_proj, "mlp.down_proj")),
+                HookPoint(f"{b}.mlp.out", layer.post_feedforward_layernorm, "output",
+                          ps(layer.post_feedforward_layernorm, "post_feedforward_layernorm")),
+                HookPoint(f"{b}.resid_out", layer, "output", ()),
+            ]
+        points += [
+            HookPoint("ln_f", m.norm, "output", params_of(m.norm, "model.norm")),
+            HookPoint("logits", self.model.lm_head, "output", (("lm_head.weight", self.model.lm_head.weight),)),
+        ]
+        return points
+
+    def derive(self, captured: dict[str, torch.Tensor], positions: torch.Tensor) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        rope: dict[float | None, tuple[torch.Tensor, torch.Tensor]] = {}  # cos/sin (1, T, Dh) per rotary base
+        for name, tensor in captured.items():
+            if name.endswith(".attn.weights"):
+                continue  # placed after q/k/v: the attention module's hook fires after o_proj's
+            if name == "embed.wte":
+                out[name] = torch.nn.functional.embedding(tensor, self.token_table)  # (B, T, D) the table rows
+                continue
+            out[name] = tensor
+            if name.endswith(".attn.v_proj"):
+                prefix = name[: -len("v_proj")]
+                layer = int(name.split(".")[1])
+                base = self.spec(layer).rope_base
+                if base not in rope:
+                    cos, sin = self.rope_cos_sin(positions, layer)  # (T, Dh)
+                    rope[base] = cos[None], sin[None]
+                cos, sin = rope[base]
+                q_pre, k_pre = captured[prefix + "q_proj"], captured[prefix + "k_proj"]  # already (B, n, T, Dh)
+                out[prefix + "q_prerope"], out[prefix + "k_prerope"] = q_pre, k_pre
+                out[prefix + "q"] = apply_rope(q_pre, cos, sin)
+                out[prefix + "k"] = apply_rope(k_pre, cos, sin)
+                out[prefix + "v"] = self._heads(tensor, self.n_kv_head)
+                out[prefix + "weights"] = captured[prefix + "weights"]
+            elif name.endswith(".attn.merged"):
+                out[name[: -len("merged")] + "head_out"] = self.split_heads(tensor)
+        return out
+
+    # --- rotary positions: one base per kind of layer ------------------------------------------------
+    def rope_cos_sin(self, positions: torch.Tensor, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        probe = self.token_table[:1].unsqueeze(0)  # only its dtype and device are read
+        cos, sin = self._base.rotary_emb(probe, positions.reshape(1, -1), self.config.layer_types[layer])
+        return cos[0], sin[0]
+
+    # --- block parts ---------------------------------------------------------------------------------
+    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self._base.embed_tokens(ids)  # (1, T, D) rows · √d_model
+
+    def attn_out(self, layer: int, merged: torch.Tensor) -> torch.Tensor:
+        block = self._base.layers[layer]
+        return block.post_attention_layernorm(block.self_attn.o_proj(merged))
+
+    def mlp_branch(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        block = self._base.layers[layer]
+        return block.post_feedforward_layernorm(block.mlp(block.pre_feedforward_layernorm(h)))
+
+    def unembed(self, h: torch.Tensor) -> torch.Tensor:
+        logits = self.model.lm_head(h)
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        return torch.tanh(logits / cap) * cap if cap else logits
