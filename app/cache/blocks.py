@@ -38,6 +38,7 @@ With ``enable_caching=False`` no hash is ever registered, so the pool is a plain
 from __future__ import annotations
 
 import hashlib
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence, Sized
 from dataclasses import dataclass
@@ -135,14 +136,15 @@ class NoFreeBlocks(RuntimeError):
     """The pool cannot hand out that many blocks: every block is held by a running request."""
 
 
-class _PoolCounts:
+class _PoolCounts(ABC):
     """The counts both layouts derive the same way from ``num_blocks``, the free queue and ``eviction_order``."""
 
     num_blocks: int
     free_block_queue: Sized
 
+    @abstractmethod
     def eviction_order(self) -> list:
-        raise NotImplementedError
+        """Free blocks in the order they would be taken (and, if they still have a hash, evicted)."""
 
     @property
     def num_free_blocks(self) -> int:
