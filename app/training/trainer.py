@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -65,7 +66,7 @@ def train(
     stop: threading.Event | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     start_step: int = 0,
-    lock: threading.Lock | None = None,
+    lock: AbstractContextManager | None = None,
 ) -> list[StepInfo]:
     """Train ``model`` in place and return the loss of every step taken.
 
@@ -76,7 +77,7 @@ def train(
     Resuming (``start_step`` > 0, with the same ``optimizer``) first replays the random draws of the
     steps already taken, so a run stopped and resumed sees exactly the batches of an uninterrupted run.
     ``lock``, if given, is held for the whole of each step, so another thread holding it sees weights,
-    grads and optimizer state that belong together.
+    grads and optimizer state that belong together (the Training lab's also holds the server's model gate).
     """
     generator = torch.Generator().manual_seed(config.seed)
     torch.manual_seed(config.seed)
