@@ -480,9 +480,9 @@ def outcome(job: Job, owner: str, lab: LabQueue | None = None) -> Any:
 def stopped_error(reason: str, lab: LabQueue | None) -> UserError:
     """A stopped run, as the message a request gets (one literal key per reason, for tests/test_messages.py)."""
     if reason == TIME_LIMIT:
-        return Busy("line.time_limit", retry_after=60, seconds=round(lab.max_run_s if lab else 0))
+        return Busy("line.time_limit", retry_after=60, seconds=f"{lab.max_run_s if lab else 0:g}")
     if reason == WAITED:
-        return Busy("line.waited", retry_after=60, seconds=round(lab.max_wait_s if lab else 0))
+        return Busy("line.waited", retry_after=60, seconds=f"{lab.max_wait_s if lab else 0:g}")
     if reason == REPLACED:
         return Expired("line.replaced")
     return Expired("line.stopped")

@@ -9,8 +9,8 @@ Lifecycle of a job::
 Invariants:
   * At most one job is ``running``/``stopping``/``publishing`` (``self.line`` runs one at a time); the others
     wait in the line, each browser seeing its place (``app/labs/queue.py``).
-  * Each training step holds the server's model gate (``_StepGuard``), so a decode step of another browser
-    waits for one training step, never for the run.
+  * A training step holds the server's model gate in pieces (``PIECE_ROWS`` rows of its batch at a time, then
+    the optimizer update), so a decode step of another browser waits for one piece, never for a step or the run.
   * A job trains its OWN model and optimizer. The app's ``ModelRegistry`` is touched only when a run
     completes, under the model gate: a stopped or failed run leaves every registered model as it was.
   * A finished run is ADDED as a new model, ``builtin-trained-<n>``, saved under the home so it is offered
@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -67,6 +66,10 @@ LIMITS: dict[str, tuple[float, float]] = {
 EQUIVALENCE_PROMPT_CHARS = 40
 EQUIVALENCE_NEW_TOKENS = 8
 ACTIVE = ("running", "stopping", "publishing")
+# A training step holds the server's model gate for the forward and backward of this many rows of its batch at a
+# time, then for the optimizer update: with the default batch (16 × 128 characters) a hold is about as long as a
+# decode step, so another browser's step waits for one such piece, not a whole training step.
+PIECE_ROWS = 4
 
 
 @dataclass(frozen=True)
@@ -150,26 +153,6 @@ class TrainingJob:
             return param_view(self.model, self.optimizer, name, part)
 
 
-class _StepGuard:
-    """Held around each training step: one piece of the lab's pace (the server's model gate, so other browsers'
-    requests run between steps), then the job's own step lock (snapshots see one step's tensors together)."""
-
-    def __init__(self, pace: GatedPace, lock: threading.Lock) -> None:
-        self.pace, self.lock = pace, lock
-        self._piece: AbstractContextManager | None = None
-
-    def __enter__(self) -> _StepGuard:
-        self._piece = self.pace.piece()
-        self._piece.__enter__()
-        self.lock.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.lock.release()
-        assert self._piece is not None
-        self._piece.__exit__(*exc)
-
-
 class TrainingLab:
     """The server's Training lab: ``state.training``, created with the app state (see ``app/state.py``).
 
@@ -228,9 +211,10 @@ class TrainingLab:
         """Stop: the owner's waiting run leaves the line, its training run stops after the current step (the
         registered models stay as they were). ``owner=None``: the run training now, whoever started it."""
         ticket = self.line.mine(owner) if owner is not None else self.line.running()
+        if ticket is None and owner is not None and self.line.running() is not None:
+            raise BadInput("err.train.not_yours")
         if ticket is None:
-            raise BadInput("err.train.not_running" if owner is None or self.line.running() is None
-                           else "err.train.not_yours")
+            raise BadInput("err.train.not_running")
         job: TrainingJob = ticket.payload
         if not self.line.stop(ticket.id, owner):
             raise BadInput("err.train.not_running")
@@ -334,7 +318,7 @@ class TrainingLab:
 
         try:
             train(job.model, job.data, job.spec.config, on_step=on_step, stop=pace.cancel, optimizer=job.optimizer,
-                  start_step=job.next_step, lock=_StepGuard(pace, job.step_lock))
+                  start_step=job.next_step, lock=job.step_lock, piece=pace.piece, piece_rows=PIECE_ROWS)
             with self._lock:
                 finished = job.next_step >= steps
                 job.status = "publishing" if finished else "stopped"

@@ -67,6 +67,8 @@ def train(
     optimizer: torch.optim.Optimizer | None = None,
     start_step: int = 0,
     lock: AbstractContextManager | None = None,
+    piece: Callable[[], AbstractContextManager] | None = None,
+    piece_rows: int | None = None,
 ) -> list[StepInfo]:
     """Train ``model`` in place and return the loss of every step taken.
 
@@ -77,7 +79,12 @@ def train(
     Resuming (``start_step`` > 0, with the same ``optimizer``) first replays the random draws of the
     steps already taken, so a run stopped and resumed sees exactly the batches of an uninterrupted run.
     ``lock``, if given, is held for the whole of each step, so another thread holding it sees weights,
-    grads and optimizer state that belong together (the Training lab's also holds the server's model gate).
+    grads and optimizer state that belong together.
+
+    ``piece`` splits a step into shorter holds of something else (the Training lab's: the server's model
+    gate, so other browsers' requests run in between): ``piece()`` is entered around the forward and backward
+    of every ``piece_rows`` rows of the batch, and around the optimizer update. The gradient is the same: each
+    slice's mean loss is weighted by its share of the rows, and ``backward()`` adds the slices' gradients up.
     """
     generator = torch.Generator().manual_seed(config.seed)
     torch.manual_seed(config.seed)
@@ -98,10 +105,22 @@ def train(
             with step_lock:
                 for group in optimizer.param_groups:
                     group["lr"] = lr_at(config, step)
-                loss = next_token_loss(model, inputs, targets)
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
+                if piece is None:
+                    loss = next_token_loss(model, inputs, targets)
+                    loss.backward()
+                    optimizer.step()
+                else:
+                    loss = torch.zeros(())
+                    rows = piece_rows or inputs.size(0)
+                    for start in range(0, inputs.size(0), rows):
+                        with piece():
+                            part = next_token_loss(model, inputs[start:start + rows], targets[start:start + rows])
+                            part = part * (min(rows, inputs.size(0) - start) / inputs.size(0))  # its share of the mean
+                            part.backward()
+                        loss = loss + part.detach()
+                    with piece():
+                        optimizer.step()
             info = StepInfo(step=step, loss=float(loss.detach()))
             history.append(info)
             if on_step is not None:
