@@ -87,7 +87,7 @@
                                  ev.event === "queued" || ev.event === "running");
       }, me.controller.signal);
     } catch (e) {
-      if (current === me && !me.controller.signal.aborted && e.status === undefined) line(kv.t("js.lab.lost"), 0, false);
+      if (current === me && !me.controller.signal.aborted && e.status === undefined) line(kv.t("js.lab.lost"), null, false);
       else if (current === me && e.status !== undefined) document.getElementById("arena-line").hidden = true;
     }
     if (current !== me) return;
@@ -105,7 +105,7 @@
       try { await fetch("/api/arena/jobs/" + encodeURIComponent(me.job), { method: "DELETE" }); } catch (e) { /* closing is enough */ }
     }
     me.controller.abort();
-    line(kv.t("js.lab.stopped"), 0, false);
+    line(kv.t("js.lab.stopped"), null, false);
   }
 
   document.addEventListener("DOMContentLoaded", () => {

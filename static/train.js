@@ -42,7 +42,7 @@ window.kv.plotly().then(() => {
     $("#train-resume").disabled = s.status !== "stopped" || Boolean(mine);
     if (!following && s.line) {
       const n = s.line.waiting;
-      showLine(mine ? mine.text : n ? kv.t("train.line.waiting", { n }) : "");
+      showLine(mine ? lineText(mine) : n ? kv.t("train.line.waiting", { n }) : "");
     }
     const liveStep = $("#live-step");
     if (liveStep && s.job) liveStep.textContent = s.step;
@@ -51,6 +51,12 @@ window.kv.plotly().then(() => {
   function showLine(text) {
     $("#train-line").hidden = !text;
     $("#train-line-text").textContent = text;
+  }
+  /* What this browser's own run says: its place while it waits; nothing while it trains (the status row above
+     shows the run in progress, which is then this one); how it ended. */
+  function lineText(ev) {
+    if (ev.event === "running") return "";
+    return ev.event === "queued" ? kv.t("train.line.mine", { text: ev.text }) : ev.text;
   }
 
   /* This page's own run, followed live through the server's line (kv.follow): its place, then its steps. The
@@ -65,7 +71,7 @@ window.kv.plotly().then(() => {
     try {
       await kv.follow(url, body, (ev) => {
         if (following !== me) return;
-        showLine(ev.text);
+        showLine(lineText(ev));
         if (ev.event !== seenEvent) { seenEvent = ev.event; schedule(0); }  // it started or ended: read the lab now
       }, me.signal);
     } catch (e) {

@@ -9,8 +9,8 @@ Lifecycle of a job::
 Invariants:
   * At most one job is ``running``/``stopping``/``publishing`` (``self.line`` runs one at a time); the others
     wait in the line, each browser seeing its place (``app/labs/queue.py``).
-  * A training step holds the server's model gate in pieces (``PIECE_ROWS`` rows of its batch at a time, then
-    the optimizer update), so a decode step of another browser waits for one piece, never for a step or the run.
+  * A training step holds the server's model gate in three pieces (forward, backward, AdamW update), so a decode
+    step of another browser waits for one piece, never for the run.
   * A job trains its OWN model and optimizer. The app's ``ModelRegistry`` is touched only when a run
     completes, under the model gate: a stopped or failed run leaves every registered model as it was.
   * A finished run is ADDED as a new model, ``builtin-trained-<n>``, saved under the home so it is offered
@@ -66,10 +66,6 @@ LIMITS: dict[str, tuple[float, float]] = {
 EQUIVALENCE_PROMPT_CHARS = 40
 EQUIVALENCE_NEW_TOKENS = 8
 ACTIVE = ("running", "stopping", "publishing")
-# A training step holds the server's model gate for the forward and backward of this many rows of its batch at a
-# time, then for the optimizer update: with the default batch (16 × 128 characters) a hold is about as long as a
-# decode step, so another browser's step waits for one such piece, not a whole training step.
-PIECE_ROWS = 4
 
 
 @dataclass(frozen=True)
@@ -318,7 +314,7 @@ class TrainingLab:
 
         try:
             train(job.model, job.data, job.spec.config, on_step=on_step, stop=pace.cancel, optimizer=job.optimizer,
-                  start_step=job.next_step, lock=job.step_lock, piece=pace.piece, piece_rows=PIECE_ROWS)
+                  start_step=job.next_step, lock=job.step_lock, piece=pace.piece)
             with self._lock:
                 finished = job.next_step >= steps
                 job.status = "publishing" if finished else "stopped"

@@ -68,7 +68,6 @@ def train(
     start_step: int = 0,
     lock: AbstractContextManager | None = None,
     piece: Callable[[], AbstractContextManager] | None = None,
-    piece_rows: int | None = None,
 ) -> list[StepInfo]:
     """Train ``model`` in place and return the loss of every step taken.
 
@@ -81,10 +80,10 @@ def train(
     ``lock``, if given, is held for the whole of each step, so another thread holding it sees weights,
     grads and optimizer state that belong together.
 
-    ``piece`` splits a step into shorter holds of something else (the Training lab's: the server's model
-    gate, so other browsers' requests run in between): ``piece()`` is entered around the forward and backward
-    of every ``piece_rows`` rows of the batch, and around the optimizer update. The gradient is the same: each
-    slice's mean loss is weighted by its share of the rows, and ``backward()`` adds the slices' gradients up.
+    ``piece`` splits a step into three shorter holds of something else (the Training lab's: the server's model
+    gate, so other browsers' requests run in between): ``piece()`` is entered around the forward, the backward
+    and the optimizer update, each on its own. The arithmetic is exactly that of one hold (the same operations
+    on the same tensors, in the same order), so the losses are the article's to the last bit.
     """
     generator = torch.Generator().manual_seed(config.seed)
     torch.manual_seed(config.seed)
@@ -105,22 +104,14 @@ def train(
             with step_lock:
                 for group in optimizer.param_groups:
                     group["lr"] = lr_at(config, step)
-                optimizer.zero_grad(set_to_none=True)
-                if piece is None:
+                hold = piece if piece is not None else contextlib.nullcontext
+                with hold():
                     loss = next_token_loss(model, inputs, targets)
+                with hold():
+                    optimizer.zero_grad(set_to_none=True)
                     loss.backward()
+                with hold():
                     optimizer.step()
-                else:
-                    loss = torch.zeros(())
-                    rows = piece_rows or inputs.size(0)
-                    for start in range(0, inputs.size(0), rows):
-                        with piece():
-                            part = next_token_loss(model, inputs[start:start + rows], targets[start:start + rows])
-                            part = part * (min(rows, inputs.size(0) - start) / inputs.size(0))  # its share of the mean
-                            part.backward()
-                        loss = loss + part.detach()
-                    with piece():
-                        optimizer.step()
             info = StepInfo(step=step, loss=float(loss.detach()))
             history.append(info)
             if on_step is not None:

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import make_state
-from tests.live import serve_in_thread
+from tests.live import browser_page, serve_in_thread
 
 TEXT_RUN = {"model": "builtin", "source": "text", "steps": 2, "budget": 25, "policies": ["window"]}
 
@@ -303,3 +303,30 @@ def test_a_training_run_followed_live_waits_its_turn_and_stops_when_its_client_g
     until(lambda: state.training.line.stats()["running"] is None, "a's run stopped")
     assert state.training.job.status == "stopped" and state.training.job.stopped == "cancelled"
     assert state.registry.names == ["builtin"]
+
+
+@pytest.mark.browser
+def test_the_arena_page_shows_its_place_in_line_and_stop_takes_it_out(serve, browser):
+    state, url = serve()
+    with browser_page(browser, viewport={"width": 1280, "height": 900}) as first, \
+            browser_page(browser, viewport={"width": 1280, "height": 900}) as second:
+        for pg in (first, second):
+            pg.goto(url + "/arena?model=builtin")
+            pg.fill("#arena-steps", "2")
+        with gate_held(state):
+            first.click("#arena-run")
+            until(lambda: state.arena_lab.running() is not None, "the first page's run started")
+            second.fill("#arena-budget", "30")
+            second.click("#arena-run")
+            second.wait_for_function("document.getElementById('arena-line-text').textContent === '1st in line'")
+            assert second.is_visible("#arena-stop") and "budget=30" in second.url  # the run is a link
+            second.click("#arena-stop")
+            second.wait_for_function("document.getElementById('arena-line-text').textContent === 'Stopped.'")
+            until(lambda: state.arena_lab.stats()["queued"] == 0, "the waiting run left the line")
+            assert not second.is_visible("#arena-stop")
+            first.click("#arena-stop")
+            until(lambda: state.arena_lab.stats()["running"] is None, "the running run stopped")
+        second.click("#arena-run")  # the line is free again: this one runs, and its result is drawn
+        second.wait_for_selector("#arena-table tr[data-policy='window']", timeout=120_000)
+        second.wait_for_function("document.getElementById('arena-line-text').textContent.startsWith('Done in')")
+        assert first.js_errors == [] and second.js_errors == []
