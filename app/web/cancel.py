@@ -67,8 +67,9 @@ class FollowResponse(StreamingResponse):
     media_type = "application/x-ndjson"
 
     def __init__(self, look: Callable[[], dict], *, is_last: Callable[[dict], bool],
-                 on_close: Callable[[], None] | None = None, poll_s: float = 0.1, min_interval_s: float = 0.2) -> None:
-        super().__init__(iter(()), media_type=self.media_type,
+                 on_close: Callable[[], None] | None = None, poll_s: float = 0.1, min_interval_s: float = 0.2,
+                 status_code: int = 200) -> None:
+        super().__init__(iter(()), status_code=status_code, media_type=self.media_type,
                          headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
         self.look, self.is_last, self.on_close = look, is_last, on_close
         self.poll_s, self.min_interval_s = poll_s, min_interval_s
