@@ -8,14 +8,15 @@ off, as README's Classroom mode says for a class behind one NAT) runs the built-
 simulated browser has its own cookie jar.
 
 1. Quiet: one browser decodes alone (3 sessions × 20 steps, 50 ms apart): its step latencies.
-2. The class: N browsers press Run at once, each with its own budget (N different runs, 8 steps, four policies),
+2. The class: N browsers press Run at once, each with its own budget (N different runs of the arena's default:
+   16 steps, the seven default policies that apply to GPT-2, and full attention),
    follow their run through the line (``POST /api/arena/jobs``, one JSON line per change) and then fetch the
    result as the page does (the fragment, from the finished results). Meanwhile the decoding browser keeps
    stepping. Reported: results received, refusals, each browser's wait from pressing Run to its result, and the
    decode step's p95 while the line was busy ÷ its quiet p95.
 3. The same N press Run again with the parameters of a run that has finished: every answer comes from the
    finished results (no model work).
-4. One training run (``POST /api/train/jobs``, 40 steps of the default batch) while the browser decodes: the
+4. One training run (``POST /api/train/jobs``, 200 steps of the default batch) while the browser decodes: the
    decode step's p95 beside a run whose piece is a whole training step (forward, backward, AdamW).
 
 Targets: all N results, none refused; the decode step's p95 during the arena runs ≤ 3× its quiet p95.
@@ -40,8 +41,8 @@ if __package__ in (None, ""):
 
 from bench.common import OUT, ROOT, machine, table  # noqa: E402
 
-STEPS = 8
-POLICIES = ["window", "h2o", "kivi", "int8-head"]
+STEPS = 16  # the arena's default run: 16 steps, every default policy that applies to GPT-2 (+ full attention)
+POLICIES = ["window", "streaming", "h2o", "snapkv", "kivi", "int8-head", "int4-head"]
 
 
 def serve(port: int) -> None:
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         train_events: list = []
 
         def train() -> None:
-            train_events.extend(Browser(base).follow("/api/train/jobs", {"steps": 40}))
+            train_events.extend(Browser(base).follow("/api/train/jobs", {"steps": 200}))
             trainer_done.set()
 
         t2 = time.perf_counter()
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         ["decode step alone: p50 / p95", f"{pct(quiet, .5) * 1e3:.0f} / {q95 * 1e3:.0f} ms ({len(quiet)} steps)"],
         ["decode step during the arena runs: p50 / p95", f"{pct(busy, .5) * 1e3:.0f} / {b95 * 1e3:.0f} ms "
                                                           f"({len(busy)} steps)"],
-        ["decode step during one training run (40 steps): p50 / p95",
+        ["decode step during one training run (200 steps): p50 / p95",
          f"{pct(during_training, .5) * 1e3:.0f} / {t95 * 1e3:.0f} ms ({len(during_training)} steps, "
          f"{train_wall:.1f} s; run {train_events[-1]['event'] if train_events else '?'})"],
         ["model gate after the class", f"served {health['queue']['served']}, refused {health['queue']['refused']}"],
