@@ -22,8 +22,9 @@ came; each browser sees its place and, once it runs, its progress::
 
 Invariants:
   * A job's work runs only in the worker thread, one job at a time per lab; it takes the server's model gate
-    one piece at a time (``GatedPace.piece``: one forward, one training step), so other browsers' short
-    requests run between the pieces. The pace also stops the work when the job is cancelled or its time is up.
+    one piece at a time (``GatedPace.piece``: one forward of the arena; the forward, the backward or the update
+    of a training step), so other browsers' short requests run between the pieces. The pace also stops the
+    work when the job is cancelled or its time is up.
   * ``_changed`` (a Condition) guards the line, every job's fields, the cache and the counters; the worker
     calls the job's work without it.
   * A job is held by the browsers in ``members`` (browser -> requests following it now; 0 for a browser that
@@ -87,7 +88,7 @@ class Job:
     cached: bool = False
     progress: dict = field(default_factory=dict)
     done_units: float = 0.0
-    served: int | None = None  # the lab's count of finished runs when this one finished (the order they ended)
+    ended: int | None = None  # the lab's count of runs that had ended when this one ended (the order they end)
     cancel: threading.Event = field(default_factory=threading.Event)
     queued_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
@@ -115,7 +116,7 @@ class LabQueue:
         self._seq = itertools.count(1)
         self._rates: dict[str, float] = {}  # rate key -> seconds per unit (moving average of finished runs)
         self._worker: threading.Thread | None = None
-        self.served = 0
+        self.ended = 0
         self.cache_hits = 0
         self.refused = 0
 
@@ -133,10 +134,10 @@ class LabQueue:
             hit = self._cached(key, keep_alive)
             if hit is not None:
                 self.cache_hits += 1
-                self.served += 1
+                self.ended += 1
                 return Job(id=_new_id(), seq=next(self._seq), work=work, key=key, units=units, rate_key=rate_key,
                            address=address, payload=payload, members={owner: 0}, status=DONE, result=hit,
-                           cached=True, served=self.served, started_at=now, finished_at=now)
+                           cached=True, ended=self.ended, started_at=now, finished_at=now)
             same = self._find(key)
             if same is not None:  # one run serves every browser that asks for it
                 self._make_room(owner, keep=same)
@@ -235,7 +236,7 @@ class LabQueue:
         with self._changed:
             return {"running": self._running.id if self._running else None, "queued": len(self._line),
                     "max_queued": self.max_queued, "per_browser": self.per_owner, "per_address": self.per_address,
-                    "served": self.served, "cache_hits": self.cache_hits, "cached": len(self._cache),
+                    "ended": self.ended, "cache_hits": self.cache_hits, "cached": len(self._cache),
                     "refused": self.refused}
 
     def close(self) -> None:
@@ -312,8 +313,8 @@ class LabQueue:
     def _end(self, job: Job, status: str) -> None:
         job.status = status
         job.finished_at = time.monotonic()
-        self.served += 1
-        job.served = self.served
+        self.ended += 1
+        job.ended = self.ended
         if job.on_status is not None:
             job.on_status(job)
 
@@ -411,7 +412,7 @@ class LabQueue:
                            "fraction": round(min(1.0, job.done_units / job.units), 3),
                            "eta_s": None if left is None else round(left, 1)}
         seconds = round((job.finished_at or 0) - (job.started_at or job.finished_at or 0), 2)
-        out = base | {"event": job.status, "served": job.served, "seconds": seconds}
+        out = base | {"event": job.status, "ended": job.ended, "seconds": seconds}
         if job.status == DONE:
             return out | {"cached": job.cached}
         if job.status == STOPPED:

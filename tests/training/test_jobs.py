@@ -102,7 +102,7 @@ def test_a_browsers_new_run_replaces_its_earlier_one_and_runs_finish_in_order(la
     assert lab.wait(timeout=300)
     assert replaced.payload.status == "stopped" and replaced.status == "stopped"
     assert newer.payload.status == "done" and other.payload.status == "done"
-    assert replaced.served < newer.served < other.served  # the order they came in
+    assert replaced.ended < newer.ended < other.ended  # the order they came in
     assert [n for n in lab.state.registry.names if n.startswith("builtin-trained-")] == [
         newer.payload.result["model"], other.payload.result["model"]]
 

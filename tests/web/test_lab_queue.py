@@ -112,7 +112,7 @@ def test_browsers_pressing_run_at_once_all_get_their_results_in_the_order_they_c
             assert start["place"] == start["ticket"] - first
             nth = {1: "1st", 2: "2nd", 3: "3rd"}.get(start["place"], f"{start['place']}th")
             assert start["text"] == f"{nth} in line"
-    assert [events[-1]["served"] for events in runs] == sorted(events[-1]["served"] for events in runs)
+    assert [events[-1]["ended"] for events in runs] == sorted(events[-1]["ended"] for events in runs)
     # Each browser's result, as its page fetches it afterwards: the fragment, from the finished results.
     model_work = forwards["n"]
     for i, b in enumerate(browsers):
