@@ -15,6 +15,10 @@ lock that does it, with three rules a class of 40 browsers needs::
   header, instead of piling up in the server's threads. The per-address bound is what holds against a
   script that drops its cookie: each request would be a new browser, never a new address.
 - **Waiting is bounded.** A request that has waited ``max_wait_s`` gives up with the same answer.
+- **Long runs take it piece by piece.** An arena run or a training run (``app/labs/queue.py``) holds the gate
+  for one forward or one training step at a time and then queues again as long work, so a decode step of
+  another browser waits for one piece, never for the whole run. Such a waiter passes a cancel flag: when its
+  run is stopped it leaves the queue at once.
 
 N comes from the measured average time of each kind of work times the queue ahead.
 """
@@ -32,6 +36,7 @@ from contextvars import ContextVar
 from app.errors import Busy
 
 SHORT, LONG = "short", "long"
+CANCEL_POLL_S = 0.1  # how often a waiter with a cancel flag looks at it
 
 # The browser on whose behalf the current request runs, and the network address it came from (both set by
 # the owner-cookie middleware, app/web/security.py; empty outside a request: no per-browser or per-address cap).
@@ -92,16 +97,18 @@ class ModelGate:
     def short(self):
         return self.use(SHORT)
 
-    def acquire(self, kind: str = LONG) -> None:
+    def acquire(self, kind: str = LONG, cancel: threading.Event | None = None) -> bool:
+        """Wait for the gate (see the module docstring). With ``cancel``: give up, holding nothing, once it is
+        set (checked every ``CANCEL_POLL_S``); the answer is then False."""
         me = threading.get_ident()
         owner, address = current_owner.get(), current_address.get()
         with self._cond:
             if self._holder == me:
                 self._depth += 1
-                return
+                return True
             if self._holder is None and not self._queues[SHORT] and not self._queues[LONG]:
                 self._take(me, kind)
-                return
+                return True
             self._admit_or_refuse(owner, address)
             ticket = _Ticket(kind, owner, address)
             queue = self._queues[kind]
@@ -109,15 +116,18 @@ class ModelGate:
             deadline = time.monotonic() + self.max_wait_s
             try:
                 while not (self._holder is None and self._next() is ticket):
+                    if cancel is not None and cancel.is_set():
+                        return False
                     left = deadline - time.monotonic()
                     if left <= 0:
                         self.refused += 1
                         raise Busy("sturdy.busy_waited", retry_after=self.retry_after(), seconds=round(self.max_wait_s))
-                    self._cond.wait(left)
+                    self._cond.wait(left if cancel is None else min(left, CANCEL_POLL_S))
             finally:
                 queue.remove(ticket)
                 self._cond.notify_all()
             self._take(me, kind)
+            return True
 
     def release(self) -> None:
         with self._cond:

@@ -73,7 +73,7 @@ class Settings:
     # How often expired sessions, pools and labs are released.
     purge_interval_s: float = 15.0
     # The compression arena (/arena): every policy decodes the prompt twice, so a run costs about
-    # 2 · (policies + 1) · (prefill + steps) forwards; these bound it. One run at a time.
+    # 2 · (policies + 1) · (prefill + steps) forwards; these bound it. Runs wait in the lab's line (below).
     arena_max_prompt_tokens: int = 512
     arena_max_steps: int = 64
     # The speculative-decoding lab (/speculative): a run decodes the prompt twice (speculatively and plainly, for
@@ -88,6 +88,23 @@ class Settings:
     # this size (random K/V of the model's shapes; a 1024-token, batch-16 cache of SmolLM2-135M is 360 MB).
     roofline_max_context: int = 1024
     roofline_max_batch: int = 16
+    # Seconds one arena run may take once it has started (its forwards, and its waits for the model between
+    # them); then it stops and says so.
+    arena_max_s: float = 300.0
+    # Finished arena results kept for identical requests (same model, prompt, budget, policies, steps): the
+    # same request again is answered at once, with no model work. Least recently used dropped first; a result
+    # is about 25 KB (the built-in model, 16 steps) to 1 MB (SmolLM2, 512 tokens, 64 steps). At least 1.
+    arena_cache_runs: int = 32
+    # The labs' lines (app/labs/queue.py: arena runs, training runs): runs wait their turn, one at a time per lab,
+    # each browser seeing its place. At most this many wait in each line (then "busy"), one per browser (a
+    # browser's new run replaces its own earlier one); the browsers at one address may fill ``address_share``
+    # of the line. A run that has waited ``lab_max_wait_s`` leaves the line and says so.
+    lab_queue_max: int = 64
+    lab_jobs_per_browser: int = 1
+    lab_max_wait_s: float = 1800.0
+    # Seconds one training run may take once it has started (a resumed run starts again); then it stops and
+    # can be resumed.
+    train_max_s: float = 1800.0
     # Models trained in the Training lab kept on disk (under home/trained) and offered after a restart;
     # a run beyond this drops the oldest.
     max_trained_models: int = 3
@@ -117,14 +134,15 @@ class Settings:
     capacity_sim_max_s: float = 20.0
 
     def __post_init__(self) -> None:
-        for name in ("capacity_sim_max_blocks", "capacity_sim_max_tokens", "capacity_sim_max_steps"):
+        for name in ("capacity_sim_max_blocks", "capacity_sim_max_tokens", "capacity_sim_max_steps",
+                     "arena_cache_runs", "lab_queue_max", "lab_jobs_per_browser"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"KVSCOPE_{name.upper()} must be a whole number of at least 1, not {value!r}")
-        if not (isinstance(self.capacity_sim_max_s, int | float) and math.isfinite(self.capacity_sim_max_s)
-                and self.capacity_sim_max_s > 0):
-            raise ValueError(f"KVSCOPE_CAPACITY_SIM_MAX_S must be a positive number of seconds, "
-                             f"not {self.capacity_sim_max_s!r}")
+        for name in ("capacity_sim_max_s", "arena_max_s", "lab_max_wait_s", "train_max_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"KVSCOPE_{name.upper()} must be a positive number of seconds, not {value!r}")
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:

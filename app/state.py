@@ -19,14 +19,18 @@ prefix_labs        prefix-cache lab            one per browser                 i
                                                                                ``prefix_cache_bytes`` in all
 head_surveys       head-roles scores, one per  the server (shared: the same    as long as that model object is
                    model (``/heads``)          sequence for every browser)     served
-training           the Training lab            the server (one job at a time,  shutdown
-                                               every browser sees it)
+arena_lab          the arena's line: waiting   each run the browsers that      a run: until it ends, or the last
+                   runs, the running one, and  asked for it (identical         request following it goes;
+                   finished results by request requests share one run)         results: ``arena_cache_runs``, LRU
+training           the Training lab and its    a run: the browser that         the line as the arena's; the run
+                   line (one run at a time,    started it; the running one is  pages show: until the next starts
+                   the others wait in line)    shown to everyone
 =================  ==========================  ==============================  ==================================
 
 A browser is its ``kvscope_owner`` cookie (``app/web/security.py``: an id the server minted and signed). Besides
 each browser's own cap, the browsers at one network address share at most ``address_share`` of each server-wide
-cap (sessions, pools, labs, the model queue): ``per_address`` below. The janitor thread (``start_janitor``)
-releases whatever expired every ``purge_interval_s`` and hands freed memory back to the OS.
+cap (sessions, pools, labs, the model queue, the labs' lines): ``per_address`` below. The janitor thread
+(``start_janitor``) releases whatever expired every ``purge_interval_s`` and hands freed memory back to the OS.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from app.admission import ModelGate
 from app.cache.paged_decode import PagedEngine
 from app.cache.prefix import PrefixLab
 from app.errors import BadInput, Expired
+from app.labs.queue import LabQueue
 from app.model.capture import run_traced
 from app.model.head_survey import SurveyCache
 from app.model.loading import LoadedModel, ModelRegistry
@@ -73,6 +78,7 @@ class AppState:
     prefix_labs: OwnedTable[PrefixLab]
     model_lock: ModelGate
     head_surveys: SurveyCache
+    arena_lab: LabQueue
     # trace key -> (model name, token ids, the model object it ran on): small, so it outlives the traces
     # themselves and lets an evicted trace be recomputed from a page's link.
     trace_index: OrderedDict[str, tuple[str, tuple[int, ...], weakref.ref]] = field(default_factory=OrderedDict)
@@ -106,9 +112,18 @@ class AppState:
                                  max_wait_s=s.queue_max_wait_s,
                                  per_address=per_address(s.queue_max_waiting, s.queue_per_browser)),
             head_surveys=SurveyCache(),
+            arena_lab=None,  # type: ignore[arg-type]  (made below: it needs the gate)
         )
+        state.arena_lab = state.lab_queue("arena", max_run_s=s.arena_max_s, cache_items=s.arena_cache_runs)
         state.training = TrainingLab(state)
         return state
+
+    def lab_queue(self, name: str, *, max_run_s: float, cache_items: int = 0) -> LabQueue:
+        """A lab's line (``app/labs/queue.py``) with the server's limits, its runs taking the model gate."""
+        s = self.settings
+        return LabQueue(name=name, gate=self.model_lock, max_queued=s.lab_queue_max, per_owner=s.lab_jobs_per_browser,
+                        per_address=max(s.lab_jobs_per_browser, math.ceil(s.address_share * s.lab_queue_max)),
+                        max_wait_s=s.lab_max_wait_s, max_run_s=max_run_s, cache_items=cache_items)
 
     # --- models and traces ----------------------------------------------------------------------------
     def model(self, name: str | None) -> LoadedModel:
@@ -170,6 +185,12 @@ class AppState:
 
         self._janitor = threading.Thread(target=loop, name="kvscope-janitor", daemon=True)
         self._janitor.start()
+
+    def stop_labs(self) -> None:
+        """Every lab's runs stop (server shutdown): waiting ones leave their line, running ones stop at their
+        next piece."""
+        self.arena_lab.close()
+        self.training.line.close()
 
     def stop_janitor(self) -> None:
         self._stop.set()

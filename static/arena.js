@@ -1,5 +1,6 @@
-/* The compression arena's charts: KL per step (every policy), attention mass per layer × head and the kept
-   map (one policy, picked in the select). The numbers come from the server in #arena-data. */
+/* The compression arena: a run followed through the server's line, then its charts: KL per step (every policy),
+   attention mass per layer × head and the kept map (one policy, picked in the select). The numbers come from
+   the server in #arena-data. */
 (function () {
   "use strict";
   const cfg = { responsive: true, displaylogo: false };
@@ -45,13 +46,74 @@
     if (label) label.textContent = p.name;
   }
 
-  /* A new run clears the previous run's error banner (a handler here, not an hx-on attribute: the page's
-     Content-Security-Policy allows no inline script). */
-  document.addEventListener("htmx:beforeRequest", (e) => {
-    const form = e.detail && e.detail.elt;
-    if (!form || form.id !== "arena-form") return;
-    const box = document.getElementById("error");
-    if (box) box.replaceChildren();
+  /* A run takes its turn in the server's line (app/labs/queue.py): kv.follow streams its place, then its progress
+     ("policy 4 of 9, step 7 of 16"), one line per change; Stop (or leaving the page, which closes the connection)
+     ends it, as Stop ends the decode page's Run N. When it is done the result comes as the page's fragment (from
+     the server's finished results: no second run) and is drawn. A new Run replaces the one in progress. */
+  let current = null;  // the run this page follows: { controller, job }
+
+  function line(text, fraction, running) {
+    const box = document.getElementById("arena-line");
+    if (!box) return;
+    box.hidden = false;
+    document.getElementById("arena-line-text").textContent = text;
+    const bar = document.getElementById("arena-line-bar");
+    if (fraction === null) bar.removeAttribute("value"); else bar.value = fraction;
+    document.getElementById("arena-stop").hidden = !running;
+  }
+
+  function body(form) {
+    const f = new FormData(form);
+    return {
+      model: f.get("model") || null, source: f.get("source") || "text", prompt: f.get("prompt") || null,
+      steps: Number(f.get("steps")), budget_kind: f.get("budget_kind") || "percent", budget: Number(f.get("budget")),
+      policies: f.getAll("policies"),
+    };
+  }
+
+  async function run(form, push) {
+    if (current) current.controller.abort();  // the server replaces this browser's earlier run anyway
+    kv.clearError();
+    const query = new URLSearchParams(new FormData(form)).toString();
+    if (push) history.pushState(null, "", "/arena?" + query);  // the run is a link
+    const me = { controller: new AbortController(), job: null };
+    current = me;
+    line(kv.t("js.lab.sending"), null, true);
+    let last = null;
+    try {
+      last = await kv.follow("/api/arena/jobs", body(form), (ev) => {
+        me.job = ev.job;
+        if (current === me) line(ev.text, ev.event === "done" ? 1 : ev.fraction === undefined ? null : ev.fraction,
+                                 ev.event === "queued" || ev.event === "running");
+      }, me.controller.signal);
+    } catch (e) {
+      if (current === me && !me.controller.signal.aborted && e.status === undefined) line(kv.t("js.lab.lost"), null, false);
+      else if (current === me && e.status !== undefined) document.getElementById("arena-line").hidden = true;
+    }
+    if (current !== me) return;
+    current = null;
+    if (last && last.event === "done") {
+      await htmx.ajax("GET", "/arena?" + query, { target: "#arena-result", swap: "innerHTML" });
+    }
+  }
+
+  async function stop() {
+    const me = current;
+    if (!me) return;
+    current = null;
+    if (me.job) {
+      try { await fetch("/api/arena/jobs/" + encodeURIComponent(me.job), { method: "DELETE" }); } catch (e) { /* closing is enough */ }
+    }
+    me.controller.abort();
+    line(kv.t("js.lab.stopped"), null, false);
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    const form = document.getElementById("arena-form");
+    if (!form) return;
+    form.addEventListener("submit", (e) => { e.preventDefault(); run(form, true); });
+    document.getElementById("arena-stop").addEventListener("click", stop);
+    if (form.dataset.autorun) run(form, false);  // a link to a run that has not finished yet: run it here
   });
 
   document.addEventListener("DOMContentLoaded", draw);

@@ -52,6 +52,42 @@
   };
   kv.getJSON = (url) => kv.request("GET", url);
   kv.postJSON = (url, body) => kv.request("POST", url, body);
+  /* A run followed live (the labs' lines: arena, training): POST body, then the server sends one JSON object per
+     line as the run goes (its place in line, its progress, how it ended); onEvent(ev) gets each as it arrives.
+     Resolves with the last one. An error status is shown in #error (as kv.request) and rejects. signal: an
+     AbortController's; aborting closes the connection, and the server then stops the run. */
+  kv.follow = async function (url, body, onEvent, signal) {
+    let r;
+    try {
+      r = await fetch(url, { method: "POST", signal, body: JSON.stringify(body || {}),
+        headers: { "Content-Type": "application/json", "X-KVScope-Lang": kv.lang } });
+    } catch (e) {
+      if (signal && signal.aborted) throw e;
+      kv.showError(kv.t("js.error.unreachable"));
+      throw Object.assign(new Error("unreachable"), { status: 0 });
+    }
+    if (!r.ok) {
+      let data = null;
+      try { data = await r.json(); } catch (e) { data = null; }
+      const msg = (data && data.detail) || kv.t("js.error.request_failed", { status: r.status });
+      kv.showError(msg);
+      throw Object.assign(new Error(msg), { status: r.status });
+    }
+    const reader = r.body.getReader(), decoder = new TextDecoder();
+    let buffered = "", last = null;
+    for (;;) {
+      const { value, done } = await reader.read();  // rejects when the connection breaks or is aborted
+      if (done) break;
+      buffered += decoder.decode(value, { stream: true });
+      let nl;
+      while ((nl = buffered.indexOf("\n")) >= 0) {
+        const line = buffered.slice(0, nl).trim();
+        buffered = buffered.slice(nl + 1);
+        if (line) { last = JSON.parse(line); onEvent(last); }
+      }
+    }
+    return last;
+  };
   kv.clearError = function () { const a = document.getElementById("error"); if (a) a.textContent = ""; };
   /* Bytes for people: 1,536 → "1.5 KiB" (the same units as the server's |bytes filter). */
   kv.bytes = function (n) {

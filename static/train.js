@@ -1,6 +1,7 @@
 // Training lab: start/stop/resume, the live loss curve, and the parameter/optimizer-state heatmaps.
 // Polls /api/train/status (every 500 ms while a run is active, every 2 s otherwise) so every open page
-// follows the server's one job. Server text is inserted with textContent only.
+// follows the run training now; this page's own run is followed live through the server's line (kv.follow).
+// Server text is inserted with textContent only.
 // Everything waits for Plotly, which kv.plotly() loads after the page's first paint.
 window.kv.plotly().then(() => {
   "use strict";
@@ -33,12 +34,52 @@ window.kv.plotly().then(() => {
       step: s.step, steps: s.steps, loss: s.last_loss === null ? "–" : s.last_loss.toFixed(4),
     }) : "";
     if (s.error) kv.showError(s.error);
-    const active = ACTIVE.includes(s.status);
-    $("#train-start").disabled = active;
-    $("#train-stop").disabled = s.status !== "running";
-    $("#train-resume").disabled = s.status !== "stopped";
+    // Runs take turns: Start puts this browser's run in line (whoever's run trains now); Stop is for this
+    // browser's own run, waiting or training.
+    const mine = s.line && s.line.mine;
+    $("#train-start").disabled = Boolean(mine);
+    $("#train-stop").disabled = !mine;
+    $("#train-resume").disabled = s.status !== "stopped" || Boolean(mine);
+    if (!following && s.line) {
+      const n = s.line.waiting;
+      showLine(mine ? lineText(mine) : n ? kv.t("train.line.waiting", { n }) : "");
+    }
     const liveStep = $("#live-step");
     if (liveStep && s.job) liveStep.textContent = s.step;
+  }
+
+  function showLine(text) {
+    $("#train-line").hidden = !text;
+    $("#train-line-text").textContent = text;
+  }
+  /* What this browser's own run says: its place while it waits; nothing while it trains (the status row above
+     shows the run in progress, which is then this one); how it ended. */
+  function lineText(ev) {
+    if (ev.event === "running") return "";
+    return ev.event === "queued" ? kv.t("train.line.mine", { text: ev.text }) : ev.text;
+  }
+
+  /* This page's own run, followed live through the server's line (kv.follow): its place, then its steps. The
+     open connection is what keeps the run: closing the page stops it. */
+  let following = null;  // the AbortController of the run this page follows
+  async function follow(url, body) {
+    if (following) following.abort();
+    const me = new AbortController();
+    following = me;
+    showLine(kv.t("js.lab.sending"));
+    let seenEvent = null;
+    try {
+      await kv.follow(url, body, (ev) => {
+        if (following !== me) return;
+        showLine(lineText(ev));
+        if (ev.event !== seenEvent) { seenEvent = ev.event; schedule(0); }  // it started or ended: read the lab now
+      }, me.signal);
+    } catch (e) {
+      if (following === me && !me.signal.aborted && e.status === undefined) showLine(kv.t("js.lab.lost"));
+    } finally {
+      if (following === me) following = null;
+      schedule(0);
+    }
   }
 
   function apply(s) {
@@ -131,18 +172,15 @@ window.kv.plotly().then(() => {
       steps: Number(f.get("steps")), lr: Number(f.get("lr")), batch_size: Number(f.get("batch_size")),
       block_size: Number(f.get("block_size")), seed: Number(f.get("seed")), target: f.get("target"),
     };
-    try { await kv.request("POST", "/api/train/start", body); } catch (e) { /* kv.request showed the message */ }
-    schedule(0);
+    follow("/api/train/jobs", body);
   });
   $("#train-stop").addEventListener("click", async () => {
     try { showStatus(await kv.request("POST", "/api/train/stop")); } catch (e) { /* kv.request showed the message */ }
     schedule(0);
   });
-  $("#train-resume").addEventListener("click", async () => {
+  $("#train-resume").addEventListener("click", () => {
     $("#error").textContent = "";
-    const steps = Number(new FormData(form).get("steps"));
-    try { await kv.request("POST", "/api/train/resume", { steps }); status = "running"; } catch (e) { /* shown */ }
-    schedule(0);
+    follow("/api/train/jobs/resume", { steps: Number(new FormData(form).get("steps")) });
   });
   $("#train-text").addEventListener("input", () => { $("#source-text").checked = true; });
   $("#param-show").addEventListener("click", showParam);

@@ -29,11 +29,12 @@ margin at that step says how close the choice was: a near-tie (``app.viz.arena``
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
-import threading
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -86,45 +87,87 @@ def budget_tokens(*, kind: str, value: float, total_tokens: int, bytes_per_token
     return int(max(2, min(tokens, total_tokens)))
 
 
-def _full_run(lm: LoadedModel, prompt: list[int], reference: list[int] | None, steps: int, guard) -> FullRun:
+class Pace(Protocol):
+    """How a run takes the model. ``piece()`` is held around each forward (with its bookkeeping): a lab's pace
+    holds the server's model gate for just that long, so other browsers' requests run between the pieces
+    (``app/labs/queue.py``). ``step(**progress)`` follows each forward: a lab's pace records where the run is
+    and stops it (raises) when it was stopped or its time is up."""
+
+    def piece(self) -> AbstractContextManager: ...
+
+    def step(self, units: float = 1.0, **progress) -> None: ...
+
+
+class Unpaced:
+    """A run straight through, optionally holding ``lock`` around each forward (tests, benchmarks)."""
+
+    def __init__(self, lock: AbstractContextManager | None = None) -> None:
+        self.lock = lock
+
+    def piece(self) -> AbstractContextManager:
+        return self.lock if self.lock is not None else nullcontext()
+
+    def step(self, units: float = 1.0, **progress) -> None:
+        pass
+
+
+def forwards(*, steps: int, policies: int, reference: bool) -> int:
+    """How many forwards a run takes (its pieces): full attention's reference (``steps``, plus ``steps − 1``
+    free-running ones when teacher-forced on a text), then per policy and the full row ``2·steps − 1``."""
+    return steps + (steps - 1 if reference else 0) + (policies + 1) * (2 * steps - 1)
+
+
+def _full_run(lm: LoadedModel, prompt: list[int], reference: list[int] | None, steps: int, pace: Pace) -> FullRun:
     a = lm.adapter
     rec = RecordingStore(a.n_layer)
-    with guard:
+    tell = {"phase": "reference", "steps": steps}
+    with pace.piece():
         logits = [lm.adapter.forward_through(rec, prompt)[-1]]
         weights = [list(rec.last)]
         after_prefill = copy.deepcopy(rec)
-        greedy = [int(logits[0].argmax())]
-        margins = [top2_margin(logits[0])]
-        for s in range(1, steps):
-            tok = reference[s - 1] if reference is not None else greedy[-1]
+    pace.step(**tell, step=1)
+    greedy = [int(logits[0].argmax())]
+    margins = [top2_margin(logits[0])]
+    for s in range(1, steps):
+        tok = reference[s - 1] if reference is not None else greedy[-1]
+        with pace.piece():
             logits.append(lm.adapter.forward_through(rec, [tok])[-1])
             weights.append(list(rec.last))
-            if reference is None:
-                greedy.append(int(logits[-1].argmax()))
-                margins.append(top2_margin(logits[-1]))
-        if reference is not None:  # free-running greedy of full attention, from the same prefill
-            free = after_prefill
-            for _ in range(1, steps):
+        pace.step(**tell, step=s + 1)
+        if reference is None:
+            greedy.append(int(logits[-1].argmax()))
+            margins.append(top2_margin(logits[-1]))
+    if reference is not None:  # free-running greedy of full attention, from the same prefill
+        free = after_prefill
+        for s in range(1, steps):
+            with pace.piece():
                 step_logits = lm.adapter.forward_through(free, [greedy[-1]])[-1]
-                greedy.append(int(step_logits.argmax()))
-                margins.append(top2_margin(step_logits))
+            pace.step(**tell, step=s + 1, free=True)
+            greedy.append(int(step_logits.argmax()))
+            margins.append(top2_margin(step_logits))
     return FullRun(logits, weights, greedy, margins)
 
 
 def _policy_run(lm: LoadedModel, name: str, prompt: list[int], reference: list[int], full: FullRun, *,
-                budget: int, steps: int, guard) -> dict:
+                budget: int, steps: int, pace: Pace, tell: dict) -> dict:
+    """One policy, teacher-forced then free-running. Times count only the forwards and their bookkeeping, inside
+    the pieces: never the waits for the model between them."""
     a = lm.adapter
     sinks = min(4, max(1, budget // 4))
     store = make_store(name, a, budget=budget, reserve=steps, sinks=sinks)
     memo = {id(a): a}
-    with guard:
+    tell = tell | {"name": name, "steps": steps}
+    with pace.piece():
         t0 = time.perf_counter()
         logits = [a.forward_through(store, prompt)[-1]]
         prefill_ms = (time.perf_counter() - t0) * 1000
         free = copy.deepcopy(store, memo)
-        masses = []
-        t0 = time.perf_counter()
-        for s in range(1, steps):
+    pace.step(**tell, step=1)
+    masses = []
+    decode_s = 0.0
+    for s in range(1, steps):
+        with pace.piece():
+            t0 = time.perf_counter()
             p = store.length  # position of the token fed now
             kept = [kept_positions(store, layer, a.n_kv_head) for layer in range(a.n_layer)]
             logits.append(a.forward_through(store, [reference[s - 1]])[-1])
@@ -136,10 +179,14 @@ def _policy_run(lm: LoadedModel, name: str, prompt: list[int], reference: list[i
                     k = torch.cat((kept[layer], torch.full((a.n_kv_head, 1), p)), dim=1)
                 per_layer.append(attention_mass(full.weights[s][layer], k, a.kv_map))
             masses.append(torch.stack(per_layer))  # (L, H)
-        decode_ms = (time.perf_counter() - t0) * 1000
-        greedy = [int(logits[0].argmax())]
-        for _ in range(1, steps):
+            decode_s += time.perf_counter() - t0
+        pace.step(**tell, step=s + 1)
+    greedy = [int(logits[0].argmax())]
+    for s in range(1, steps):
+        with pace.piece():
             greedy.append(int(a.forward_through(free, [greedy[-1]])[-1].argmax()))
+        pace.step(**tell, step=s + 1, free=True)
+    decode_ms = decode_s * 1000
     kl = [kl_full_policy(f, g) for f, g in zip(full.logits, logits, strict=True)]
     agree = [int(f.argmax()) == int(g.argmax()) for f, g in zip(full.logits, logits, strict=True)]
     nll = [float(-F.log_softmax(g.double(), -1)[t]) for g, t in zip(logits, reference, strict=True)]
@@ -164,41 +211,33 @@ def _policy_run(lm: LoadedModel, name: str, prompt: list[int], reference: list[i
     }
 
 
-ARENA_GATE = threading.Semaphore(1)  # one arena run at a time: each is seconds of model time
-
-
 @torch.no_grad()
 def run_arena(lm: LoadedModel, prompt: list[int], *, steps: int, budget: int, policies: list[str],
-              reference: list[int] | None = None, lock: threading.RLock | None = None) -> dict:
+              reference: list[int] | None = None, pace: Pace | None = None) -> dict:
     """Every policy in ``policies`` against full attention (see the module docstring); ``budget`` in tokens per head.
 
-    The model lock is taken per policy, so other pages' requests interleave between policies.
+    Each forward is one piece of ``pace`` (default: straight through), so a lab runs it a forward at a time.
     """
-    from app.errors import Busy
-
-    if not ARENA_GATE.acquire(blocking=False):
-        raise Busy("err.arena.busy", retry_after=5)
-    try:
-        guard = lock or nullcontext()
-        a = lm.adapter
-        full = _full_run(lm, prompt, reference, steps, guard)
-        ref = list(reference) if reference is not None else full.greedy
-        base = _policy_run(lm, "full", prompt, ref, full, budget=budget, steps=steps, guard=guard)
-        runs = [base] + [_policy_run(lm, p, prompt, ref, full, budget=budget, steps=steps, guard=guard)
-                         for p in policies if p != "full"]
-        full_ppl = math.exp(sum(base["nll"]) / len(base["nll"]))
-        for r in runs:
-            r["ppl_change"] = r["ppl"] / full_ppl - 1
-            r["slowdown"] = r["decode_ms_per_step"] / max(base["decode_ms_per_step"], 1e-9)
-        return {
-            "prompt": prompt, "reference": ref, "full_greedy": full.greedy, "full_margins": full.margins,
-            "steps": steps, "budget": budget,
-            "bytes_per_token": float_bytes_per_token(n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim),
-            "total_tokens": len(prompt) + steps, "full_ppl": full_ppl, "runs": runs,
-            "teacher_forced_on": "text" if reference is not None else "greedy",
-        }
-    finally:
-        ARENA_GATE.release()
+    pace = pace or Unpaced()
+    a = lm.adapter
+    full = _full_run(lm, prompt, reference, steps, pace)
+    ref = list(reference) if reference is not None else full.greedy
+    names = ["full"] + [p for p in policies if p != "full"]
+    runs = [_policy_run(lm, name, prompt, ref, full, budget=budget, steps=steps, pace=pace,
+                        tell={"phase": "policy", "policy": i + 1, "policies": len(names)})
+            for i, name in enumerate(names)]
+    base = runs[0]
+    full_ppl = math.exp(sum(base["nll"]) / len(base["nll"]))
+    for r in runs:
+        r["ppl_change"] = r["ppl"] / full_ppl - 1
+        r["slowdown"] = r["decode_ms_per_step"] / max(base["decode_ms_per_step"], 1e-9)
+    return {
+        "prompt": prompt, "reference": ref, "full_greedy": full.greedy, "full_margins": full.margins,
+        "steps": steps, "budget": budget,
+        "bytes_per_token": float_bytes_per_token(n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim),
+        "total_tokens": len(prompt) + steps, "full_ppl": full_ppl, "runs": runs,
+        "teacher_forced_on": "text" if reference is not None else "greedy",
+    }
 
 
 # --- what a request asks for -------------------------------------------------------------------------------
@@ -235,6 +274,16 @@ class ArenaRequest:
     budget: int  # tokens per head
     policies: list[str]
 
+    def key(self, lm: LoadedModel) -> str:
+        """The same request on the same model object gives the same key, and the same numbers: a finished
+        result is reused for it (``id(lm)``: a model loaded again under the same name gives other keys)."""
+        text = repr((lm.name, id(lm), self.prompt, self.reference, self.steps, self.budget, self.policies))
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+    def forwards(self) -> int:
+        return forwards(steps=self.steps, policies=len([p for p in self.policies if p != "full"]),
+                        reference=self.reference is not None)
+
 
 def prepare(lm: LoadedModel, *, source: str, prompt: str | None, steps: int, budget_kind: str, budget_value: float,
             policies: list[str], max_prompt_tokens: int, max_steps: int, max_chars: int) -> ArenaRequest:
@@ -246,7 +295,7 @@ def prepare(lm: LoadedModel, *, source: str, prompt: str | None, steps: int, bud
     if not 1 <= steps <= max_steps:
         raise BadInput("err.arena.steps", max=max_steps)
     unknown = [p for p in policies if p not in POLICIES]
-    policies = [p for p in policies if p in available(lm.adapter)]  # re-rotation means nothing for GPT-2
+    policies = [p for p in dict.fromkeys(policies) if p in available(lm.adapter)]  # re-rotation means nothing for GPT-2
     if unknown or not policies:
         raise BadInput("err.arena.policies", names=", ".join(unknown) or "-", known=", ".join(available(lm.adapter)))
     if budget_kind not in ("percent", "bytes") or not budget_value > 0 or (
@@ -271,8 +320,11 @@ def prepare(lm: LoadedModel, *, source: str, prompt: str | None, steps: int, bud
     return ArenaRequest(ids, reference, steps, budget, policies)
 
 
-def run_request(lm: LoadedModel, *, lock: threading.RLock | None = None, **form) -> dict:
-    """``prepare`` then ``run_arena``: what the page and the API call."""
-    req = prepare(lm, **form)
+def run_prepared(lm: LoadedModel, req: ArenaRequest, pace: Pace | None = None) -> dict:
     return run_arena(lm, req.prompt, steps=req.steps, budget=req.budget, policies=req.policies,
-                     reference=req.reference, lock=lock)
+                     reference=req.reference, pace=pace)
+
+
+def run_request(lm: LoadedModel, *, pace: Pace | None = None, **form) -> dict:
+    """``prepare`` then ``run_arena``, straight through (the labs run ``run_prepared`` through their line)."""
+    return run_prepared(lm, prepare(lm, **form), pace)

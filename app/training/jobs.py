@@ -1,20 +1,25 @@
-"""The Training lab's jobs: one run at a time per server, trained in a background thread.
+"""The Training lab's jobs: runs wait in the lab's line and train one at a time, in the line's worker thread.
 
 Lifecycle of a job::
 
-    running ──stop()──▶ stopping ──(end of the current step)──▶ stopped ──resume()──▶ running
+    queued ──its turn──▶ running ──stop()──▶ stopping ──(end of the current step)──▶ stopped ──resume()──▶ queued
+    queued ──stop(), its client gone, replaced, waited too long──▶ stopped
     running ──last step──▶ publishing ──▶ done          (any exception ──▶ failed)
 
 Invariants:
-  * At most one job is ``running``/``stopping``/``publishing``; ``start``/``resume`` meanwhile raise ``Busy``.
+  * At most one job is ``running``/``stopping``/``publishing`` (``self.line`` runs one at a time); the others
+    wait in the line, each browser seeing its place (``app/labs/queue.py``).
+  * A training step holds the server's model gate in three pieces (forward, backward, AdamW update), so a decode
+    step of another browser waits for one piece, never for the run.
   * A job trains its OWN model and optimizer. The app's ``ModelRegistry`` is touched only when a run
-    completes, under ``state.model_lock``: a stopped or failed run leaves every registered model as it was.
+    completes, under the model gate: a stopped or failed run leaves every registered model as it was.
   * A finished run is ADDED as a new model, ``builtin-trained-<n>``, saved under the home so it is offered
     again after a restart (``app/model/trained.py``). It never replaces a model others may be using; only
     the oldest trained models beyond ``Settings.max_trained_models`` are dropped.
   * The trainer holds ``job.step_lock`` for the whole of each step; snapshots (parameter views) take it
     too, so weights, grads and AdamW state shown together belong to the same step.
-  * Readers (every open page polls ``status``) only read; ``losses`` is append-only.
+  * A job's status changes under the lab's ``_lock``; readers (every open page polls ``status``) only read;
+    ``losses`` is append-only.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from pathlib import Path
 import torch
 from transformers import GPT2LMHeadModel
 
-from app.errors import BadInput, Busy
+from app.errors import BadInput
+from app.labs.queue import CANCELLED, RUNNING, GatedPace, Job, Stopped
 from app.model.builtin import (
     ARTICLE_CONFIG,
     N_POSITIONS,
@@ -123,9 +129,8 @@ class TrainingJob:
         self.status = "ready"
         self.error: str | None = None  # a catalog key (failure_key), said in the reader's language
         self.result: dict | None = None  # set when done: registered name, files, equivalence
+        self.stopped: str | None = None  # why it last stopped (app.labs.queue: cancelled, stopped, time, ...)
         self.step_lock = threading.Lock()
-        self.stop_event = threading.Event()
-        self.thread: threading.Thread | None = None
         self.started_at = time.time()
         self.seconds = 0.0
 
@@ -145,39 +150,44 @@ class TrainingJob:
 
 
 class TrainingLab:
-    """The server's single training slot: ``state.training``, created with the app state (see ``app/state.py``)."""
+    """The server's Training lab: ``state.training``, created with the app state (see ``app/state.py``).
+
+    Runs wait in its line (``self.line``, ``app/labs/queue.py``) and train one at a time; the run that started
+    last is the one every page shows (``job``).
+    """
 
     def __init__(self, state, home: Path | None = None) -> None:
         self.state = state
         self.home = Path(home or state.settings.home)  # trained models go to trained_root(home)
-        self.job: TrainingJob | None = None
+        self.line = state.lab_queue("train", max_run_s=state.settings.train_max_s)
         self._preview: TrainingJob | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # job ids, the preview, and each job's status changes
         self._next_id = 1
 
+    @property
+    def job(self) -> TrainingJob | None:
+        """The run pages show: the one training now, else the one that trained last."""
+        current = self.line.current()
+        return current.payload if current is not None else None
+
     # --- commands -------------------------------------------------------------------------------
-    def start(self, spec: JobSpec) -> dict:
+    def submit(self, spec: JobSpec, *, owner: str = "", address: str = "", follow: bool = False) -> Job:
+        """A new run into the line (``follow``: the caller follows it and releases it, see ``LabQueue``)."""
         with self._lock:
-            self._refuse_if_active()
             job = TrainingJob(self._next_id, spec)
             self._next_id += 1
-            self.job = job
-            self._launch(job)
-        return self.status()
+        return self._enqueue(job, owner=owner, address=address, follow=follow)
 
-    def stop(self) -> dict:
-        with self._lock:
-            job = self.job
-            if job is None or job.status != "running":
-                raise BadInput("err.train.not_running")
-            job.status = "stopping"
-            job.stop_event.set()
-        return self.status()
+    def start(self, spec: JobSpec, *, owner: str = "", address: str = "") -> dict:
+        """A new run, not tied to a request: it trains when its turn comes, until it ends, is stopped, or
+        reaches ``Settings.train_max_s``."""
+        self.submit(spec, owner=owner, address=address)
+        return self.status(owner=owner)
 
-    def resume(self, steps: int | None = None) -> dict:
-        """Continue a stopped run from where it stopped, optionally to a new total of ``steps``."""
+    def resume(self, steps: int | None = None, *, owner: str = "", address: str = "", follow: bool = False) -> Job:
+        """The stopped run shown on the page back into the line, to continue from where it stopped, optionally
+        to a new total of ``steps``."""
         with self._lock:
-            self._refuse_if_active()
             job = self.job
             if job is None or job.status != "stopped":
                 raise BadInput("err.train.no_resume")
@@ -186,19 +196,46 @@ class TrainingLab:
                 if not (max(lo, job.next_step + 1) <= steps <= hi):
                     raise BadInput("err.train.resume_steps", lo=job.next_step + 1, hi=f"{hi:g}")
                 job.spec = replace(job.spec, config=replace(job.spec.config, steps=int(steps)))
-            self._launch(job)
-        return self.status()
+            job.status = "queued"
+        try:
+            return self._enqueue(job, owner=owner, address=address, follow=follow)
+        except Exception:
+            job.status = "stopped"
+            raise
 
-    def wait(self, timeout: float | None = None) -> None:
-        job = self.job
-        if job is not None and job.thread is not None:
-            job.thread.join(timeout)
+    def stop(self, owner: str | None = None) -> dict:
+        """Stop: the owner's waiting run leaves the line, its training run stops after the current step (the
+        registered models stay as they were). ``owner=None``: the run training now, whoever started it."""
+        ticket = self.line.mine(owner) if owner is not None else self.line.running()
+        if ticket is None and owner is not None and self.line.running() is not None:
+            raise BadInput("err.train.not_yours")
+        if ticket is None:
+            raise BadInput("err.train.not_running")
+        job: TrainingJob = ticket.payload
+        if not self.line.stop(ticket.id, owner):
+            raise BadInput("err.train.not_running")
+        with self._lock:
+            if job.status == "running":
+                job.status = "stopping"
+        return self.status(owner=owner or "")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until no run waits or trains (tests); False on timeout."""
+        return self.line.wait_idle(timeout)
 
     # --- reading --------------------------------------------------------------------------------
-    def status(self, since: int = 0) -> dict:
+    def status(self, since: int = 0, owner: str = "") -> dict:
+        """The run pages show, its losses from step index ``since`` on, and the line: how many wait, and
+        ``mine``, the place (or progress) of this browser's own run (a ``LabQueue`` snapshot)."""
+        line = self.line.stats()
+        ticket = self.line.mine(owner) if owner else None
+        mine = None if ticket is None else self.line.snapshot(ticket, owner)
+        queue = {"waiting": line["queued"], "mine": mine}
         job = self.job
         if job is None:
-            return {"job": None, "status": "idle", "losses": [], "since": 0, "defaults": asdict(ARTICLE_CONFIG)}
+            return {"job": None, "status": "idle", "losses": [], "since": 0, "defaults": asdict(ARTICLE_CONFIG),
+                    "line": queue, "yours": False}
+        current = self.line.current()
         losses = job.losses[max(0, since):]
         return {
             "job": job.id,
@@ -216,6 +253,9 @@ class TrainingLab:
             "losses": [[s, round(v, 6)] for s, v in losses],
             "seconds": round(job.seconds, 2),
             "result": job.result,
+            "stopped": job.stopped,
+            "line": queue,
+            "yours": bool(owner) and current is not None and owner in current.members,
         }
 
     def subject(self) -> TrainingJob:
@@ -250,41 +290,55 @@ class TrainingLab:
         return memory_view(job.model, files if all(p.exists() for p in files.values()) else None)
 
     # --- the worker -----------------------------------------------------------------------------
-    def _refuse_if_active(self) -> None:
-        job = self.job
-        if job is not None and job.status in ACTIVE:
-            raise Busy("err.train.busy", step=job.next_step, steps=job.spec.config.steps)
+    def _enqueue(self, job: TrainingJob, *, owner: str, address: str, follow: bool) -> Job:
+        job.status = "queued"
 
-    def _launch(self, job: TrainingJob) -> None:
-        job.status = "running"
-        job.error = None
-        job.stop_event.clear()
-        job.thread = threading.Thread(target=self._run, args=(job,), name=f"train-job-{job.id}", daemon=True)
-        job.thread.start()
+        def moved(ticket: Job) -> None:  # under the line's lock: its turn came, or it ended without training
+            if job.status == "queued":
+                job.status = "running" if ticket.status == RUNNING else "stopped"
 
-    def _run(self, job: TrainingJob) -> None:
+        return self.line.submit(lambda pace: self._run(job, pace), units=job.spec.config.steps - job.next_step,
+                                rate_key="train", owner=owner, address=address, follow=follow, payload=job,
+                                on_status=moved)
+
+    def _run(self, job: TrainingJob, pace: GatedPace) -> None:
+        """The line's work for one run: train step by step through the model gate, then publish."""
+        with self._lock:
+            job.status, job.error, job.stopped = "running", None, None
         t0 = time.perf_counter()
+        steps = job.spec.config.steps
+
+        def on_step(info: StepInfo, *_ignored) -> None:
+            job.record(info)
+            pace.step(step=info.step + 1, steps=steps, loss=info.loss)
+
         try:
-            train(job.model, job.data, job.spec.config, on_step=job.record, stop=job.stop_event,
-                  optimizer=job.optimizer, start_step=job.next_step, lock=job.step_lock)
+            train(job.model, job.data, job.spec.config, on_step=on_step, stop=pace.cancel, optimizer=job.optimizer,
+                  start_step=job.next_step, lock=job.step_lock, piece=pace.piece)
             with self._lock:
-                finished = job.next_step >= job.spec.config.steps
+                finished = job.next_step >= steps
                 job.status = "publishing" if finished else "stopped"
-            if finished:
-                job.result = self._publish(job)
-                job.status = "done"
-        except Exception as exc:  # the run is lost, the registered models are not
+            if not finished:
+                raise Stopped(pace.job.reason or CANCELLED)
+            job.result = self._publish(job, pace)
+            job.status = "done"
+        except Stopped as stop:
+            with self._lock:
+                job.status, job.stopped = "stopped", stop.reason
+            raise
+        except Exception as exc:  # the run is lost, the registered models are not (the line logs it)
             log.exception("training job %s failed (trained models go under %s)", job.id, trained_root(self.home))
             with self._lock:
                 job.error = failure_key(exc)
                 job.status = "failed"
+            raise
         finally:
             job.seconds += time.perf_counter() - t0
 
-    def _publish(self, job: TrainingJob) -> dict:
+    def _publish(self, job: TrainingJob, pace: GatedPace) -> dict:
         """Write the checkpoint files, load them back as a served model, check it, then add it under a new name."""
         state = self.state
-        with state.model_lock:
+        with pace.piece(stoppable=False):
             name = next_trained_name(self.home, state.registry.names)
         out = trained_root(self.home) / name
         meta = {"source": job.spec.source, "train": asdict(job.spec.config), "loss": job.losses, "run": job.id}
@@ -300,7 +354,8 @@ class TrainingLab:
         equivalence = cached_vs_full(lm.model, prompt, EQUIVALENCE_NEW_TOKENS)
         equivalence["prompt"] = lm.tokenizer.decode(prompt)
         equivalence["new_text"] = lm.tokenizer.decode(equivalence["new_ids"])
-        dropped = self._register(lm)
+        with pace.piece(stoppable=False):
+            dropped = self._register(lm)
         return {
             "model": lm.name,
             "dir": str(out),
@@ -312,11 +367,10 @@ class TrainingLab:
 
     def _register(self, lm: LoadedModel) -> list[str]:
         """Add ``lm`` next to the served models (never in place of one); drop the oldest trained ones beyond
-        the setting. Returns the names dropped."""
+        the setting. Returns the names dropped. The caller holds the model gate."""
         state = self.state
-        with state.model_lock:
-            state.registry.models[lm.name] = lm
-            return prune_trained(state.registry, self.home, keep=max(1, state.settings.max_trained_models))
+        state.registry.models[lm.name] = lm
+        return prune_trained(state.registry, self.home, keep=max(1, state.settings.max_trained_models))
 
 
 def failure_key(exc: BaseException) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -65,7 +66,8 @@ def train(
     stop: threading.Event | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     start_step: int = 0,
-    lock: threading.Lock | None = None,
+    lock: AbstractContextManager | None = None,
+    piece: Callable[[], AbstractContextManager] | None = None,
 ) -> list[StepInfo]:
     """Train ``model`` in place and return the loss of every step taken.
 
@@ -77,6 +79,11 @@ def train(
     steps already taken, so a run stopped and resumed sees exactly the batches of an uninterrupted run.
     ``lock``, if given, is held for the whole of each step, so another thread holding it sees weights,
     grads and optimizer state that belong together.
+
+    ``piece`` splits a step into three shorter holds of something else (the Training lab's: the server's model
+    gate, so other browsers' requests run in between): ``piece()`` is entered around the forward, the backward
+    and the optimizer update, each on its own. The arithmetic is exactly that of one hold (the same operations
+    on the same tensors, in the same order), so the losses are the article's to the last bit.
     """
     generator = torch.Generator().manual_seed(config.seed)
     torch.manual_seed(config.seed)
@@ -97,10 +104,14 @@ def train(
             with step_lock:
                 for group in optimizer.param_groups:
                     group["lr"] = lr_at(config, step)
-                loss = next_token_loss(model, inputs, targets)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
+                hold = piece if piece is not None else contextlib.nullcontext
+                with hold():
+                    loss = next_token_loss(model, inputs, targets)
+                with hold():
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                with hold():
+                    optimizer.step()
             info = StepInfo(step=step, loss=float(loss.detach()))
             history.append(info)
             if on_step is not None:

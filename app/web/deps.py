@@ -26,6 +26,11 @@ async def get_owner(request: Request) -> str:
     return request.scope.get("state", {}).get("owner", "")
 
 
+async def get_address(request: Request) -> str:
+    """The network address the request came from, as the fair shares count it (set by ``OwnerCookie``)."""
+    return request.scope.get("state", {}).get("address", "")
+
+
 async def get_sessions(request: Request) -> SessionStore:
     return request.app.state.kv.sessions
 
@@ -48,6 +53,7 @@ async def get_gate(request: Request) -> ModelGate:
 
 StateDep = Annotated[AppState, Depends(get_state)]
 OwnerDep = Annotated[str, Depends(get_owner)]
+AddressDep = Annotated[str, Depends(get_address)]
 SessionsDep = Annotated[SessionStore, Depends(get_sessions)]
 PagedPoolsDep = Annotated[OwnedTable[PagedEngine], Depends(get_paged_pools)]
 PrefixLabsDep = Annotated[OwnedTable[PrefixLab], Depends(get_prefix_labs)]

@@ -62,6 +62,7 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
         try:
             yield
         finally:
+            app.state.kv.stop_labs()
             app.state.kv.stop_janitor()
 
     app = FastAPI(title="KVScope", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)  # assets.py

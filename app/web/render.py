@@ -38,7 +38,7 @@ class MatrixJSON(JSONResponse):
     media_type = "application/x-kvscope-matrix+json"
 
 
-NO_GZIP = ("text/event-stream", MatrixJSON.media_type)
+NO_GZIP = ("text/event-stream", "application/x-ndjson", MatrixJSON.media_type)
 
 
 def _asset(url: str) -> str:

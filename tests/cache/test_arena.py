@@ -78,3 +78,54 @@ def test_budget_in_bytes_or_percent():
     assert budget_tokens(kind="bytes", value=800, total_tokens=100, bytes_per_token=8) == 100
     assert budget_tokens(kind="bytes", value=100_000, total_tokens=100, bytes_per_token=8) == 100
     assert budget_tokens(kind="bytes", value=3, total_tokens=100, bytes_per_token=8) == 2
+
+
+def test_a_run_takes_the_model_one_forward_per_piece_and_says_where_it_is(tiny, monkeypatch):
+    """What a lab's line relies on: every forward happens inside one ``pace.piece()`` (the lab's holds the model
+    gate just that long), each followed by a ``pace.step`` saying where the run is; the numbers are those of a run
+    straight through."""
+    from contextlib import contextmanager
+
+    from app.cache.arena import forwards
+
+    lm = tiny
+    adapter_type = type(lm.adapter)
+    original = adapter_type.forward_through
+    inside, calls = [False], []
+
+    def counted(self, *args, **kwargs):
+        calls.append(inside[0])
+        return original(self, *args, **kwargs)
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.pieces, self.steps = 0, []
+
+        @contextmanager
+        def piece(self):
+            self.pieces += 1
+            inside[0] = True
+            try:
+                yield
+            finally:
+                inside[0] = False
+
+        def step(self, units: float = 1.0, **progress) -> None:
+            self.steps.append(progress)
+
+    prompt = lm.encode("the cat sat on the mat. the dog sat on the")
+    straight = run_arena(lm, prompt, steps=3, budget=6, policies=["window", "h2o"])
+    monkeypatch.setattr(adapter_type, "forward_through", counted)
+    pace = Recorder()
+    run = run_arena(lm, prompt, steps=3, budget=6, policies=["window", "h2o"], pace=pace)
+    # by hand: full attention's greedy reference (3), then full, window and h2o teacher-forced (3) and free (2)
+    assert len(calls) == pace.pieces == len(pace.steps) == 3 + 3 * (3 + 2) == forwards(steps=3, policies=2,
+                                                                                       reference=False)
+    assert all(calls)  # no forward outside a piece
+    assert pace.steps[0] == {"phase": "reference", "steps": 3, "step": 1}
+    assert [(s["policy"], s["name"]) for s in pace.steps if s["phase"] == "policy" and s["step"] == 1
+            and not s.get("free")] == [(1, "full"), (2, "window"), (3, "h2o")]
+    assert pace.steps[-1] == {"phase": "policy", "policy": 3, "policies": 3, "name": "h2o", "steps": 3, "step": 3,
+                              "free": True}
+    for a, b in zip(straight["runs"], run["runs"], strict=True):
+        assert a["kl"] == b["kl"] and a["greedy"] == b["greedy"] and a["mass"] == b["mass"]

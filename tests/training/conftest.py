@@ -9,7 +9,7 @@ import pytest
 from app.model.loading import ModelRegistry
 from app.settings import Settings
 from app.state import AppState
-from app.training.jobs import ACTIVE, TrainingLab
+from app.training.jobs import TrainingLab
 
 
 @pytest.fixture
@@ -26,15 +26,14 @@ def lab(lab_state, tmp_path):
 
 
 def stop_and_wait(lab: TrainingLab) -> None:
-    job = lab.job
-    if job is not None and job.status in ACTIVE:
-        job.stop_event.set()
-    lab.wait(timeout=120)
+    """Every run of the lab stops (waiting ones leave the line), then wait until none trains."""
+    lab.line.close()
+    assert lab.wait(timeout=120), "a training run did not stop"
 
 
 def wait_for_steps(lab: TrainingLab, n: int, timeout: float = 120) -> None:
     """Poll until the running job has taken ``n`` steps (no assertion on how long that takes)."""
     deadline = time.monotonic() + timeout
-    while lab.job.next_step < n and lab.job.status == "running":
+    while lab.job is None or (lab.job.next_step < n and lab.job.status in ("queued", "running")):
         assert time.monotonic() < deadline, "training made no progress"
         time.sleep(0.01)

@@ -6,11 +6,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from app.errors import BadInput, Busy
+from app.errors import BadInput
 from app.model.builtin import ARTICLE_CONFIG, article_corpus_text, train_tiny
 from app.training.jobs import MAX_TEXT_CHARS, TrainingJob, make_spec
 from app.training.trainer import train
-from tests.training.conftest import stop_and_wait, wait_for_steps
+from tests.training.conftest import wait_for_steps
 
 
 def corpus_loss(lm) -> float:
@@ -71,15 +71,59 @@ def test_stopping_keeps_the_old_models_and_resume_finishes_the_same_run(lab, lab
     assert lab_state.registry.models["builtin-trained-1"] is first_trained
 
 
-def test_one_job_at_a_time(lab):
-    lab.start(make_spec(steps=2000))
-    with pytest.raises(Busy, match="already in progress"):
-        lab.start(make_spec())
-    with pytest.raises(Busy):
-        lab.resume()
-    stop_and_wait(lab)
+def test_runs_wait_their_turn_each_browser_sees_its_place_and_stops_only_its_own(lab):
+    first = lab.submit(make_spec(steps=2000), owner="browser-a")
+    second = lab.submit(make_spec(steps=3), owner="browser-b")
+    wait_for_steps(lab, 1)
+    seen_by_b = lab.status(owner="browser-b")
+    assert seen_by_b["job"] == first.payload.id and seen_by_b["status"] == "running" and not seen_by_b["yours"]
+    assert seen_by_b["line"]["waiting"] == 1
+    assert seen_by_b["line"]["mine"]["event"] == "queued" and seen_by_b["line"]["mine"]["place"] == 1
+    seen_by_a = lab.status(owner="browser-a")
+    assert seen_by_a["yours"] and seen_by_a["line"]["mine"]["event"] == "running"
+    with pytest.raises(BadInput, match="another browser"):
+        lab.stop(owner="browser-c")  # nothing of its own: the run in progress is not its to stop
+    lab.stop(owner="browser-b")  # its waiting run leaves the line; the first one trains on
+    assert second.payload.status == "stopped" and lab.line.stats()["queued"] == 0
+    assert first.payload.status == "running"
+    assert lab.stop(owner="browser-a")["status"] in ("stopping", "stopped")
+    assert lab.wait(timeout=120)
+    assert first.payload.status == "stopped" and first.payload.stopped == "stopped"
+    assert second.payload.next_step == 0  # it never trained
     with pytest.raises(BadInput, match="No training run"):
         lab.stop()
+
+
+def test_a_browsers_new_run_replaces_its_earlier_one_and_runs_finish_in_order(lab):
+    replaced = lab.submit(make_spec(steps=2000), owner="browser-a")
+    wait_for_steps(lab, 1)
+    newer = lab.submit(make_spec(steps=2), owner="browser-a")  # the same browser: the earlier run stops
+    other = lab.submit(make_spec(steps=2), owner="browser-b")
+    assert lab.wait(timeout=300)
+    assert replaced.payload.status == "stopped" and replaced.status == "stopped"
+    assert newer.payload.status == "done" and other.payload.status == "done"
+    assert replaced.ended < newer.ended < other.ended  # the order they came in
+    assert [n for n in lab.state.registry.names if n.startswith("builtin-trained-")] == [
+        newer.payload.result["model"], other.payload.result["model"]]
+
+
+def test_a_run_stops_at_the_time_limit_and_can_be_resumed(tiny, tmp_path):
+    from app.model.loading import ModelRegistry
+    from app.settings import Settings
+    from app.state import AppState
+    from app.training.jobs import TrainingLab
+
+    registry = ModelRegistry(models={"builtin": tiny}, default="builtin", failures={})
+    state = AppState.create(Settings(models=("builtin",), home=tmp_path, train_max_s=0.5), registry)
+    lab = TrainingLab(state, home=tmp_path)
+    lab.start(make_spec(steps=2000))
+    assert lab.wait(timeout=120)
+    s = lab.status()
+    assert s["status"] == "stopped" and s["stopped"] == "time" and 0 < s["step"] < 2000
+    assert registry.names == ["builtin"]
+    lab.resume(steps=s["step"] + 1)  # a resumed run starts its own time anew
+    assert lab.wait(timeout=120)
+    assert lab.status()["step"] >= s["step"]
 
 
 def test_a_failed_run_leaves_the_models_intact(lab, lab_state, monkeypatch):

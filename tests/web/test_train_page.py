@@ -54,13 +54,24 @@ def test_parameter_api_before_training_has_no_optimizer_state(train_client):
     assert "transformer.h.0.attn.c_attn.weight" in names
 
 
-def test_start_twice_is_refused_then_stop_and_resume(train_client, state):
+def test_a_second_browser_waits_in_line_stops_only_its_own_run_then_stop_and_resume(train_client, state):
+    from fastapi.testclient import TestClient
+
     r = train_client.post("/api/train/start", json={"steps": 2000})
-    assert r.status_code == 200 and r.json()["status"] == "running"
-    again = train_client.post("/api/train/start", json={})
-    assert again.status_code == 503 and "already in progress" in again.json()["detail"]
+    assert r.status_code == 200 and r.json()["status"] == "running" and r.json()["yours"]
+    other = TestClient(train_client.app)  # another browser: its own owner cookie
+    again = other.post("/api/train/start", json={"steps": 3})
+    assert again.status_code == 200 and not again.json()["yours"]
+    mine = again.json()["line"]["mine"]
+    assert mine["event"] == "queued" and mine["place"] == 1 and mine["text"] == "1st in line"  # no run timed yet
+    zh = other.get("/api/train/status", params={"lang": "zh"}).json()["line"]["mine"]["text"]
+    assert zh == "排队中：第 1 位"
     lab = lab_for(state)
     wait_for_steps(lab, 2)
+    assert other.post("/api/train/stop").status_code == 200  # its own waiting run leaves the line
+    refused = other.post("/api/train/stop")
+    assert refused.status_code == 422 and "another browser" in refused.json()["detail"]
+    assert lab.line.stats()["queued"] == 0 and lab.job.status == "running"
     assert train_client.post("/api/train/stop").status_code == 200
     lab.wait()
     s = train_client.get("/api/train/status", params={"since": 1}).json()

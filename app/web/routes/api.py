@@ -19,7 +19,8 @@ async def read_health(state: StateDep) -> dict:
     """Answered on the event loop, never in the worker threads that wait for the model: fast under any load."""
     reg = state.registry
     return {"status": "ok", "models": reg.names, "default": reg.default, "unavailable": reg.failures,
-            "queue": state.model_lock.stats()}
+            "queue": state.model_lock.stats(),
+            "labs": {"arena": state.arena_lab.stats(), "train": state.training.line.stats()}}
 
 
 @router.get("/api/models", tags=["meta"])

@@ -1,14 +1,23 @@
-"""The Training lab: page /train and its JSON API under /api/train/. Each route calls one lab method."""
+"""The Training lab: page /train and its JSON API under /api/train/. Each route calls one lab method.
+
+Runs wait their turn in the lab's line (``app/labs/queue.py``): ``/api/train/jobs`` starts one and follows it
+live (the page does; closing the connection stops it), ``/api/train/start`` starts one that is not tied to a
+request. The run training now is shown to everyone; only the browser that started a run can stop it.
+"""
 
 from __future__ import annotations
 
+import anyio.to_thread
 from fastapi import APIRouter, Request
 
 from app.i18n import translate, translator
 from app.model.builtin import ARTICLE_CONFIG, article_corpus_text
-from app.training.jobs import LIMITS, MAX_TEXT_CHARS, MIN_TEXT_CHARS, lab_for, make_spec
+from app.training.jobs import LIMITS, MAX_TEXT_CHARS, MIN_TEXT_CHARS, TrainingLab, lab_for, make_spec
+from app.viz.labs import event_view, train_progress
 from app.viz.training import ARTICLE_MAX_DIFF, SCRIPT_STRINGS, loss_figure, param_figures
-from app.web.deps import StateDep
+from app.web.cancel import FollowResponse
+from app.web.deps import AddressDep, OwnerDep, StateDep
+from app.web.labs import follow_job
 from app.web.openapi import Body, errors
 from app.web.render import render, request_lang
 
@@ -32,17 +41,22 @@ class ResumeRequest(Body):
     steps: int | None = None
 
 
-def said(status: dict, lang: str) -> dict:
-    """The status with its failure (a catalog key, ``app.training.jobs.failure_key``) as a sentence in ``lang``."""
+def _status(request: Request, lab: TrainingLab, owner: str, since: int = 0) -> dict:
+    """The lab's status in the request's language: a failure's reason, this browser's place in line."""
+    lang = request_lang(request)
+    status = lab.status(since, owner=owner)
     if status.get("error"):
-        status["error"] = translate(status["error"], lang)
+        status["error"] = translate(status["error"], lang)  # a catalog key (app.training.jobs.failure_key)
+    mine = status["line"]["mine"]
+    if mine is not None:
+        status["line"]["mine"] = event_view(mine, lang, lab.line, train_progress)
     return status
 
 
 @router.get("/train", include_in_schema=False)
-def read_train_page(request: Request, state: StateDep):
+def read_train_page(request: Request, state: StateDep, owner: OwnerDep):
     lab = lab_for(state)
-    status = said(lab.status(), request_lang(request))
+    status = _status(request, lab, owner)
     _ = translator(request_lang(request))
     init = {"status": status, "figure": loss_figure([tuple(p) for p in status["losses"]], _),
             "default_param": DEFAULT_PARAM}
@@ -61,35 +75,69 @@ def read_train_step(request: Request, state: StateDep):
 
 
 @router.get("/train/result", include_in_schema=False)
-def read_train_result(request: Request, state: StateDep):
+def read_train_result(request: Request, state: StateDep, owner: OwnerDep):
     """The memory and cached-vs-full panels (htmx swaps them in when a run finishes)."""
     lab = lab_for(state)
-    return render(request, "partials/_train_result.html", page="train", status=lab.status(), memory=lab.memory(),
-                  article_max_diff=ARTICLE_MAX_DIFF)
+    return render(request, "partials/_train_result.html", page="train", status=_status(request, lab, owner),
+                  memory=lab.memory(), article_max_diff=ARTICLE_MAX_DIFF)
 
 
-@router.post("/api/train/start", tags=["train"], responses=errors(422, 503))
-def start_training(state: StateDep, body: StartRequest) -> dict:
-    """Start a run (503 while another one is running). Bounds: see the page's form."""
-    return lab_for(state).start(make_spec(**body.model_dump()))
+@router.post("/api/train/jobs", tags=["train"], response_class=FollowResponse, responses=errors(422, 429, 503))
+async def follow_training_run(request: Request, state: StateDep, owner: OwnerDep, address: AddressDep,
+                              body: StartRequest) -> FollowResponse:
+    """Start a run and follow it live: one JSON line per change (``application/x-ndjson``), ``event`` ``queued``
+    (``place`` in line, ``eta_s``), ``running`` (``progress``: step, steps, loss), then ``done``, ``stopped``
+    (``reason``), ``replaced`` or ``failed``, with ``text`` in the request's language. Closing the connection
+    stops the run. Bounds: see the page's form, and ``KVSCOPE_TRAIN_MAX_S``."""
+    lab = lab_for(state)
+    job = await anyio.to_thread.run_sync(
+        lambda: lab.submit(make_spec(**body.model_dump()), owner=owner, address=address, follow=True))
+    return follow_job(request, lab.line, job, owner, train_progress)
+
+
+@router.post("/api/train/jobs/resume", tags=["train"], response_class=FollowResponse,
+             responses=errors(422, 429, 503))
+async def follow_resumed_run(request: Request, state: StateDep, owner: OwnerDep, address: AddressDep,
+                             body: ResumeRequest | None = None) -> FollowResponse:
+    """Resume the stopped run (it waits its turn again) and follow it live, as ``/api/train/jobs``."""
+    lab = lab_for(state)
+    job = lab.resume(body.steps if body else None, owner=owner, address=address, follow=True)
+    return follow_job(request, lab.line, job, owner, train_progress)
+
+
+@router.post("/api/train/start", tags=["train"], responses=errors(422, 429, 503))
+def start_training(request: Request, state: StateDep, owner: OwnerDep, address: AddressDep,
+                   body: StartRequest) -> dict:
+    """Start a run that is not tied to this request: it waits its turn in the line, then trains until it ends,
+    is stopped, or reaches ``KVSCOPE_TRAIN_MAX_S``. Bounds: see the page's form."""
+    lab = lab_for(state)
+    lab.start(make_spec(**body.model_dump()), owner=owner, address=address)
+    return _status(request, lab, owner)
 
 
 @router.post("/api/train/stop", tags=["train"], responses=errors(422))
-def stop_training(state: StateDep) -> dict:
-    """Ask the running job to stop after its current step; the registered models stay as they were."""
-    return lab_for(state).stop()
+def stop_training(request: Request, state: StateDep, owner: OwnerDep) -> dict:
+    """Stop this browser's run: a waiting one leaves the line, a training one stops after its current step; the
+    registered models stay as they were. Another browser's run is not this browser's to stop."""
+    lab = lab_for(state)
+    lab.stop(owner=owner)
+    return _status(request, lab, owner)
 
 
-@router.post("/api/train/resume", tags=["train"], responses=errors(422, 503))
-def resume_training(state: StateDep, body: ResumeRequest | None = None) -> dict:
-    """Continue the stopped run from its next step, with the same model and AdamW state."""
-    return lab_for(state).resume(body.steps if body else None)
+@router.post("/api/train/resume", tags=["train"], responses=errors(422, 429, 503))
+def resume_training(request: Request, state: StateDep, owner: OwnerDep, address: AddressDep,
+                    body: ResumeRequest | None = None) -> dict:
+    """Continue the stopped run from its next step, with the same model and AdamW state (it waits its turn)."""
+    lab = lab_for(state)
+    lab.resume(body.steps if body else None, owner=owner, address=address)
+    return _status(request, lab, owner)
 
 
 @router.get("/api/train/status", tags=["train"])
-def read_training_status(request: Request, state: StateDep, since: int = 0) -> dict:
-    """The current job: status, step, and the losses from step index ``since`` on (for live curves)."""
-    return said(lab_for(state).status(since), request_lang(request))
+def read_training_status(request: Request, state: StateDep, owner: OwnerDep, since: int = 0) -> dict:
+    """The run shown to everyone: status, step, and the losses from step index ``since`` on (for live curves);
+    ``line``: how many runs wait, and this browser's own run (its place in line or its progress)."""
+    return _status(request, lab_for(state), owner, since)
 
 
 @router.get("/api/train/params", tags=["train"])
