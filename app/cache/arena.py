@@ -100,7 +100,9 @@ def _policy_run(lm: LoadedModel, name: str, prompt: list[int], reference: list[i
                 budget: int, steps: int, guard) -> dict:
     a = lm.adapter
     sinks = min(4, max(1, budget // 4))
-    store = make_store(name, a, budget=budget, reserve=steps, sinks=sinks)
+    # Room SnapKV leaves after the prefill for the tokens fed later: steps - 1 (step 0 is the prefill's own
+    # prediction), so at the last step it holds the whole budget like every other evicting policy.
+    store = make_store(name, a, budget=budget, reserve=steps - 1, sinks=sinks)
     memo = {id(a): a}
     with guard:
         t0 = time.perf_counter()
