@@ -154,7 +154,9 @@ def _policy_run(lm: LoadedModel, name: str, prompt: list[int], reference: list[i
     the pieces: never the waits for the model between them."""
     a = lm.adapter
     sinks = min(4, max(1, budget // 4))
-    store = make_store(name, a, budget=budget, reserve=steps, sinks=sinks)
+    # Room SnapKV leaves after the prefill for the tokens fed later: steps - 1 (step 0 is the prefill's own
+    # prediction), so at the last step it holds the whole budget like every other evicting policy.
+    store = make_store(name, a, budget=budget, reserve=steps - 1, sinks=sinks)
     memo = {id(a): a}
     tell = tell | {"name": name, "steps": steps}
     with pace.piece():
@@ -242,23 +244,40 @@ def run_arena(lm: LoadedModel, prompt: list[int], *, steps: int, budget: int, po
 
 # --- what a request asks for -------------------------------------------------------------------------------
 
-# Public-domain text (Dickens, A Tale of Two Cities, 1859): repetitive enough that heads' choices show.
+# A plain English story written for KVScope, ~500 tokens on SmolLM2 and on GPT-2: long enough that a 25 % budget
+# drops real context (the default prompt is ~470 SmolLM2 tokens), short enough for Settings.arena_max_prompt_tokens
+# (512) and DistilGPT-2's 1024 positions. Names, numbers and a rhythm recur far apart, so what a policy keeps shows.
 LONG_TEXT = (
-    "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
-    "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, it "
-    "was the season of Darkness, it was the spring of hope, it was the winter of despair, we had everything "
-    "before us, we had nothing before us, we were all going direct to Heaven, we were all going direct the "
-    "other way - in short, the period was so far like the present period, that some of its noisiest "
-    "authorities insisted on its being received, for good or for evil, in the superlative degree of "
-    "comparison only.\n\nThere were a king with a large jaw and a queen with a plain face, on the throne of "
-    "England; there were a king with a large jaw and a queen with a fair face, on the throne of France. In "
-    "both countries it was clearer than crystal to the lords of the State preserves of loaves and fishes, "
-    "that things in general were settled for ever."
+    "The lighthouse on Gull Point was kept by a woman named Mara Quill for thirty-one years. Every "
+    "evening at sunset she climbed the one hundred and twelve steps of the tower, trimmed the wick, wound "
+    "the clockwork that turned the great lens, and wrote the weather in a thick green logbook. The "
+    "logbook had a line for the wind, a line for the sea, a line for the ships that passed, and a line at "
+    'the bottom that said only "Remarks." For most of those years Mara left the remarks empty.\n\n'
+    "The village below the point was small. There was a harbour with nine fishing boats, a school with "
+    "one teacher, a bakery that opened before dawn, and a post office that opened whenever the "
+    "postmaster, Mr. Ellery, remembered to unlock it. The children of the village believed that Mara "
+    "never slept, because whenever they looked up at night the light was turning, and whenever they "
+    "walked to school in the morning she was already in her garden, pulling weeds from between the "
+    "cabbages.\n\n"
+    "In the spring of her thirty-first year a storm came in from the west that was worse than any Mara "
+    "had written down. The wind tore the roof from the bakery, the harbour wall cracked in two places, "
+    "and three of the nine fishing boats were still at sea. Mara climbed the tower as usual, but halfway "
+    "up the stairs she heard the clockwork stop. Without the clockwork the lens would not turn, and "
+    "without the turning the light would look like a fixed star to the boats, a lamp in a window, nothing "
+    "that told them where the rocks were.\n\n"
+    "So Mara turned the lens by hand. She pushed the brass handle around and around, counting the seconds "
+    "between flashes so that the pattern stayed the same as always: two short flashes, then a long dark "
+    "pause. She kept counting through the night. Her arms ached, then burned, then went numb, and still "
+    "she kept the rhythm, because the boats knew the rhythm and would trust it.\n\n"
+    "Near dawn the first boat came around the point, then the second, and at last the third, its mast "
+    "broken and its crew soaked but alive. When the sun was fully up, Mara went down the stairs, sat at "
+    "her table, opened the green logbook, and for the first time in thirty-one years wrote something "
+    'under "Remarks." She wrote: "Clockwork failed. Light kept. All boats home."'
 )
 
 
 def builtin_text(lm: LoadedModel) -> str:
-    """The longer text: the built-in model's own training corpus (it reads only those characters), else Dickens."""
+    """The longer text: the built-in model's own training corpus (it reads only those characters), else LONG_TEXT."""
     if lm.name == "builtin":
         from app.model.builtin import corpus_text
 

@@ -21,7 +21,7 @@ def test_kl_agreement_perplexity_and_attention_mass_recomputed(tiny):
     ref = run["reference"]
     assert run["runs"][0]["name"] == "full" and all(k == 0 for k in run["runs"][0]["kl"])
     for r in run["runs"][1:]:
-        store = make_store(r["name"], a, budget=budget, reserve=steps, sinks=3)
+        store = make_store(r["name"], a, budget=budget, reserve=steps - 1, sinks=3)
         logits, kept = [forward_through(lm, store, prompt)[-1]], []
         for s in range(1, steps):
             kept.append([kept_positions(store, layer, a.n_kv_head) for layer in range(a.n_layer)])
@@ -71,6 +71,17 @@ def test_full_attention_margins_and_the_margin_at_each_first_divergence(distil):
     assert d is not None  # three tokens of a random model's context: it diverges
     assert window["divergence_margin"] == run["full_margins"][d]
     assert run["runs"][0]["divergence_margin"] is None  # full attention never diverges from itself
+
+
+def test_every_evicting_policy_ends_holding_the_whole_budget(tiny):
+    """SnapKV leaves room after the prefill for the steps - 1 tokens fed later, no more: it ends at the budget, as the
+    others do, so no policy is compared with one token less."""
+    prompt = tiny.encode("the cat sat on the mat. the dog sat on the")
+    run = run_arena(tiny, prompt, steps=4, budget=12, policies=["window", "streaming", "h2o", "snapkv"])
+    assert {r["name"]: r["tokens_held"] for r in run["runs"][1:]} == dict.fromkeys(
+        ("window", "streaming", "h2o", "snapkv"), 12)
+    snap = next(r for r in run["runs"] if r["name"] == "snapkv")
+    assert all(row["bits"].count("1") == 12 for row in snap["keep_map"])  # every layer and KV head
 
 
 def test_budget_in_bytes_or_percent():
