@@ -55,7 +55,7 @@ def test_presenter_toggle_is_kept_in_a_cookie(projector, live_server):
 
 def test_download_links_follow_the_selected_head_and_charts_offer_png_and_svg(projector, live_server):
     page = projector
-    open_inspect(page, live_server, "")
+    open_inspect(page, live_server, "&layer=0")  # an explicit layer: without one Inspect opens on a telling head
     page.select_option("#sel-head", "2")
     page.wait_for_function("location.search.includes('head=2')")
     with page.expect_download() as dl:

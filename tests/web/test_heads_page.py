@@ -34,7 +34,9 @@ def test_the_page_renders_every_head_on_the_builtin_model(client, tiny):
     assert r.status_code == 200
     a = tiny.adapter
     assert rows_of(r.text) == [(layer, head) for layer in range(a.n_layer) for head in range(a.n_head)]
-    assert 'href="/heads"' in r.text and translate("nav.heads") in r.text  # the header's link
+    assert translate("nav.heads") in r.text
+    inspect = client.get("/?prompt=The+cat&model=builtin").text  # reached from Inspect's grid of heads
+    assert 'href="/heads?model=builtin"' in inspect
     for role in ROLES:
         assert translate(f"heads.about.{role}", near=2, far=8) in unescape(r.text)
     assert 'data-col="kv"' not in r.text  # plain multi-head attention: no KV-head column

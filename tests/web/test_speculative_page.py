@@ -13,7 +13,8 @@ def test_the_page_has_its_nav_link_form_and_roofline_panel(client):
     for lang in ("en", "zh"):
         r = client.get(f"/speculative?lang={lang}")
         assert r.status_code == 200
-        assert 'href="/speculative"' in r.text and 'id="spec-form"' in r.text and 'id="roof-form"' in r.text
+        assert 'id="spec-form"' in r.text and 'id="roof-form"' in r.text
+        assert 'href="/speculative"' in client.get(f"/decode?lang={lang}").text  # reached from Decode
         assert "<script>" not in r.text  # CSP: scripts come from files only
     assert "推测解码" in client.get("/speculative?lang=zh").text
 
