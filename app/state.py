@@ -26,13 +26,12 @@ training           the Training lab            the server (one job at a time,  s
 A browser is its ``kvscope_owner`` cookie (``app/web/security.py``: an id the server minted and signed). Besides
 each browser's own cap, the browsers at one network address share at most ``address_share`` of each server-wide
 cap (sessions, pools, labs, the model queue): ``per_address`` below. The janitor thread (``start_janitor``)
-releases whatever expired every ``purge_interval_s`` and hands freed memory back to the OS.
+releases whatever expired every ``purge_interval_s`` and hands freed memory back to the OS (``app/memory.py``:
+MKL's idle scratch pools and glibc's free pages).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import hashlib
 import logging
 import math
@@ -46,6 +45,7 @@ from app.admission import ModelGate
 from app.cache.paged_decode import PagedEngine
 from app.cache.prefix import PrefixLab
 from app.errors import BadInput, Expired
+from app.memory import page_in, release_free_memory, tune_allocators
 from app.model.capture import run_traced
 from app.model.head_survey import SurveyCache
 from app.model.loading import LoadedModel, ModelRegistry
@@ -148,7 +148,15 @@ class AppState:
             raise Expired("sturdy.model_changed", model=name)
         return lm, self.traces.get_or_compute(key, lambda: self._compute(lm, list(ids)))
 
-    # --- expiry -------------------------------------------------------------------------------------------
+    # --- memory and expiry --------------------------------------------------------------------------------
+    def prepare_memory(self) -> dict[str, int]:
+        """Once, when a server starts and before its first request: glibc's allocator set as the settings say and
+        every model's weights paged in (``app/memory.py``), so the RSS measured then is what serving holds."""
+        applied = tune_allocators(self.settings)
+        for lm in self.registry.models.values():
+            page_in(lm.model)
+        return applied
+
     def purge(self) -> int:
         """Release every expired session, pool and lab now; give freed memory back to the OS."""
         n = self.sessions.purge() + self.paged_pools.purge() + self.prefix_labs.purge() + self.traces.purge()
@@ -175,9 +183,3 @@ class AppState:
         if self._janitor is not None:
             self._janitor.join(timeout=5)
         self._janitor = None
-
-
-def release_free_memory() -> None:
-    """Ask glibc to return freed heap pages to the OS (no-op elsewhere): RSS falls when sessions end."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
