@@ -51,7 +51,7 @@ from app.model.head_survey import SurveyCache
 from app.model.loading import LoadedModel, ModelRegistry
 from app.model.prompts import encode_prompt
 from app.model.sessions import SessionStore
-from app.model.store import TraceStore, slim
+from app.model.store import TraceStore, shape_only, slim
 from app.model.trace import Trace
 from app.owned import OwnedTable
 from app.settings import Settings
@@ -127,9 +127,11 @@ class AppState:
 
     def _compute(self, lm: LoadedModel, ids: list[int]) -> Trace:
         with self.model_lock:
-            # Token texts as the pages show them: a byte piece of a multi-byte character by its byte values.
-            return slim(run_traced(lm.model, lm.adapter, ids, honest_texts(lm, ids),
-                                   all_logits=len(ids) <= self.settings.full_logits_max_tokens))
+            # Token texts as the pages show them: a byte piece of a multi-byte character by its byte values. What
+            # ``slim`` drops is not held while the forward runs: activations by shape only, no copy of K/V in a cache.
+            return slim(run_traced(lm.model, lm.adapter, ids, honest_texts(lm, ids), keep_cache=False,
+                                   all_logits=len(ids) <= self.settings.full_logits_max_tokens,
+                                   shape_only=shape_only))
 
     def trace_prompt(self, model: str | None, prompt: str | None) -> tuple[LoadedModel, str, Trace]:
         lm = self.model(model)
