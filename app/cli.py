@@ -14,6 +14,7 @@ from app.settings import Settings
 def cmd_serve(args: argparse.Namespace) -> int:
     # The port opens at once with a small app that says the model is being prepared; torch, transformers and
     # the models load in a thread behind it (app/web/boot.py).
+    from app.memory import tune_allocators
     from app.web.boot import serve
 
     settings = Settings.from_env()
@@ -22,6 +23,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         changes["models"] = tuple(args.model)
     settings = settings.with_(**changes)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # Before torch loads and starts threads: glibc's arena bound holds only for arenas made after it (app/memory.py).
+    tune_allocators(settings)
     return serve(settings)
 
 

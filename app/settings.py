@@ -112,6 +112,15 @@ class Settings:
     max_export_bytes: int = 512 * 1024**2
     # Torch threads for the model (0 = torch's default).
     torch_threads: int = 0
+    # The C allocators under torch (app/memory.py), set when the server starts. A block of at least this many KiB
+    # gets a mapping of its own and goes back to the OS the moment it is freed (0: glibc's default, a threshold
+    # that rises with the largest block freed, up to 32 MiB, after which freed activations stay in the process).
+    # Fresh pages are zeroed when first touched: a forward pass costs ~13% more CPU, for a peak several hundred MB
+    # lower under a class (bench/RESULTS.md).
+    malloc_mmap_threshold_kib: int = 128
+    # Heap arenas glibc may make for the server's threads, each keeping its own freed memory (0: glibc's default,
+    # 8 per core). Bounds only arenas made after the server starts (``kvscope serve`` sets it before any).
+    malloc_arena_max: int = 2
     # The key that signs owner cookies (HMAC-SHA256): the server accepts only ids it minted itself. Empty: a
     # random key at every start (browsers get new ids after a restart; what they owned was in memory anyway).
     # Set one long random string on every worker when several processes serve one class. Never shown.

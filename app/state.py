@@ -31,12 +31,13 @@ A browser is its ``kvscope_owner`` cookie (``app/web/security.py``: an id the se
 each browser's own cap, the browsers at one network address share at most ``address_share`` of each server-wide
 cap (sessions, pools, labs, the model queue, the labs' lines): ``per_address`` below. The janitor thread
 (``start_janitor``) releases whatever expired every ``purge_interval_s`` and hands freed memory back to the OS.
+cap (sessions, pools, labs, the model queue): ``per_address`` below. The janitor thread (``start_janitor``)
+releases whatever expired every ``purge_interval_s`` and hands freed memory back to the OS (``app/memory.py``:
+MKL's idle scratch pools and glibc's free pages).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import hashlib
 import logging
 import math
@@ -51,12 +52,13 @@ from app.cache.paged_decode import PagedEngine
 from app.cache.prefix import PrefixLab
 from app.errors import BadInput, Expired
 from app.labs.queue import LabQueue
+from app.memory import page_in, release_free_memory, tune_allocators
 from app.model.capture import run_traced
 from app.model.head_survey import SurveyCache
 from app.model.loading import LoadedModel, ModelRegistry
 from app.model.prompts import encode_prompt
 from app.model.sessions import SessionStore
-from app.model.store import TraceStore, slim
+from app.model.store import TraceStore, shape_only, slim
 from app.model.trace import Trace
 from app.owned import OwnedTable
 from app.settings import Settings
@@ -142,9 +144,11 @@ class AppState:
 
     def _compute(self, lm: LoadedModel, ids: list[int]) -> Trace:
         with self.model_lock:
-            # Token texts as the pages show them: a byte piece of a multi-byte character by its byte values.
-            return slim(run_traced(lm.model, lm.adapter, ids, honest_texts(lm, ids),
-                                   all_logits=len(ids) <= self.settings.full_logits_max_tokens))
+            # Token texts as the pages show them: a byte piece of a multi-byte character by its byte values. What
+            # ``slim`` drops is not held while the forward runs: activations by shape only, no copy of K/V in a cache.
+            return slim(run_traced(lm.model, lm.adapter, ids, honest_texts(lm, ids), keep_cache=False,
+                                   all_logits=len(ids) <= self.settings.full_logits_max_tokens,
+                                   shape_only=shape_only))
 
     def trace_prompt(self, model: str | None, prompt: str | None, *, chat: bool = False
                      ) -> tuple[LoadedModel, str, Trace]:
@@ -164,7 +168,15 @@ class AppState:
             raise Expired("sturdy.model_changed", model=name)
         return lm, self.traces.get_or_compute(key, lambda: self._compute(lm, list(ids)))
 
-    # --- expiry -------------------------------------------------------------------------------------------
+    # --- memory and expiry --------------------------------------------------------------------------------
+    def prepare_memory(self) -> dict[str, int]:
+        """Once, when a server starts and before its first request: glibc's allocator set as the settings say and
+        every model's weights paged in (``app/memory.py``), so the RSS measured then is what serving holds."""
+        applied = tune_allocators(self.settings)
+        for lm in self.registry.models.values():
+            page_in(lm.model)
+        return applied
+
     def purge(self) -> int:
         """Release every expired session, pool and lab now; give freed memory back to the OS."""
         n = self.sessions.purge() + self.paged_pools.purge() + self.prefix_labs.purge() + self.traces.purge()
@@ -197,9 +209,3 @@ class AppState:
         if self._janitor is not None:
             self._janitor.join(timeout=5)
         self._janitor = None
-
-
-def release_free_memory() -> None:
-    """Ask glibc to return freed heap pages to the OS (no-op elsewhere): RSS falls when sessions end."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -114,9 +114,12 @@ class Trace:
         return self.adapter.kv_map[head]
 
     def nbytes(self) -> int:
+        """Bytes of memory the tensors hold (a storage shared by views counted once; shape-only ones hold none)."""
         seen: set[int] = set()
         total = 0
         for t in self.tensors.values():
+            if t.is_meta:
+                continue
             base = t.untyped_storage()
             if base.data_ptr() in seen:
                 continue

@@ -58,6 +58,7 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
         # bound that pages, static files and /healthz are always served.
         limiter = anyio.to_thread.current_default_thread_limiter()
         limiter.total_tokens = max(limiter.total_tokens, settings.queue_max_waiting + 32)
+        app.state.kv.prepare_memory()  # glibc's allocator settings, the weights paged in (app/memory.py)
         app.state.kv.start_janitor()
         try:
             yield

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from app.model.capture import capture, hook_count, run_traced
+from app.model.store import shape_only, slim
 
 PROMPT = "The cat sat on"
 
@@ -136,3 +137,22 @@ def test_last_position_logits_only_equal_the_full_forwards_last_row(distil, trac
     assert torch.allclose(short["logits"][0, -1], trace["logits"][0, -1], atol=1e-4)
     assert torch.equal(short["probs"], short["logits"][:, -1].softmax(-1))
     assert torch.allclose(short["blocks.5.attn.weights"], trace["blocks.5.attn.weights"])
+
+
+def test_shape_only_activations_hold_no_memory_and_change_nothing_the_pages_read(any_model):
+    """An inspect capture records what ``slim`` drops by shape only: the same shape trace and page tensors, bit for
+    bit, and the bytes not held are exactly those activations' own sizes."""
+    lm = any_model
+    ids = lm.encode("The cat sat on the mat and the dog ran after a red ball")
+    texts = lm.token_texts(ids)
+    full = run_traced(lm.model, lm.adapter, ids, texts, keep_cache=False)
+    lean = run_traced(lm.model, lm.adapter, ids, texts, keep_cache=False, shape_only=shape_only)
+    dropped = {name for name, t in lean.tensors.items() if t.is_meta}
+    assert {name.split(".", 2)[-1] for name in dropped} >= {"ln_1", "ln_2", "mlp.hidden", "mlp.out", "resid_mid"}
+    assert lean.steps == full.steps  # the shape trace still lists every tensor, read at capture time
+    kept_full, kept_lean = slim(full), slim(lean)
+    assert list(kept_lean.tensors) == list(kept_full.tensors)
+    for name, t in kept_full.tensors.items():
+        assert torch.equal(kept_lean[name], t), name
+    own_sizes = sum(full[name].numel() * full[name].element_size() for name in dropped)
+    assert full.nbytes() - lean.nbytes() == own_sizes

@@ -474,3 +474,26 @@ def test_numbers_in_json_bodies_refuse_true_and_false(client, state):
                                                    "mode": "sample"})
     assert r.status_code == 200 and r.json()["sampling"]["seed"] == 0  # numbers pass; 1 for a float too
     assert client.post("/api/paged/sessions", json={"model": "builtin", "block_size": 2}).status_code == 200
+def slim_gpt2_bytes(lm, T: int) -> int:
+    """What a kept GPT-2 trace holds, from the model's sizes: per layer the fused q/k/v projection (q, k and v are
+    views of it), H attention maps of T × T, c_proj's input (each head's output is a view of it) and the block's
+    output; wte, wpe and h0 rows; the next-token probabilities and logits. float32."""
+    a = lm.adapter
+    D, H, V = a.d_model, a.n_head, lm.model.config.vocab_size
+    per_layer = 3 * D * T + H * T * T + D * T + D * T
+    return 4 * (a.n_layer * per_layer + 3 * D * T + 2 * V)
+
+
+def test_a_purge_after_the_ttl_returns_every_trace_byte(state, distil):
+    prompts = ["The cat sat on", "the dog ran after a red ball in the warm garden"]
+    for prompt in prompts:
+        state.trace_prompt("distilgpt2", prompt)
+    expected = sum(slim_gpt2_bytes(distil, len(distil.encode(p))) for p in prompts)
+    assert state.traces.bytes == expected and len(state.traces) == 2
+    state.traces.ttl_s = 0.0
+    assert state.purge() >= 2  # what the janitor thread calls every purge_interval_s
+    assert state.traces.bytes == 0 and len(state.traces) == 0
+    # The page's link still works: the key recomputes its trace, which is kept again.
+    key = state._key(distil, distil.encode(prompts[0]))
+    state.trace_by_key(key)
+    assert state.traces.bytes == slim_gpt2_bytes(distil, len(distil.encode(prompts[0])))
