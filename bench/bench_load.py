@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_load.py            # 40 clients (built-in) and 20 clients (DistilGPT-2-shaped)
     .venv/bin/python bench/bench_load.py --quick    # 10 and 5 clients
+    .venv/bin/python bench/bench_load.py --long 20  # only: 20 different ~1000-token prompts, RSS past the TTL
 
 Each run starts the real app (uvicorn, default settings but one: no per-address share) in its own process, so its
 RSS is the server's alone.
@@ -18,7 +19,8 @@ the single-client baseline, same server, same run), then N clients together. Rep
 type, counts by status, RSS before (after the baseline), peak during the load and a minute after it.
 
 Targets (issue 11): zero 5xx; decode-step p95 under load <= 10x its single-client p95; peak RSS <= 2 GiB for
-the 20-client DistilGPT-2-shaped run; RSS a minute after the load <= 1.3x the RSS before.
+the 20-client DistilGPT-2-shaped run; RSS a minute after the load <= 1.3x the RSS before. With ``--long N``: RSS
+past the trace TTL <= 1.3x the server's RSS when it had just started.
 """
 
 from __future__ import annotations
@@ -178,7 +180,8 @@ def refusals(log: list) -> Counter:
 
 # --- one scenario -------------------------------------------------------------------------------------
 
-def scenario(model: str, clients: int, prompt_chars: int, settle_s: float) -> dict:
+def start_server(model: str) -> tuple[subprocess.Popen, str]:
+    """The server in its own process on a free loopback port, once /healthz answers; (process, base URL)."""
     import socket
 
     with socket.socket() as sock:
@@ -187,13 +190,18 @@ def scenario(model: str, clients: int, prompt_chars: int, settle_s: float) -> di
     proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", model, "--port", str(port)],
                             cwd=ROOT)
     base = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(base + "/healthz", timeout=2).read()
+            break
+        except OSError:
+            time.sleep(0.5)
+    return proc, base
+
+
+def scenario(model: str, clients: int, prompt_chars: int, settle_s: float) -> dict:
+    proc, base = start_server(model)
     try:
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(base + "/healthz", timeout=2).read()
-                break
-            except OSError:
-                time.sleep(0.5)
         sampler = Sampler(proc.pid)
         sampler.start()
         crowd(base, 1, prompt_chars, SEED + 2)  # warm-up, not counted
@@ -214,6 +222,71 @@ def scenario(model: str, clients: int, prompt_chars: int, settle_s: float) -> di
     return {"model": model, "clients": clients, "prompt_chars": prompt_chars, "alone": summary(alone),
             "load": summary(load), "refusals": refusals(load), "before": before, "peak": peak, "after": after,
             "wall": wall, "settle": settle_s}
+
+
+def long_prompts(prompts: int, browsers: int, prompt_chars: int, settle_s: float) -> dict:
+    """``prompts`` different long prompts on Inspect (``/api/trace``), ``browsers`` at a time, on a fresh server:
+    RSS when it has just started (no request yet), at the peak, and ``settle_s`` after (past the trace TTL)."""
+    proc, base = start_server("distilgpt2")
+    try:
+        fresh = rss(proc.pid)
+        sampler = Sampler(proc.pid)
+        sampler.start()
+        sampler.reset()
+        rngs = [random.Random(SEED * 7 + i) for i in range(prompts)]
+        todo = [prompt_for(r, prompt_chars) for r in rngs]
+        log: list = []
+        tokens: list[int] = []
+        lock = threading.Lock()
+
+        def browser(i: int) -> None:
+            from urllib.parse import quote
+
+            b = Browser(base, random.Random(i), log)
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    prompt = todo.pop()
+                out = b.call("trace", "GET", f"/api/trace?prompt={quote(prompt)}")
+                if out:
+                    tokens.append(out["n_tokens"])
+
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=browser, args=(i,)) for i in range(browsers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        peak = sampler.peak
+        time.sleep(settle_s)
+        after = rss(proc.pid)
+        sampler.stop.set()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return {"prompts": prompts, "browsers": browsers, "tokens": tokens, "load": summary(log),
+            "fresh": fresh, "peak": peak, "after": after, "wall": wall, "settle": settle_s}
+
+
+def report_long(r: dict) -> str:
+    by, statuses = r["load"]
+    mib = 1024**2
+    ratio = r["after"] / r["fresh"]
+    toks = r["tokens"] or [0]
+    return "\n".join([
+        f"### {r['prompts']} different long prompts on Inspect, {r['browsers']} browsers at a time, distilgpt2 "
+        f"({min(toks)}–{max(toks)} tokens; {r['wall']:.1f} s)\n",
+        "statuses: " + ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items()))
+        + f"; trace p50 / p95 {pct(by.get('trace', []), .5) * 1e3:.0f} / {pct(by.get('trace', []), .95) * 1e3:.0f} ms",
+        f"RSS fresh (started, no request yet) {r['fresh'] / mib:,.0f} MiB, peak {r['peak'] / mib:,.0f} MiB, "
+        f"{r['settle']:.0f} s after {r['after'] / mib:,.0f} MiB",
+        "",
+        table(["measure", "measured", "target", ""],
+              [["RSS after the trace TTL / fresh", f"{ratio:.2f}×", "≤ 1.3×", "ok" if ratio <= 1.3 else "MISSED"]]),
+        "",
+    ])
 
 
 def report(r: dict, peak_target: int | None) -> str:
@@ -253,6 +326,9 @@ def report(r: dict, peak_target: int | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="10 and 5 clients, 20 s settle")
+    p.add_argument("--long", type=int, metavar="N", default=0,
+                   help="only this: N different ~1000-token prompts on Inspect, 4 browsers at a time, then RSS "
+                        "past the trace TTL against the fresh server's")
     p.add_argument("--serve", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -260,6 +336,12 @@ def main(argv: list[str] | None = None) -> int:
         serve(args.serve, args.port)
         return 0
     settle = 20.0 if args.quick else 60.0
+    if args.long:
+        # 4,400 characters of the word list are ~950-1000 GPT-2 tokens (the model reads at most 1024). The settle
+        # outlasts the trace TTL (45 s) plus one janitor period (15 s).
+        print(f"# Long prompts: memory after the trace TTL\n\n{machine()}; seed {SEED}.\n", flush=True)
+        print(report_long(long_prompts(args.long, 4, 4400, 75.0)), flush=True)
+        return 0
     print(f"# Load: a classroom on loopback\n\n{machine()}; seed {SEED}; {STEPS} decode steps per client; "
           f"think time 0-150 ms; busy answers retried after Retry-After (max 2 s).\n", flush=True)
     small = scenario("builtin", 10 if args.quick else 40, 60, settle)
