@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from app.model.adapters.base import HookPoint, LayerSpec, apply_rope, params_of
+from app.model.adapters.base import HookPoint, LayerSpec, params_of
 from app.model.adapters.llama import LlamaAdapter
 
 
@@ -99,33 +99,21 @@ class Gemma3Adapter(LlamaAdapter):
         ]
         return points
 
-    def derive(self, captured: dict[str, torch.Tensor], positions: torch.Tensor) -> dict[str, torch.Tensor]:
-        out: dict[str, torch.Tensor] = {}
-        rope: dict[float | None, tuple[torch.Tensor, torch.Tensor]] = {}  # cos/sin (1, T, Dh) per rotary base
-        for name, tensor in captured.items():
-            if name.endswith(".attn.weights"):
-                continue  # placed after q/k/v: the attention module's hook fires after o_proj's
-            if name == "embed.wte":
-                out[name] = torch.nn.functional.embedding(tensor, self.token_table)  # (B, T, D) the table rows
-                continue
-            out[name] = tensor
-            if name.endswith(".attn.v_proj"):
-                prefix = name[: -len("v_proj")]
-                layer = int(name.split(".")[1])
-                base = self.spec(layer).rope_base
-                if base not in rope:
-                    cos, sin = self.rope_cos_sin(positions, layer)  # (T, Dh)
-                    rope[base] = cos[None], sin[None]
-                cos, sin = rope[base]
-                q_pre, k_pre = captured[prefix + "q_proj"], captured[prefix + "k_proj"]  # already (B, n, T, Dh)
-                out[prefix + "q_prerope"], out[prefix + "k_prerope"] = q_pre, k_pre
-                out[prefix + "q"] = apply_rope(q_pre, cos, sin)
-                out[prefix + "k"] = apply_rope(k_pre, cos, sin)
-                out[prefix + "v"] = self._heads(tensor, self.n_kv_head)
-                out[prefix + "weights"] = captured[prefix + "weights"]
-            elif name.endswith(".attn.merged"):
-                out[name[: -len("merged")] + "head_out"] = self.split_heads(tensor)
-        return out
+    # --- what derive() does differently (the loop itself is the Llama adapter's) ---------------------------
+    def _embedding_rows(self, captured_wte: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The hook sees the token ids: ``embed.wte`` is their table rows (``embed.h0`` has a hook of its own)."""
+        return {"embed.wte": torch.nn.functional.embedding(captured_wte, self.token_table)}  # (B, T, D)
+
+    def _layer_rope(self, layer: int, captured: dict, positions: torch.Tensor, memo: dict):
+        """cos, sin (1, T, Dh) of this layer's rotary base (local and global layers differ), each base once."""
+        base = self.spec(layer).rope_base
+        if base not in memo:
+            cos, sin = self.rope_cos_sin(positions, layer)  # (T, Dh)
+            memo[base] = cos[None], sin[None]
+        return memo[base]
+
+    def _qk_heads(self, captured: dict, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+        return captured[prefix + "q_proj"], captured[prefix + "k_proj"]  # hooked after q/k norm: (B, n, T, Dh)
 
     # --- rotary positions: one base per kind of layer ------------------------------------------------
     def rope_cos_sin(self, positions: torch.Tensor, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -113,17 +113,18 @@ class LlamaAdapter(ModelAdapter):
 
     def derive(self, captured: dict[str, torch.Tensor], positions: torch.Tensor) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
-        cos, sin = captured["rope.cos"], captured["rope.sin"]
+        rope: dict = {}  # what ``_layer_rope`` worked out once and reuses for later layers
         for name, tensor in captured.items():
             if name.endswith(".attn.weights"):
                 continue  # placed after q/k/v: the attention module's hook fires after o_proj's
-            out[name] = tensor
             if name == "embed.wte":
-                out["embed.h0"] = tensor  # rotary models add nothing to the token embedding
-            elif name.endswith(".attn.v_proj"):
+                out.update(self._embedding_rows(tensor))
+                continue
+            out[name] = tensor
+            if name.endswith(".attn.v_proj"):
                 prefix = name[: -len("v_proj")]
-                q_pre = self._heads(captured[prefix + "q_proj"], self.n_head)
-                k_pre = self._heads(captured[prefix + "k_proj"], self.n_kv_head)
+                cos, sin = self._layer_rope(int(name.split(".")[1]), captured, positions, rope)
+                q_pre, k_pre = self._qk_heads(captured, prefix)
                 out[prefix + "q_prerope"], out[prefix + "k_prerope"] = q_pre, k_pre
                 out[prefix + "q"] = apply_rope(q_pre, cos, sin)
                 out[prefix + "k"] = apply_rope(k_pre, cos, sin)
@@ -132,6 +133,20 @@ class LlamaAdapter(ModelAdapter):
             elif name.endswith(".attn.merged"):
                 out[name[: -len("merged")] + "head_out"] = self.split_heads(tensor)
         return out
+
+    # The three places a family of this kind may differ in ``derive`` (Gemma 3 overrides them).
+    def _embedding_rows(self, captured_wte: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``embed.wte`` and ``embed.h0`` from the hooked embedding: rotary models add nothing to the row."""
+        return {"embed.wte": captured_wte, "embed.h0": captured_wte}
+
+    def _layer_rope(self, layer: int, captured: dict, positions: torch.Tensor, memo: dict):
+        """cos, sin (1, T, Dh) that rotate layer ``layer``'s q and k: the rotary module's own, one for all layers."""
+        return captured["rope.cos"], captured["rope.sin"]
+
+    def _qk_heads(self, captured: dict, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k before rotation, (B, H, T, Dh) and (B, H_kv, T, Dh)."""
+        return (self._heads(captured[prefix + "q_proj"], self.n_head),
+                self._heads(captured[prefix + "k_proj"], self.n_kv_head))
 
     # --- rotary positions ------------------------------------------------------------------------
     def rope_cos_sin(self, positions: torch.Tensor, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
