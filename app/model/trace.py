@@ -85,6 +85,12 @@ class Trace:
     def weights(self, layer: int) -> torch.Tensor:
         return self.tensors[f"blocks.{layer}.attn.weights"]  # (B, H, T, Tk)
 
+    def attention_block(self, layer: int, head: int, rows: slice = slice(None), cols: slice = slice(None)) -> torch.Tensor:
+        """Exact softmax weights of one head for query rows ``rows`` (new tokens) and keys ``cols``: (r, c) float32,
+        0 where a key is not allowed (future, outside the window). The one entry point for views that read a part
+        of a head's map (tiles, cells, summaries)."""
+        return self.weights(layer)[0, head, rows, cols].float()
+
     # --- recomputed from Q and K (app.model.attention, the one place attention is written) ------------
     def positions(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions of the new tokens (T,) and of every key they may read (Tk,)."""
