@@ -9,15 +9,14 @@ runs (one at a time, under the model lock), and several downloads packed at the 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, fields
 
 import pytest
 import torch
 from transformers import GPT2LMHeadModel
 
+from app.catalog import CATALOG
 from app.model.builtin import build_char_tokenizer, builtin_vocabulary, tiny_config
-from app.model.catalog import CATALOG
 from app.settings import Settings
 from app.training.jobs import MAX_TEXT_CHARS
 
@@ -48,9 +47,7 @@ def model_bytes(s: Settings) -> int:
         if name == "builtin":
             total += FLOAT32 * tiny_params(len(builtin_vocabulary()))
         else:
-            millions = re.search(r"(\d+)M parameters", CATALOG[name].note)
-            assert millions, CATALOG[name].note
-            total += FLOAT32 * int(millions.group(1)) * 10**6
+            total += FLOAT32 * CATALOG[name].parameters  # counted from the config (app/catalog.py: sizes)
     trained = FLOAT32 * tiny_params(len(build_char_tokenizer("")) + MAX_TEXT_CHARS)
     return total + s.max_trained_models * trained + 4 * trained
 
