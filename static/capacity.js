@@ -92,9 +92,15 @@
         { tp: inp.tp, heads: r.kv_heads_per_gpu, total: fmtBytes(r.bytes_per_token_all_gpus) })
       : "";
     $("r-page").textContent = `${inp.block_size} × ${fmtBytes(r.bytes_per_token)} = ${fmtBytes(r.page_bytes)}`;
-    $("r-request").textContent = t("js.capacity.request", {
+    $("r-request").textContent = t(r.windowed ? "js.capacity.request_layers" : "js.capacity.request", {
       ctx: int(inp.context), blocks: int(r.blocks_per_request), bytes: fmtBytes(r.request_bytes), waste: r.tail_waste_tokens,
     });
+    // Sliding-window layers hold at most their window: the request's bytes, layer kind by layer kind.
+    $("r-layers").hidden = !r.windowed;
+    $("r-layers").replaceChildren(...(r.windowed ? r.layer_kinds : []).map((k) => el("li", null, t(
+      k.window === null ? "js.capacity.layers_full" : "js.capacity.layers_sliding",
+      { n: k.n_layers, window: k.window, held: int(k.tokens_held), blocks: int(k.blocks), per: fmtBytes(k.bytes_per_token),
+        bytes: fmtBytes(k.block_bytes) }))));
     $("r-batch").textContent = `${int(inp.batch)} × ${fmtBytes(r.request_bytes)} = ${fmtBytes(r.batch_bytes)}`;
     $("r-weights").textContent = r.weights_known
       ? t("js.capacity.weights", {
@@ -109,7 +115,9 @@
         Object.assign({ kv: fmtBytes(r.kv_memory), short: fmtBytes(r.kv_shortfall) }, memory));
     $("r-blocks").textContent = `⌊${fmtBytes(r.kv_memory)} / ${fmtBytes(r.page_bytes)}⌋ = ${int(r.num_blocks)}`;
     $("r-tokens").textContent = `${int(r.num_blocks)} × ${inp.block_size} = ${int(r.tokens)}`;
-    $("r-conc").textContent = `${int(r.tokens)} / ${int(inp.context)} = ${r.max_concurrency.toFixed(2)}×`;
+    $("r-conc").textContent = r.windowed
+      ? `${fmtBytes(r.kv_memory)} / ${fmtBytes(r.request_bytes)} = ${r.max_concurrency.toFixed(2)}×`
+      : `${int(r.tokens)} / ${int(inp.context)} = ${r.max_concurrency.toFixed(2)}×`;
     // vLLM refuses to start when not one request of max_model_len fits: say that, never a negative size.
     const needed = { ctx: int(inp.context), need: fmtBytes(r.request_bytes), kv: fmtBytes(r.kv_memory) };
     $("r-vllm").textContent = !r.weights_fit ? t("js.capacity.vllm_no_memory")
