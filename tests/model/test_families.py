@@ -344,3 +344,17 @@ def test_model_card_kv_bytes_per_layer_kind_are_the_cache_tensors(any_model):
     mha = a.n_layer * 2 * q[0].numel() * q.element_size() // T
     assert card["mha_bytes_per_token"] == mha
     assert card["gqa_saving"] == mha // card["kv_bytes_per_token"] == a.n_head // a.n_kv_head
+
+
+def test_the_catalog_counts_from_a_config_the_parameters_the_checkpoint_has(any_model):
+    """``app.catalog`` sizes a model from its config.json alone (what the capacity lab does for any pasted config):
+    the count equals the loaded tensors', and the per-layer windows are the adapter's."""
+    from app import catalog
+
+    lm = any_model
+    parsed = catalog.from_config_json(lm.model.config.to_json_string())
+    assert parsed.parameters == lm.adapter.parameter_count()
+    a = lm.adapter
+    assert [parsed.window(i) for i in range(parsed.n_layer)] == [a.window(i) for i in range(a.n_layer)]
+    loaded = catalog.from_adapter(lm.name, lm.adapter)
+    assert catalog.sizes(loaded, dtype="fp32") == catalog.sizes(parsed, dtype="fp32")
