@@ -44,8 +44,25 @@ window.kv.page("capacity", () => {
   }
 
   async function runCalc() {
+    linkCalc();
     const r = await kv.act("POST", "/api/capacity/calculate", calcBody(), "calc-busy");
     if (r) drawCalc(r);
+  }
+
+  /* The calculator's inputs are in the URL (?calc-batch=64&calc-gpu=h100-80gb…, only those changed from the
+     page's defaults), so a link or a reload opens the same figures. A pasted config stays out (too long). */
+  const LINKED = [...$("calc-form").querySelectorAll("select[id], input[id]")].filter((e) => e.type !== "file");
+  const defaultOf = (e) => (e.tagName === "SELECT"
+    ? ([...e.options].find((o) => o.defaultSelected) || e.options[0] || { value: "" }).value : e.defaultValue);
+  function linkCalc() {
+    kv.setQuery(Object.fromEntries(LINKED.map((e) => [e.id, e.value === defaultOf(e) ? null : e.value])));
+  }
+  function readLink() {
+    const q = new URLSearchParams(window.location.search);
+    LINKED.forEach((e) => {
+      const v = q.get(e.id);
+      if (v !== null && (e.tagName !== "SELECT" || [...e.options].some((o) => o.value === v))) e.value = v;
+    });
   }
 
   function drawCalc(r) {
@@ -311,6 +328,7 @@ window.kv.page("capacity", () => {
     }));
   });
 
+  readLink();
   showModelBoxes();
   runCalc();
 });
