@@ -192,6 +192,10 @@ window.kv.page("capacity", () => {
   $("calc-form").addEventListener("submit", (e) => { e.preventDefault(); runCalc(); });
   $("calc-form").addEventListener("change", (e) => { if (e.target.type !== "file" && e.target.id !== "config-json") runCalc(); });
 
+  /* A step's events in words: "admitted 3, 4 · finished 1" (the simulator's timeline and the engine check). */
+  const events = (x) => ["admitted", "preempted", "finished"].filter((k) => x[k].length)
+    .map((k) => t("js.capacity.ev." + k, { ids: x[k].join(", ") }));
+
   // --- simulator --------------------------------------------------------------------------------------
   function simBody() {
     const body = { model: $("sim-model").value, cost: $("sim-cost").value, gpu: $("sim-gpu").value,
@@ -254,16 +258,13 @@ window.kv.page("capacity", () => {
     }));
     const names = { ttft: "TTFT", tpot: "TPOT", e2e: t("js.capacity.sim.e2e") };
     $("sim-latency-table").tBodies[0].replaceChildren(...Object.entries(r.latency).map(([k, v]) => {
-      return kv.el("tr", null, kv.el("td", { class: "l" }, names[k]), ...["p50", "p90", "p99", "mean"].map((p) => kv.el("td", null, ms(v.stats[p]))));
+      return kv.el("tr", null, kv.el("td", { class: "l" }, names[k]),
+        ...["p50", "p90", "p99", "mean"].map((p) => kv.el("td", null, ms(v.stats[p]))));
     }));
     $("sim-timeline").tBodies[0].replaceChildren(...r.timeline.map((s) => {
       const tr = kv.el("tr", { class: s.preempted.length ? "preempt" : null });
       [s.step, s.start.toFixed(3), s.prefill, s.decode, s.running, s.waiting, s.blocks_used].forEach((x) => tr.append(kv.el("td", null, x)));
-      const ev = [];
-      if (s.admitted.length) ev.push(t("js.capacity.ev.admitted", { ids: s.admitted.join(", ") }));
-      if (s.preempted.length) ev.push(t("js.capacity.ev.preempted", { ids: s.preempted.join(", ") }));
-      if (s.finished.length) ev.push(t("js.capacity.ev.finished", { ids: s.finished.join(", ") }));
-      tr.append(kv.el("td", { class: "l" }, ev.join(" · ")));
+      tr.append(kv.el("td", { class: "l" }, events(s).join(" · ")));
       const sched = s.scheduled.slice(0, 12).map(([id, n]) => `${id}:${n}`).join(" ") + (s.scheduled.length > 12 ? " …" : "");
       tr.append(kv.el("td", { class: "l mono" }, sched));
       return tr;
@@ -314,10 +315,7 @@ window.kv.page("capacity", () => {
       : t("js.capacity.check.differ", { step: r.first_difference });
     const side = (x) => {
       if (!x) return "—";
-      const parts = [];
-      if (x.admitted.length) parts.push(t("js.capacity.ev.admitted", { ids: x.admitted.join(", ") }));
-      if (x.preempted.length) parts.push(t("js.capacity.ev.preempted", { ids: x.preempted.join(", ") }));
-      if (x.finished.length) parts.push(t("js.capacity.ev.finished", { ids: x.finished.join(", ") }));
+      const parts = events(x);
       parts.push(t("js.capacity.ev.blocks", { used: x.blocks_used, running: x.running, waiting: x.waiting }));
       return parts.join(" · ");
     };

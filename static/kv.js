@@ -163,8 +163,8 @@
   kv.showError = function (message) {
     const area = document.getElementById("error");
     if (!area) return;
-    area.replaceChildren(kv.el("div", { class: "error-box" }, kv.el("b", null, kv.t("js.error.prefix")), " ", message,
-      " ", kv.el("button", { type: "button", class: "close", "data-dismiss": true, "aria-label": kv.t("js.error.dismiss") }, "×")));
+    const close = kv.el("button", { type: "button", class: "close", "data-dismiss": true, "aria-label": kv.t("js.error.dismiss") }, "×");
+    area.replaceChildren(kv.el("div", { class: "error-box" }, kv.el("b", null, kv.t("js.error.prefix")), " ", message, " ", close));
   };
   kv.fmt = function (x, d) {
     if (x === null || x === undefined) return "—";
