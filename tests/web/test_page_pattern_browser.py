@@ -58,3 +58,15 @@ def test_a_page_script_starts_only_on_its_page(page, live_server):
         return seen; }""")
     assert ran == ["prefix"]
     assert page.js_errors == []
+
+
+def test_a_swapped_fragment_is_drawn_and_a_new_request_clears_the_last_error(page, live_server):
+    """Speculative: htmx forms with data-clears-error; the roofline is drawn by page.view after its swap."""
+    page.goto(live_server + "/speculative?model=builtin")
+    page.fill("#spec-prompt", "")  # nothing to decode: the server refuses it, its fragment lands in #error
+    page.click("#spec-run")
+    page.wait_for_selector("#error .error-box button.close")
+    page.click("#roof-run")
+    page.wait_for_selector("#roofline-chart .main-svg", timeout=120_000)
+    assert page.locator("#error .error-box").count() == 0
+    assert page.js_errors == []
