@@ -89,7 +89,13 @@ class TokenFacet:
         return self.decoded(token_id) if raw is None else show_bytes(raw)
 
     def texts(self, ids: list[int]) -> list[str]:
-        return [self.text(i) for i in ids]
+        ids = [int(i) for i in ids]
+        pieces = self.tokenizer.convert_ids_to_tokens(ids)  # one call for all of them
+        out = []
+        for i, piece in zip(ids, pieces, strict=True):
+            raw = None if i in self.named else self.piece_bytes(piece, i)
+            out.append(self.decoded(i) if raw is None else show_bytes(raw))
+        return out
 
 
 class ByteLevelFacet(TokenFacet):
