@@ -33,6 +33,7 @@ def check_round_trip(facet: TokenFacet, text: str) -> list[str]:
     raw = [facet.token_bytes(i) for i in ids]
     assert b"".join(raw) == text.encode("utf-8")
     texts = facet.texts(ids)
+    assert texts == [facet.text(i) for i in ids]  # the batched path and the one-token path agree
     for piece, shown in zip(raw, texts, strict=True):
         assert "\ufffd" not in shown, texts
         assert unshow(shown) == piece, (shown, piece)
