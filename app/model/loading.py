@@ -25,6 +25,7 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -36,6 +37,7 @@ from app.model import gguf
 from app.model.adapters import ModelAdapter, adapter_class, adapter_for, supported_model_types
 from app.model.builtin import ensure_builtin
 from app.model.catalog import CATALOG, download_command
+from app.model.tokens import TokenFacet, facet_for
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,11 @@ class LoadedModel:
 
     def token_texts(self, ids: list[int]) -> list[str]:
         return [self.token_text(i) for i in ids]
+
+    @cached_property
+    def tokens(self) -> TokenFacet:
+        """What each token stands for (bytes, honest text), read off this tokenizer (``app/model/tokens.py``)."""
+        return facet_for(self.tokenizer)
 
 
 def load_dir(

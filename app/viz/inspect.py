@@ -51,9 +51,9 @@ def inspect_view(
         "key": key,
         "model": model_card(lm),
         "n_tokens": trace.n_tokens,
-        "tokens": token_strip(trace.token_ids, honest_texts(lm, trace.token_ids, trace.token_texts)),
+        "tokens": token_strip(trace.token_ids, honest_texts(lm, trace.token_ids)),
         "unknown": unknown_note(lm, list(trace.token_ids), prompt),
-        "shape_trace": shape_groups(trace.steps, trace.adapter.family, len(trace.token_ids)),
+        "shape_trace": shape_groups(trace.steps, trace.adapter, len(trace.token_ids)),
         "top_k": candidate_rows(lm, top_candidates(trace["probs"][0], k=10)),
         "sel": {"layer": layer, "head": head, "q": q, "kind": kind},
         "choice": choice if choice and choice["role"] else None,  # why the page opened on this head

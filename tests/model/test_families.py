@@ -258,7 +258,7 @@ def test_a_long_prompts_last_position_logits_equal_the_full_forwards(any_model, 
     full = run_traced(lm.model, lm.adapter, trace.token_ids, trace.token_texts)
     assert tuple(full["logits"].shape)[:2] == (1, trace.n_tokens)
     assert torch.allclose(trace["probs"], full["probs"], atol=1e-6)
-    rows = {r["name"]: r for g in shape_groups(trace.steps, lm.adapter.family, trace.n_tokens) for r in g["rows"]}
+    rows = {r["name"]: r for g in shape_groups(trace.steps, lm.adapter, trace.n_tokens) for r in g["rows"]}
     assert rows["logits"]["shape"].startswith("(1, 1, ") and rows["logits"]["explain_key"] == "step.logits_last"
 
 

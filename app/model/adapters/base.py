@@ -12,6 +12,12 @@ adapter's words:
                pre-rotation q / k beside them), per-head outputs
   cache        ``layer_cache(cache, i)`` -> K, V of transformers' cache, (B, H_kv, T, Dh) each
   layers       ``spec(i)``: how layer i attends (``LayerSpec``: window, scale, soft-cap, rotary base)
+  parameters   ``qkv_parameters(config, i)``, ``fused_qkv(config, name)``, ``default_parameter(config)``: which
+               parameters are layer i's q/k/v projections and how to cut q, k, v out of a fused one (class
+               methods: the training lab reads models it builds itself, without eager attention)
+  parts        ``capabilities``: the known parts it is built from (norm kind, MLP kind, rotary or a position
+               table, fused or separate q/k/v, q/k norm, norms after attention and MLP ...), what pages explain
+               it by instead of its family name
   block parts  ``embed``, ``attn_in``, ``qkv`` (before rotation), ``rotate_qk``, ``attn_out``, ``mlp_branch``:
                the pieces of one block, read off the model's own modules
   forward      ``forward_through(store, ids)``, written once here from the block parts, with attention done
@@ -80,6 +86,55 @@ class LayerSpec:
         return self.window is not None
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """The known parts a model is built from, model-wide: what the pages explain a model by, never its family
+    name (TransformerLens's config flags: normalization type, positional embedding type ...). A new family made
+    of parts listed here needs no new words; ``facets`` names each part's value for the catalog's keys.
+    """
+
+    norm: str  # "layernorm" | "rmsnorm"
+    mlp: str  # "gelu" (fc -> act -> proj) | "swiglu" / "geglu" (act(gate) * up -> down)
+    positions: str  # "table" (a learned row added per position) | "rotary" (q and k turned by the position)
+    qkv: str  # "fused" (one projection, sliced into q, k, v) | "separate" (three projections)
+    qk_norm: bool  # a norm on each head's q and k before rotation (Qwen3, Gemma 3)
+    post_norms: bool  # a norm after attention and after the MLP too (Gemma's "sandwich")
+    embed_scaled: bool  # the token row is multiplied by a constant on the way in (Gemma: √d_model)
+    tied: bool  # the unembedding reads the token table itself
+    attention: str  # "MHA" | "GQA" | "MQA"
+
+    def facets(self) -> dict[str, str]:
+        """Each part as one word, for catalog keys (``step.ln_1.rmsnorm``)."""
+        return {
+            "norm": self.norm, "mlp": self.mlp, "positions": self.positions, "qkv": self.qkv,
+            "qk_norm": "qk_norm" if self.qk_norm else "no_qk_norm",
+            "post_norms": "post_norm" if self.post_norms else "no_post_norm",
+            "embedding": "scaled" if self.embed_scaled else "unscaled",
+            "unembedding": "tied" if self.tied else "untied",
+            "attention": self.attention.lower(),
+        }
+
+
+@dataclass(frozen=True)
+class FusedQKV:
+    """One parameter holding a layer's query, key and value projections side by side (GPT-2's fused projection):
+    along ``axis`` of the parameter as stored, q's block, then k's, then v's."""
+
+    axis: int  # -1 for GPT-2's Conv1D weight, stored (in, out), and for its bias
+    widths: tuple[int, int, int]  # of the q, k and v blocks along it (H·Dh, H_kv·Dh, H_kv·Dh)
+
+    def bounds(self, part: str) -> tuple[int, int]:
+        """[lo, hi) of ``part`` ("q", "k" or "v") along ``axis``."""
+        i = "qkv".index(part)
+        lo = sum(self.widths[:i])
+        return lo, lo + self.widths[i]
+
+    def index(self, part: str) -> tuple:
+        """The index that selects ``part`` from the parameter: ``p[fused.index("k")]``."""
+        lo, hi = self.bounds(part)
+        return (..., slice(lo, hi)) if self.axis == -1 else (*(slice(None),) * self.axis, slice(lo, hi))
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """[x1, x2] -> [-x2, x1] over the last dimension (transformers' RoPE layout: j pairs with j + Dh/2)."""
     half = x.shape[-1] // 2
@@ -113,6 +168,7 @@ class ModelAdapter(ABC):
     norm_kind: ClassVar[str] = "layernorm"  # "layernorm" | "rmsnorm"
     mlp_kind: ClassVar[str] = "gelu"  # "gelu" (fc -> act -> proj) | "swiglu" / "geglu" (act(gate) * up -> down)
     post_norms: ClassVar[bool] = False  # a norm after attention and after the MLP too (Gemma's "sandwich")
+    qk_norm: bool = False  # a norm on each head's q and k before rotation (set by read_sizes where a config says so)
     embed_scale: float = 1.0  # the token row is multiplied by this on the way in (Gemma: √d_model)
 
     def __init__(self, model: nn.Module) -> None:
@@ -153,8 +209,40 @@ class ModelAdapter(ABC):
             return "MHA"
         return "MQA" if self.n_kv_head == 1 else "GQA"
 
+    @property
+    def capabilities(self) -> Capabilities:
+        """The parts this model is built from (the class variables above, the sizes, the tied unembedding)."""
+        out = self.model.get_output_embeddings()
+        return Capabilities(
+            norm=self.norm_kind, mlp=self.mlp_kind, positions="rotary" if self.rotary else "table",
+            qkv="fused" if "qkv" in self.qkv_parameters(self.config, 0) else "separate",
+            qk_norm=self.qk_norm, post_norms=self.post_norms,
+            embed_scaled=self.embed_scale != 1.0,
+            tied=out is not None and out.weight.data_ptr() == self.token_table.data_ptr(),
+            attention=self.attention_kind,
+        )
+
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
+
+    # --- parameters by role (class methods of the config: no adapter instance, no eager attention needed) ----
+    @classmethod
+    @abstractmethod
+    def qkv_parameters(cls, config, layer: int) -> dict[str, str]:
+        """Names of ``layer``'s query/key/value projection weights, as a causal LM of this family's
+        ``named_parameters()`` gives them: ``{"qkv": name}`` where one parameter makes all three, else
+        ``{"q": .., "k": .., "v": ..}``."""
+
+    @classmethod
+    def fused_qkv(cls, config, name: str) -> FusedQKV | None:
+        """How q, k and v sit in parameter ``name`` when it is a fused projection's weight or bias; None otherwise."""
+        return None
+
+    @classmethod
+    def default_parameter(cls, config) -> str:
+        """The parameter a page shows first: layer 0's query projection (the fused one where q, k, v share one)."""
+        names = cls.qkv_parameters(config, 0)
+        return names.get("qkv") or names["q"]
 
     # --- embeddings --------------------------------------------------------------------------------
     @property

@@ -13,10 +13,12 @@ Family-specific hook points, besides the shared ones (see ``base``)::
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 
-from app.model.adapters.base import HookPoint, LayerSpec, ModelAdapter, params_of
+from app.model.adapters.base import FusedQKV, HookPoint, LayerSpec, ModelAdapter, params_of
 
 
 class GPT2Adapter(ModelAdapter):
@@ -32,6 +34,20 @@ class GPT2Adapter(ModelAdapter):
         self.d_mlp = config.n_inner or 4 * config.n_embd
         self.max_positions = config.n_positions
         self.vocab_size = config.vocab_size
+
+    # --- parameters by role: one Conv1D, c_attn, makes q, k and v; its weight is stored (in, out) = (D, 3D) ----
+    FUSED = re.compile(r"transformer\.h\.\d+\.attn\.c_attn\.(weight|bias)")
+
+    @classmethod
+    def qkv_parameters(cls, config, layer: int) -> dict[str, str]:
+        return {"qkv": f"transformer.h.{layer}.attn.c_attn.weight"}
+
+    @classmethod
+    def fused_qkv(cls, config, name: str) -> FusedQKV | None:
+        """Columns [0, D) of c_attn make q, [D, 2D) k, [2D, 3D) v: ``q, k, v = c_attn(x).split(D, dim=-1)``."""
+        if not cls.FUSED.fullmatch(name):
+            return None
+        return FusedQKV(axis=-1, widths=(config.n_embd,) * 3)
 
     @property
     def token_table(self) -> torch.Tensor:

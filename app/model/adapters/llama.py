@@ -53,6 +53,10 @@ class LlamaAdapter(ModelAdapter):
     def _base(self) -> nn.Module:
         return self.model.model
 
+    @classmethod
+    def qkv_parameters(cls, config, layer: int) -> dict[str, str]:
+        return {p: f"model.layers.{layer}.self_attn.{p}_proj.weight" for p in "qkv"}  # three Linear layers
+
     @property
     def token_table(self) -> torch.Tensor:
         return self._base.embed_tokens.weight  # (V, D)
