@@ -1,4 +1,9 @@
-"""The speculative-decoding lab's room: bounds, the draft chosen, the model gate, the engine call.
+"""The speculative-decoding lab as the server runs it: bounds, the draft chosen, the model gate, the engine call.
+
+    run_request(state, ...)        check every bound before any model work, pick the draft (an early exit or a
+                                   second loaded model with the same tokenizer), decode speculatively with a
+                                   paged block ledger on each cache, then plainly; -> SpecRun
+    roofline_request(state, ...)   measure this machine and time the model's steps; -> RooflineRun
 
 Nothing is kept between requests: a run builds its caches, decodes, and lets them go, so there is no per-browser
 state to expire. Model work waits at ``state.model_lock`` like every lab's (its queue caps each browser's waiting
@@ -11,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from app.cache.spec_blocks import BlockLedger, watch
 from app.errors import BadInput
 from app.model import roofline as rl
 from app.model import speculative as spec
@@ -19,6 +25,7 @@ from app.model.prompts import encode_prompt
 
 MODES = (spec.GREEDY, spec.SAMPLE)
 DRAFT_KINDS = ("early", "model")
+BLOCK_SIZES = (1, 2, 4, 8, 16)  # the paged lab's choices; 4 is its default too
 
 
 def draft_models(state, target: LoadedModel) -> list[str]:
@@ -48,10 +55,16 @@ class SpecRun:
     exit_layer: int | None
     result: spec.SpecResult
     candidates: list[str]  # models that could draft for this target
+    blocks: list[dict]  # per round: {"target": snapshot, "draft": snapshot} (``BlockLedger.snapshot``)
+    block_size: int
+    draft_lm: LoadedModel  # the model whose blocks the draft's cache fills (the target itself for an early exit)
 
 
-def check_bounds(settings, *, gamma: int, max_new_tokens: int, mode: str, temperature: float) -> None:
+def check_bounds(settings, *, gamma: int, max_new_tokens: int, mode: str, temperature: float,
+                 block_size: int = 4) -> None:
     s = settings
+    if block_size not in BLOCK_SIZES:
+        raise BadInput("err.block_size", sizes=", ".join(map(str, BLOCK_SIZES)))
     if mode not in MODES:
         raise BadInput("err.spec.mode", mode=repr(mode))
     if not 1 <= gamma <= s.spec_max_gamma:
@@ -65,11 +78,12 @@ def check_bounds(settings, *, gamma: int, max_new_tokens: int, mode: str, temper
 
 def run_request(state, *, model: str | None, prompt: str | None, draft: str = "early", exit_layer: int | None = None,
                 draft_model: str | None = None, gamma: int = 4, max_new_tokens: int = 24, mode: str = spec.GREEDY,
-                temperature: float = 1.0, seed: int = 0) -> SpecRun:
+                temperature: float = 1.0, seed: int = 0, block_size: int = 4) -> SpecRun:
     """Validate everything before any model work, then decode speculatively and plainly under the model gate."""
     s = state.settings
     lm = state.model(model)
-    check_bounds(s, gamma=gamma, max_new_tokens=max_new_tokens, mode=mode, temperature=temperature)
+    check_bounds(s, gamma=gamma, max_new_tokens=max_new_tokens, mode=mode, temperature=temperature,
+                 block_size=block_size)
     if draft not in DRAFT_KINDS:
         raise BadInput("err.spec.draft_kind", kind=repr(draft))
     candidates = draft_models(state, lm)
@@ -91,11 +105,20 @@ def run_request(state, *, model: str | None, prompt: str | None, draft: str = "e
         raise BadInput("err.spec.prompt_tokens", n=len(ids), limit=s.spec_max_prompt_tokens)
     if other is not None:
         other.adapter.check_room(len(ids), reserve)
+    # One block pool per cache, just large enough for the longest the cache can get (the last verify forward).
+    t_ledger = BlockLedger.for_tokens(len(ids) + reserve, block_size)
+    d_ledger = BlockLedger.for_tokens(len(ids) + reserve, block_size)
+    runner.watch = watch(d_ledger)
+    blocks: list[dict] = []
+
+    def on_round(r: spec.Round) -> None:
+        blocks.append({"target": t_ledger.snapshot(r.target_start), "draft": d_ledger.snapshot(r.draft_start)})
+
     with state.model_lock:
         result = spec.run(lm, runner, ids, gamma=gamma, max_new_tokens=max_new_tokens, mode=mode,
-                          temperature=temperature, seed=seed)
+                          temperature=temperature, seed=seed, target_watch=watch(t_ledger), on_round=on_round)
     return SpecRun(lm=lm, draft_name=other.name if other else "", exit_layer=exit_layer if draft == "early" else None,
-                   result=result, candidates=candidates)
+                   result=result, candidates=candidates, blocks=blocks, block_size=block_size, draft_lm=other or lm)
 
 
 # --- the roofline panel ---------------------------------------------------------------------------------------
