@@ -126,6 +126,8 @@ def run_request(state, *, model: str | None, prompt: str | None, draft: str = "e
 CONTEXTS = (64, 256, 1024)
 BATCHES = (1, 4, 16)
 PREFILL_TOKENS = 128
+BANDWIDTH_MIB = 64  # each of the STREAM probe's three float32 arrays
+MATMUL_N = 1024  # the matmul probe multiplies two n × n float32 matrices into a third
 
 
 @dataclass
@@ -137,17 +139,37 @@ class RooflineRun:
     threads: int
 
 
+def roofline_plan(settings, max_positions: int) -> tuple[list[int], list[int]]:
+    """The contexts (batch 1) and batches (at the first context) the panel times for a model of ``max_positions``."""
+    room = min(max_positions - 1, settings.roofline_max_context)  # the step's own token needs a position too
+    contexts = [c for c in CONTEXTS if c <= room] or [max(1, room)]
+    batches = [b for b in BATCHES if b <= settings.roofline_max_batch]
+    return contexts, batches
+
+
+def roofline_cache_tokens(settings, max_positions: int = 1 << 30) -> int:
+    """The most cached tokens (sequences × context) one timed step holds: the longest context at batch 1, or the
+    largest batch at the first context — never the longest context times the largest batch."""
+    contexts, batches = roofline_plan(settings, max_positions)
+    return max(max(contexts), contexts[0] * max(batches, default=1))
+
+
+def roofline_bytes(settings, bytes_per_token: int, max_positions: int = 1 << 30) -> int:
+    """What one roofline run holds at most: the probes' arrays and the largest K/V cache a timed step reads
+    (``bytes_per_token``: K and V of every layer for one token), counted as if alive at once."""
+    probes = 3 * BANDWIDTH_MIB * 1024**2 + 3 * MATMUL_N**2 * 4
+    return probes + roofline_cache_tokens(settings, max_positions) * bytes_per_token
+
+
 def roofline_request(state, *, model: str | None) -> RooflineRun:
     """Measure this machine (bandwidth, matmul) and time decode steps of the model, all under the model gate so
     no other forward shares the cores while it runs."""
     s = state.settings
     lm = state.model(model)
-    room = min(lm.max_positions - 1, s.roofline_max_context)  # the step's own token needs a position too
-    contexts = [c for c in CONTEXTS if c <= room] or [max(1, room)]
-    batches = [b for b in BATCHES if b <= s.roofline_max_batch]
+    contexts, batches = roofline_plan(s, lm.max_positions)
     with state.model_lock:
-        bandwidth = rl.measure_bandwidth()
-        peak = rl.measure_peak_flops()
+        bandwidth = rl.measure_bandwidth(mib=BANDWIDTH_MIB)
+        peak = rl.measure_peak_flops(n=MATMUL_N)
         points = rl.measure_points(lm, contexts=contexts, batches=batches,
                                    prefill_tokens=min(PREFILL_TOKENS, lm.max_positions // 2))
     return RooflineRun(lm=lm, bandwidth=bandwidth, peak=peak, points=points, threads=torch.get_num_threads())
