@@ -72,3 +72,18 @@ def test_the_roofline_chart_places_the_measured_steps(page, live_server):
     # The ridge annotation sits where the measured roof bends.
     assert page.locator("#roofline-chart .annotation-text").first.text_content().startswith("ridge")
     assert page.js_errors == []
+
+
+def test_the_page_after_a_run_and_a_roofline_has_no_english_sentence_in_chinese(page, live_server):
+    from tests.web.test_chinese_browser import check
+
+    page.goto(live_server + "/speculative?lang=zh&model=builtin")
+    page.fill("#spec-k", "1")
+    page.fill("#spec-gamma", "3")
+    page.fill("#spec-new", "8")
+    page.click("#spec-run")
+    page.wait_for_selector("#spec-rounds-table tbody tr", timeout=60_000)
+    page.click("#roof-run")
+    page.wait_for_selector("#roofline-chart .main-svg", timeout=120_000)
+    assert "各轮" in page.inner_text("#spec-rounds") and "block 池" in page.inner_text("#spec-rounds")
+    check(page)
