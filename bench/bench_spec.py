@@ -12,10 +12,10 @@
     same invocation and prints both runs' acceptance and speed-up and their difference in percentage points
     (target: within ±2). Greedy acceptance is a function of the tokens, so it must repeat exactly; the speed-up
     is a ratio of two wall-clock sums and moves with the machine's load.
-(2) The roofline: STREAM-like copy and triad, a 1024² matmul, decode steps at contexts 64 / 256 / 1024 (batch 1)
-    and batches 1 / 4 / 16 (context 64), one 128-token prefill. Each batch-1 decode step's achieved bandwidth
-    (bytes counted from the shapes / measured time) is printed beside the measured bandwidth line (the better
-    of copy and triad) with their ratio. Target: within 2× (ratio 0.5 .. 2).
+(2) The roofline: STREAM-like copy and triad, a 1024² matmul, decode steps (best of 3, like the probes) at
+    contexts 64 / 256 / 1024 (batch 1) and batches 1 / 4 / 16 (context 64), one 128-token prefill. Each batch-1
+    decode step's achieved bandwidth (bytes counted from the shapes / measured time) is printed beside the
+    measured bandwidth line (the better of copy and triad) with their ratio. Target: within 2× (ratio 0.5 .. 2).
 
 Torch runs on ``--threads`` threads (default 1: on a shared 2-core machine a second thread mostly waits at
 barriers for a core another process holds, and a step takes 20× longer); the probes use the same threads.
@@ -121,7 +121,7 @@ def main() -> None:
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--exit-layers", default="15,24")
-    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=2, help="passes over the prompts (0: the roofline only)")
     ap.add_argument("--no-roofline", action="store_true")
     ap.add_argument("--contexts", default="64,256,1024")
     ap.add_argument("--batches", default="1,4,16")
@@ -187,7 +187,7 @@ def print_tables(res: dict) -> None:
                   f"{r['mean_accepted']:.2f} | {r['forwards_per_token']:.3f} | {r['speedup']:.2f}× "
                   f"| {r['speedup_median']:.2f}× |")
     print("\nGreedy speculative = target greedy, per draft (target: every prompt):")
-    for r in res["runs"][0]:
+    for r in res["runs"][0] if res["runs"] else []:
         verdict = "met" if r["identical"] == r["prompts"] else f"NOT met, differ: {r['differ']}"
         print(f"  {r['draft']}: {r['identical']}/{r['prompts']} — {verdict}")
     if len(res["runs"]) > 1:
