@@ -20,7 +20,7 @@ from app.model.trace import Trace
 # Tensor names the pages read (by suffix): the inspect views, the arithmetic panel and the embedding rows.
 # RoPE models add q and k before rotation (the rotary panel); the logit lens reads each layer's residual
 # stream (T × D per layer, small), head ablation compares with the last position's logits.
-PAGE_TENSORS = ("embed.wte", "embed.wpe", "embed.h0", ".attn.q", ".attn.k", ".attn.v", ".attn.weights",
+PAGE_TENSORS = ("embed.wte", "embed.wpe", "embed.h0", ".attn.q", ".attn.k", ".attn.v", ".attn.lse",
                 ".attn.head_out", ".attn.q_prerope", ".attn.k_prerope", ".resid_out", "probs", "last_logits")
 # Hooked activations no page reads and no per-head tensor is derived from (in either family): an inspect capture
 # records them by shape only (``app/model/capture.py``), so its forward frees each as it goes instead of holding
