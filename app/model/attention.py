@@ -143,3 +143,11 @@ def weights_from_lse(s: torch.Tensor, ok: torch.Tensor, lse: torch.Tensor) -> to
     """Exact softmax weights of a block of scores ``s`` (..., r, c) whose rows' log-sum-exp is ``lse`` (..., r):
     exp(s − lse), 0 where ``ok`` (r, c) is False."""
     return torch.exp(s - lse[..., None]).masked_fill(~ok, 0.0)
+
+
+def pair_scores(q: torch.Tensor, k: torch.Tensor, scale: float, softcap: float | None = None) -> torch.Tensor:
+    """Scores of matched pairs only, q[..., i, :] · k[..., i, :] · scale (soft-capped like ``scores``): (..., n)."""
+    s = (q * k).sum(-1) * scale
+    if softcap:
+        s = torch.tanh(s / softcap) * softcap
+    return s

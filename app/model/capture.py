@@ -186,7 +186,7 @@ def run_traced(
     past = cache.get_seq_length() if cache is not None else 0
     if keep_cache and cache is None:
         cache = DynamicCache(config=model.config)
-    input_ids = torch.tensor([token_ids], dtype=torch.long)
+    input_ids = torch.tensor([token_ids], dtype=torch.long, device=next(model.parameters()).device)
     with lse_attention(model), capture(adapter, shape_only, tail_only, tail) as rec:
         out = model(input_ids=input_ids, cache=cache if keep_cache else None, use_cache=keep_cache,
                     logits_to_keep=0 if all_logits else 1)

@@ -179,8 +179,10 @@ class Trace:
 
     # --- recomputed from Q and K (app.model.attention, the one place attention is written) ------------
     def positions(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Positions of the new tokens (T,) and of every key they may read (Tk,)."""
-        return torch.arange(self.past_length, self.total_length), torch.arange(self.total_length)
+        """Positions of the new tokens (T,) and of every key they may read (Tk,), on the device q is on."""
+        device = self.tensors["embed.h0"].device if "embed.h0" in self.tensors else None
+        return (torch.arange(self.past_length, self.total_length, device=device),
+                torch.arange(self.total_length, device=device))
 
     def scores(self, layer: int, head: int | None = None) -> torch.Tensor:
         """Raw scores q·kᵀ·scale, every pair, future ones included: (B, H, T, Tk) (H = 1 for one head).
@@ -196,7 +198,8 @@ class Trace:
     def key_positions(self, layer: int) -> torch.Tensor:
         """Positions of the keys ``keys(layer)`` holds, (Tk,): every one, but a sliding-window layer's cache past
         its window holds only the last ``window - 1`` older ones."""
-        return torch.arange(self.total_length - self.keys(layer).shape[-2], self.total_length)
+        k = self.keys(layer)
+        return torch.arange(self.total_length - k.shape[-2], self.total_length, device=k.device)
 
     def causal_mask(self, layer: int = 0) -> torch.Tensor:
         """True where query i may read key j: j <= past + i, and inside ``layer``'s own window. (T, Tk)"""
