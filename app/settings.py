@@ -40,7 +40,7 @@ class Settings:
     max_prompt_chars: int = 20_000
     max_body_bytes: int = 64 * 1024
     # Memory for captured traces kept while a user clicks around (least recently used evicted first).
-    # A trace keeps only what the pages show (about 0.13 MB per token on DistilGPT-2).
+    # A trace keeps only what the pages show (about 0.1 MB per token on DistilGPT-2; no attention weights).
     trace_cache_bytes: int = 256 * 1024**2
     # One trace larger than that budget (a long prompt: 8 192 tokens on SmolLM2-135M keep 0.92 GiB, the q, k, v
     # and log-sum-exp of 30 layers) is still kept, alone, up to this size; else every panel of its page would

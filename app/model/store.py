@@ -58,7 +58,8 @@ def trace_bytes(adapter, n_tokens: int, *, full: bool) -> int:
     a = adapter
     per_layer = a.n_head * a.head_dim + 2 * a.n_kv_head * a.head_dim + a.n_head
     tail_layer = a.n_head * a.head_dim + a.d_model + ((a.n_head + a.n_kv_head) * a.head_dim if a.rotary else 0)
-    embeds = (3 if a.position_table is not None else 2) * a.d_model
+    # embedding rows: wte, wpe and h0 = wte + wpe (GPT-2); wte and h0 = wte · scale (Gemma); h0 is wte itself (Llama)
+    embeds = (3 if a.position_table is not None else 2 if a.embed_scale != 1 else 1) * a.d_model
     item = torch.finfo(a.dtype).bits // 8
     rows = n_tokens if full else min(n_tokens, LENS_POSITIONS)
     return item * (a.n_layer * (per_layer * n_tokens + tail_layer * rows) + embeds * n_tokens + 2 * a.vocab_size)
