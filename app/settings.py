@@ -151,7 +151,7 @@ class Settings:
     # Prompts longer than this keep each head's output, q and k before rotation and each layer's residual stream
     # at their last 12 positions only (where the logit lens reads); Inspect recomputes the rest for the query
     # shown. Their downloads hold q, k, v and the log-sum-exp instead of the weights.
-    full_trace_max_tokens: int = 1024
+    full_trace_max_tokens: int = 512
 
     def __post_init__(self) -> None:
         for name in ("capacity_sim_max_blocks", "capacity_sim_max_tokens", "capacity_sim_max_steps",

@@ -69,32 +69,34 @@ def timed(fn):
     return time.perf_counter() - t0, out
 
 
-def long_capture(lm, n: int) -> dict:
+def long_capture(lm, n: int, *, bare: bool = True) -> dict:
     ids = ids_of(lm, n)
-    bare_1, _ = timed(lambda: bare_sdpa(lm, ids))
+    bare_1, _ = timed(lambda: bare_sdpa(lm, ids)) if bare else (float("nan"), None)
     cap, trace = timed(lambda: capture_long(lm, ids))
-    bare_2, _ = timed(lambda: bare_sdpa(lm, ids))
+    bare_2, _ = timed(lambda: bare_sdpa(lm, ids)) if bare else (float("nan"), None)
     bare = (bare_1 + bare_2) / 2
     return {"tokens": n, "capture_s": cap, "bare_s": [bare_1, bare_2], "ratio": cap / bare,
             "trace_bytes": trace.nbytes(), "trace": trace}
 
 
 def distil_old_vs_new(n: int = 1024) -> dict:
-    """The 1 024-token DistilGPT-2-shaped trace as Inspect keeps it now, and as it kept it before: the same page
-    tensors with every layer's eager weights (measured: an eager forward with ``output_attentions``) in place of
-    the log-sum-exp."""
+    """The 1 024-token DistilGPT-2-shaped trace as Inspect keeps it now (the layout ``AppState`` picks with the
+    default settings), and as it kept it before: every position's page tensors with every layer's eager weights
+    (measured: an eager forward with ``output_attentions``) in place of the log-sum-exp."""
     from app.model.capture import run_traced
     from app.model.store import shape_only, slim
+    from app.settings import Settings
 
     lm = load_model()
     ids = ids_of(lm, n)
-    new = slim(run_traced(lm.model, lm.adapter, ids, [""] * n, keep_cache=False, all_logits=False,
-                          shape_only=shape_only))
+    full = slim(run_traced(lm.model, lm.adapter, ids, [""] * n, keep_cache=False, all_logits=False,
+                           shape_only=shape_only))
+    new = full if n <= Settings().full_trace_max_tokens else capture_long(lm, ids)
     with torch.no_grad():
         eager = lm.model(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False, logits_to_keep=1)
     weights = sum(w.numel() * w.element_size() for w in eager.attentions)
-    lse = sum(new.lse(i).numel() * new.lse(i).element_size() for i in range(lm.adapter.n_layer))
-    old = new.nbytes() - lse + weights
+    lse = sum(full.lse(i).numel() * full.lse(i).element_size() for i in range(lm.adapter.n_layer))
+    old = full.nbytes() - lse + weights
     return {"tokens": n, "new_bytes": new.nbytes(), "old_bytes": old, "weights_bytes": weights,
             "ratio": old / new.nbytes()}
 
@@ -141,6 +143,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--repeats", type=int, default=20, help="tiles timed")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--no-bare", action="store_true", help="skip the bare forwards (views and bytes only)")
     p.add_argument("--home", default=os.environ.get("KVSCOPE_HOME", str(OUT / "real-home")))
     args = p.parse_args()
     setup_torch()
@@ -148,7 +151,7 @@ def main() -> None:
 
     print(f"# bench_long, {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {machine()}")
     lm = load_spec(NAME, Path(args.home))
-    long = long_capture(lm, args.tokens)
+    long = long_capture(lm, args.tokens, bare=not args.no_bare)
     print(f"capture {long['capture_s']:.1f} s, bare SDPA {long['bare_s'][0]:.1f} / {long['bare_s'][1]:.1f} s, "
           f"trace {long['trace_bytes'] / GiB:.3f} GiB", flush=True)
     v = views(long["trace"], repeats=args.repeats)

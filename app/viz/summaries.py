@@ -108,13 +108,16 @@ def top_keys(trace: Trace, layer: int, head: int, pos: int, k: int = 5) -> list[
              "weight": float(v)} for v, j in zip(top.values, top.indices, strict=True)]
 
 
-def overview(trace: Trace, layer: int, head: int, side: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+def overview(trace: Trace, layer: int, head: int, side: int = 256, *,
+             chunk: int = ROW_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
     """One head's whole map pooled to (side, side), max and mean — the top of a deep-zoom pyramid — streamed one
     band of query rows at a time (``attention_block``, keys only up to the band's last query: the rest are 0).
     Cell (r, c) pools query rows ⌊rT/side⌋ … ⌈(r+1)T/side⌉ − 1 and the same bins of keys (``adaptive_*_pool2d``'s
     bins, so both equal torch's pools of the exact map); a prefill's map is square (T = Tk)."""
     T, Tk = trace.n_tokens, trace.total_length
     side = min(side, T)
+    if T % side == 0 and Tk == T:
+        return _overview_even(trace, layer, head, side, chunk)
     top, mean = [], []
     for r in range(side):
         lo, hi = r * T // side, -(-(r + 1) * T // side)
@@ -124,3 +127,19 @@ def overview(trace: Trace, layer: int, head: int, side: int = 256) -> tuple[torc
         top.append(F.adaptive_max_pool1d(w[None], side)[0].amax(0))  # (side,)
         mean.append(F.adaptive_avg_pool1d(w[None], side)[0].mean(0))
     return torch.stack(top), torch.stack(mean)
+
+
+def _overview_even(trace: Trace, layer: int, head: int, side: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``overview`` when every bin is b = T / side rows and keys: several bins of rows at once, each band's keys
+    only up to its last query's bin, pooled by a reshape (b × b cells per output cell)."""
+    T = trace.n_tokens
+    b = T // side
+    per = max(1, chunk // b)  # bins of rows per band
+    top, mean = torch.zeros(side, side), torch.zeros(side, side)
+    for r0 in range(0, side, per):
+        r1 = min(side, r0 + per)
+        w = trace.attention_block(layer, head, slice(r0 * b, r1 * b), slice(0, r1 * b))  # (rows, keys up to them)
+        cells = w.view(r1 - r0, b, r1, b)
+        top[r0:r1, :r1] = cells.amax(dim=(1, 3))
+        mean[r0:r1, :r1] = cells.mean(dim=(1, 3))
+    return top, mean

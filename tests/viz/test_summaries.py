@@ -123,7 +123,9 @@ def test_telling_head_from_streamed_tables_equals_the_whole_map_choice(traced):
 
 def test_overview_equals_torch_pools_of_the_exact_map(traced):
     trace = traced
-    for side in (4, 7, 1000):  # bins that do not divide T; more than T: the map itself
+    T = trace.n_tokens
+    even = next(d for d in range(T // 3, 0, -1) if T % d == 0)
+    for side in (4, 7, even, 1000):  # bins that do not divide T, bins that do (the fast path); the map itself
         top, mean = overview(trace, 1, 0, side)
         w = _f64(trace, 1)[0].float()
         n = min(side, trace.n_tokens)
