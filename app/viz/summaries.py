@@ -108,8 +108,11 @@ def top_keys(trace: Trace, layer: int, head: int, pos: int, k: int = 5) -> list[
              "weight": float(v)} for v, j in zip(top.values, top.indices, strict=True)]
 
 
+OVERVIEW_ROWS = 1024  # query rows per band of an overview: 32 MB of weights at 8 192 keys, few calls
+
+
 def overview(trace: Trace, layer: int, head: int, side: int = 256, *,
-             chunk: int = ROW_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+             chunk: int = OVERVIEW_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
     """One head's whole map pooled to (side, side), max and mean — the top of a deep-zoom pyramid — streamed one
     band of query rows at a time (``attention_block``, keys only up to the band's last query: the rest are 0).
     Cell (r, c) pools query rows ⌊rT/side⌋ … ⌈(r+1)T/side⌉ − 1 and the same bins of keys (``adaptive_*_pool2d``'s
