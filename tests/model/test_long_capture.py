@@ -200,3 +200,32 @@ def test_a_prompt_over_the_context_or_the_trace_budget_is_refused_naming_the_lim
     with pytest.raises(BadInput) as err:
         state.trace_prompt(None, PROMPT)
     assert len(state.traces) == 0 and "3" in err.value.params["limit"]
+
+
+def test_overlapping_captures_switch_the_model_back_once(distil):
+    from app.model.capture import LSE_ATTENTION, lse_attention
+
+    m = distil.model
+    with lse_attention(m):
+        with lse_attention(m):
+            assert m.config._attn_implementation == LSE_ATTENTION
+        assert m.config._attn_implementation == LSE_ATTENTION  # the first capture is still running
+    assert m.config._attn_implementation == "eager"
+
+
+def test_soft_capped_scores_take_the_exact_chunked_path():
+    """No fused kernel soft-caps: such a layer's forward is ``attend_chunked``, equal to ``attend``'s (the
+    arithmetic every page explains) with each row's log-sum-exp of the capped scores."""
+    from types import SimpleNamespace
+
+    from app.model.capture import sdpa_lse_forward
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 9, 16, generator=g) * 3 for h in (4, 2, 2))
+    out, lse = sdpa_lse_forward(SimpleNamespace(is_causal=True), q, k, v, None, scaling=0.25, softcap=5.0)
+    pos = torch.arange(9)
+    weights, expected = attention.attend(q, k, v, q_pos=pos, k_pos=pos, kv_map=(0, 0, 1, 1), scale=0.25, softcap=5.0)
+    assert torch.allclose(out.transpose(1, 2), expected, atol=1e-6)  # (B, T, H, Dh) as transformers wants it
+    s = attention.masked(attention.scores(q, k, (0, 0, 1, 1), 0.25, 5.0), attention.allowed(pos, pos))
+    assert torch.allclose(lse, torch.logsumexp(s, -1), atol=1e-6)
+    assert torch.allclose(attention.weights_from_lse(s, attention.allowed(pos, pos), lse), weights, atol=1e-6)
