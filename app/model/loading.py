@@ -103,7 +103,8 @@ class LoadedModel:
 def load_dir(
     path: str | Path, *, name: str, source: str | None = None, local_only: bool = True, cache_dir: str | None = None
 ) -> LoadedModel:
-    """Load a checkpoint of a supported family with eager attention (needed for attention weights).
+    """Load a checkpoint of a supported family with eager attention (``output_attentions`` works on it; a capture
+    switches it to SDPA with each row's log-sum-exp for its forward only, ``app/model/capture.py``).
 
     Raises ``UnsupportedModel`` from the config alone when no adapter reads its model type."""
     kw = {"local_files_only": local_only, "cache_dir": cache_dir}

@@ -55,7 +55,8 @@ def test_recomputed_attention_equals_transformers(any_model):
     for layer in range(lm.adapter.n_layer):
         theirs = ref.attentions[layer]  # (1, H, T, T)
         assert trace.weights(layer).shape == theirs.shape
-        assert torch.equal(trace.weights(layer), theirs)  # the hook keeps what the model computed
+        # computed from q and k of an SDPA forward: eager's numbers to fp32 noise (not bit for bit past layer 0)
+        assert (trace.weights(layer) - theirs).abs().max() < TOL
         mine = torch.softmax(trace.masked_scores(layer), dim=-1)  # from captured (rotated) q and k
         assert (mine - theirs).abs().max() < TOL
         future = torch.triu(torch.ones(len(ids), len(ids), dtype=torch.bool), 1)

@@ -7,7 +7,7 @@ adapter's words:
                max_positions, vocab_size, dtype
   kv_map       query head -> the KV head it reads (grouped-query attention; identity for plain MHA)
   embeddings   token_table (V, D); position_table (P, D) or None when positions are rotary (nothing added)
-  hook points  named tensors in execution order (``blocks.3.attn.weights``), each with its module
+  hook points  named tensors in execution order (``blocks.3.attn.lse``), each with its module
   derive       per-head q / k / v as attention uses them (after rotation for RoPE models, with the
                pre-rotation q / k beside them), per-head outputs
   cache        ``layer_cache(cache, i)`` -> K, V of transformers' cache, (B, H_kv, T, Dh) each
@@ -35,7 +35,8 @@ width, Tk keys attended to = past + T, V vocabulary)::
     blocks.{i}.attn.q         # (B, H, T, Dh)   queries as attention uses them
     blocks.{i}.attn.k         # (B, H_kv, T, Dh) keys as cached
     blocks.{i}.attn.v         # (B, H_kv, T, Dh)
-    blocks.{i}.attn.weights   # (B, H, T, Tk)   softmax weights
+    blocks.{i}.attn.lse       # (B, H, T)       each query row's log-sum-exp of its scores (the attention
+                              #                 module's second output under capture: ``app/model/capture.py``)
     blocks.{i}.attn.merged    # (B, T, H·Dh)    heads concatenated, input of the output projection
     blocks.{i}.attn.head_out  # (B, H, T, Dh)   the same, per head
     blocks.{i}.attn.out       # (B, T, D)
@@ -175,8 +176,6 @@ class ModelAdapter(ABC):
         config = model.config
         if getattr(config, "model_type", None) not in self.model_types:
             raise ValueError(f"{type(self).__name__} does not read model_type={config.model_type!r}")
-        if config._attn_implementation != "eager":
-            raise ValueError("attention weights need eager attention (attn_implementation='eager')")
         self.model = model
         self.config = config
         self.dtype = next(model.parameters()).dtype

@@ -74,7 +74,7 @@ class GPT2Adapter(ModelAdapter):
             points += [
                 HookPoint(f"{b}.ln_1", block.ln_1, "output", params_of(block.ln_1, f"{p}.ln_1")),
                 HookPoint(f"{b}.attn.qkv", attn.c_attn, "output", params_of(attn.c_attn, f"{p}.attn.c_attn")),
-                HookPoint(f"{b}.attn.weights", attn, "output1", ()),
+                HookPoint(f"{b}.attn.lse", attn, "output1", ()),
                 HookPoint(f"{b}.attn.merged", attn.c_proj, "input0", ()),
                 HookPoint(f"{b}.attn.out", attn.c_proj, "output", params_of(attn.c_proj, f"{p}.attn.c_proj")),
                 HookPoint(f"{b}.resid_mid", block.ln_2, "input0", ()),
@@ -98,13 +98,13 @@ class GPT2Adapter(ModelAdapter):
     def derive(self, captured: dict[str, torch.Tensor], positions: torch.Tensor) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for name, tensor in captured.items():
-            if name.endswith(".attn.weights"):
+            if name.endswith(".attn.lse"):
                 continue  # placed with q/k/v below: the attention module's hook fires after c_proj's
             out[name] = tensor
             if name.endswith(".attn.qkv"):
                 prefix = name[: -len("qkv")]
                 out[prefix + "q"], out[prefix + "k"], out[prefix + "v"] = self.split_qkv(tensor)
-                out[prefix + "weights"] = captured[prefix + "weights"]
+                out[prefix + "lse"] = captured[prefix + "lse"]
             elif name.endswith(".attn.merged"):
                 out[name[: -len("merged")] + "head_out"] = self.split_heads(tensor)
         return out
