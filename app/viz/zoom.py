@@ -138,14 +138,14 @@ def check_pool(pool: str) -> None:
 class HeadPyramid:
     """One head's pyramid: ``tile`` gives any tile of any level, pooled by max or mean.
 
-    The base (levels with f ≥ ``base_f``) is made once per pool, in one streaming pass over the map, and kept;
-    ``nbytes`` says what it holds (two float32 arrays of at most ``base_cells``² cells each, sums kept in
-    float64 for the mean).
+    The base (levels with f ≥ ``base_f``) is made once per pool, on the first tile asked for at those levels, in one
+    streaming pass over the map, and kept; ``nbytes`` says what it holds (per pool an array of at most
+    ``base_cells``² cells, float32 maxes or float64 sums for the mean).
     """
 
-    def __init__(self, read: Reader, n_rows: int, n_cols: int, *, past: int = 0, base_cells: int = 1024,
+    def __init__(self, n_rows: int, n_cols: int, *, past: int = 0, base_cells: int = 1024,
                  band_rows: int = 512) -> None:
-        self.read, self.n_rows, self.n_cols, self.past, self.band_rows = read, n_rows, n_cols, past, band_rows
+        self.n_rows, self.n_cols, self.past, self.band_rows = n_rows, n_cols, past, band_rows
         self.n = max(n_rows, n_cols)
         self.levels = max_level(self.n) + 1
         # The finest f whose pooled map fits base_cells per side; at least 1 (small maps: the base is exact).
@@ -154,9 +154,9 @@ class HeadPyramid:
             self.base_f *= 2
         self._base: dict[str, torch.Tensor] = {}  # pool -> max cells, or sums of cells (float64)
 
-    def _base_for(self, pool: str) -> torch.Tensor:
+    def _base_for(self, read: Reader, pool: str) -> torch.Tensor:
         if pool not in self._base:
-            cells = pooled(self.read, (0, self.n_rows), (0, self.n_cols), self.base_f, pool, past=self.past,
+            cells = pooled(read, (0, self.n_rows), (0, self.n_cols), self.base_f, pool, past=self.past,
                            band_rows=self.band_rows)
             if pool == "mean":  # back to sums, so coarser levels can add them up exactly
                 cells = cells.double() * (_counts(0, self.n_rows, self.base_f).unsqueeze(1)
@@ -168,13 +168,14 @@ class HeadPyramid:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._base.values())
 
-    def tile(self, level: int, row: int, col: int, pool: str = "max") -> torch.Tensor:
-        """Tile (row, col) of ``level``: (r, c) float32, r and c ≤ TILE (smaller on the edges)."""
+    def tile(self, read: Reader, level: int, row: int, col: int, pool: str = "max") -> torch.Tensor:
+        """Tile (row, col) of ``level``, its weights read with ``read``: (r, c) float32, r and c ≤ TILE (smaller
+        on the edges). The pyramid keeps no reader (so no trace) between calls."""
         check_pool(pool)
         spec = tile_spec(self.n_rows, self.n_cols, level, row, col)
         if spec.f < self.base_f:
-            return pooled(self.read, spec.rows, spec.cols, spec.f, pool, past=self.past, band_rows=self.band_rows)
-        base, k = self._base_for(pool), spec.f // self.base_f
+            return pooled(read, spec.rows, spec.cols, spec.f, pool, past=self.past, band_rows=self.band_rows)
+        base, k = self._base_for(read, pool), spec.f // self.base_f
         b = base[spec.rows[0] // self.base_f : math.ceil(spec.rows[1] / self.base_f),
                  spec.cols[0] // self.base_f : math.ceil(spec.cols[1] / self.base_f)]
         cells = _pool(b.double(), k, pool) if k > 1 else b.double().clone()

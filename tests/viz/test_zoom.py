@@ -10,7 +10,6 @@ import torch
 
 from app.errors import BadInput
 from app.model.capture import run_traced
-from app.viz import zoom
 from app.viz.zoom import TILE, HeadPyramid, max_level, tiles_per_side
 
 
@@ -60,7 +59,8 @@ def test_levels_and_tile_counts():
 @pytest.mark.parametrize("base_cells", [64, 4096])  # coarse levels from a pooled base, or every tile streamed
 def test_every_tile_of_every_level_is_the_pooled_exact_matrix(n, how, base_cells):
     m = causal_weights(n, seed=n)
-    pyr = HeadPyramid(Reads(m), n, n, base_cells=base_cells, band_rows=96)
+    read = Reads(m)
+    pyr = HeadPyramid(n, n, base_cells=base_cells, band_rows=96)
     exact = m.numpy()
     assert pyr.levels == max_level(n) + 1
     for level in range(pyr.levels):
@@ -70,7 +70,7 @@ def test_every_tile_of_every_level_is_the_pooled_exact_matrix(n, how, base_cells
         assert k == math.ceil(ref.shape[0] / TILE)
         for row in range(k):
             for col in range(k):
-                tile = pyr.tile(level, row, col, how).numpy()
+                tile = pyr.tile(read, level, row, col, how).numpy()
                 want = ref[row * TILE : (row + 1) * TILE, col * TILE : (col + 1) * TILE]
                 assert tile.shape == want.shape
                 np.testing.assert_allclose(tile, want, rtol=1e-5, atol=1e-7)
@@ -79,19 +79,19 @@ def test_every_tile_of_every_level_is_the_pooled_exact_matrix(n, how, base_cells
 def test_deepest_level_is_exact_and_edge_tiles_are_short():
     n = 700  # 3 tiles per side at the deepest level: 256, 256, 188
     m = causal_weights(n, seed=1)
-    pyr = HeadPyramid(Reads(m), n, n)
+    pyr, read = HeadPyramid(n, n), Reads(m)
     deepest = pyr.levels - 1
-    assert torch.equal(pyr.tile(deepest, 2, 1, "max"), m[512:700, 256:512])
-    assert torch.equal(pyr.tile(deepest, 2, 1, "mean"), m[512:700, 256:512])
-    assert pyr.tile(deepest, 0, 2).shape == (256, 188)
-    assert not pyr.tile(deepest, 0, 2).any()  # every key after every query of the first tile: masked, 0
+    assert torch.equal(pyr.tile(read, deepest, 2, 1, "max"), m[512:700, 256:512])
+    assert torch.equal(pyr.tile(read, deepest, 2, 1, "mean"), m[512:700, 256:512])
+    assert pyr.tile(read, deepest, 0, 2).shape == (256, 188)
+    assert not pyr.tile(read, deepest, 0, 2).any()  # every key after every query of the first tile: masked, 0
 
 
 def test_mean_counts_masked_zeros_and_max_keeps_a_sharp_weight():
     n = 512
     m = causal_weights(n, seed=2)
-    overview = HeadPyramid(Reads(m), n, n)
-    mean, top = overview.tile(0, 0, 0, "mean"), overview.tile(0, 0, 0, "max")
+    overview, read = HeadPyramid(n, n), Reads(m)
+    mean, top = overview.tile(read, 0, 0, 0, "mean"), overview.tile(read, 0, 0, 0, "max")
     # cell (0, 0) covers queries 0-1 and keys 0-1: weights 1, 0 (masked), w10, w11 → (1 + w10 + w11) / 4 = 2 / 4
     assert mean[0, 0].item() == pytest.approx(0.5, abs=1e-6)
     assert top[0, 0].item() == pytest.approx(1.0)
@@ -105,8 +105,7 @@ def test_long_maps_are_read_in_bands_never_whole():
     n = 2000
     m = causal_weights(n, seed=3)
     reads = Reads(m)
-    pyr = HeadPyramid(reads, n, n, band_rows=256)
-    pyr.tile(0, 0, 0, "max")
+    HeadPyramid(n, n, band_rows=256).tile(reads, 0, 0, 0, "max")
     assert reads.asked and max(r for r, _ in reads.asked) <= 256
     # the future is not read: the first band stops at the band's last query (its keys, rounded to whole cells)
     assert reads.asked[0][1] < n
@@ -116,19 +115,19 @@ def test_long_maps_are_read_in_bands_never_whole():
 def test_a_decode_steps_rectangular_map():
     past, n = 300, 200  # 200 new queries over 500 keys
     m = causal_weights(n, seed=4, past=past)
-    pyr = HeadPyramid(Reads(m), n, past + n, past=past, base_cells=64)
+    pyr, read = HeadPyramid(n, past + n, past=past, base_cells=64), Reads(m)
     ref = reference_cells(m.numpy(), 2, "mean")
-    np.testing.assert_allclose(pyr.tile(0, 0, 0, "mean").numpy(), ref, rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(pyr.tile(1, 0, 1, "max").numpy(), m[:, 256:].numpy())
+    np.testing.assert_allclose(pyr.tile(read, 0, 0, 0, "mean").numpy(), ref, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(pyr.tile(read, 1, 0, 1, "max").numpy(), m[:, 256:].numpy())
 
 
 @pytest.mark.parametrize("args", [(9, 0, 0), (-1, 0, 0), (1, 3, 0), (1, 0, 3), (0, 1, 0)])
 def test_outside_the_pyramid_is_bad_input(args):
-    pyr = HeadPyramid(Reads(causal_weights(700)), 700, 700)
+    pyr, read = HeadPyramid(700, 700), Reads(causal_weights(700))
     with pytest.raises(BadInput):
-        pyr.tile(*args)
+        pyr.tile(read, *args)
     with pytest.raises(BadInput):
-        pyr.tile(0, 0, 0, "median")
+        pyr.tile(read, 0, 0, 0, "median")
 
 
 def test_on_a_real_trace_tiles_read_through_attention_block(tiny):
@@ -136,7 +135,8 @@ def test_on_a_real_trace_tiles_read_through_attention_block(tiny):
     trace = run_traced(tiny.model, tiny.adapter, ids, [str(i) for i in ids], keep_cache=False)
     n = trace.n_tokens
     for layer, head in [(0, 0), (trace.adapter.n_layer - 1, trace.adapter.n_head - 1)]:
-        pyr = HeadPyramid(lambda r, c, layer=layer, head=head: trace.attention_block(layer, head, r, c), n, n)
+        pyr = HeadPyramid(n, n)
         full = trace.weights(layer)[0, head].float()
-        assert torch.allclose(pyr.tile(pyr.levels - 1, 0, 0, "max"), full)
-        assert zoom.POOLS == ("max", "mean")
+        tile = pyr.tile(lambda r, c, layer=layer, head=head: trace.attention_block(layer, head, r, c),
+                        pyr.levels - 1, 0, 0, "max")
+        assert torch.allclose(tile, full)
