@@ -196,7 +196,7 @@
     this.paintMini();
     const f = Math.pow(2, this.maxLevel - level);
     this.status.textContent = kv.t(f > 1 ? "js.zoom.status_pooled" : "js.zoom.status_exact", {
-      level: this.v, levels: this.maxView(), f, pool: kv.t("js.zoom.pool_" + this.pool), n: this.meta.rows,
+      level: this.v, levels: this.maxView(), f, pool: this.pool === "mean" ? kv.t("js.zoom.pool_mean") : kv.t("js.zoom.pool_max"), n: this.meta.rows,
       from: Math.max(0, Math.floor(y0)), to: Math.min(this.meta.rows, Math.ceil(y0 + this.ph / s)) - 1,
       kfrom: Math.max(0, Math.floor(x0)), kto: Math.min(this.meta.cols, Math.ceil(x0 + this.pw / s)) - 1,
     });
@@ -368,7 +368,8 @@
     const span = 256 * f, t = this.tiles.get(this.url(level, Math.floor(cell.q / span), Math.floor(cell.k / span)));
     if (!t) return "";
     const i = Math.floor((cell.q % span) / f), j = Math.floor((cell.k % span) / f);
-    return kv.t("js.zoom.pooled_" + this.pool, { f, w: t.data[i * t.cols + j].toPrecision(4) });
+    const vars = { f, w: t.data[i * t.cols + j].toPrecision(4) };
+    return this.pool === "mean" ? kv.t("js.zoom.pooled_mean", vars) : kv.t("js.zoom.pooled_max", vars);
   };
 
   /* --- input ---------------------------------------------------------------------------------------- */

@@ -43,14 +43,12 @@ def token_limit(state, lm: LoadedModel) -> int:
 def prepare(state, *, model: str | None, text: str | None, builtin: bool = False) -> tuple[LoadedModel, list[int]]:
     s = state.settings
     lm = state.model(model)
-    if builtin:
-        text = long_text()
-    elif text is not None and len(text.encode("utf-8")) > s.long_upload_bytes:
+    limit = token_limit(state, lm)
+    if builtin:  # the project's own text, cut to what the model reads
+        return lm, lm.encode(long_text())[:limit]
+    if text is not None and len(text.encode("utf-8")) > s.long_upload_bytes:
         raise BadInput("err.long.bytes", n=f"{len(text.encode('utf-8')):,}", limit=f"{s.long_upload_bytes:,}")
     ids = encode_prompt(lm, text, max_chars=s.long_max_chars)
-    limit = token_limit(state, lm)
-    if builtin:
-        ids = ids[:limit]  # the built-in text is cut to what the model reads
     if len(ids) > limit:
         raise BadInput("err.long.tokens", n=f"{len(ids):,}", model=lm.name, limit=f"{limit:,}")
     return lm, ids
