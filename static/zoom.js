@@ -15,7 +15,7 @@
 (function () {
   "use strict";
   const kv = window.kv;
-  const M = { l: 100, t: 84, r: 8, b: 8 };   // plot margins inside the canvas: query labels left, key labels on top
+  const M = { l: 100, t: 72, r: 30, b: 8 };   // plot margins inside the canvas: query labels left, key labels on top
   const LABEL_PX = 15;                         // px per token from which token texts replace position numbers
   const MAX_PX = 56;                           // the most px per token the deepest view level reaches
   const TILE_CACHE = 256;                      // coloured tiles kept (LRU)
@@ -60,7 +60,13 @@
 
   /* --- geometry -------------------------------------------------------------------------------------- */
   Zoom.prototype.resize = function () {
-    const w = Math.max(320, this.box.clientWidth), h = Math.max(320, Math.min(w, Math.round(window.innerHeight * 0.78)));
+    // As tall as the window allows (a projector's 720 px too), the plot square: the colour bar sits beside it.
+    const stage = this.root.querySelector(".zoom-stage"), side = this.root.querySelector(".zoom-axis-y");
+    const bar = this.root.querySelector(".zoom-bar");
+    const avail = stage.clientWidth - (side ? side.offsetWidth : 0) - (bar ? bar.offsetWidth : 0) - 24;
+    const h = Math.round(Math.max(360, Math.min(window.innerHeight - 190, 1100)));
+    const w = Math.round(Math.max(320, Math.min(avail, h - M.t - M.b + M.l + M.r)));
+    this.box.style.width = w + "px";
     const dpr = window.devicePixelRatio || 1;
     this.W = w; this.H = h;
     this.canvas.width = Math.round(w * dpr); this.canvas.height = Math.round(h * dpr);
@@ -253,6 +259,8 @@
     }
   };
   Zoom.prototype.paintMini = function () {
+    this.mini.hidden = this.v === 0;  // the whole map is on screen already
+    if (this.mini.hidden) return;
     const ctx = this.mini.getContext("2d"), n = this.ms, k = n / this.N;
     ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, 0);
     ctx.fillStyle = "#ffffff"; ctx.fillRect(0, 0, n, n);
@@ -472,6 +480,7 @@
         return;
       }
       text.value = await f.text();
+      document.getElementById("long-file-name").textContent = f.name;
       builtin = false;
     });
     document.getElementById("long-builtin").addEventListener("click", async () => {
