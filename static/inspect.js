@@ -265,6 +265,8 @@
   async function drawHead() {
     if (!document.getElementById("heatmap")) {  // a long prompt: the zoom canvas (static/zoom.js) shows the head
       document.body.dispatchEvent(new CustomEvent("kv-zoom-head", { detail: { layer: S.layer, head: S.head } }));
+      document.getElementById("head-label").textContent =
+        kv.t("js.inspect.head_label", { layer: S.layer, head: S.head, rows: S.T, cols: S.T });
       heatmapDrawn();
       return;
     }

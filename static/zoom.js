@@ -19,7 +19,7 @@
   const LABEL_PX = 15;                         // px per token from which token texts replace position numbers
   const MAX_PX = 56;                           // the most px per token the deepest view level reaches
   const TILE_CACHE = 256;                      // coloured tiles kept (LRU)
-  const FONT = "13px system-ui, sans-serif";
+  const FONT = "14px system-ui, sans-serif";
 
   function Zoom(root) {
     this.root = root;
@@ -61,11 +61,11 @@
   /* --- geometry -------------------------------------------------------------------------------------- */
   Zoom.prototype.resize = function () {
     // As tall as the window allows (a projector's 720 px too), the plot square: the colour bar sits beside it.
-    const stage = this.root.querySelector(".zoom-stage"), side = this.root.querySelector(".zoom-axis-y");
+    const stage = this.root.querySelector(".zoom-stage"), yTitle = this.root.querySelector(".zoom-axis-y");
     const bar = this.root.querySelector(".zoom-bar");
-    const avail = stage.clientWidth - (side ? side.offsetWidth : 0) - (bar ? bar.offsetWidth : 0) - 24;
-    const h = Math.round(Math.max(360, Math.min(window.innerHeight - 190, 1100)));
-    const w = Math.round(Math.max(320, Math.min(avail, h - M.t - M.b + M.l + M.r)));
+    const avail = stage.clientWidth - (yTitle ? yTitle.offsetWidth : 0) - (bar ? bar.offsetWidth : 0) - 24;
+    const side = Math.round(Math.max(260, Math.min(avail - M.l - M.r, window.innerHeight - 190 - M.t - M.b, 1000)));
+    const w = side + M.l + M.r, h = side + M.t + M.b;
     this.box.style.width = w + "px";
     const dpr = window.devicePixelRatio || 1;
     this.W = w; this.H = h;
