@@ -60,16 +60,22 @@ def tiles_per_side(n: int, level: int) -> int:
 
 
 def _pool(block: torch.Tensor, f: int, how: str) -> torch.Tensor:
-    """``block`` (r, c) pooled in f × f cells: max, or sum (divided by the counts later). Edge cells cover
-    what is there (zero padding changes neither a max of weights ≥ 0 nor a sum)."""
+    """``block`` (r, c) pooled in f × f cells: max, or sum (divided by the counts later; float64). Edge cells cover
+    what is there (zero padding changes neither a max of weights ≥ 0 nor a sum). Reduced along the rows' own
+    memory first (contiguous), then across rows."""
     if f == 1:
-        return block.clone()
+        return block.clone() if how == "max" else block.double()
     r, c = block.shape
     rr, cc = math.ceil(r / f), math.ceil(c / f)
-    padded = torch.zeros(rr * f, cc * f, dtype=block.dtype)
-    padded[:r, :c] = block
-    cells = padded.view(rr, f, cc, f)  # (rows, f, cols, f)
-    return cells.amax(dim=(1, 3)) if how == "max" else cells.sum(dim=(1, 3), dtype=torch.float64)
+    if (r, c) != (rr * f, cc * f):
+        padded = torch.zeros(rr * f, cc * f, dtype=block.dtype)
+        padded[:r, :c] = block
+        block = padded
+    block = block.contiguous()
+    if how == "max":
+        return block.view(rr * f, cc, f).amax(dim=2).view(rr, f, cc).amax(dim=1)
+    # f values of one row summed in the block's own precision (float32: ~1e-7 relative), then in float64
+    return block.view(rr * f, cc, f).sum(dim=2).double().view(rr, f, cc).sum(dim=1)
 
 
 def _counts(start: int, stop: int, f: int) -> torch.Tensor:

@@ -102,3 +102,20 @@ def test_zoom_pan_and_hover_a_4096_token_prompt(browser, long_server):
             if k <= q:
                 assert "exact weight" in hover.inner_text()
         assert page.js_errors == []
+        zoom_url = page.url
+
+    # The same page with the CSP enforced (no bypass): no inline handler, nothing evaluated from a string.
+    context = browser.new_context(viewport={"width": 1280, "height": 720})
+    strict = context.new_page()
+    problems: list[str] = []
+    strict.on("console", lambda m: problems.append(m.text) if "Content Security Policy" in m.text else None)
+    strict.on("pageerror", lambda e: problems.append(str(e)))
+    try:
+        strict.goto(zoom_url)
+        strict.wait_for_selector("body[data-zoom-drawn]")
+        strict.focus("#zoom-box")
+        strict.keyboard.press("-")
+        strict.wait_for_selector("body[data-zoom-view='0/0/4/max']")
+    finally:
+        context.close()
+    assert problems == []
