@@ -62,8 +62,8 @@ def main() -> None:
     t = time.perf_counter()
     trace = slim(run_traced(lm.model, lm.adapter, ids, [str(i) for i in ids], keep_cache=False, all_logits=False,
                             shape_only=shape_only))
-    print(f"{lm.name}: {len(ids)} tokens captured in {time.perf_counter() - t:.1f} s, trace {trace.nbytes() / 2**20:,.0f} MiB,"
-          f" torch threads {torch.get_num_threads()}")
+    print(f"{lm.name}: {len(ids)} tokens captured in {time.perf_counter() - t:.1f} s, "
+          f"trace {trace.nbytes() / 2**20:,.0f} MiB, torch threads {torch.get_num_threads()}")
     n, rng = trace.n_tokens, random.Random(0)
     layers = sorted({0, lm.adapter.n_layer // 2, lm.adapter.n_layer - 1})
     tiles: list[float] = []
@@ -74,7 +74,8 @@ def main() -> None:
             return trace.attention_block(layer, head, rows, cols)
 
         pyr = HeadPyramid(n, n)
-        over = {pool: timed(lambda pool=pool: pyr.tile(read, 0, 0, 0, pool)) for pool in ("max", "mean")}
+        over = {pool: timed(lambda pool=pool, pyr=pyr, read=read: pyr.tile(read, 0, 0, 0, pool))
+                for pool in ("max", "mean")}
         per_level = []
         for level in range(pyr.levels):
             k = tiles_per_side(n, level)
@@ -82,10 +83,10 @@ def main() -> None:
             for _ in range(args.tiles):
                 row = rng.randrange(k)
                 col = rng.randrange(row + 1)  # at or below the diagonal: tiles above it are all zeros
-                runs.append(timed(lambda: pyr.tile(read, level, row, col, "max")))
+                runs.append(timed(lambda a=(level, row, col), pyr=pyr, read=read: pyr.tile(read, *a, "max")))
             tiles += runs
             per_level.append(f"L{level} {statistics.median(runs):.0f}/{max(runs):.0f}")
-        cells = [timed(lambda: read(slice(q, q + 1), slice(kk, kk + 1)))
+        cells = [timed(lambda q=q, kk=kk, read=read: read(slice(q, q + 1), slice(kk, kk + 1)))
                  for q, kk in ((rng.randrange(n), rng.randrange(n)) for _ in range(200))]
         print(f"layer {layer:2d} head {head}: overview max {over['max']:.0f} ms, mean {over['mean']:.0f} ms; "
               f"tiles median/worst ms: {', '.join(per_level)}; cell median {statistics.median(cells):.2f} ms")
