@@ -227,3 +227,37 @@ def test_a_long_prompt_on_inspect_gets_the_zoom_canvas(settings, distil):
         assert 'id="zoom-canvas"' in page and 'id="heatmap"' not in page
         short = c.get("/", params={"prompt": "The cat sat on", "layer": 0, "head": 0}).text
         assert 'id="heatmap"' in short and 'id="zoom-canvas"' not in short
+
+
+def test_stop_during_a_long_capture_ends_it_and_keeps_nothing(settings, distil):
+    """Stop pressed as layer 2 of 6 begins: the capture ends there (its forward raises), and no trace is kept."""
+    st = make_state(settings, distil)
+    lm = st.model("distilgpt2")
+    holder: dict = {}
+    second_layer = next(p for p in lm.adapter.hook_points() if p.name.startswith("blocks.1."))
+    hook = second_layer.module.register_forward_pre_hook(lambda *_: st.long_line.stop(holder["job"].id, "a"))
+    try:
+        st.model_lock.acquire()  # the job waits at the gate until its id is known here
+        try:
+            holder["job"] = long_lab.submit(st, lm, distil.encode(PROMPT), owner="a", address="1")
+        finally:
+            st.model_lock.release()
+        assert st.long_line.wait_idle(60)
+    finally:
+        hook.remove()
+    job = holder["job"]
+    assert job.status == "stopped" and job.progress == {"layer": 2, "layers": 6}
+    assert len(st.traces) == 0 and st.traces.bytes == 0
+    st.stop_labs()
+
+
+def test_long_prompt_settings_come_from_the_environment():
+    from app.errors import BadSetting
+    from app.settings import Settings
+
+    s = Settings.from_env({"KVSCOPE_ZOOM_MIN_TOKENS": "2048", "KVSCOPE_LONG_MAX_TOKENS": "4096",
+                           "KVSCOPE_LONG_UPLOAD_BYTES": "100000", "KVSCOPE_LONG_CAPTURE_MAX_S": "30"})
+    assert (s.zoom_min_tokens, s.long_max_tokens, s.long_upload_bytes, s.long_capture_max_s) == (2048, 4096, 100_000, 30)
+    for var in ("KVSCOPE_LONG_UPLOAD_BYTES", "KVSCOPE_ZOOM_CACHE_BYTES", "KVSCOPE_LONG_MAX_TOKENS"):
+        with pytest.raises(BadSetting):
+            Settings.from_env({var: "0"})

@@ -12,6 +12,7 @@ from app.viz.zoom import max_level
 from tests.conftest import make_state
 from tests.live import browser_page, serve_in_thread
 from tests.shaped_model import build_tiny_family, load_random
+from tests.web.test_a11y_browser import SERIOUS, axe_scan, describe
 
 pytestmark = pytest.mark.browser
 N = 4096
@@ -101,8 +102,15 @@ def test_zoom_pan_and_hover_a_4096_token_prompt(browser, long_server):
             assert f"query {q} " in hover.inner_text() and f"key {k} " in hover.inner_text()
             if k <= q:
                 assert "exact weight" in hover.inner_text()
-        assert page.js_errors == []
         zoom_url = page.url
+
+        # In Chinese: the axis titles and the hover line in the catalog's words; axe finds nothing serious.
+        page.goto(zoom_url + "&lang=zh")
+        page.wait_for_function("+document.body.dataset.zoomDrawn >= 1", timeout=30_000)
+        assert page.locator(".zoom-axis-y").inner_text() == "query 位置 ↓（在读）"
+        serious = [v for v in axe_scan(page) if v["impact"] in SERIOUS]
+        assert not serious, describe(serious)
+        assert page.js_errors == []
 
     # The same page with the CSP enforced (no bypass): no inline handler, nothing evaluated from a string.
     context = browser.new_context(viewport={"width": 1280, "height": 720})
