@@ -257,7 +257,8 @@ def test_long_prompt_settings_come_from_the_environment():
 
     s = Settings.from_env({"KVSCOPE_ZOOM_MIN_TOKENS": "2048", "KVSCOPE_LONG_MAX_TOKENS": "4096",
                            "KVSCOPE_LONG_UPLOAD_BYTES": "100000", "KVSCOPE_LONG_CAPTURE_MAX_S": "30"})
-    assert (s.zoom_min_tokens, s.long_max_tokens, s.long_upload_bytes, s.long_capture_max_s) == (2048, 4096, 100_000, 30)
+    got = (s.zoom_min_tokens, s.long_max_tokens, s.long_upload_bytes, s.long_capture_max_s)
+    assert got == (2048, 4096, 100_000, 30)
     for var in ("KVSCOPE_LONG_UPLOAD_BYTES", "KVSCOPE_ZOOM_CACHE_BYTES", "KVSCOPE_LONG_MAX_TOKENS"):
         with pytest.raises(BadSetting):
             Settings.from_env({var: "0"})
