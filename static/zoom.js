@@ -1,4 +1,4 @@
-/* The deep-zoom heatmap of one head (long prompts), and the long-prompt form on Inspect.
+/* The deep-zoom heatmap of one head (long prompts; the form that captures them is static/long.js).
 
    The map is drawn from tiles of a pyramid (app/viz/zoom.py): at view level v the tiles of pyramid level
    min(v, maxLevel) are drawn, each 256 × 256 cells of f × f exact weights pooled (max or mean); from maxLevel on
@@ -459,68 +459,7 @@
     this.changed();
   };
 
-  /* --- the long-prompt form (Inspect) -------------------------------------------------------------- */
-  function longForm() {
-    const form = document.getElementById("long-form");
-    if (!form || form.dataset.bound) return;
-    form.dataset.bound = "1";
-    const text = document.getElementById("long-text"), file = document.getElementById("long-file");
-    const bar = document.getElementById("long-bar"), status = document.getElementById("long-status");
-    const box = document.getElementById("long-progress"), run = document.getElementById("long-run");
-    const maxBytes = +form.dataset.maxBytes;
-    let builtin = false, job = null, ctl = null;
-    text.addEventListener("input", () => { builtin = false; });
-    file.addEventListener("change", async () => {
-      const f = file.files && file.files[0];
-      if (!f) return;
-      kv.clearError();
-      if (f.size > maxBytes) {
-        kv.showError(kv.t("js.long.too_big", { name: f.name, size: kv.bytes(f.size), limit: kv.bytes(maxBytes) }));
-        file.value = "";
-        return;
-      }
-      text.value = await f.text();
-      document.getElementById("long-file-name").textContent = f.name;
-      builtin = false;
-    });
-    document.getElementById("long-builtin").addEventListener("click", async () => {
-      const sel = document.getElementById("long-model");
-      const d = await kv.getJSON("/api/long/text" + (sel ? "?model=" + encodeURIComponent(sel.value) : ""));
-      text.value = d.text;
-      builtin = true;
-    });
-    document.getElementById("long-stop").addEventListener("click", async () => {
-      if (job) { try { await kv.request("DELETE", `/api/long/jobs/${job}`); } catch (e) { /* shown */ } }
-      if (ctl) ctl.abort();
-    });
-    form.addEventListener("submit", async (e) => {
-      e.preventDefault();
-      kv.clearError();
-      const sel = document.getElementById("long-model");
-      const body = builtin ? { builtin: true } : { prompt: text.value };
-      if (sel) body.model = sel.value;
-      ctl = new AbortController(); job = null;
-      box.hidden = false; bar.value = 0; run.disabled = true;
-      status.textContent = kv.t("js.long.sending");
-      try {
-        const last = await kv.follow("/api/long/jobs", body, (ev) => {
-          job = ev.job || job;
-          status.textContent = ev.text || "";
-          if (ev.event === "running") bar.value = ev.fraction || 0;
-          if (ev.event === "done") bar.value = 1;
-        }, ctl.signal);
-        if (last && last.event === "done" && last.result) { window.location.href = last.result.url; return; }
-      } catch (err) {
-        if (ctl.signal.aborted) status.textContent = kv.t("js.long.stopped");
-        else box.hidden = true;
-      } finally {
-        run.disabled = false; ctl = null;
-      }
-    });
-  }
-
   function init() {
-    longForm();
     const root = document.getElementById("zoom");
     if (!root || root.dataset.bound) return;
     root.dataset.bound = "1";
