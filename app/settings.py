@@ -152,8 +152,8 @@ class Settings:
     # Prompts longer than this many tokens show one head as the deep-zoom canvas (static/zoom.js: pooled tiles from
     # the whole map down to exact cells); up to it, the first-paint canvas and the Plotly chart show every cell.
     zoom_min_tokens: int = 1024
-    # Memory for the zoom's pooled bases (app/labs/zoom.py: at most 1024² cells per head and pool, 4-8 MB each),
-    # least recently used dropped first.
+    # Memory for the zoom's pooled bases and coarse levels (app/viz/zoom.py: at most 1024² cells per head and pool
+    # and a third more for the levels above: ~15 MB for a head seen with both pools), least recently used first.
     zoom_cache_bytes: int = 128 * 1024**2
 
     def __post_init__(self) -> None:

@@ -146,7 +146,8 @@ class HeadPyramid:
 
     The base (levels with f ≥ ``base_f``) is made once per pool, on the first tile asked for at those levels, in one
     streaming pass over the map, and kept; ``nbytes`` says what it holds (per pool an array of at most
-    ``base_cells``² cells, float32 maxes or float64 sums for the mean).
+    ``base_cells``² cells, float32 maxes or float64 sums for the mean), and each coarse level pooled from it once
+    (float32; all of them together a third of the base's cells).
     """
 
     def __init__(self, n_rows: int, n_cols: int, *, past: int = 0, base_cells: int = 1024,
@@ -159,6 +160,7 @@ class HeadPyramid:
         while math.ceil(self.n / self.base_f) > base_cells:
             self.base_f *= 2
         self._base: dict[str, torch.Tensor] = {}  # pool -> max cells, or sums of cells (float64)
+        self._levels: dict[tuple[str, int], torch.Tensor] = {}  # (pool, level) -> that level's cells (float32)
 
     def _base_for(self, read: Reader, pool: str) -> torch.Tensor:
         if pool not in self._base:
@@ -172,7 +174,8 @@ class HeadPyramid:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self._base.values())
+        kept = [*self._base.values(), *self._levels.values()]
+        return sum(t.numel() * t.element_size() for t in kept)
 
     def tile(self, read: Reader, level: int, row: int, col: int, pool: str = "max") -> torch.Tensor:
         """Tile (row, col) of ``level``, its weights read with ``read``: (r, c) float32, r and c ≤ TILE (smaller
@@ -181,11 +184,15 @@ class HeadPyramid:
         spec = tile_spec(self.n_rows, self.n_cols, level, row, col)
         if spec.f < self.base_f:
             return pooled(read, spec.rows, spec.cols, spec.f, pool, past=self.past, band_rows=self.band_rows)
-        base, k = self._base_for(read, pool), spec.f // self.base_f
-        b = base[spec.rows[0] // self.base_f : math.ceil(spec.rows[1] / self.base_f),
-                 spec.cols[0] // self.base_f : math.ceil(spec.cols[1] / self.base_f)]
-        cells = _pool(b.double(), k, pool) if k > 1 else b.double().clone()
-        if pool == "mean":
-            cells /= _counts(*spec.rows, spec.f).unsqueeze(1) * _counts(*spec.cols, spec.f).unsqueeze(0)
-        return cells.float()
+        cells = self._level(read, pool, level, spec.f)
+        return cells[row * TILE : (row + 1) * TILE, col * TILE : (col + 1) * TILE].clone()
 
+    def _level(self, read: Reader, pool: str, level: int, f: int) -> torch.Tensor:
+        """A whole coarse level (f ≥ base_f: at most base_cells per side), pooled from the base once and kept."""
+        if (pool, level) not in self._levels:
+            base, k = self._base_for(read, pool), f // self.base_f
+            cells = _pool(base.double(), k, pool) if k > 1 else base.double().clone()
+            if pool == "mean":
+                cells /= _counts(0, self.n_rows, f).unsqueeze(1) * _counts(0, self.n_cols, f).unsqueeze(0)
+            self._levels[(pool, level)] = cells.float()
+        return self._levels[(pool, level)]
