@@ -153,14 +153,29 @@ class Settings:
     # shown. Their downloads hold q, k, v and the log-sum-exp instead of the weights.
     full_trace_max_tokens: int = 512
 
+    # Long prompts on Inspect (paste, a .txt file, or the built-in long text): at most ``max_context_tokens`` tokens
+    # (and never more than the model's context: SmolLM2 reads 8192), this many characters, and a file of at most
+    # this many bytes. A long capture runs in its own line (app/labs/queue.py: one at a time, progress by layer,
+    # Stop), for at most ``long_capture_max_s`` once it has started.
+    long_max_chars: int = 200_000
+    long_upload_bytes: int = 512 * 1024
+    long_capture_max_s: float = 600.0
+    # Prompts longer than this many tokens show one head as the deep-zoom canvas (static/zoom.js: pooled tiles from
+    # the whole map down to exact cells); up to it, the first-paint canvas and the Plotly chart show every cell.
+    zoom_min_tokens: int = 1024
+    # Memory for the zoom's pooled bases and coarse levels (app/viz/zoom.py: at most 1024² cells per head and pool
+    # and a third more for the levels above: ~15 MB for a head seen with both pools), least recently used first.
+    zoom_cache_bytes: int = 128 * 1024**2
+
     def __post_init__(self) -> None:
         for name in ("capacity_sim_max_blocks", "capacity_sim_max_tokens", "capacity_sim_max_steps",
                      "arena_cache_runs", "lab_queue_max", "lab_jobs_per_browser", "max_context_tokens",
-                     "full_trace_max_tokens"):
+                     "full_trace_max_tokens", "long_max_chars", "long_upload_bytes", "zoom_min_tokens",
+                     "zoom_cache_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"KVSCOPE_{name.upper()} must be a whole number of at least 1, not {value!r}")
-        for name in ("capacity_sim_max_s", "arena_max_s", "lab_max_wait_s", "train_max_s"):
+        for name in ("capacity_sim_max_s", "arena_max_s", "lab_max_wait_s", "train_max_s", "long_capture_max_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ValueError(f"KVSCOPE_{name.upper()} must be a positive number of seconds, not {value!r}")

@@ -25,6 +25,11 @@ arena_lab          the arena's line: waiting   each run the browsers that      a
 training           the Training lab and its    a run: the browser that         the line as the arena's; the run
                    line (one run at a time,    started it; the running one is  pages show: until the next starts
                    the others wait in line)    shown to everyone
+long_line          long captures' line (one    the browsers that asked for it  a run: until it ends or is stopped;
+                   at a time, progress by      (the same tokens: one run)      its trace then lives in ``traces``
+                   layer, Stop)
+zoom               the zoom's pooled bases,    shared, by trace key            LRU within ``zoom_cache_bytes``
+                   per head (app/labs/zoom.py)
 =================  ==========================  ==============================  ==================================
 
 A browser is its ``kvscope_owner`` cookie (``app/web/security.py``: an id the server minted and signed). Besides
@@ -52,6 +57,7 @@ from app.cache.paged_decode import PagedEngine
 from app.cache.prefix import PrefixLab
 from app.errors import BadInput, Expired
 from app.labs.queue import LabQueue
+from app.labs.zoom import ZoomLab
 from app.memory import page_in, release_free_memory, tune_allocators
 from app.model.capture import run_traced
 from app.model.head_survey import SurveyCache
@@ -85,6 +91,9 @@ class AppState:
     # themselves and lets an evicted trace be recomputed from a page's link.
     trace_index: OrderedDict[str, tuple[str, tuple[int, ...], weakref.ref]] = field(default_factory=OrderedDict)
     training: TrainingLab = field(init=False)
+    long_line: LabQueue = field(init=False)
+    zoom: ZoomLab = field(init=False)
+    long_rates: dict[str, float] = field(default_factory=dict)  # model -> bytes per token of its last long trace
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _janitor: threading.Thread | None = field(default=None, repr=False)
 
@@ -118,6 +127,8 @@ class AppState:
         )
         state.arena_lab = state.lab_queue("arena", max_run_s=s.arena_max_s, cache_items=s.arena_cache_runs)
         state.training = TrainingLab(state)
+        state.long_line = state.lab_queue("long", max_run_s=s.long_capture_max_s)
+        state.zoom = ZoomLab(s.zoom_cache_bytes)
         return state
 
     def lab_queue(self, name: str, *, max_run_s: float, cache_items: int = 0) -> LabQueue:
@@ -152,6 +163,14 @@ class AppState:
                                    all_logits=len(ids) <= self.settings.full_logits_max_tokens,
                                    shape_only=shape_only, tail_only=tail_only if long else None,
                                    tail=LENS_POSITIONS if long else 0))
+
+    def trace_key(self, lm: LoadedModel, ids: list[int] | tuple[int, ...]) -> str:
+        """The key a trace of these tokens is kept and found under (``trace_by_key``)."""
+        return self._key(lm, ids)
+
+    def compute_trace(self, lm: LoadedModel, ids: list[int]) -> Trace:
+        """One capture, as the pages keep it (under the model gate)."""
+        return self._compute(lm, ids)
 
     def trace_prompt(self, model: str | None, prompt: str | None, *, chat: bool = False
                      ) -> tuple[LoadedModel, str, Trace]:
@@ -207,6 +226,7 @@ class AppState:
         next piece."""
         self.arena_lab.close()
         self.training.line.close()
+        self.long_line.close()
 
     def stop_janitor(self) -> None:
         self._stop.set()
