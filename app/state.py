@@ -25,6 +25,11 @@ arena_lab          the arena's line: waiting   each run the browsers that      a
 training           the Training lab and its    a run: the browser that         the line as the arena's; the run
                    line (one run at a time,    started it; the running one is  pages show: until the next starts
                    the others wait in line)    shown to everyone
+long_line          long captures' line (one    the browsers that asked for it  a run: until it ends or is stopped;
+                   at a time, progress by      (the same tokens: one run)      its trace then lives in ``traces``
+                   layer, Stop)
+zoom               the zoom's pooled bases,    shared, by trace key            LRU within ``zoom_cache_bytes``
+                   per head (app/labs/zoom.py)
 =================  ==========================  ==============================  ==================================
 
 A browser is its ``kvscope_owner`` cookie (``app/web/security.py``: an id the server minted and signed). Besides
@@ -52,13 +57,14 @@ from app.cache.paged_decode import PagedEngine
 from app.cache.prefix import PrefixLab
 from app.errors import BadInput, Expired
 from app.labs.queue import LabQueue
+from app.labs.zoom import ZoomLab
 from app.memory import page_in, release_free_memory, tune_allocators
 from app.model.capture import run_traced
 from app.model.head_survey import SurveyCache
 from app.model.loading import LoadedModel, ModelRegistry
 from app.model.prompts import encode_prompt
 from app.model.sessions import SessionStore
-from app.model.store import TraceStore, shape_only, slim
+from app.model.store import LENS_POSITIONS, TraceStore, check_trace_fits, shape_only, slim, tail_only
 from app.model.trace import Trace
 from app.owned import OwnedTable
 from app.settings import Settings
@@ -85,6 +91,9 @@ class AppState:
     # themselves and lets an evicted trace be recomputed from a page's link.
     trace_index: OrderedDict[str, tuple[str, tuple[int, ...], weakref.ref]] = field(default_factory=OrderedDict)
     training: TrainingLab = field(init=False)
+    long_line: LabQueue = field(init=False)
+    zoom: ZoomLab = field(init=False)
+    long_rates: dict[str, float] = field(default_factory=dict)  # model -> bytes per token of its last long trace
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _janitor: threading.Thread | None = field(default=None, repr=False)
 
@@ -118,6 +127,8 @@ class AppState:
         )
         state.arena_lab = state.lab_queue("arena", max_run_s=s.arena_max_s, cache_items=s.arena_cache_runs)
         state.training = TrainingLab(state)
+        state.long_line = state.lab_queue("long", max_run_s=s.long_capture_max_s)
+        state.zoom = ZoomLab(s.zoom_cache_bytes)
         return state
 
     def lab_queue(self, name: str, *, max_run_s: float, cache_items: int = 0) -> LabQueue:
@@ -143,17 +154,29 @@ class AppState:
         return digest
 
     def _compute(self, lm: LoadedModel, ids: list[int]) -> Trace:
+        long = len(ids) > self.settings.full_trace_max_tokens
         with self.model_lock:
             # Token texts as the pages show them: a byte piece of a multi-byte character by its byte values. What
-            # ``slim`` drops is not held while the forward runs: activations by shape only, no copy of K/V in a cache.
+            # ``slim`` drops is not held while the forward runs: activations by shape only, no copy of K/V in a cache,
+            # a long prompt's per-position activations cut to its last positions as they are hooked.
             return slim(run_traced(lm.model, lm.adapter, ids, honest_texts(lm, ids), keep_cache=False,
                                    all_logits=len(ids) <= self.settings.full_logits_max_tokens,
-                                   shape_only=shape_only))
+                                   shape_only=shape_only, tail_only=tail_only if long else None,
+                                   tail=LENS_POSITIONS if long else 0))
+
+    def trace_key(self, lm: LoadedModel, ids: list[int] | tuple[int, ...]) -> str:
+        """The key a trace of these tokens is kept and found under (``trace_by_key``)."""
+        return self._key(lm, ids)
+
+    def compute_trace(self, lm: LoadedModel, ids: list[int]) -> Trace:
+        """One capture, as the pages keep it (under the model gate)."""
+        return self._compute(lm, ids)
 
     def trace_prompt(self, model: str | None, prompt: str | None, *, chat: bool = False
                      ) -> tuple[LoadedModel, str, Trace]:
         lm = self.model(model)
         ids = encode_prompt(lm, prompt, max_chars=self.settings.max_prompt_chars, chat=chat)
+        check_trace_fits(lm.adapter, len(ids), self.settings)
         key = self._key(lm, ids)
         return lm, key, self.traces.get_or_compute(key, lambda: self._compute(lm, ids))
 
@@ -203,6 +226,7 @@ class AppState:
         next piece."""
         self.arena_lab.close()
         self.training.line.close()
+        self.long_line.close()
 
     def stop_janitor(self) -> None:
         self._stop.set()

@@ -119,7 +119,8 @@ def test_block_rounding():
 def test_parameter_counts_from_configs():
     expected = {"gpt2": 124_439_808, "distilgpt2": 81_912_576, "smollm2-135m": 134_515_008,
                 "qwen2.5-0.5b": 494_032_768, "qwen3-0.6b": 596_049_920, "llama-3-8b": 8_030_261_248,
-                "llama-3.1-70b": 70_553_706_496, "gemma-3-270m": 268_098_176}
+                "llama-3.1-70b": 70_553_706_496, "gemma-3-270m": 268_098_176,
+                "smollm2-360m-instruct": 361_821_120}
     for key, n in expected.items():
         assert catalog.get(key).parameters == n, key
 

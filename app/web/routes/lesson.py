@@ -9,6 +9,7 @@ from app.i18n import catalog, translator
 from app.viz.explain import sinks_view
 from app.viz.lesson import PROMPT, lesson_view, measured_heads
 from app.viz.models import model_card
+from app.viz.summaries import first_token_shares
 from app.web.deps import StateDep
 from app.web.openapi import errors
 from app.web.render import request_lang
@@ -26,7 +27,6 @@ def read_lesson(request: Request, state: StateDep, model: str | None = None) -> 
     except BadInput:  # a vocabulary the survey cannot build its sequence from: no sentences about roles
         roles = None
     _, _, trace = state.trace_prompt(lm.name, PROMPT)  # the trace Inspect shows at the lesson's first stops
-    sinks = sinks_view([trace.weights(i)[0] for i in range(lm.adapter.n_layer)], first=1,
-                       token_texts=trace.token_texts)
+    sinks = sinks_view(first=1, token_texts=trace.token_texts, shares=first_token_shares(trace, 1))
     return lesson_view(model_card(lm), translator(lang), lambda key: key in catalog("en"),
                        measured_heads(roles, sinks))

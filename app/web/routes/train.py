@@ -23,8 +23,6 @@ from app.web.render import render, request_lang
 
 router = APIRouter()
 
-DEFAULT_PARAM = "transformer.h.0.attn.c_attn.weight"
-
 
 class StartRequest(Body):
     source: str = "builtin"
@@ -58,11 +56,10 @@ def read_train_page(request: Request, state: StateDep, owner: OwnerDep):
     lab = lab_for(state)
     status = _status(request, lab, owner)
     _ = translator(request_lang(request))
-    init = {"status": status, "figure": loss_figure([tuple(p) for p in status["losses"]], _),
-            "default_param": DEFAULT_PARAM}
+    init = {"status": status, "figure": loss_figure([tuple(p) for p in status["losses"]], _)}
     return render(
         request, "train.html", page="train", status=status, init=init, script_keys=SCRIPT_STRINGS,
-        parameters=lab.parameters(), default_param=DEFAULT_PARAM, step=lab.step(), memory=lab.memory(),
+        parameters=lab.parameters(), step=lab.step(), memory=lab.memory(),
         defaults=ARTICLE_CONFIG, limits=LIMITS, corpus_chars=len(article_corpus_text()),
         min_chars=MIN_TEXT_CHARS, max_chars=MAX_TEXT_CHARS, article_max_diff=ARTICLE_MAX_DIFF,
     )
@@ -147,9 +144,11 @@ def read_parameter_names(state: StateDep) -> list[dict]:
 
 @router.get("/api/train/param", tags=["train"], responses=errors(422))
 def read_parameter(
-    request: Request, state: StateDep, name: str = DEFAULT_PARAM, part: str | None = "q", lang: str | None = None
+    request: Request, state: StateDep, name: str | None = None, part: str | None = "q", lang: str | None = None
 ) -> dict:
-    """One parameter's value, grad, exp_avg, exp_avg_sq and AdamW step, with a heatmap spec for each.
+    """One parameter's value, grad, exp_avg, exp_avg_sq and AdamW step, with a heatmap spec for each (``name``
+    left out: the parameter the page opens on, layer 0's query projection; ``part`` q, k, v or all slices a fused
+    q/k/v projection).
 
     Axis titles are in ``lang`` (else the language cookie, else English)."""
     return param_figures(lab_for(state).parameter(name, part), translator(request_lang(request)))
