@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.model.head_survey import SurveyCache, repeated_random_ids, survey_heads
+from app.labs.heads import SurveyCache, repeated_random_ids, survey_heads
 from app.viz.head_roles import LOCAL_FAR, LOCAL_NEAR, ROLES, STRONG, head_roles_view, role_scores, score_table
 
 N = 40  # tokens per copy
