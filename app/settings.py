@@ -173,11 +173,12 @@ class Settings:
     address_share: float = 0.5
     # The capacity lab's scheduler simulator (/api/capacity/simulate) runs in a server thread and holds the GIL
     # while it runs, so every run is bounded. Checked before it starts (a 4xx naming the limit): the KV blocks it
-    # models (a pool is ~170 bytes a block), the workload's tokens (prompts plus outputs) and the fewest steps the
-    # workload can take. Checked at every step (the run stops and says so; what was simulated is shown): the
-    # steps (each kept for the charts, ~460 bytes) and the seconds it has computed. It also stops when its
-    # client disconnects.
+    # models (a pool is ~170 bytes a block), the workload's requests and tokens (prompts plus outputs) and the
+    # fewest steps the workload can take. Checked at every step (the run stops and says so; what was simulated is
+    # shown): the steps (each kept for the charts, ~460 bytes) and the seconds it has computed. It also stops when
+    # its client disconnects.
     capacity_sim_max_blocks: int = 1_000_000
+    capacity_sim_max_requests: int = 20_000
     capacity_sim_max_tokens: int = 50_000_000
     capacity_sim_max_steps: int = 200_000
     capacity_sim_max_s: float = 20.0
@@ -264,7 +265,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
                     "spec_max_temperature", "roofline_max_context", "roofline_max_batch"),
     "train": ("train_max_s", "max_trained_models", "train_min_text_chars", "train_max_text_chars", "train_max_steps",
               "train_max_batch_size", "train_min_lr", "train_max_lr"),
-    "capacity": ("capacity_sim_max_blocks", "capacity_sim_max_tokens", "capacity_sim_max_steps", "capacity_sim_max_s",
+    "capacity": ("capacity_sim_max_blocks", "capacity_sim_max_requests", "capacity_sim_max_tokens",
+                 "capacity_sim_max_steps", "capacity_sim_max_s",
                  "capacity_check_max_requests", "capacity_check_max_prompt", "capacity_check_max_output",
                  "capacity_check_max_blocks", "capacity_check_max_block_size", "capacity_check_max_seqs"),
     "lines": ("lab_queue_max", "lab_jobs_per_browser", "lab_max_wait_s"),

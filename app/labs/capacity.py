@@ -80,13 +80,13 @@ class CapacityLab:
         """Continuous batching as vLLM schedules it; refused before it starts when too big, stopped at the step or
         time limit or when ``cancel`` is set (the view says so and shows what ran)."""
         if workload == "list":
-            requests = parse_requests(requests_text or "")
+            requests = parse_requests(requests_text or "", self.settings.capacity_sim_max_requests)
         else:
             requests = synthetic_workload(n=n, rate=rate, prompt_min=prompt_min,
                                           prompt_max=max(prompt_min, prompt_max), output_min=output_min,
                                           output_max=max(output_min, output_max),
                                           shared_prefix_fraction=shared_prefix_fraction, prefix_len=prefix_len,
-                                          seed=seed)
+                                          seed=seed, max_requests=self.settings.capacity_sim_max_requests)
         config = self.model_config(model, config_json, custom)
         if gpu not in stepcost.GPUS:
             raise BadInput("err.capacity.gpu", gpu=gpu, known=", ".join(stepcost.GPUS))

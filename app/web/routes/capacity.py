@@ -71,7 +71,7 @@ class SimBody(ModelChoice):
     chunked_prefill: bool = True
     prefix_caching: bool = True
     workload: Literal["synthetic", "list"] = "synthetic"
-    n: int = Field(1000, ge=1, le=20_000)
+    n: int = Field(1000, description="requests of the synthetic workload, 1 to KVSCOPE_CAPACITY_SIM_MAX_REQUESTS")
     rate: float = Field(10.0, ge=0, le=1e6, description="requests per second (0: all at once)")
     prompt_min: int = Field(128, ge=1, le=1_000_000)
     prompt_max: int = Field(1024, ge=1, le=1_000_000)
