@@ -198,7 +198,7 @@ class Settings:
         for f in fields(self):
             if f.type in ("int", int, "float", float):
                 value = getattr(self, f.name)
-                check(f.name, value, repr(value))
+                check(f.name, value, repr(value), whole=f.type in ("int", int))
         for low, high in ORDERED:
             if getattr(self, low) > getattr(self, high):
                 raise BadSetting("boot.settings.ordered", name=var(low), value=repr(getattr(self, low)),
@@ -302,29 +302,25 @@ def _number(name: str, raw: str, *, whole: bool) -> int | float:
         value: int | float = int(raw) if whole else float(raw)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value):
-        raise BadSetting("boot.settings.whole_number" if whole else "boot.settings.number", name=var(name),
-                         value=repr(raw))
-    check(name, value, repr(raw))
+    check(name, value, repr(raw), whole=whole)
     return value
 
 
-def check(name: str, value: object, shown: str) -> None:
-    """``value`` is a number (whole for a whole-number setting), at least 0 or 1 (``ZERO_MEANS``), at most its
+def check(name: str, value: object, shown: str, *, whole: bool) -> None:
+    """``value`` is a finite number (whole if ``whole``), at least 0 or 1 (``ZERO_MEANS``), at most its
     ``MAXIMUM``; else ``BadSetting`` naming the variable and quoting ``shown`` (what was given)."""
-    whole = Settings.__dataclass_fields__[name].type in ("int", int)
     zero = name in ZERO_MEANS
-    if isinstance(value, bool) or not isinstance(value, int | float) or (whole and not isinstance(value, int)):
-        raise BadSetting("boot.settings.whole_number" if whole else "boot.settings.number", name=var(name),
-                         value=shown)
-    if not math.isfinite(value):
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or (whole and not isinstance(value, int)) or not math.isfinite(value):  # type: ignore[arg-type]
+        if whole:
+            raise BadSetting("boot.settings.whole_number", name=var(name), value=shown)
         raise BadSetting("boot.settings.number", name=var(name), value=shown)
-    if value < 0 or (value == 0 and not zero):
+    if value < 0 or (value == 0 and not zero):  # type: ignore[operator]
         if whole or zero:
             raise BadSetting("boot.settings.at_least", name=var(name), value=shown, low=0 if zero else 1)
         raise BadSetting("boot.settings.above_zero", name=var(name), value=shown)
     high = MAXIMUM.get(name)
-    if high is not None and value > high:
+    if high is not None and value > high:  # type: ignore[operator]
         raise BadSetting("boot.settings.at_most", name=var(name), value=shown, high=high)
 
 

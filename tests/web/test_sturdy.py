@@ -494,6 +494,6 @@ def test_a_purge_after_the_ttl_returns_every_trace_byte(state, distil):
     assert state.purge() >= 2  # what the janitor thread calls every purge_interval_s
     assert state.traces.bytes == 0 and len(state.traces) == 0
     # The page's link still works: the key recomputes its trace, which is kept again.
-    key = state._key(distil, distil.encode(prompts[0]))
+    key = state.inspect._key(distil, distil.encode(prompts[0]))
     state.trace_by_key(key)
     assert state.traces.bytes == slim_gpt2_bytes(distil, len(distil.encode(prompts[0])))
