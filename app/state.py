@@ -1,6 +1,7 @@
 """The composition root: what the server holds, who it belongs to, and how long it lives. Everything is created in
 ``AppState.create``, and each lab (``app/labs/``) is handed exactly the pieces it uses; the routes reach a lab
-through ``app/web/deps.py``. This module may import from every layer; nothing below the web imports it.
+through ``app/web/deps.py``. This module may import from every layer below the web; nothing below the web imports
+it (``tests/test_layers.py``).
 
 =================  ==========================  ==============================  ==================================
 field              what                        belongs to                      lives until
@@ -12,7 +13,7 @@ model_lock         ``ModelGate``: one forward  the server                      s
                    a bounded queue
 traces             captured traces, slimmed    shared (content-addressed: the  idle ``trace_ttl_s``, LRU within
                    to what the pages show      same model + tokens, same key)  ``trace_cache_bytes``
-trace_index        trace key -> model, tokens  shared                          10 000 newest keys (recomputable)
+inspect.index      trace key -> model, tokens  shared                          10 000 newest keys (recomputable)
 sessions           decode sessions             the browser that made them      idle ``session_ttl_s``, or the
                                                                                browser's 4th; ``session_cache_bytes``
 paged_pools        paged-lab block pools       the browser that made them      idle ``session_ttl_s``, or the
