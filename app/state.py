@@ -32,7 +32,7 @@ training           the Training lab and its    a run: the browser that         t
 
 The labs (``app/labs/``), one per page, each built here on the pieces above: ``inspect`` (registry, gate,
 traces), ``decode`` (sessions), ``prefix`` (prefix_labs), ``paged`` (paged_pools), ``heads`` (head_surveys),
-``arena``, ``training``, ``capacity`` (registry, gate, settings).
+``arena``, ``training``, ``capacity`` (registry, gate, settings), ``lesson`` (the heads and inspect labs).
 
 A browser is its ``kvscope_owner`` cookie (``app/web/security.py``: an id the server minted and signed). Besides
 each browser's own cap, the browsers at one network address share at most ``address_share`` of each server-wide
@@ -56,6 +56,7 @@ from app.labs.capacity import CapacityLab
 from app.labs.decode import DecodeLab
 from app.labs.heads import HeadsLab, SurveyCache
 from app.labs.inspect import InspectLab
+from app.labs.lesson import LessonLab
 from app.labs.paged import PagedLab
 from app.labs.prefix import PrefixLabs
 from app.labs.queue import LabQueue
@@ -98,6 +99,7 @@ class AppState:
     arena: ArenaLab = field(init=False)
     training: TrainingLab = field(init=False)
     capacity: CapacityLab = field(init=False)
+    lesson: LessonLab = field(init=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _janitor: threading.Thread | None = field(default=None, repr=False)
 
@@ -137,6 +139,7 @@ class AppState:
         state.training = TrainingLab(registry=registry, settings=s,
                                      line=state.lab_queue("train", max_run_s=s.train_max_s))
         state.capacity = CapacityLab(registry=registry, gate=gate, settings=s)
+        state.lesson = LessonLab(heads=state.heads, inspect=state.inspect)
         return state
 
     def lab_queue(self, name: str, *, max_run_s: float, cache_items: int = 0) -> LabQueue:

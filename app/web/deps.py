@@ -13,6 +13,7 @@ from app.labs.capacity import CapacityLab
 from app.labs.decode import DecodeLab
 from app.labs.heads import HeadsLab
 from app.labs.inspect import InspectLab
+from app.labs.lesson import LessonLab
 from app.labs.paged import PagedLab
 from app.labs.prefix import PrefixLabs
 from app.labs.train import TrainingLab
@@ -76,6 +77,10 @@ async def get_capacity(request: Request) -> CapacityLab:
     return request.app.state.kv.capacity
 
 
+async def get_lesson(request: Request) -> LessonLab:
+    return request.app.state.kv.lesson
+
+
 StateDep = Annotated[AppState, Depends(get_state)]
 OwnerDep = Annotated[str, Depends(get_owner)]
 AddressDep = Annotated[str, Depends(get_address)]
@@ -89,6 +94,7 @@ HeadsDep = Annotated[HeadsLab, Depends(get_heads)]
 ArenaDep = Annotated[ArenaLab, Depends(get_arena)]
 TrainingDep = Annotated[TrainingLab, Depends(get_training)]
 CapacityDep = Annotated[CapacityLab, Depends(get_capacity)]
+LessonDep = Annotated[LessonLab, Depends(get_lesson)]
 
 
 def is_htmx(request: Request) -> bool:
