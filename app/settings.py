@@ -40,12 +40,13 @@ class Settings:
     max_prompt_chars: int = 20_000
     max_body_bytes: int = 64 * 1024
     # Memory for captured traces kept while a user clicks around (least recently used evicted first).
-    # A trace keeps only what the pages show (about 0.13 MB per token on DistilGPT-2).
+    # A trace keeps only what the pages show (about 0.1 MB per token on DistilGPT-2; no attention weights).
     trace_cache_bytes: int = 256 * 1024**2
-    # One trace larger than that budget (a long prompt: 1024 tokens on DistilGPT-2 keep about 410 MB, most of it
-    # 6 × 12 attention maps of 1024²) is still kept, alone, up to this size; else every panel of its page would
-    # recompute the whole capture. 0: never keep a trace over the budget.
-    trace_keep_one_bytes: int = 512 * 1024**2
+    # One trace larger than that budget (a long prompt: 8 192 tokens on SmolLM2-135M keep 0.92 GiB, the q, k, v
+    # and log-sum-exp of 30 layers) is still kept, alone, up to this size; else every panel of its page would
+    # recompute the whole capture. It is also the most one trace may hold: a longer prompt is refused before its
+    # forward (``max_context_tokens`` below). 0: never keep a trace over the budget.
+    trace_keep_one_bytes: int = 1100 * 1024**2
     # Prompts up to this many tokens get every position's logits (the shape trace shows (1, T, V), as the
     # article does); longer ones only the last position's, the ones that choose the next token. On GPT-2 the
     # rest cost 0.2 MB per token and, at T=512, 40% of the forward pass.
@@ -192,6 +193,31 @@ class Settings:
     capacity_check_max_block_size: int = 16
     capacity_check_max_seqs: int = 12
 
+    # Long prompts (app/model/store.py). A trace keeps q, k, v and each query row's log-sum-exp of every layer and
+    # computes attention weights from them when a view asks (never T × T for all heads): ~31 KB a token on
+    # SmolLM2-135M, 0.92 GiB at 8 192 tokens. A prompt longer than ``max_context_tokens`` (or than the model's own
+    # positions) is refused, naming the limit; so is one whose trace, estimated before the forward, would not fit
+    # the memory one trace may hold (``trace_keep_one_bytes``, or ``trace_cache_bytes`` when larger).
+    max_context_tokens: int = 8192
+    # Prompts longer than this keep each head's output, q and k before rotation and each layer's residual stream
+    # at their last 12 positions only (where the logit lens reads); Inspect recomputes the rest for the query
+    # shown. Their downloads hold q, k, v and the log-sum-exp instead of the weights.
+    full_trace_max_tokens: int = 512
+
+    # Long prompts on Inspect (paste, a .txt file, or the built-in long text): at most ``max_context_tokens`` tokens
+    # (and never more than the model's context: SmolLM2 reads 8192), this many characters, and a file of at most
+    # this many bytes. A long capture runs in its own line (app/labs/queue.py: one at a time, progress by layer,
+    # Stop), for at most ``long_capture_max_s`` once it has started.
+    long_max_chars: int = 200_000
+    long_upload_bytes: int = 512 * 1024
+    long_capture_max_s: float = 600.0
+    # Prompts longer than this many tokens show one head as the deep-zoom canvas (static/zoom.js: pooled tiles from
+    # the whole map down to exact cells); up to it, the first-paint canvas and the Plotly chart show every cell.
+    zoom_min_tokens: int = 1024
+    # Memory for the zoom's pooled bases and coarse levels (app/viz/zoom.py: at most 1024² cells per head and pool
+    # and a third more for the levels above: ~15 MB for a head seen with both pools), least recently used first.
+    zoom_cache_bytes: int = 128 * 1024**2
+
     def __post_init__(self) -> None:
         """Every number in range (``check``): a ``Settings`` built in code is held to the same rules as one read
         from the environment."""
@@ -251,7 +277,9 @@ def var(name: str) -> str:
 # Each lab's limits (every one a field above, read from its KVSCOPE_* variable). The labs (app/labs/) read their
 # own group; the lower layers they call take the numbers as arguments.
 GROUPS: dict[str, tuple[str, ...]] = {
-    "inspect": ("max_prompt_chars", "full_logits_max_tokens", "inspect_max_grid_size", "inspect_query_rows"),
+    "inspect": ("max_prompt_chars", "full_logits_max_tokens", "inspect_max_grid_size", "inspect_query_rows",
+                "max_context_tokens", "full_trace_max_tokens", "long_max_chars", "long_upload_bytes",
+                "long_capture_max_s", "zoom_min_tokens", "zoom_cache_bytes"),
     "decode": ("session_ttl_s", "max_sessions", "max_sessions_per_browser", "session_cache_bytes", "max_decode_steps",
                "decode_max_cache_rows"),
     "paged": ("max_paged_pools", "max_paged_pools_per_browser", "paged_cache_bytes", "paged_max_blocks",

@@ -28,6 +28,11 @@ arena              the arena's line: waiting   each run the browsers that      a
 training           the Training lab and its    a run: the browser that         the line as the arena's; the run
                    line (one run at a time,    started it; the running one is  pages show: until the next starts
                    the others wait in line)    shown to everyone
+long_line          long captures' line (one    the browsers that asked for it  a run: until it ends or is stopped;
+                   at a time, progress by      (the same tokens: one run)      its trace then lives in ``traces``
+                   layer, Stop)
+zoom               the zoom's pooled bases,    shared, by trace key            LRU within ``zoom_cache_bytes``
+                   per head (app/labs/zoom.py)
 =================  ==========================  ==============================  ==================================
 
 The labs (``app/labs/``), one per page, each built here on the pieces above: ``inspect`` (registry, gate,
@@ -61,6 +66,7 @@ from app.labs.paged import PagedLab
 from app.labs.prefix import PrefixLabs
 from app.labs.queue import LabQueue
 from app.labs.train import TrainingLab
+from app.labs.zoom import ZoomLab
 from app.memory import page_in, release_free_memory, tune_allocators
 from app.model.loading import LoadedModel, ModelRegistry, load_registry
 from app.model.sessions import SessionStore
@@ -100,6 +106,9 @@ class AppState:
     training: TrainingLab = field(init=False)
     capacity: CapacityLab = field(init=False)
     lesson: LessonLab = field(init=False)
+    long_line: LabQueue = field(init=False)
+    zoom: ZoomLab = field(init=False)
+    long_rates: dict[str, float] = field(default_factory=dict)  # model -> bytes per token of its last long trace
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _janitor: threading.Thread | None = field(default=None, repr=False)
 
@@ -140,6 +149,8 @@ class AppState:
                                      line=state.lab_queue("train", max_run_s=s.train_max_s))
         state.capacity = CapacityLab(registry=registry, gate=gate, settings=s)
         state.lesson = LessonLab(heads=state.heads, inspect=state.inspect)
+        state.long_line = state.lab_queue("long", max_run_s=s.long_capture_max_s)
+        state.zoom = ZoomLab(s.zoom_cache_bytes)
         return state
 
     def lab_queue(self, name: str, *, max_run_s: float, cache_items: int = 0) -> LabQueue:
@@ -156,6 +167,14 @@ class AppState:
     def trace_prompt(self, model: str | None, prompt: str | None, *, chat: bool = False
                      ) -> tuple[LoadedModel, str, Trace]:
         return self.inspect.trace_prompt(model, prompt, chat=chat)
+
+    def trace_key(self, lm: LoadedModel, ids: list[int] | tuple[int, ...]) -> str:
+        """The key a trace of these tokens is kept and found under (``trace_by_key``)."""
+        return self.inspect.trace_key(lm, ids)
+
+    def compute_trace(self, lm: LoadedModel, ids: list[int]) -> Trace:
+        """One capture, as the pages keep it (under the model gate)."""
+        return self.inspect.compute_trace(lm, ids)
 
     def trace_by_key(self, key: str) -> tuple[LoadedModel, Trace]:
         return self.inspect.trace_by_key(key)
@@ -195,6 +214,7 @@ class AppState:
         next piece."""
         self.arena.line.close()
         self.training.line.close()
+        self.long_line.close()
 
     def stop_janitor(self) -> None:
         self._stop.set()

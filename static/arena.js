@@ -1,27 +1,26 @@
 /* The compression arena: a run followed through the server's line, then its charts: KL per step (every policy),
    attention mass per layer × head and the kept map (one policy, picked in the select). The numbers come from
-   the server in #arena-data. */
-(function () {
+   the server in #arena-data, inside the result it renders (#arena-result: with the page, or swapped in). */
+window.kv.page("arena", (page) => {
   "use strict";
-  const cfg = { responsive: true, displaylogo: false };
-  const font = () => (window.kv && kv.plotFont) || { size: 14 };
+  const kv = window.kv, $ = kv.$;
 
-  async function draw() {
-    const tag = document.getElementById("arena-data");
+  async function draw(result) {
+    const tag = result.querySelector("#arena-data");
     if (!tag) return;
     const data = JSON.parse(tag.textContent);
-    const Plotly = await kv.plotlyReady();
+    const Plotly = await kv.plotly();
     const lines = data.policies.filter((p) => p.name !== "full").map((p) => ({
       x: p.kl.map((_, i) => i), y: p.kl, name: p.name, mode: "lines+markers", type: "scatter",
     }));
     Plotly.react("arena-kl", lines, {
-      margin: { l: 60, r: 10, t: 10, b: 45 }, font: font(), height: 320,
+      margin: { l: 60, r: 10, t: 10, b: 45 }, font: kv.plotFont, height: 320,
       xaxis: { title: { text: kv.t("js.arena.step") } }, yaxis: { title: { text: kv.t("js.arena.kl") }, rangemode: "tozero" },
       legend: { font: { size: 12 } },
-    }, cfg);
-    const pick = document.getElementById("arena-pick");
+    }, kv.PLOT_CONFIG);
+    const pick = $("arena-pick");
     const one = () => drawPolicy(Plotly, data, data.policies[Number(pick.value)]);
-    pick.onchange = one;
+    pick.addEventListener("change", one);
     one();
   }
 
@@ -30,7 +29,8 @@
     Plotly.react("arena-mass", [{
       z: p.mass, y: layers, x: [...Array(data.n_head).keys()].map((h) => "H" + h), type: "heatmap",
       zmin: 0, zmax: 1, colorscale: "Viridis", hovertemplate: "%{y} %{x}: %{z:.3f}<extra></extra>",
-    }], { margin: { l: 45, r: 10, t: 10, b: 35 }, font: font(), height: 320, yaxis: { autorange: "reversed" } }, cfg);
+    }], { margin: { l: 45, r: 10, t: 10, b: 35 }, font: kv.plotFont, height: 320, yaxis: { autorange: "reversed" } },
+    kv.PLOT_CONFIG);
     const z = p.keep.map((bits) => Array.from(bits, (c) => (c === "1" ? 1 : 0)));
     const n = z.length ? z[0].length : 0;
     const text = p.keep.map(() => data.labels.slice(0, n));
@@ -39,10 +39,10 @@
       colorscale: [[0, "#eef0f3"], [1, "#2f6fdf"]], xgap: n > 200 ? 0 : 1, ygap: 1,
       hovertemplate: "%{y} · pos %{x} %{text}: %{z}<extra></extra>",
     }], {
-      margin: { l: 70, r: 10, t: 10, b: 40 }, font: font(), height: Math.max(160, 22 * z.length + 60),
+      margin: { l: 70, r: 10, t: 10, b: 40 }, font: kv.plotFont, height: Math.max(160, 22 * z.length + 60),
       xaxis: { title: { text: kv.t("js.arena.position") } }, yaxis: { autorange: "reversed" },
-    }, cfg);
-    const label = document.getElementById("arena-keep-label");
+    }, kv.PLOT_CONFIG);
+    const label = $("arena-keep-label");
     if (label) label.textContent = p.name;
   }
 
@@ -53,13 +53,11 @@
   let current = null;  // the run this page follows: { controller, job }
 
   function line(text, fraction, running) {
-    const box = document.getElementById("arena-line");
-    if (!box) return;
-    box.hidden = false;
-    document.getElementById("arena-line-text").textContent = text;
-    const bar = document.getElementById("arena-line-bar");
+    $("arena-line").hidden = false;
+    $("arena-line-text").textContent = text;
+    const bar = $("arena-line-bar");
     if (fraction === null) bar.removeAttribute("value"); else bar.value = fraction;
-    document.getElementById("arena-stop").hidden = !running;
+    $("arena-stop").hidden = !running;
   }
 
   function body(form) {
@@ -88,7 +86,7 @@
       }, me.controller.signal);
     } catch (e) {
       if (current === me && !me.controller.signal.aborted && e.status === undefined) line(kv.t("js.lab.lost"), null, false);
-      else if (current === me && e.status !== undefined) document.getElementById("arena-line").hidden = true;
+      else if (current === me && e.status !== undefined) $("arena-line").hidden = true;
     }
     if (current !== me) return;
     current = null;
@@ -101,23 +99,14 @@
     const me = current;
     if (!me) return;
     current = null;
-    if (me.job) {
-      try { await fetch("/api/arena/jobs/" + encodeURIComponent(me.job), { method: "DELETE" }); } catch (e) { /* closing is enough */ }
-    }
+    if (me.job) await kv.forget("/api/arena/jobs/" + encodeURIComponent(me.job));  // closing the connection is enough
     me.controller.abort();
     line(kv.t("js.lab.stopped"), null, false);
   }
 
-  document.addEventListener("DOMContentLoaded", () => {
-    const form = document.getElementById("arena-form");
-    if (!form) return;
-    form.addEventListener("submit", (e) => { e.preventDefault(); run(form, true); });
-    document.getElementById("arena-stop").addEventListener("click", stop);
-    if (form.dataset.autorun) run(form, false);  // a link to a run that has not finished yet: run it here
-  });
-
-  document.addEventListener("DOMContentLoaded", draw);
-  document.body && document.body.addEventListener("htmx:afterSwap", (e) => {
-    if (e.target && e.target.id === "arena-result") draw();
-  });
-})();
+  const form = $("arena-form");
+  form.addEventListener("submit", (e) => { e.preventDefault(); run(form, true); });
+  $("arena-stop").addEventListener("click", stop);
+  page.view("arena-result", draw);
+  if (form.dataset.autorun) run(form, false);  // a link to a run that has not finished yet: run it here
+});

@@ -1,42 +1,12 @@
 // /capacity: the KV memory calculator, the scheduler simulator and the engine check. JSON in, DOM and Plotly out.
 // User text only via textContent; every sentence comes from the catalog through kv.t().
-(function () {
+window.kv.page("capacity", () => {
   "use strict";
-  const $ = (id) => document.getElementById(id);
-  if (!$("calc-form")) return;
-  const t = (key, vars) => window.kv.t(key, vars);
+  const kv = window.kv, $ = kv.$, t = kv.t;
   const GiB = 1024 ** 3;
-
-  function el(tag, cls, text) {
-    const n = document.createElement(tag);
-    if (cls) n.className = cls;
-    if (text !== undefined && text !== null) n.textContent = String(text);
-    return n;
-  }
-  function fmtBytes(n) {
-    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let i = 0, x = Math.abs(n);
-    while (x >= 1024 && i < units.length - 1) { x /= 1024; i++; }
-    const s = i === 0 ? x.toFixed(x % 1 ? 2 : 0) : (x >= 100 ? x.toFixed(1) : x.toFixed(2));
-    return (n < 0 ? "−" : "") + s.replace(/\.0+$/, "") + " " + units[i];
-  }
-  const int = (n) => Math.round(n).toLocaleString("en");
+  const bytes = (n) => kv.bytes(n, true);  // two decimals: the figures are read beside vLLM's log
+  const int = kv.int, ms = kv.ms;
   const num = (v) => (v === "" || v === null ? null : Number(v));
-  const ms = (s) => (s === null || s === undefined ? "—" : (s * 1000).toFixed(s < 0.01 ? 2 : 1) + " ms");
-
-  async function post(url, body, busyId) {
-    const busy = $(busyId);
-    busy.style.display = "inline";
-    try {
-      const data = await window.kv.postJSON(url, body);  // the one JSON helper: errors shown in the page's language
-      window.kv.clearError();
-      return data;
-    } catch (e) {
-      return null;
-    } finally {
-      busy.style.display = "";
-    }
-  }
 
   // --- calculator ------------------------------------------------------------------------------------
   function modelChoice(selectId) {
@@ -74,8 +44,25 @@
   }
 
   async function runCalc() {
-    const r = await post("/api/capacity/calculate", calcBody(), "calc-busy");
+    linkCalc();
+    const r = await kv.act("POST", "/api/capacity/calculate", calcBody(), "calc-busy");
     if (r) drawCalc(r);
+  }
+
+  /* The calculator's inputs are in the URL (?calc-batch=64&calc-gpu=h100-80gb…, only those changed from the
+     page's defaults), so a link or a reload opens the same figures. A pasted config stays out (too long). */
+  const LINKED = [...$("calc-form").querySelectorAll("select[id], input[id]")].filter((e) => e.type !== "file");
+  const defaultOf = (e) => (e.tagName === "SELECT"
+    ? ([...e.options].find((o) => o.defaultSelected) || e.options[0] || { value: "" }).value : e.defaultValue);
+  function linkCalc() {
+    kv.setQuery(Object.fromEntries(LINKED.map((e) => [e.id, e.value === defaultOf(e) ? null : e.value])));
+  }
+  function readLink() {
+    const q = new URLSearchParams(window.location.search);
+    LINKED.forEach((e) => {
+      const v = q.get(e.id);
+      if (v !== null && (e.tagName !== "SELECT" || [...e.options].some((o) => o.value === v))) e.value = v;
+    });
   }
 
   function drawCalc(r) {
@@ -86,32 +73,32 @@
       kind: r.attention, params: (m.parameters / 1e9).toFixed(m.parameters < 1e9 ? 3 : 2),
     }) + (m.note ? " " + t("js." + m.note) : "");
     $("r-formula").textContent = r.formula.split(" = ")[0];
-    $("r-per-token").textContent = fmtBytes(r.bytes_per_token);
+    $("r-per-token").textContent = bytes(r.bytes_per_token);
     $("r-tp").textContent = inp.tp > 1
       ? t(r.kv_heads_per_gpu === null ? "js.capacity.tp_mla" : (r.replicated ? "js.capacity.tp_replicated" : "js.capacity.tp_split"),
-        { tp: inp.tp, heads: r.kv_heads_per_gpu, total: fmtBytes(r.bytes_per_token_all_gpus) })
+        { tp: inp.tp, heads: r.kv_heads_per_gpu, total: bytes(r.bytes_per_token_all_gpus) })
       : "";
-    $("r-page").textContent = `${inp.block_size} × ${fmtBytes(r.bytes_per_token)} = ${fmtBytes(r.page_bytes)}`;
+    $("r-page").textContent = `${inp.block_size} × ${bytes(r.bytes_per_token)} = ${bytes(r.page_bytes)}`;
     $("r-request").textContent = t("js.capacity.request", {
-      ctx: int(inp.context), blocks: int(r.blocks_per_request), bytes: fmtBytes(r.request_bytes), waste: r.tail_waste_tokens,
+      ctx: int(inp.context), blocks: int(r.blocks_per_request), bytes: bytes(r.request_bytes), waste: r.tail_waste_tokens,
     });
-    $("r-batch").textContent = `${int(inp.batch)} × ${fmtBytes(r.request_bytes)} = ${fmtBytes(r.batch_bytes)}`;
+    $("r-batch").textContent = `${int(inp.batch)} × ${bytes(r.request_bytes)} = ${bytes(r.batch_bytes)}`;
     $("r-weights").textContent = r.weights_known
       ? t("js.capacity.weights", {
-        params: (r.parameters / 1e9).toFixed(2), bytes: fmtBytes(r.weight_bytes), per_gpu: fmtBytes(r.weights_per_gpu),
+        params: (r.parameters / 1e9).toFixed(2), bytes: bytes(r.weight_bytes), per_gpu: bytes(r.weights_per_gpu),
       })
       : t("js.capacity.weights_unknown");
-    const memory = { gpu: inp.gpu_memory_gib, util: inp.utilization, weights: fmtBytes(r.weights_per_gpu),
-      other: fmtBytes(inp.other_gib * GiB) };
+    const memory = { gpu: inp.gpu_memory_gib, util: inp.utilization, weights: bytes(r.weights_per_gpu),
+      other: bytes(inp.other_gib * GiB) };
     $("r-kv").textContent = inp.kv_memory_gib !== null
-      ? t("js.capacity.kv_given", { kv: fmtBytes(r.kv_memory) })
+      ? t("js.capacity.kv_given", { kv: bytes(r.kv_memory) })
       : t(r.weights_fit ? "js.capacity.kv_memory" : "js.capacity.kv_no_room",
-        Object.assign({ kv: fmtBytes(r.kv_memory), short: fmtBytes(r.kv_shortfall) }, memory));
-    $("r-blocks").textContent = `⌊${fmtBytes(r.kv_memory)} / ${fmtBytes(r.page_bytes)}⌋ = ${int(r.num_blocks)}`;
+        Object.assign({ kv: bytes(r.kv_memory), short: bytes(r.kv_shortfall) }, memory));
+    $("r-blocks").textContent = `⌊${bytes(r.kv_memory)} / ${bytes(r.page_bytes)}⌋ = ${int(r.num_blocks)}`;
     $("r-tokens").textContent = `${int(r.num_blocks)} × ${inp.block_size} = ${int(r.tokens)}`;
     $("r-conc").textContent = `${int(r.tokens)} / ${int(inp.context)} = ${r.max_concurrency.toFixed(2)}×`;
     // vLLM refuses to start when not one request of max_model_len fits: say that, never a negative size.
-    const needed = { ctx: int(inp.context), need: fmtBytes(r.request_bytes), kv: fmtBytes(r.kv_memory) };
+    const needed = { ctx: int(inp.context), need: bytes(r.request_bytes), kv: bytes(r.kv_memory) };
     $("r-vllm").textContent = !r.weights_fit ? t("js.capacity.vllm_no_memory")
       : r.whole_requests < 1 ? t("js.capacity.vllm_too_long", needed)
         : t("js.capacity.vllm_line", {
@@ -126,10 +113,9 @@
     $("r-paged").hidden = !r.paged_link;
     if (r.paged_link) $("r-paged-link").href = r.paged_link;
     $("variants").tBodies[0].replaceChildren(...r.chart.variants.map((v) => {
-      const tr = el("tr", v.kind === r.attention ? "pick" : null);
-      tr.dataset.kind = v.kind;
-      [v.kind, v.kv_heads === null ? "—" : v.kv_heads, fmtBytes(v.bytes_per_token), fmtBytes(v.request_bytes)]
-        .forEach((x, i) => tr.append(el("td", i ? null : "l", x)));
+      const tr = kv.el("tr", { class: v.kind === r.attention ? "pick" : null, "data-kind": v.kind });
+      [v.kind, v.kv_heads === null ? "—" : v.kv_heads, bytes(v.bytes_per_token), bytes(v.request_bytes)]
+        .forEach((x, i) => tr.append(kv.el("td", { class: i ? null : "l" }, x)));
       return tr;
     }));
     drawCalcChart(r);
@@ -141,10 +127,10 @@
     if (!r.tp_searched) return;
     $("r-tp-fit-why").textContent = r.weights_fit ? t("js.capacity.request_too_big", needed)
       : t(r.input.other_gib ? "js.capacity.weights_too_big" : "js.capacity.weights_too_big_alone",
-        Object.assign({ budget: fmtBytes(r.gpu_budget) }, memory));
+        Object.assign({ budget: bytes(r.gpu_budget) }, memory));
     const fit = r.tp_fit, use = $("r-tp-use");
     $("r-tp-fit-how").textContent = fit
-      ? t("js.capacity.tp_fit", { tp: fit.tp, weights: fmtBytes(fit.weights_per_gpu), kv: fmtBytes(fit.kv_memory),
+      ? t("js.capacity.tp_fit", { tp: fit.tp, weights: bytes(fit.weights_per_gpu), kv: bytes(fit.kv_memory),
         whole: int(fit.whole_requests), ctx: int(r.input.context) })
       : t("js.capacity.tp_none", { ctx: int(r.input.context) });
     use.hidden = !fit;
@@ -156,8 +142,7 @@
   $("r-tp-use").addEventListener("click", () => { $("calc-tp").value = $("r-tp-use").dataset.tp; runCalc(); });
 
   async function drawCalcChart(r) {
-    const Plotly = await window.kv.plotlyReady();
-    if (!Plotly) return;
+    const Plotly = await kv.plotly();
     const xs = r.chart.contexts;
     const traces = r.chart.variants.map((v) => ({
       x: xs, y: v.batch_bytes.map((b) => b / GiB), name: `${v.kind}${v.kv_heads ? " (" + v.kv_heads + ")" : ""}`,
@@ -176,8 +161,8 @@
       title: { text: t("js.capacity.chart.title", { batch: r.input.batch }), font: { size: 16 } },
       xaxis: { title: { text: t("js.capacity.chart.context") }, type: "log" },
       yaxis: { title: { text: "GiB" }, type: "log" }, margin: { l: 60, r: 10, t: 40, b: 50 },
-      font: window.kv.plotFont, height: 380, legend: { orientation: "h", y: -0.25 },
-    }, { displayModeBar: false, responsive: true });
+      font: kv.plotFont, height: 380, legend: { orientation: "h", y: -0.25 },
+    }, kv.PLOT_CONFIG);
   }
 
   const PRESETS = {
@@ -201,11 +186,15 @@
   $("config-file").addEventListener("change", () => {
     const f = $("config-file").files[0];
     if (!f) return;
-    if (f.size > 60000) { window.kv.showError(t("js.capacity.file_too_big")); return; }
+    if (f.size > 60000) { kv.showError(t("js.capacity.file_too_big")); return; }
     f.text().then((text) => { $("config-json").value = text; });
   });
   $("calc-form").addEventListener("submit", (e) => { e.preventDefault(); runCalc(); });
   $("calc-form").addEventListener("change", (e) => { if (e.target.type !== "file" && e.target.id !== "config-json") runCalc(); });
+
+  /* A step's events in words: "admitted 3, 4 · finished 1" (the simulator's timeline and the engine check). */
+  const events = (x) => ["admitted", "preempted", "finished"].filter((k) => x[k].length)
+    .map((k) => t("js.capacity.ev." + k, { ids: x[k].join(", ") }));
 
   // --- simulator --------------------------------------------------------------------------------------
   function simBody() {
@@ -233,7 +222,7 @@
   });
   $("sim-form").addEventListener("submit", async (e) => {
     e.preventDefault();
-    const r = await post("/api/capacity/simulate", simBody(), "sim-busy");
+    const r = await kv.act("POST", "/api/capacity/simulate", simBody(), "sim-busy");
     if (r) drawSim(r);
   });
 
@@ -248,7 +237,7 @@
       });
     }
     $("sim-limit").textContent = cost.kind === "roofline"
-      ? t("js.capacity.sim.roofline", { gpu: cost.gpu, weights: fmtBytes(cost.weight_bytes), bw: (cost.bandwidth / 1e12).toFixed(2),
+      ? t("js.capacity.sim.roofline", { gpu: cost.gpu, weights: bytes(cost.weight_bytes), bw: (cost.bandwidth / 1e12).toFixed(2),
         floor: ms(cost.min_step_s), tps: cost.max_tokens_per_s_per_seq.toFixed(0), ridge: cost.ridge_batch ? cost.ridge_batch.toFixed(0) : "—" })
       : t("js.capacity.sim.measured", { model: cost.model, a: ms(cost.per_sequence_s), b: ms(cost.per_token_s),
         tps: cost.max_tokens_per_s_per_seq.toFixed(1) });
@@ -265,34 +254,28 @@
       [t("js.capacity.sim.max_waiting"), int(c.max_waiting)],
     ];
     $("sim-counters").replaceChildren(...items.map(([k, v]) => {
-      const d = el("div"); d.append(el("dt", null, k), el("dd", null, v)); return d;
+      return kv.el("div", null, kv.el("dt", null, k), kv.el("dd", null, v));
     }));
     const names = { ttft: "TTFT", tpot: "TPOT", e2e: t("js.capacity.sim.e2e") };
     $("sim-latency-table").tBodies[0].replaceChildren(...Object.entries(r.latency).map(([k, v]) => {
-      const tr = el("tr"); tr.append(el("td", "l", names[k]));
-      ["p50", "p90", "p99", "mean"].forEach((p) => tr.append(el("td", null, ms(v.stats[p]))));
-      return tr;
+      return kv.el("tr", null, kv.el("td", { class: "l" }, names[k]),
+        ...["p50", "p90", "p99", "mean"].map((p) => kv.el("td", null, ms(v.stats[p]))));
     }));
     $("sim-timeline").tBodies[0].replaceChildren(...r.timeline.map((s) => {
-      const tr = el("tr", s.preempted.length ? "preempt" : null);
-      [s.step, s.start.toFixed(3), s.prefill, s.decode, s.running, s.waiting, s.blocks_used].forEach((x) => tr.append(el("td", null, x)));
-      const ev = [];
-      if (s.admitted.length) ev.push(t("js.capacity.ev.admitted", { ids: s.admitted.join(", ") }));
-      if (s.preempted.length) ev.push(t("js.capacity.ev.preempted", { ids: s.preempted.join(", ") }));
-      if (s.finished.length) ev.push(t("js.capacity.ev.finished", { ids: s.finished.join(", ") }));
-      tr.append(el("td", "l", ev.join(" · ")));
+      const tr = kv.el("tr", { class: s.preempted.length ? "preempt" : null });
+      [s.step, s.start.toFixed(3), s.prefill, s.decode, s.running, s.waiting, s.blocks_used].forEach((x) => tr.append(kv.el("td", null, x)));
+      tr.append(kv.el("td", { class: "l" }, events(s).join(" · ")));
       const sched = s.scheduled.slice(0, 12).map(([id, n]) => `${id}:${n}`).join(" ") + (s.scheduled.length > 12 ? " …" : "");
-      tr.append(el("td", "l mono", sched));
+      tr.append(kv.el("td", { class: "l mono" }, sched));
       return tr;
     }));
     drawSimCharts(r);
   }
 
   async function drawSimCharts(r) {
-    const Plotly = await window.kv.plotlyReady();
-    if (!Plotly) return;
-    const s = r.series, cfg = { displayModeBar: false, responsive: true };
-    const base = { font: window.kv.plotFont, height: 320, margin: { l: 55, r: 55, t: 40, b: 45 }, legend: { orientation: "h", y: -0.3 } };
+    const Plotly = await kv.plotly();
+    const s = r.series, cfg = kv.PLOT_CONFIG;
+    const base = { font: kv.plotFont, height: 320, margin: { l: 55, r: 55, t: 40, b: 45 }, legend: { orientation: "h", y: -0.3 } };
     Plotly.react("sim-usage", [
       { x: s.time, y: s.kv_cache_usage_perc.map((v) => 100 * v), name: "kv_cache_usage_perc (%)", mode: "lines" },
       { x: s.time, y: s.running, name: t("js.capacity.sim.running"), mode: "lines", yaxis: "y2" },
@@ -319,7 +302,7 @@
   // --- engine check -----------------------------------------------------------------------------------
   $("check-form").addEventListener("submit", async (e) => {
     e.preventDefault();
-    const r = await post("/api/capacity/check", {
+    const r = await kv.act("POST", "/api/capacity/check", {
       model: $("check-model").value, num_blocks: num($("check-blocks").value), block_size: Number($("check-block").value),
       max_num_seqs: num($("check-seqs").value), requests_text: $("check-list").value,
     }, "check-busy");
@@ -332,21 +315,18 @@
       : t("js.capacity.check.differ", { step: r.first_difference });
     const side = (x) => {
       if (!x) return "—";
-      const parts = [];
-      if (x.admitted.length) parts.push(t("js.capacity.ev.admitted", { ids: x.admitted.join(", ") }));
-      if (x.preempted.length) parts.push(t("js.capacity.ev.preempted", { ids: x.preempted.join(", ") }));
-      if (x.finished.length) parts.push(t("js.capacity.ev.finished", { ids: x.finished.join(", ") }));
+      const parts = events(x);
       parts.push(t("js.capacity.ev.blocks", { used: x.blocks_used, running: x.running, waiting: x.waiting }));
       return parts.join(" · ");
     };
     $("check-table").tBodies[0].replaceChildren(...r.rows.map((row) => {
-      const tr = el("tr", row.same ? null : "differ");
-      tr.append(el("td", null, row.step), el("td", "l", side(row.simulator)), el("td", "l", side(row.engine)),
-        el("td", row.same ? "ok" : "bad", row.same ? "✓" : "✗"));
-      return tr;
+      return kv.el("tr", { class: row.same ? null : "differ" }, kv.el("td", null, row.step),
+        kv.el("td", { class: "l" }, side(row.simulator)), kv.el("td", { class: "l" }, side(row.engine)),
+        kv.el("td", { class: row.same ? "ok" : "bad" }, row.same ? "✓" : "✗"));
     }));
   });
 
+  readLink();
   showModelBoxes();
   runCalc();
-})();
+});

@@ -1,8 +1,7 @@
 /* Decode studio: prefill, step, run N with stop, cache growth, per-step equivalence check. */
-(function () {
+window.kv.page("decode", () => {
   "use strict";
-  const kv = window.kv;
-  const $ = (id) => document.getElementById(id);
+  const kv = window.kv, $ = kv.$;
   let S = null; // {id, last, steps: [], times: []}
   let verifyChain = Promise.resolve();
   let running = false;
@@ -66,9 +65,7 @@
   }
 
   async function release() {
-    if (S) {
-      try { await fetch(`/api/decode/${S.id}`, { method: "DELETE" }); } catch (e) { /* ignore */ }
-    }
+    if (S) await kv.forget(`/api/decode/${S.id}`);
   }
 
   async function reset() {
@@ -98,11 +95,11 @@
   function fillSelects(v) {
     for (const id of ["attn-layer", "cache-layer"]) {
       const s = $(id); s.textContent = "";
-      for (let i = 0; i < v.attention.layers; i++) s.appendChild(Object.assign(kv.el("option", null, i), { value: i }));
+      for (let i = 0; i < v.attention.layers; i++) s.appendChild(kv.el("option", { value: i }, i));
     }
     // The cache holds n_kv_head heads (fewer than the query heads under grouped-query attention).
     const h = $("cache-head"); h.textContent = "";
-    for (let i = 0; i < v.attention.kv_heads; i++) h.appendChild(Object.assign(kv.el("option", null, i), { value: i }));
+    for (let i = 0; i < v.attention.kv_heads; i++) h.appendChild(kv.el("option", { value: i }, i));
   }
 
   function show(v) {
@@ -140,16 +137,16 @@
       tr.appendChild(kv.el("td", { class: "l" }, t.chosen ? kv.t("js.decode.chosen") : ""));
       tb.appendChild(tr);
     }
-    $("cache-bytes").textContent = kv.t("js.decode.bytes", { n: v.cache_bytes.toLocaleString() });
+    $("cache-bytes").textContent = kv.t("js.decode.bytes", { n: kv.int(v.cache_bytes) });
     const f = v.formula; // the numbers from the server, the unit in the page's language
     const product = [2, f.layers, f.kv_heads, f.tokens, f.head_dim, f.dtype_bytes].join(" · ");
     $("formula").textContent = kv.t("js.decode.formula", {
-      text: product + " = " + kv.t("js.decode.bytes", { n: f.total.toLocaleString() }) });
+      text: product + " = " + kv.t("js.decode.bytes", { n: kv.int(f.total) }) });
     const cs = $("cache-shapes").querySelector("tbody"); cs.textContent = "";
     for (const c of v.cache_shapes) {
       const tr = kv.el("tr", null);
       tr.appendChild(kv.el("td", { class: "l" }, c.layer)); tr.appendChild(kv.el("td", { class: "l mono" }, `(${c.k.join(", ")})`));
-      tr.appendChild(kv.el("td", { class: "l mono" }, `(${c.v.join(", ")})`)); tr.appendChild(kv.el("td", null, c.bytes.toLocaleString()));
+      tr.appendChild(kv.el("td", { class: "l mono" }, `(${c.v.join(", ")})`)); tr.appendChild(kv.el("td", null, kv.int(c.bytes)));
       cs.appendChild(tr);
     }
     drawAttention(v);
@@ -274,19 +271,17 @@
     for (const id of ["temperature", "top_k", "top_p", "seed"]) $(id).disabled = greedy;
   }
 
-  document.addEventListener("DOMContentLoaded", () => {
-    syncMode();
-    $("mode").addEventListener("change", syncMode);
-    $("prefill").addEventListener("click", prefill);
-    $("step").addEventListener("click", async () => { setBusy(true); await step(); setBusy(false); });
-    $("run").addEventListener("click", run);
-    // Stop: no new step starts; the one in flight finishes, then run() re-enables the buttons.
-    $("stop").addEventListener("click", () => { running = false; $("stop").disabled = true; });
-    $("reset").addEventListener("click", reset);
-    $("attn-layer").addEventListener("change", () => S && drawAttention(S.last));
-    $("cache-layer").addEventListener("change", drawCacheRows);
-    $("cache-head").addEventListener("change", drawCacheRows);
-    $("cache-kv").addEventListener("change", drawCacheRows);
-    window.addEventListener("pagehide", () => { if (S) navigator.sendBeacon(`/api/decode/${S.id}/close`); });
-  });
-})();
+  syncMode();
+  $("mode").addEventListener("change", syncMode);
+  $("prefill").addEventListener("click", prefill);
+  $("step").addEventListener("click", async () => { setBusy(true); await step(); setBusy(false); });
+  $("run").addEventListener("click", run);
+  // Stop: no new step starts; the one in flight finishes, then run() re-enables the buttons.
+  $("stop").addEventListener("click", () => { running = false; $("stop").disabled = true; });
+  $("reset").addEventListener("click", reset);
+  $("attn-layer").addEventListener("change", () => S && drawAttention(S.last));
+  $("cache-layer").addEventListener("change", drawCacheRows);
+  $("cache-head").addEventListener("change", drawCacheRows);
+  $("cache-kv").addEventListener("change", drawCacheRows);
+  window.addEventListener("pagehide", () => { if (S) navigator.sendBeacon(`/api/decode/${S.id}/close`); });
+});

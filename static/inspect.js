@@ -263,6 +263,13 @@
   const title = (kind) => kv.t("js.kind." + kind);
 
   async function drawHead() {
+    if (!document.getElementById("heatmap")) {  // a long prompt: the zoom canvas (static/zoom.js) shows the head
+      document.body.dispatchEvent(new CustomEvent("kv-zoom-head", { detail: { layer: S.layer, head: S.head } }));
+      document.getElementById("head-label").textContent =
+        kv.t("js.inspect.head_label", { layer: S.layer, head: S.head, rows: S.T, cols: S.T });
+      heatmapDrawn();
+      return;
+    }
     const want = `${S.layer}/${S.head}/${S.kind}`;
     const m = await kv.getJSON(`/api/traces/${S.key}/attention/${S.layer}/${S.head}?kind=${S.kind}`);
     if (want !== `${S.layer}/${S.head}/${S.kind}`) return; // a newer selection is on its way

@@ -89,24 +89,82 @@
     return last;
   };
   kv.clearError = function () { const a = document.getElementById("error"); if (a) a.textContent = ""; };
-  /* Bytes for people: 1,536 → "1.5 KiB" (the same units as the server's |bytes filter). */
-  kv.bytes = function (n) {
-    const units = ["B", "KiB", "MiB", "GiB"];
-    let i = 0;
-    while (Math.abs(n) >= 1024 && i < units.length - 1) { n /= 1024; i++; }
-    return (i === 0 ? n.toFixed(0) : n.toFixed(1)) + " " + units[i];
+  /* A user's action that asks the server (a button, a changed field): the last message leaves #error, the
+     indicator `busy` (an element's id; optional) shows while it runs, as htmx's hx-indicator does (the
+     .htmx-request class), and the answer comes back, or null when it failed (kv.request has shown why). */
+  kv.act = async function (method, url, body, busy) {
+    kv.clearError();
+    const box = busy ? document.getElementById(busy) : null;
+    if (box) box.classList.add("htmx-request");
+    try {
+      return await kv.request(method, url, body);
+    } catch (e) {
+      return null;
+    } finally {
+      if (box) box.classList.remove("htmx-request");
+    }
   };
+  /* Tell the server the page let go of something (a decode session, a run it stopped): nothing to show if that
+     fails, the server lets it go by itself in time. */
+  kv.forget = (url) => fetch(url, { method: "DELETE", headers: { "X-KVScope-Lang": kv.lang } }).catch(() => null);
+  kv.$ = (id) => document.getElementById(id);
+
+  /* The one entry point of every page's script (README, "Front-end page pattern"): kv.page("capacity", start)
+     runs start(page) once the document is parsed, and only on that page (<main data-page="capacity">, from the
+     route's render(..., page=...)). page.view(id, draw) is how a script draws what the server rendered into
+     #id: draw(element) runs now if it is there, and again after every htmx swap that replaces it or changes
+     something in it. */
+  kv.page = function (name, start) {
+    const go = () => {
+      const main = document.getElementById("main");
+      if (!main || main.dataset.page !== name) return;
+      start({
+        name, main,
+        view(id, draw) {
+          const now = document.getElementById(id);
+          if (now) draw(now);
+          document.addEventListener("htmx:afterSettle", (e) => {
+            const el = document.getElementById(id);
+            if (el && e.target && (e.target === el || e.target.contains(el) || el.contains(e.target))) draw(el);
+          });
+        },
+      });
+    };
+    if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", go);
+    else go();
+  };
+  /* The page's state in its address, so a view can be linked and a reload keeps it: each given query parameter
+     is set (null or undefined deletes it). push: a new history entry (a run); else the entry is replaced (a sort,
+     a selection). */
+  kv.setQuery = function (params, push) {
+    const u = new URL(window.location.href);
+    for (const [k, v] of Object.entries(params)) {
+      if (v === null || v === undefined) u.searchParams.delete(k); else u.searchParams.set(k, String(v));
+    }
+    window.history[push ? "pushState" : "replaceState"](window.history.state, "", u.toString());
+  };
+  /* Bytes for people: 1,536 → "1.5 KiB" (the same units as the server's |bytes filter). precise: up to two
+     decimals, trailing zeros dropped, up to TiB ("57.04 GiB", "2 MiB"): the capacity calculator, whose figures
+     are read beside vLLM's log. */
+  kv.bytes = function (n, precise) {
+    const units = precise ? ["B", "KiB", "MiB", "GiB", "TiB"] : ["B", "KiB", "MiB", "GiB"];
+    let i = 0, x = Math.abs(n);
+    while (x >= 1024 && i < units.length - 1) { x /= 1024; i++; }
+    if (!precise) return (n < 0 ? "-" : "") + (i === 0 ? x.toFixed(0) : x.toFixed(1)) + " " + units[i];
+    const s = i === 0 ? x.toFixed(x % 1 ? 2 : 0) : (x >= 100 ? x.toFixed(1) : x.toFixed(2));
+    return (n < 0 ? "−" : "") + s.replace(/\.0+$/, "") + " " + units[i];
+  };
+  /* A count with thousands separators: 467280 → "467,280" (the same in every language, as the server writes it). */
+  kv.int = (n) => Math.round(n).toLocaleString("en");
+  /* A duration given in seconds, in milliseconds: 0.0123 → "12.3 ms" (two decimals under 10 ms); none → "—". */
+  kv.ms = (s) => (s === null || s === undefined ? "—" : (s * 1000).toFixed(s < 0.01 ? 2 : 1) + " ms");
+  /* The page's error banner (#error): the message as text, never HTML, with a close button — as the server's
+     own error fragment (partials/_error.html) that htmx swaps in there. */
   kv.showError = function (message) {
     const area = document.getElementById("error");
     if (!area) return;
-    area.textContent = "";
-    const box = document.createElement("div");
-    box.className = "error-box";
-    const b = document.createElement("b");
-    b.textContent = kv.t("js.error.prefix") + " ";
-    box.appendChild(b);
-    box.appendChild(document.createTextNode(message)); // always text, never HTML
-    area.appendChild(box);
+    const close = kv.el("button", { type: "button", class: "close", "data-dismiss": true, "aria-label": kv.t("js.error.dismiss") }, "×");
+    area.replaceChildren(kv.el("div", { class: "error-box" }, kv.el("b", null, kv.t("js.error.prefix")), " ", message, " ", close));
   };
   kv.fmt = function (x, d) {
     if (x === null || x === undefined) return "—";
@@ -305,7 +363,6 @@
     }
     return plotlyWanted;
   };
-  kv.plotlyReady = kv.plotly;  // the name the capacity, arena and export scripts use
   /* A box that scrolls (a wide table on a phone, a long list) can be scrolled from the keyboard: it joins the
      tab order while, and only while, its content overflows it and nothing inside it is in the tab order.
      Boxes are measured in a ResizeObserver's callback, which the browser runs right after its own layout:
@@ -372,7 +429,7 @@
   document.addEventListener("htmx:configRequest", function (e) { e.detail.headers["X-KVScope-Lang"] = kv.lang; });
   // Forms driven entirely by a page script never submit themselves: their buttons act.
   document.addEventListener("submit", function (e) {
-    if (e.target.id === "decode-form" || (e.target.matches && e.target.matches("form[data-no-submit]"))) {
+    if (e.target.matches && e.target.matches("form[data-no-submit]")) {
       e.preventDefault();
     }
   });
@@ -380,8 +437,7 @@
   document.addEventListener("htmx:beforeRequest", function (e) {
     const elt = e.detail && e.detail.elt;
     if (elt && elt.closest && elt.closest("[data-clears-error]")) {
-      const box = document.getElementById("error");
-      if (box) box.innerHTML = "";
+      kv.clearError();
     }
   });
 

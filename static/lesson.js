@@ -136,10 +136,7 @@
 
   /* The page's URL says the step, so a teacher can link a stop and a reload keeps it. */
   function setUrl(k) {
-    const u = new URL(window.location.href);
-    for (const p in KEEP) u.searchParams.set(p, KEEP[p]);
-    if (k) u.searchParams.set("lesson", k); else u.searchParams.delete("lesson");
-    window.history.replaceState(window.history.state, "", u.toString());
+    kv.setQuery(Object.assign({}, KEEP, { lesson: k || null }));
   }
 
   /* Another page's stop: go there with the lesson's prompt and model, keeping presenter mode and language. */

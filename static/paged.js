@@ -1,14 +1,12 @@
 // /paged: drives a server-side block pool through /api/paged/... and draws it. User text only via textContent.
-(function () {
+window.kv.page("paged", () => {
   "use strict";
   const PALETTE = ["#7fb3ff", "#ffb370", "#8fd694", "#f28fb1", "#c6a4ff", "#ffe071", "#6fd3d3", "#d7b48f"];
-  const $ = (id) => document.getElementById(id);
+  const kv = window.kv, $ = kv.$, t = kv.t;
   const lab = $("paged-lab");
-  if (!lab) return;
   let sid = null, timer = null, last = null;
 
   const color = (seq) => PALETTE[seq % PALETTE.length];
-  const kv = window.kv, t = kv.t;
 
   /* Every click is one request, and requests run one at a time, in the order they were clicked: a click made
      while a request is in flight (0.5–2 s on a real model) waits in `queue` and is sent when its turn comes,
@@ -59,8 +57,8 @@
       stopPlay();  // kv.request has shown the message; say what was not sent after it
       const dropped = queue.splice(0);
       dropped.forEach((q) => q.resolve(null));
-      const box = document.querySelector("#error .error-box");
-      if (dropped.length && box) box.append(" " + t("js.paged.dropped", { n: dropped.length }));
+      const close = document.querySelector("#error .error-box .close");
+      if (dropped.length && close) close.before(t("js.paged.dropped", { n: dropped.length }) + " ");
       return null;
     }
   }
@@ -79,9 +77,7 @@
     const pool = view.pool, before = last ? last.pool.blocks : null;
     $("pool-shape").textContent = t("js.paged.pool_shape", { n: pool.num_blocks, size: pool.block_size, bytes: kv.bytes(pool.bytes_total) });
     const boxes = pool.blocks.map((b, i) => {
-      const box = kv.el("div", { class: "blk" });
-      box.dataset.block = b.id;
-      box.dataset.ref = b.ref_cnt;
+      const box = kv.el("div", { class: "blk", "data-block": b.id, "data-ref": b.ref_cnt });
       const head = kv.el("div", null);
       head.append(kv.el("span", { class: "bid" }, "#" + b.id));
       if (b.ref_cnt === 0) {
@@ -118,8 +114,7 @@
 
   function drawSequences(view) {
     const rows = view.sequences.slice().reverse().map((s) => {
-      const tr = kv.el("tr", { class: s.status });
-      tr.dataset.seq = s.id;
+      const tr = kv.el("tr", { class: s.status, "data-seq": s.id });
       const idCell = kv.el("td", null);
       const sw = kv.el("span", { class: "swatch" }); sw.style.background = color(s.id);
       idCell.append(sw, document.createTextNode(s.id + (s.parent !== null ? ` ← ${s.parent}` : "")));
@@ -137,7 +132,7 @@
       const acts = kv.el("td", { class: "l" });
       if (s.status === "running" || s.status === "waiting") {
         const add = (k, enabled) => {
-          const b = kv.el("button", { class: "secondary" }, t("js.paged." + k)); b.type = "button"; b.dataset.action = k; b.disabled = !enabled;
+          const b = kv.el("button", { type: "button", class: "secondary", "data-action": k, disabled: !enabled }, t("js.paged." + k));
           b.addEventListener("click", () => act(`/sequences/${s.id}/${k}`)); acts.append(b);
         };
         add("fork", s.can_fork); add("finish", true); add("cancel", true); add("preempt", s.status === "running");
@@ -157,8 +152,7 @@
     $("stall-what").textContent = st.text;  // the server's sentence, in the page's language
     const running = view.sequences.filter((s) => s.status === "running");
     $("preempt-buttons").replaceChildren(...running.slice().reverse().map((s) => {
-      const b = kv.el("button", { class: "secondary" }, t("js.paged.preempt_seq", { id: s.id }));
-      b.type = "button"; b.dataset.preempt = s.id;
+      const b = kv.el("button", { type: "button", class: "secondary", "data-preempt": s.id }, t("js.paged.preempt_seq", { id: s.id }));
       b.addEventListener("click", () => act(`/sequences/${s.id}/preempt`));
       return b;
     }));
@@ -171,16 +165,15 @@
     $("cap-per-token").textContent = kv.bytes(cap.bytes_per_token);
     $("cap-budget").textContent = kv.bytes(cap.budget_bytes);
     $("cap-blocks").tBodies[0].replaceChildren(...cap.by_block_size.map((r) => {
-      const tr = kv.el("tr", { class: r.block_size === view.pool.block_size ? "pick" : null });
-      tr.dataset.bs = r.block_size;
-      [r.block_size, kv.bytes(r.block_bytes), r.num_blocks, r.tokens.toLocaleString("en"), r.blocks_needed,
+      const tr = kv.el("tr", { class: r.block_size === view.pool.block_size ? "pick" : null, "data-bs": r.block_size });
+      [r.block_size, kv.bytes(r.block_bytes), r.num_blocks, kv.int(r.tokens), r.blocks_needed,
        r.waste_slots, r.waste_pct.toFixed(1)].forEach((v) => tr.append(kv.el("td", null, v)));
       return tr;
     }));
     $("cap-formats").tBodies[0].replaceChildren(...cap.by_format.map((r) => {
       const tr = kv.el("tr", null);
-      tr.append(kv.el("td", { class: "l" }, r.name), kv.el("td", null, r.bytes_per_token.toLocaleString("en")),
-                kv.el("td", null, r.tokens.toLocaleString("en")));
+      tr.append(kv.el("td", { class: "l" }, r.name), kv.el("td", null, kv.int(r.bytes_per_token)),
+                kv.el("td", null, kv.int(r.tokens)));
       return tr;
     }));
   }
@@ -219,4 +212,4 @@
   });
   $("choose-wait").addEventListener("click", () => act("/wait"));
   newPool();
-})();
+});

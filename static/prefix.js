@@ -1,9 +1,9 @@
 /* /prefix: the page is server-rendered (htmx swaps the result). This script only scrolls the
    "requests side by side" table to where the requests first differ, so a narrow screen shows it. */
-(function () {
+window.kv.page("prefix", (page) => {
   "use strict";
-  function showFirstDifference() {
-    const box = document.querySelector("#prefix-align .align-scroll");
+  function showFirstDifference(result) {
+    const box = result.querySelector("#prefix-align .align-scroll");
     if (!box) return;
     const diffs = [...box.querySelectorAll("td.k-diff")];
     if (!diffs.length) return;
@@ -12,6 +12,5 @@
     // Leave a few cells of the shared prefix in view to the left of the first difference.
     box.scrollLeft = Math.max(0, first - (head ? head.offsetWidth : 0) - 8 * diffs[0].offsetWidth);
   }
-  document.addEventListener("DOMContentLoaded", showFirstDifference);
-  document.addEventListener("htmx:afterSettle", showFirstDifference);
-})();
+  page.view("prefix-result", showFirstDifference);
+});

@@ -1,12 +1,13 @@
 /* /speculative: the rounds are server-rendered (htmx swaps them in). This script draws the roofline from the
    numbers the server put in #roofline-data: log-log, this machine's measured roof, a datasheet GPU's beside it,
    the measured steps and the computed what-ifs. */
-(function () {
+window.kv.page("speculative", (page) => {
   "use strict";
+  const kv = window.kv;
 
-  async function drawRoofline() {
-    const tag = document.getElementById("roofline-data");
-    const box = document.getElementById("roofline-chart");
+  async function drawRoofline(result) {
+    const tag = result.querySelector("#roofline-data");
+    const box = result.querySelector("#roofline-chart");
     if (!tag || !box) return;
     const d = JSON.parse(tag.textContent);
     const Plotly = await kv.plotly();
@@ -55,13 +56,5 @@
     }, kv.PLOT_CONFIG);
   }
 
-  /* A new run clears the previous run's error banner (a listener here: the CSP allows no inline handlers). */
-  document.addEventListener("htmx:beforeRequest", (e) => {
-    const form = e.detail && e.detail.elt;
-    if (form && (form.id === "spec-form" || form.id === "roof-form")) kv.clearError();
-  });
-  document.addEventListener("DOMContentLoaded", drawRoofline);
-  document.addEventListener("htmx:afterSwap", (e) => {
-    if (e.target && e.target.id === "roofline-result") drawRoofline();
-  });
-})();
+  page.view("roofline-result", drawRoofline);
+});

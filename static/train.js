@@ -3,16 +3,15 @@
 // follows the run training now; this page's own run is followed live through the server's line (kv.follow).
 // Server text is inserted with textContent only.
 // Everything waits for Plotly, which kv.plotly() loads after the page's first paint.
-window.kv.plotly().then(() => {
+window.kv.page("train", () => window.kv.plotly().then(() => {
   "use strict";
-  const init = JSON.parse(document.getElementById("train-init").textContent);
-  const kv = window.kv;
+  const kv = window.kv, $ = kv.$;
+  const init = JSON.parse($("train-init").textContent);
   const ACTIVE = ["running", "stopping", "publishing"];
-  const $ = (sel) => document.querySelector(sel);
   const fmtShape = (s) => "(" + s.join(", ") + ")";
   const plotCfg = kv.PLOT_CONFIG;
 
-  const plot = $("#loss-plot");
+  const plot = $("loss-plot");
   let jobId = init.status.job;
   let seen = init.status.losses.length;
   let status = init.status.status;
@@ -25,11 +24,11 @@ window.kv.plotly().then(() => {
   function fire(name) { document.body.dispatchEvent(new CustomEvent(name)); }
 
   function showStatus(s) {
-    const pill = $("#train-status");
+    const pill = $("train-status");
     pill.dataset.status = s.status;
     pill.textContent = kv.t("train.status." + s.status);
     pill.className = "pill" + (s.status === "done" ? " ok" : s.status === "failed" ? " bad" : "");
-    const progress = $("#train-progress");
+    const progress = $("train-progress");
     progress.textContent = s.job ? kv.t("train.status.line", {
       step: s.step, steps: s.steps, loss: s.last_loss === null ? "–" : s.last_loss.toFixed(4),
     }) : "";
@@ -37,20 +36,20 @@ window.kv.plotly().then(() => {
     // Runs take turns: Start puts this browser's run in line (whoever's run trains now); Stop is for this
     // browser's own run, waiting or training.
     const mine = s.line && s.line.mine;
-    $("#train-start").disabled = Boolean(mine);
-    $("#train-stop").disabled = !mine;
-    $("#train-resume").disabled = s.status !== "stopped" || Boolean(mine);
+    $("train-start").disabled = Boolean(mine);
+    $("train-stop").disabled = !mine;
+    $("train-resume").disabled = s.status !== "stopped" || Boolean(mine);
     if (!following && s.line) {
       const n = s.line.waiting;
       showLine(mine ? lineText(mine) : n ? kv.t("train.line.waiting", { n }) : "");
     }
-    const liveStep = $("#live-step");
+    const liveStep = $("live-step");
     if (liveStep && s.job) liveStep.textContent = s.step;
   }
 
   function showLine(text) {
-    $("#train-line").hidden = !text;
-    $("#train-line-text").textContent = text;
+    $("train-line").hidden = !text;
+    $("train-line-text").textContent = text;
   }
   /* What this browser's own run says: its place while it waits; nothing while it trains (the status row above
      shows the run in progress, which is then this one); how it ended. */
@@ -113,7 +112,7 @@ window.kv.plotly().then(() => {
     inFlight = true;
     let again = false;
     try {
-      again = !apply(await kv.request("GET", "/api/train/status?since=" + seen));
+      again = !apply(await kv.getJSON("/api/train/status?since=" + seen));
     } catch (e) {
       /* the server may be restarting: try again on the next tick */
     } finally {
@@ -126,20 +125,20 @@ window.kv.plotly().then(() => {
   async function showParam() {
     if (paramBusy) return;
     paramBusy = true;
-    const name = $("#param-name").value;
-    const part = $("#param-part").value;
+    const name = $("param-name").value;
+    const part = $("param-part").value;
     try {
-      const v = await kv.request("GET", "/api/train/param?name=" + encodeURIComponent(name) + "&part=" + part);
+      const v = await kv.getJSON("/api/train/param?name=" + encodeURIComponent(name) + "&part=" + part);
       lastParamStep = v.step;
-      $("#param-summary").textContent = kv.t("train.param.summary", {
+      $("param-summary").textContent = kv.t("train.param.summary", {
         name: v.name + (v.slice || ""), shape: fmtShape(v.shape), view: fmtShape(v.view_shape), step: v.step,
       });
       let note = v.slice ? kv.t("train.param.fused_note", { slice: v.slice, part: kv.t("train.param.part_" + v.part) }) : "";
       if (v.rows_shown < (v.view_shape.length > 1 ? v.view_shape[0] : 1)) note += " " + kv.t("train.param.rows_cut", { n: v.rows_shown });
-      $("#param-note").textContent = note;
+      $("param-note").textContent = note;
       for (const key of ["value", "grad", "exp_avg", "exp_avg_sq"]) {
         const fig = v.figures[key];
-        const div = document.getElementById("param-plot-" + key);
+        const div = $("param-plot-" + key);
         const empty = document.querySelector("[data-empty-of='" + key + "']");
         const shape = v.shapes[key];
         document.querySelector("[data-shape-of='" + key + "']").textContent = shape ? fmtShape(shape) : "—";
@@ -155,17 +154,17 @@ window.kv.plotly().then(() => {
         }
       }
     } catch (e) {
-      // kv.request showed the message
+      // kv.getJSON showed the message
     } finally {
       paramBusy = false;
     }
   }
 
   // --- commands ---------------------------------------------------------------------------------
-  const form = $("#train-form");
+  const form = $("train-form");
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
-    $("#error").textContent = "";
+    kv.clearError();
     const f = new FormData(form);
     const body = {
       source: f.get("source"), text: f.get("source") === "text" ? f.get("text") : null,
@@ -174,20 +173,20 @@ window.kv.plotly().then(() => {
     };
     follow("/api/train/jobs", body);
   });
-  $("#train-stop").addEventListener("click", async () => {
-    try { showStatus(await kv.request("POST", "/api/train/stop")); } catch (e) { /* kv.request showed the message */ }
+  $("train-stop").addEventListener("click", async () => {
+    try { showStatus(await kv.postJSON("/api/train/stop")); } catch (e) { /* kv.postJSON showed the message */ }
     schedule(0);
   });
-  $("#train-resume").addEventListener("click", () => {
-    $("#error").textContent = "";
+  $("train-resume").addEventListener("click", () => {
+    kv.clearError();
     follow("/api/train/jobs/resume", { steps: Number(new FormData(form).get("steps")) });
   });
-  $("#train-text").addEventListener("input", () => { $("#source-text").checked = true; });
-  $("#param-show").addEventListener("click", showParam);
-  $("#param-name").addEventListener("change", showParam);
-  $("#param-part").addEventListener("change", showParam);
+  $("train-text").addEventListener("input", () => { $("source-text").checked = true; });
+  $("param-show").addEventListener("click", showParam);
+  $("param-name").addEventListener("change", showParam);
+  $("param-part").addEventListener("change", showParam);
 
   showStatus(init.status);
   showParam();
   schedule(0);
-});
+}));

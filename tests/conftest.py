@@ -18,7 +18,13 @@ from app.model.loading import LoadedModel, ModelRegistry, load_builtin
 from app.settings import Settings
 from app.state import AppState
 from tests.live import browser_page, serve_in_thread
-from tests.shaped_model import TINY_FAMILIES, build_distilgpt2_shaped, build_tiny_family, load_random
+from tests.shaped_model import (
+    TINY_FAMILIES,
+    build_byte_fallback_tokenizer,
+    build_distilgpt2_shaped,
+    build_tiny_family,
+    load_random,
+)
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -61,6 +67,14 @@ def any_model(request) -> LoadedModel:
     if request.param == "distil":
         return request.getfixturevalue("distil")
     return request.getfixturevalue("family_models")[request.param]
+
+
+@pytest.fixture(scope="session")
+def byte_fallback_tokenizer(tmp_path_factory):
+    """A SentencePiece-style tokenizer with byte fallback ('<0x0A>' tokens, '▁' for spaces), like Gemma's."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(build_byte_fallback_tokenizer(tmp_path_factory.mktemp("byte-fallback-tok")))
 
 
 @pytest.fixture(scope="session")

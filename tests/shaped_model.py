@@ -176,3 +176,25 @@ def build_tiny_many_heads(target: Path) -> Path:
     AutoModelForCausalLM.from_config(config).eval().save_pretrained(target, safe_serialization=True)
     _save_gpt2_tokenizer(target, 512)
     return target
+
+
+def build_byte_fallback_tokenizer(target: Path) -> Path:
+    """A tiny SentencePiece-style tokenizer with byte fallback, shaped like Gemma's and Llama 2's (no
+    SentencePiece model is available offline): spaces normalized to '▁', a small BPE vocabulary ('▁the', 'cat',
+    '你'), and every character outside it spelled as its UTF-8 bytes '<0xE5>' '<0xA5>' '<0xBD>'. Saved and read
+    back through ``AutoTokenizer`` like a downloaded one."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"<0x{b:02X}>": 3 + b for b in range(256)})
+    merges = [("t", "h"), ("th", "e"), ("▁", "the"), ("c", "a"), ("ca", "t"), ("▁", "cat"), ("▁", "a")]
+    for piece in ["▁", *"abcdefghijklmnopqrstuvwxyz", "你", *(a + b for a, b in merges)]:
+        vocab.setdefault(piece, len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(target)
+    AutoTokenizer.from_pretrained(target)  # it loads back
+    return target

@@ -21,11 +21,13 @@ def test_every_template_key_exists_in_english():
 
 def test_every_shape_step_has_an_explanation(state, tiny):
     from app.model.capture import run_traced
+    from app.viz.shapes import UNEXPLAINED, shape_groups
 
     ids = tiny.encode("the cat")
     trace = run_traced(tiny.model, tiny.adapter, ids, tiny.token_texts(ids))
-    for step in trace.steps:
-        assert f"step.{step.op}" in catalog("en"), step.op
+    for group in shape_groups(trace.steps, tiny.adapter, len(ids)):
+        for row in group["rows"]:
+            assert row["explain_key"] != UNEXPLAINED and row["explain_key"] in catalog("en"), row["name"]
 
 
 def test_placeholders_are_filled():

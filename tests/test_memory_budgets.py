@@ -3,7 +3,9 @@
 The budgets are found from the Settings fields themselves (every ``*_bytes`` field), so a budget added later is
 counted without touching this file. Each is counted at its full size and once: the trace cache and the one long
 trace kept beyond it (``trace_keep_one_bytes``) as if both were full at once, a request body and a download as
-one in flight. Not counted, because no setting claims to bound it: the transient tensors of one capture while it
+one in flight. Bounded by settings that are not ``*_bytes`` fields and counted here by name: the roofline panel's
+probe arrays and K/V cache (``roofline_max_context``, ``roofline_max_batch``). Not counted, because no setting
+claims to bound it: the transient tensors of one capture while it
 runs (one at a time, under the model lock), and several downloads packed at the same moment.
 """
 
@@ -16,6 +18,8 @@ import pytest
 import torch
 from transformers import GPT2LMHeadModel
 
+from app.capacity.catalog import CATALOG as SHAPES
+from app.labs.speculative import roofline_bytes, roofline_cache_tokens
 from app.model.builtin import build_char_tokenizer, builtin_vocabulary, tiny_config
 from app.model.catalog import CATALOG
 from app.settings import Settings
@@ -54,8 +58,25 @@ def model_bytes(s: Settings) -> int:
     return total + s.max_trained_models * trained + 4 * trained
 
 
+def kv_bytes_per_token(name: str) -> int:
+    """K and V of every layer for one token, float32, from the capacity catalog's shapes (the built-in model from
+    its config)."""
+    if name == "builtin":
+        c = tiny_config(len(builtin_vocabulary()))
+        return 2 * c.n_layer * c.n_embd * FLOAT32
+    m = SHAPES[name.removesuffix("-instruct")]
+    return 2 * m.n_layer * m.n_kv_head * m.head_dim * FLOAT32
+
+
+def roofline_lab_bytes(s: Settings) -> int:
+    """The speculative page's roofline panel (Settings ``roofline_max_context``, ``roofline_max_batch``): its
+    probe arrays and the random K/V cache of the largest step it times, for the loaded model with the widest
+    cache per token (one run at a time: it holds the model gate)."""
+    return max(roofline_bytes(s, kv_bytes_per_token(name)) for name in s.models)
+
+
 def held(s: Settings) -> int:
-    return sum(budgets(s).values()) + model_bytes(s) + RUNTIME
+    return sum(budgets(s).values()) + model_bytes(s) + roofline_lab_bytes(s) + RUNTIME
 
 
 def test_every_memory_budget_and_the_default_models_fit_a_4_gib_laptop():
@@ -81,3 +102,42 @@ def test_a_budget_added_to_settings_later_is_counted():
         new_lab_cache_bytes: int = 300 * MiB
 
     assert held(WithANewBudget()) == held(Settings()) + 300 * MiB
+
+
+def test_the_roofline_labs_cache_is_counted_and_grows_with_its_settings():
+    s = Settings()
+    smol = kv_bytes_per_token("smollm2-135m-instruct")
+    assert smol == 2 * 30 * 3 * 64 * 4  # 46 080 B: 30 layers, 3 KV heads, head_dim 64, fp32
+    # Its largest step: 1024 tokens at batch 1, or 64 tokens at batch 16 — 1024 tokens, 45 MiB of K/V for SmolLM2.
+    assert roofline_cache_tokens(s) == 1024
+    assert roofline_lab_bytes(s) == 3 * 64 * MiB + 3 * 1024**2 * 4 + 1024 * smol
+    assert held(s) == sum(budgets(s).values()) + model_bytes(s) + roofline_lab_bytes(s) + RUNTIME
+    spare = LAPTOP - held(s)
+    assert spare > 0
+    # The cache bound is a product of the two settings' reach: more batch at the first context (64) counts.
+    wider = s.with_(roofline_max_batch=s.roofline_max_batch * 64)
+    assert roofline_cache_tokens(wider) == 64 * 16  # the lab times batches 1, 4, 16 only: no larger step
+    longer = s.with_(roofline_max_context=100_000)
+    assert roofline_cache_tokens(longer) == 1024  # nor contexts past 1024
+
+
+def test_no_roofline_step_holds_more_cache_than_counted(tiny, settings, monkeypatch):
+    """The second way: run the panel and record every cache it fills (sequences × tokens)."""
+    from app.model import roofline as rl
+    from tests.conftest import make_state
+
+    filled = []
+    real = rl.filled_cache
+
+    def spy(lm, *, context, batch):
+        filled.append(context * batch)
+        return real(lm, context=context, batch=batch)
+
+    monkeypatch.setattr(rl, "filled_cache", spy)
+    monkeypatch.setattr(rl, "measure_bandwidth", lambda **kw: [rl.Probe("copy", 1e9, 1, 1.0)])
+    monkeypatch.setattr(rl, "measure_peak_flops", lambda **kw: rl.Probe("matmul", 1e10, 1, 1.0))
+    from app.labs.speculative import roofline_request
+
+    state = make_state(settings, tiny)
+    roofline_request(state, model="builtin")
+    assert filled and max(filled) == roofline_cache_tokens(settings, tiny.max_positions)

@@ -22,7 +22,7 @@ from app.errors import Expired
 from app.model.capture import run_traced
 from app.model.loading import LoadedModel, ModelRegistry
 from app.model.prompts import encode_prompt
-from app.model.store import TraceStore, shape_only, slim
+from app.model.store import LENS_POSITIONS, TraceStore, check_trace_fits, shape_only, slim, tail_only
 from app.model.trace import Trace
 from app.settings import Settings
 from app.viz.attention import arithmetic, embedding_rows, grid_thumbnails, head_matrix
@@ -54,17 +54,29 @@ class InspectLab:
         return digest
 
     def _compute(self, lm: LoadedModel, ids: list[int]) -> Trace:
+        long = len(ids) > self.settings.full_trace_max_tokens
         with self.gate:
             # Token texts as the pages show them: a byte piece of a multi-byte character by its byte values. What
-            # ``slim`` drops is not held while the forward runs: activations by shape only, no copy of K/V in a cache.
+            # ``slim`` drops is not held while the forward runs: activations by shape only, no copy of K/V in a cache,
+            # a long prompt's per-position activations cut to its last positions as they are hooked.
             return slim(run_traced(lm.model, lm.adapter, ids, honest_texts(lm, ids), keep_cache=False,
                                    all_logits=len(ids) <= self.settings.full_logits_max_tokens,
-                                   shape_only=shape_only))
+                                   shape_only=shape_only, tail_only=tail_only if long else None,
+                                   tail=LENS_POSITIONS if long else 0))
+
+    def trace_key(self, lm: LoadedModel, ids: list[int] | tuple[int, ...]) -> str:
+        """The key a trace of these tokens is kept and found under (``trace_by_key``)."""
+        return self._key(lm, ids)
+
+    def compute_trace(self, lm: LoadedModel, ids: list[int]) -> Trace:
+        """One capture, as the pages keep it (under the model gate)."""
+        return self._compute(lm, ids)
 
     def trace_prompt(self, model: str | None, prompt: str | None, *, chat: bool = False
                      ) -> tuple[LoadedModel, str, Trace]:
         lm = self.registry.pick(model)
         ids = encode_prompt(lm, prompt, max_chars=self.settings.max_prompt_chars, chat=chat)
+        check_trace_fits(lm.adapter, len(ids), self.settings)
         key = self._key(lm, ids)
         return lm, key, self.traces.get_or_compute(key, lambda: self._compute(lm, ids))
 

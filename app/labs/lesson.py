@@ -14,6 +14,7 @@ from app.labs.inspect import InspectLab
 from app.viz.explain import sinks_view
 from app.viz.lesson import PROMPT, lesson_view, measured_heads
 from app.viz.models import model_card
+from app.viz.summaries import first_token_shares
 
 
 class LessonLab:
@@ -29,7 +30,6 @@ class LessonLab:
         except BadInput:  # a vocabulary the survey cannot build its sequence from: no sentences about roles
             roles = None
         _, _, trace = self.inspect.trace_prompt(lm.name, PROMPT)
-        sinks = sinks_view([trace.weights(i)[0] for i in range(lm.adapter.n_layer)], first=1,
-                           token_texts=trace.token_texts)
+        sinks = sinks_view(first=1, token_texts=trace.token_texts, shares=first_token_shares(trace, 1))
         return lesson_view(model_card(lm), translator(lang), lambda key: key in catalog("en"),
                            measured_heads(roles, sinks))

@@ -6,32 +6,103 @@ Hooks are global state on the model, so they live only inside ``capture()`` and 
 
 A caller that will not read some tensors names them (``shape_only``): they are recorded by shape and dtype
 alone (a tensor on the ``meta`` device), so the forward frees them as it goes instead of holding every layer's
-activations to the end. The shape trace still lists them.
+activations to the end. The shape trace still lists them. Those it names ``tail_only`` are kept at the last
+``tail`` positions only (a long prompt's residual stream, where the logit lens reads it).
+
+The forward itself runs through SDPA's fused kernel (``lse_attention``): no attention weights are formed; each
+layer's attention module returns, in place of the weights eager attention would, every query row's log-sum-exp
+(B, H, T), hooked as ``blocks.{i}.attn.lse``. With the rotated q and k it gives any weight exactly
+(``Trace.attention_block``), so memory grows with T, not T².
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
-from transformers import DynamicCache
+from transformers import AttentionInterface, DynamicCache
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from app.memory import release_mkl_scratch
+from app.model import attention
 from app.model.adapters import HookPoint, ModelAdapter
 from app.model.trace import ShapeStep, Trace
 
+# --- the forward's attention: SDPA, with each row's log-sum-exp ------------------------------------------------
+LSE_ATTENTION = "kvscope_sdpa_lse"
+
+
+def sdpa_lse_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                     softcap: float | None = None, sliding_window: int | None = None, **kwargs):
+    """transformers' attention-function contract, as its ``sdpa`` one (same masks, same causal rule), returning
+    (out (B, T, H, Dh), lse (B, H, T)) instead of (out, None). query (B, H, T, Dh); key, value (B, H_kv, Tk, Dh)
+    rotated and cached as the model made them; the mask (sdpa's) already holds any sliding window."""
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    T, Tk = query.shape[-2], key.shape[-2]
+    if softcap:  # no fused kernel soft-caps: the exact chunked path, positions read off the mask's shape
+        past = Tk - T
+        ok = attention_mask[0, 0] if attention_mask is not None else attention.allowed(
+            torch.arange(past, Tk), torch.arange(Tk))
+        kv_map = attention.kv_map_for(query.shape[1], key.shape[1])
+        out, lse = attention.attend_chunked(query, key, value, ok=ok, kv_map=kv_map, scale=scale, softcap=softcap)
+    else:
+        is_causal = T > 1 and attention_mask is None and getattr(module, "is_causal", True)
+        if is_causal and Tk > T:  # as transformers' sdpa does: keys past the prompt (a static cache) are empty
+            key, value = key[:, :, :T], value[:, :, :T]
+        out, lse = attention.kernel_attend(query, key, value, scale=scale, is_causal=is_causal, mask=attention_mask)
+    return out.transpose(1, 2).contiguous(), lse
+
+
+AttentionInterface.register(LSE_ATTENTION, sdpa_lse_forward)
+AttentionMaskInterface.register(LSE_ATTENTION, sdpa_mask)
+
+_switch = threading.Lock()
+_users: dict[int, tuple[int, str]] = {}  # id(model) -> (captures running on it, the implementation before)
+
+
+@contextmanager
+def lse_attention(model: torch.nn.Module) -> Iterator[None]:
+    """Inside the block ``model`` attends through ``sdpa_lse_forward``; after the last of overlapping blocks it
+    is back to what it was (eager for a model loaded to show weights: ``output_attentions`` still works there).
+    A forward that runs meanwhile elsewhere gets correct outputs either way."""
+    key = id(model)
+    with _switch:
+        n, before = _users.get(key, (0, model.config._attn_implementation))
+        if n == 0:
+            model.set_attn_implementation(LSE_ATTENTION)
+        _users[key] = (n + 1, before)
+    try:
+        yield
+    finally:
+        with _switch:
+            n, before = _users[key]
+            if n == 1:
+                del _users[key]
+                model.set_attn_implementation(before)
+            else:
+                _users[key] = (n - 1, before)
+
 
 class Recorder:
-    def __init__(self, shape_only: Callable[[str], bool] | None = None) -> None:
+    def __init__(self, shape_only: Callable[[str], bool] | None = None, tail_only: Callable[[str], bool] | None = None,
+                 tail: int = 0) -> None:
         self.tensors: dict[str, torch.Tensor] = {}
         self.params: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] = {}
         self.shape_only = shape_only
+        self.tail_only = tail_only
+        self.tail = tail
+        self.full_shapes: dict[str, tuple[int, ...]] = {}  # what a tail-only tensor's shape was before the cut
 
     def keep(self, point: HookPoint, tensor: torch.Tensor) -> None:
         tensor = tensor.detach()
         if self.shape_only is not None and self.shape_only(point.name):
             tensor = torch.empty_like(tensor, device="meta")  # its shape for the shape trace; its memory not held
+        elif self.tail_only is not None and self.tail and self.tail_only(point.name) and tensor.shape[1] > self.tail:
+            self.full_shapes[point.name] = tuple(tensor.shape)
+            tensor = tensor[:, -self.tail :].clone()  # (B, tail, ...): the last positions, the rest freed
         self.tensors[point.name] = tensor
         self.params[point.name] = tuple((n, tuple(p.shape)) for n, p in point.params)
 
@@ -51,9 +122,11 @@ def _hook_for(point: HookPoint, rec: Recorder):
 
 
 @contextmanager
-def capture(adapter: ModelAdapter, shape_only: Callable[[str], bool] | None = None) -> Iterator[Recorder]:
-    """Attach one hook per hook point for the duration of the block; ``shape_only(name)``: record that one's shape."""
-    rec = Recorder(shape_only)
+def capture(adapter: ModelAdapter, shape_only: Callable[[str], bool] | None = None,
+            tail_only: Callable[[str], bool] | None = None, tail: int = 0) -> Iterator[Recorder]:
+    """Attach one hook per hook point for the duration of the block; ``shape_only(name)``: record that one's shape;
+    ``tail_only(name)``: keep that one (B, T, ...) at its last ``tail`` positions."""
+    rec = Recorder(shape_only, tail_only, tail)
     handles = []
     try:
         for point in adapter.hook_points():
@@ -70,21 +143,22 @@ def hook_count(model: torch.nn.Module) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
 
-def _shape_steps(trace: Trace, params: dict[str, tuple]) -> list[ShapeStep]:
-    """The shape trace, read off the real tensors in execution order.
+def _shape_steps(trace: Trace, params: dict[str, tuple], full_shapes: dict[str, tuple[int, ...]]) -> list[ShapeStep]:
+    """The shape trace, read off the real tensors in execution order (a tail-only one by its shape in the forward).
 
-    Raw and masked scores are not stored (at T=1024 they would be 300 MB each); they have the softmax
-    weights' shape, (B, H, T, Tk), whatever the layer's window.
+    Raw and masked scores and the softmax weights are not stored (at T=1024 on DistilGPT-2 they would be 300 MB
+    each; ``Trace.weights`` computes the weights from q, k when asked); they have the shape (B, H, T, Tk),
+    whatever the layer's window.
     """
     steps: list[ShapeStep] = []
     for name, tensor in trace.tensors.items():
         derived = name not in params
-        steps.append(ShapeStep(name, tuple(tensor.shape), params.get(name, ()), derived))
-        if name.endswith(".attn.v"):  # scores come between V and the softmax weights
+        steps.append(ShapeStep(name, full_shapes.get(name, tuple(tensor.shape)), params.get(name, ()), derived))
+        if name.endswith(".attn.v"):  # scores and weights come between V and the heads' outputs
             layer = int(name.split(".")[1])
-            shape = tuple(trace.weights(layer).shape)
-            steps.append(ShapeStep(f"blocks.{layer}.attn.scores", shape, (), True))
-            steps.append(ShapeStep(f"blocks.{layer}.attn.masked_scores", shape, (), True))
+            shape = trace.weights_shape(layer)
+            for what in ("scores", "masked_scores", "weights"):
+                steps.append(ShapeStep(f"blocks.{layer}.attn.{what}", shape, (), True))
     return steps
 
 
@@ -99,18 +173,21 @@ def run_traced(
     keep_cache: bool = True,
     all_logits: bool = True,
     shape_only: Callable[[str], bool] | None = None,
+    tail_only: Callable[[str], bool] | None = None,
+    tail: int = 0,
 ) -> Trace:
     """One forward pass over ``token_ids`` (appended after ``cache`` if given), fully captured.
 
     ``all_logits=False`` computes the logits of the last position only, the ones that choose the next token
     (as serving engines and ``generate`` do): at T=512 on GPT-2 the others would be 103 MB and 40% of the pass.
-    ``shape_only(name)`` true: that hooked tensor is recorded by its shape alone (see the module docstring).
+    ``shape_only(name)`` true: that hooked tensor is recorded by its shape alone; ``tail_only(name)`` true: kept at
+    the last ``tail`` positions (see the module docstring).
     """
     past = cache.get_seq_length() if cache is not None else 0
     if keep_cache and cache is None:
         cache = DynamicCache(config=model.config)
-    input_ids = torch.tensor([token_ids], dtype=torch.long)
-    with capture(adapter, shape_only) as rec:
+    input_ids = torch.tensor([token_ids], dtype=torch.long, device=next(model.parameters()).device)
+    with lse_attention(model), capture(adapter, shape_only, tail_only, tail) as rec:
         out = model(input_ids=input_ids, cache=cache if keep_cache else None, use_cache=keep_cache,
                     logits_to_keep=0 if all_logits else 1)
     # MKL's scratch for this pass (~64 MB at T=200 on DistilGPT-2) would stay with this server thread: one pool per
@@ -128,5 +205,7 @@ def run_traced(
         past_length=past,
         cache=out.cache if keep_cache else None,
     )
-    trace.steps = _shape_steps(trace, rec.params)
+    if rec.full_shapes:
+        trace.meta["tail"] = tail  # tail-only tensors hold positions T - tail .. T - 1
+    trace.steps = _shape_steps(trace, rec.params, rec.full_shapes)
     return trace

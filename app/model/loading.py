@@ -25,6 +25,7 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -36,6 +37,7 @@ from app.model import gguf
 from app.model.adapters import ModelAdapter, adapter_class, adapter_for, supported_model_types
 from app.model.builtin import TrainFn, Untrained, ensure_builtin
 from app.model.catalog import CATALOG, download_command
+from app.model.tokens import TokenFacet, facet_for
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +94,17 @@ class LoadedModel:
     def token_texts(self, ids: list[int]) -> list[str]:
         return [self.token_text(i) for i in ids]
 
+    @cached_property
+    def tokens(self) -> TokenFacet:
+        """What each token stands for (bytes, honest text), read off this tokenizer (``app/model/tokens.py``)."""
+        return facet_for(self.tokenizer)
+
 
 def load_dir(
     path: str | Path, *, name: str, source: str | None = None, local_only: bool = True, cache_dir: str | None = None
 ) -> LoadedModel:
-    """Load a checkpoint of a supported family with eager attention (needed for attention weights).
+    """Load a checkpoint of a supported family with eager attention (``output_attentions`` works on it; a capture
+    switches it to SDPA with each row's log-sum-exp for its forward only, ``app/model/capture.py``).
 
     Raises ``UnsupportedModel`` from the config alone when no adapter reads its model type."""
     kw = {"local_files_only": local_only, "cache_dir": cache_dir}

@@ -19,12 +19,15 @@ probability min(1, pᵢ(dᵢ)/qᵢ(dᵢ)) and, at the first rejection, draws fro
 
 Drafts (``Runner``): the target itself exited early after its first k blocks, read out through the adapter's
 logit-lens parts (``final_norm``, ``unembed``), as LayerSkip's self-speculation does; or a second loaded model
-with the same tokenizer. Each runner owns a transformers ``DynamicCache``; ``crop`` rolls it back.
+with the same tokenizer. Each runner owns a transformers ``DynamicCache``; ``crop`` rolls it back. A runner's
+``watch`` (if set) is told every change of its cache length, ``watch(before, after)``: the speculative lab hangs a
+paged block ledger there (``app.cache.spec_blocks``) to show the blocks each round writes and frees.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -115,6 +118,7 @@ class Runner:
     exit_layer: int | None = None  # None: every block and the model's own head
     cache: DynamicCache = field(default_factory=DynamicCache)
     forwards: int = 0
+    watch: Callable[[int, int], None] | None = None  # told (length before, length after) at every change
 
     @property
     def length(self) -> int:
@@ -128,6 +132,13 @@ class Runner:
     def forward(self, ids: list[int]) -> torch.Tensor:
         """Feed ``ids`` after what the cache holds: logits (T, V) of every fed position."""
         self.forwards += 1
+        before = self.length
+        logits = self._forward(ids)
+        if self.watch is not None:
+            self.watch(before, self.length)
+        return logits
+
+    def _forward(self, ids: list[int]) -> torch.Tensor:
         x = torch.tensor([ids])  # (1, T)
         if self.exit_layer is None:
             return self.lm.model(input_ids=x, cache=self.cache, use_cache=True).logits[0]
@@ -150,10 +161,13 @@ class Runner:
 
     def rollback(self, length: int) -> int:
         """Crop the cache to its first ``length`` tokens; returns how many were removed."""
-        extra = self.length - length
-        assert extra >= 0, (self.length, length)
+        before = self.length
+        extra = before - length
+        assert extra >= 0, (before, length)
         if extra:
             self.cache.crop(-extra)  # transformers 5: a negative count removes that many tokens from the end
+        if self.watch is not None:
+            self.watch(before, self.length)
         return extra
 
 
@@ -184,6 +198,8 @@ class Round:
     draft_before: int
     draft_after: int
     ms: float
+    target_start: int = 0  # cache lengths when the round began (before the draft's and the target's forwards)
+    draft_start: int = 0
 
 
 @dataclass
@@ -240,8 +256,10 @@ class SpecResult:
 
 
 def speculate(target: Runner, draft: Runner, prompt_ids: list[int], *, gamma: int, max_new_tokens: int,
-              mode: str = GREEDY, temperature: float = 1.0, seed: int = 0) -> SpecResult:
-    """Generate ``max_new_tokens`` tokens after ``prompt_ids`` by speculative decoding (both caches start empty)."""
+              mode: str = GREEDY, temperature: float = 1.0, seed: int = 0,
+              on_round: Callable[[Round], None] | None = None) -> SpecResult:
+    """Generate ``max_new_tokens`` tokens after ``prompt_ids`` by speculative decoding (both caches start empty).
+    ``on_round`` is called with each round once both caches are rolled back."""
     gen = torch.Generator().manual_seed(seed)
     ids = list(prompt_ids)
     # Prefill both on all but the newest token: every round then starts with one token not yet in either cache.
@@ -253,6 +271,7 @@ def speculate(target: Runner, draft: Runner, prompt_ids: list[int], *, gamma: in
     t0 = time.perf_counter()
     while len(ids) - len(prompt_ids) < max_new_tokens:
         r0 = time.perf_counter()
+        t_start, d_start = target.length, draft.length
         drafted, qs = [], []
         feed = ids[draft.length:]
         for _ in range(gamma):
@@ -275,7 +294,9 @@ def speculate(target: Runner, draft: Runner, prompt_ids: list[int], *, gamma: in
             p=[float(p[i, d]) for i, d in enumerate(drafted)], ratios=verdict.ratios, accepted=n,
             token=verdict.token, token_p=float(p[n, verdict.token]), bonus=verdict.bonus,
             target_before=t_before, target_after=target.length, draft_before=d_before, draft_after=draft.length,
-            ms=(time.perf_counter() - r0) * 1000))
+            ms=(time.perf_counter() - r0) * 1000, target_start=t_start, draft_start=d_start))
+        if on_round is not None:
+            on_round(rounds[-1])
     spec_ms = (time.perf_counter() - t0) * 1000
     return SpecResult(prompt_ids=list(prompt_ids), output=ids[len(prompt_ids):][:max_new_tokens], rounds=rounds,
                       gamma=gamma, mode=mode, draft_label=draft.label, spec_ms=spec_ms,
@@ -313,11 +334,15 @@ def make_draft(target: LoadedModel, *, kind: str, exit_layer: int | None = None,
 
 
 def run(target: LoadedModel, draft: Runner, prompt_ids: list[int], *, gamma: int, max_new_tokens: int,
-        mode: str = GREEDY, temperature: float = 1.0, seed: int = 0, compare: bool = True) -> SpecResult:
+        mode: str = GREEDY, temperature: float = 1.0, seed: int = 0, compare: bool = True,
+        target_watch: Callable[[int, int], None] | None = None,
+        on_round: Callable[[Round], None] | None = None) -> SpecResult:
     """Speculative decoding and, with ``compare``, plain decoding of the same tokens for the speed-up and the
-    lossless check (greedy: the outputs must be identical)."""
-    result = speculate(Runner(target), draft, prompt_ids, gamma=gamma, max_new_tokens=max_new_tokens, mode=mode,
-                       temperature=temperature, seed=seed)
+    lossless check (greedy: the outputs must be identical). ``target_watch`` watches the speculating target's
+    cache (``Runner.watch``); ``on_round`` as in ``speculate``."""
+    result = speculate(Runner(target, watch=target_watch), draft, prompt_ids, gamma=gamma,
+                       max_new_tokens=max_new_tokens, mode=mode, temperature=temperature, seed=seed,
+                       on_round=on_round)
     if compare:
         result.plain_output, result.plain_ms = plain_decode(Runner(target), prompt_ids, max_new_tokens=max_new_tokens,
                                                             mode=mode, temperature=temperature, seed=seed)

@@ -2,10 +2,17 @@
 
 A full capture holds every hooked tensor: at T=200 on DistilGPT-2 about 115 MB, most of it the logits of
 every position (T × 50 257 floats), the MLP hidden states and the KV cache (the same numbers as K and V).
-The pages read only the tensors in ``PAGE_TENSORS``: embeddings, Q/K/V per head, attention weights, each
-head's output, and the next-token distribution (``probs``, the last position only, from which the top-k is
-taken). ``slim`` keeps those and nothing else, about 4× less. The shape trace was read off every tensor at
-capture time, so it still lists them all.
+The pages read only the tensors in ``PAGE_TENSORS``: embeddings, Q/K/V per head, each row's log-sum-exp (the
+attention weights are computed from these, never stored: ``app/model/trace.py``), each head's output, and the
+next-token distribution (``probs``, the last position only, from which the top-k is taken). ``slim`` keeps those
+and nothing else. The shape trace was read off every tensor at capture time, so it still lists them all.
+
+A long prompt (more than ``Settings.full_trace_max_tokens`` tokens) keeps at every position only what attention
+is read from — q, k, v, log-sum-exp — and the embedding rows; the tensors one query's panels read (each head's
+output, q and k before rotation, each layer's residual stream) it keeps at its last ``LENS_POSITIONS`` positions,
+where the logit lens reads the residual stream and Inspect's default query sits (``TAIL_ONLY``; the trace
+recomputes them elsewhere). Its size, ``trace_bytes``, is O(layers · T · heads · Dh): 8 192 tokens of
+SmolLM2-135M hold ~0.92 GiB.
 """
 
 from __future__ import annotations
@@ -15,12 +22,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
+import torch
+
 from app.model.trace import Trace
 
 # Tensor names the pages read (by suffix): the inspect views, the arithmetic panel and the embedding rows.
 # RoPE models add q and k before rotation (the rotary panel); the logit lens reads each layer's residual
 # stream (T × D per layer, small), head ablation compares with the last position's logits.
-PAGE_TENSORS = ("embed.wte", "embed.wpe", "embed.h0", ".attn.q", ".attn.k", ".attn.v", ".attn.weights",
+PAGE_TENSORS = ("embed.wte", "embed.wpe", "embed.h0", ".attn.q", ".attn.k", ".attn.v", ".attn.lse",
                 ".attn.head_out", ".attn.q_prerope", ".attn.k_prerope", ".resid_out", "probs", "last_logits")
 # Hooked activations no page reads and no per-head tensor is derived from (in either family): an inspect capture
 # records them by shape only (``app/model/capture.py``), so its forward frees each as it goes instead of holding
@@ -30,16 +39,64 @@ SHAPE_ONLY = (".ln_1", ".attn.out", ".resid_mid", ".ln_2", ".mlp.fc", ".mlp.gate
               ".mlp.out", "ln_f", "logits")
 
 
+# Per-position tensors a long prompt's capture keeps at its last positions only (hooked: the heads' outputs are
+# the output projection's input), and the derived ones ``slim`` cuts the same way.
+LENS_POSITIONS = 12
+TAIL_ONLY = (".attn.merged", ".resid_out")
+TAIL_DERIVED = (".attn.q_prerope", ".attn.k_prerope")
+
+
+def tail_only(name: str) -> bool:
+    return name.endswith(TAIL_ONLY)
+
+
+def trace_bytes(adapter, n_tokens: int, *, full: bool) -> int:
+    """Bytes ``slim`` keeps of a prefill of ``n_tokens`` (``full``: every position of every page tensor; else the
+    long-prompt layout above), from the model's sizes alone — before any forward. Per token and layer: q (H·Dh),
+    k and v (2·H_kv·Dh), the log-sum-exp (H); with ``full`` also each head's output (H·Dh), the residual stream
+    (D) and, for rotary models, q and k before rotation ((H + H_kv)·Dh); per token, the embedding rows."""
+    a = adapter
+    per_layer = a.n_head * a.head_dim + 2 * a.n_kv_head * a.head_dim + a.n_head
+    tail_layer = a.n_head * a.head_dim + a.d_model + ((a.n_head + a.n_kv_head) * a.head_dim if a.rotary else 0)
+    # embedding rows: wte, wpe and h0 = wte + wpe (GPT-2); wte and h0 = wte · scale (Gemma); h0 is wte itself (Llama)
+    embeds = (3 if a.position_table is not None else 2 if a.embed_scale != 1 else 1) * a.d_model
+    item = torch.finfo(a.dtype).bits // 8
+    rows = n_tokens if full else min(n_tokens, LENS_POSITIONS)
+    return item * (a.n_layer * (per_layer * n_tokens + tail_layer * rows) + embeds * n_tokens + 2 * a.vocab_size)
+
+
+def check_trace_fits(adapter, n_tokens: int, settings) -> None:
+    """Refuse, before any forward, a prompt longer than ``max_context_tokens`` or whose trace would not fit the
+    memory one trace may hold (``trace_keep_one_bytes``, or the whole cache when that is larger)."""
+    from app.errors import BadInput
+
+    s = settings
+    if n_tokens > s.max_context_tokens:
+        raise BadInput("err.prompt.context", n=f"{n_tokens:,}", limit=f"{s.max_context_tokens:,}")
+    budget = max(s.trace_cache_bytes, s.trace_keep_one_bytes)
+    full = n_tokens <= s.full_trace_max_tokens
+    size = trace_bytes(adapter, n_tokens, full=full)
+    if size > budget:
+        fit = n_tokens
+        while fit > 1 and trace_bytes(adapter, fit, full=fit <= s.full_trace_max_tokens) > budget:
+            fit = fit * 9 // 10
+        raise BadInput("err.prompt.trace_bytes", n=f"{n_tokens:,}", size=f"{size / 2**20:,.0f}",
+                       limit=f"{budget / 2**20:,.0f}", fit=f"{fit:,}")
+
+
 def shape_only(name: str) -> bool:
     """True for a tensor ``slim`` would drop and nothing is derived from (``SHAPE_ONLY``)."""
     return name.endswith(SHAPE_ONLY) and not name.endswith(PAGE_TENSORS)
 
 
 def slim(trace: Trace) -> Trace:
-    """The same trace with only ``PAGE_TENSORS`` kept and no KV cache (keys and values are its K and V)."""
+    """The same trace with only ``PAGE_TENSORS`` kept and no KV cache (keys and values are its K and V); a long
+    prompt's (captured with ``tail_only``) keeps q and k before rotation at its tail as well."""
     if trace.past_length:  # a decode step's trace reads older keys from the cache: keep it whole
         return trace
-    kept = {name: t for name, t in trace.tensors.items() if name.endswith(PAGE_TENSORS)}
+    tail = trace.meta.get("tail")
+    kept = {name: (t[..., -tail:, :].clone() if tail and name.endswith(TAIL_DERIVED) else t)
+            for name, t in trace.tensors.items() if name.endswith(PAGE_TENSORS)}
     return Trace(token_ids=trace.token_ids, token_texts=trace.token_texts, tensors=kept, steps=trace.steps,
                  adapter=trace.adapter, past_length=0, cache=None, meta=trace.meta)
 

@@ -3,6 +3,17 @@
 Captured tensors come from hooks on the real modules. Derived ones (q/k/v per head, per-head outputs,
 raw and masked scores) are views or recomputations of captured tensors; the tests check each against
 what transformers itself returned.
+
+Attention weights are never stored (one head at 8 192 tokens is 256 MB; all of SmolLM2's would be 72 GB). The
+trace keeps, per layer, the rotated q (B, H, T, Dh), k and v (B, H_kv, T, Dh) and each query row's log-sum-exp
+(B, H, T) that the forward's fused kernel returned, and computes any weight from them, exactly:
+
+    whole rows      ``weights``, ``attention_rows``: softmax of the row's masked scores (eager's arithmetic)
+    any block       ``attention_block``: exp(q_i·k_j·scale − lse_i), 0 where key j is not allowed
+
+so memory is O(layers · T · heads · Dh). A long prompt's trace may keep some per-position tensors at its last
+``meta["tail"]`` positions only (``app/model/store.py``); ``head_out_row``, ``prerope_row`` and ``residuals``
+read them wherever they are held and recompute the rest.
 """
 
 from __future__ import annotations
@@ -49,6 +60,8 @@ class Trace:
 
     # --- names -----------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.tensors and name.startswith("blocks.") and name.endswith(".attn.weights"):
+            return self.weights(int(name.split(".")[1]))  # computed, never stored
         return self.tensors[name]
 
     @property
@@ -82,19 +95,94 @@ class Trace:
             return self.adapter.layer_cache(self.cache, layer)[1][:, :, : self.total_length]
         return self.v(layer)
 
-    def weights(self, layer: int) -> torch.Tensor:
-        return self.tensors[f"blocks.{layer}.attn.weights"]  # (B, H, T, Tk)
+    def lse(self, layer: int) -> torch.Tensor:
+        return self.tensors[f"blocks.{layer}.attn.lse"]  # (B, H, T) log Σ_j exp(score_ij) over allowed keys
 
-    def attention_block(self, layer: int, head: int, rows: slice = slice(None), cols: slice = slice(None)) -> torch.Tensor:
+    def weights_shape(self, layer: int) -> tuple[int, int, int, int]:
+        q = self.tensors[f"blocks.{layer}.attn.q"]
+        return (q.shape[0], q.shape[1], self.n_tokens, self.keys(layer).shape[-2])  # (B, H, T, Tk)
+
+    def weights(self, layer: int) -> torch.Tensor:
+        """Every head's softmax weights, (B, H, T, Tk) float32, computed from q and k now (for short prompts: a
+        long one's views read ``attention_rows`` / ``attention_block`` instead). 0 where a key is not allowed."""
+        return self.attention_rows(layer)[None]
+
+    def attention_rows(self, layer: int, rows: slice = slice(None), heads: slice = slice(None)) -> torch.Tensor:
+        """Whole rows of the weights: query rows ``rows`` (new tokens) of heads ``heads`` over every key,
+        (H', r, Tk) float32. The softmax of each row's masked scores, as eager attention computes it."""
+        a = self.adapter
+        spec = a.spec(layer)
+        q = self.q(layer)[0, heads, rows]  # (H', r, Dh)
+        kv_map = a.kv_map[heads]
+        s = attention.scores(q, self.keys(layer)[0], kv_map, spec.scale, spec.softcap)  # (H', r, Tk)
+        ok = self.causal_mask(layer)[rows]
+        return torch.softmax(attention.masked(s, ok, torch.finfo(s.dtype).min), dim=-1).float()
+
+    def attention_block(self, layer: int, head: int, rows: slice = slice(None),
+                        cols: slice = slice(None)) -> torch.Tensor:
         """Exact softmax weights of one head for query rows ``rows`` (new tokens) and keys ``cols``: (r, c) float32,
         0 where a key is not allowed (future, outside the window). The one entry point for views that read a part
-        of a head's map (tiles, cells, summaries)."""
-        return self.weights(layer)[0, head, rows, cols].float()
+        of a head's map (tiles, cells, summaries): exp(q_i·k_j·scale − lse_i), no other row or key needed."""
+        spec = self.adapter.spec(layer)
+        q = self.q(layer)[0, head, rows].float()  # (r, Dh)
+        k = self.keys(layer)[0, self.adapter.kv_map[head], cols].float()  # (c, Dh)
+        q_pos, k_pos = self.positions()[0], self.key_positions(layer)
+        s = attention.scores(q[None], k[None], (0,), spec.scale, spec.softcap)[0]  # (r, c)
+        ok = attention.allowed(q_pos[rows], k_pos[cols], spec.window)
+        return attention.weights_from_lse(s, ok, self.lse(layer)[0, head, rows].float())
+
+    # --- per-position tensors a long trace holds at its tail only ------------------------------------------
+    @property
+    def tail_start(self) -> int:
+        """First position (of the new tokens) the tail-only tensors hold; 0 when they hold every position."""
+        return max(0, self.n_tokens - self.meta["tail"]) if self.meta.get("tail") else 0
+
+    def head_out_row(self, layer: int, head: int, pos: int) -> torch.Tensor:
+        """What the model's attention gave head ``head`` at query ``pos``, (Dh,): the hooked output where the trace
+        holds it; elsewhere (a long trace) the same fused kernel the forward ran, on that one query row."""
+        start = self.tail_start
+        if pos >= start:
+            return self.tensors[f"blocks.{layer}.attn.head_out"][0, head, pos - start]
+        a = self.adapter
+        kv = a.kv_map[head]
+        n = self.past_length + pos + 1
+        spec = a.spec(layer)
+        q = self.q(layer)[:, head : head + 1, pos : pos + 1]  # (1, 1, 1, Dh)
+        k, v = self.keys(layer)[:, kv : kv + 1, :n], self.values(layer)[:, kv : kv + 1, :n]  # (1, 1, n, Dh)
+        ok = attention.allowed(torch.tensor([n - 1]), torch.arange(n), spec.window)
+        if spec.softcap:
+            out, _ = attention.attend_chunked(q, k, v, ok=ok, kv_map=(0,), scale=spec.scale, softcap=spec.softcap)
+        else:
+            out, _ = attention.kernel_attend(q, k, v, scale=spec.scale, mask=ok[None, None])
+        return out[0, 0, 0]
+
+    def prerope_row(self, layer: int, which: str, head: int, pos: int) -> torch.Tensor:
+        """q (``which="q"``, a query head) or k (a KV head) of new token ``pos`` before its rotation, (Dh,): the
+        hooked one where the trace holds it; elsewhere (a long trace) the rotated one turned back by its position."""
+        start = self.tail_start
+        name = f"blocks.{layer}.attn.{which}_prerope"
+        if name in self.tensors and pos >= start:
+            return self.tensors[name][0, head, pos - start]
+        x = (self.q(layer) if which == "q" else self.k(layer))[0, head, pos]
+        return self.adapter.rotate(x[None], torch.tensor([-(self.past_length + pos)]), layer)[0]
+
+    def residuals(self, last: int) -> tuple[int, list[torch.Tensor]]:
+        """(start, [h0, block 0's output, …]) at positions start .. T-1, the last ``last`` (at most the tail held):
+        the residual stream the logit lens reads, each (T - start, D)."""
+        T = self.n_tokens
+        start = max(0, T - last, self.tail_start)
+        held = self.tail_start
+        out = [self.tensors["embed.h0"][0, start:]]
+        for i in range(self.adapter.n_layer):
+            out.append(self.tensors[f"blocks.{i}.resid_out"][0, start - held :])
+        return start, out
 
     # --- recomputed from Q and K (app.model.attention, the one place attention is written) ------------
     def positions(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Positions of the new tokens (T,) and of every key they may read (Tk,)."""
-        return torch.arange(self.past_length, self.total_length), torch.arange(self.total_length)
+        """Positions of the new tokens (T,) and of every key they may read (Tk,), on the device q is on."""
+        device = self.tensors["embed.h0"].device if "embed.h0" in self.tensors else None
+        return (torch.arange(self.past_length, self.total_length, device=device),
+                torch.arange(self.total_length, device=device))
 
     def scores(self, layer: int, head: int | None = None) -> torch.Tensor:
         """Raw scores q·kᵀ·scale, every pair, future ones included: (B, H, T, Tk) (H = 1 for one head).
@@ -107,10 +195,15 @@ class Trace:
         spec = a.spec(layer)
         return attention.scores(q, k, kv_map, spec.scale, spec.softcap)
 
+    def key_positions(self, layer: int) -> torch.Tensor:
+        """Positions of the keys ``keys(layer)`` holds, (Tk,): every one, but a sliding-window layer's cache past
+        its window holds only the last ``window - 1`` older ones."""
+        k = self.keys(layer)
+        return torch.arange(self.total_length - k.shape[-2], self.total_length, device=k.device)
+
     def causal_mask(self, layer: int = 0) -> torch.Tensor:
         """True where query i may read key j: j <= past + i, and inside ``layer``'s own window. (T, Tk)"""
-        q_pos, k_pos = self.positions()
-        return attention.allowed(q_pos, k_pos, self.adapter.window(layer))
+        return attention.allowed(self.positions()[0], self.key_positions(layer), self.adapter.window(layer))
 
     def masked_scores(self, layer: int, head: int | None = None) -> torch.Tensor:
         """Scores with future positions (and those outside the layer's window) set to -inf, what softmax receives."""

@@ -4,9 +4,10 @@ For one parameter: its value, its ``.grad`` (written by ``loss.backward()``) and
 and ``exp_avg_sq`` (v), all of the parameter's shape. AdamW creates m and v lazily, at its first
 ``step()``: before that ``optimizer.state[p]`` is empty and the view says so.
 
-GPT-2 fuses the query, key and value projections into one Conv1D, ``attn.c_attn``, whose weight is
-(d_model, 3·d_model) (Conv1D stores (in, out)). Columns [0, d) produce Q, [d, 2d) K, [2d, 3d) V:
-``q, k, v = c_attn(x).split(d, dim=-1)``. The view can show one of those slices on its own.
+Which parameter is a layer's query, key and value projection is the model family's to say (its adapter,
+``app/model/adapters``): GPT-2 fuses the three into one parameter whose columns [0, d) make Q, [d, 2d) K and
+[2d, 3d) V; the adapter says where each block lies, and the view can show one of them on its own. The page opens
+on the adapter's default parameter (layer 0's query projection).
 
 Memory: fp32 training keeps 4 bytes of weight, 4 of grad, 4 of m and 4 of v per parameter (16 bytes).
 A training checkpoint stores weight + m + v (about 3× the weights-only file); sizes come from the files.
@@ -20,27 +21,42 @@ import torch
 from torch import nn
 
 from app.errors import BadInput
+from app.model.adapters import ModelAdapter, adapter_class
 
-FUSED_QKV_SUFFIXES = ("attn.c_attn.weight", "attn.c_attn.bias")
-PARTS = {"q": 0, "k": 1, "v": 2}
+PARTS = ("q", "k", "v")
 MAX_ROWS = 128  # rows of a matrix sent to the page (an embedding can have thousands)
 FP32_BYTES = 4
 STATE_TENSORS = ("value", "grad", "exp_avg", "exp_avg_sq")
 
 
+def _family(model: nn.Module) -> type[ModelAdapter]:
+    cls = adapter_class(getattr(model.config, "model_type", None))
+    if cls is None:
+        raise ValueError(f"no adapter reads model type {model.config.model_type!r}")
+    return cls
+
+
+def default_parameter(model: nn.Module) -> str:
+    """The parameter the page opens on: the family's own choice (layer 0's query projection)."""
+    return _family(model).default_parameter(model.config)
+
+
 def parameter_names(model: nn.Module) -> list[dict]:
-    return [{"name": n, "shape": list(p.shape)} for n, p in model.named_parameters()]
+    """Every parameter with its shape; ``default`` marks the one the page opens on."""
+    first = default_parameter(model)
+    return [{"name": n, "shape": list(p.shape), "default": n == first} for n, p in model.named_parameters()]
 
 
-def _part_slice(name: str, p: torch.Tensor, part: str | None) -> tuple[tuple, str | None]:
-    """Index into ``p`` selecting the Q, K or V block of a fused c_attn parameter (all of ``p`` otherwise)."""
-    if not name.endswith(FUSED_QKV_SUFFIXES) or part in (None, "", "all"):
+def _part_slice(model: nn.Module, name: str, part: str | None) -> tuple[tuple, str | None]:
+    """Index into parameter ``name`` selecting the Q, K or V block of a fused projection (all of it otherwise)."""
+    fused = _family(model).fused_qkv(model.config, name)
+    if fused is None or part in (None, "", "all"):
         return (..., ), None
     if part not in PARTS:
         raise BadInput("err.train.part", part=repr(part))
-    d = p.shape[-1] // 3
-    lo, hi = PARTS[part] * d, (PARTS[part] + 1) * d
-    return (..., slice(lo, hi)), f"[..., {lo}:{hi}]"
+    lo, hi = fused.bounds(part)
+    label = f"[..., {lo}:{hi}]" if fused.axis == -1 else "[" + ":, " * fused.axis + f"{lo}:{hi}, ...]"
+    return fused.index(part), label
 
 
 def _matrix(t: torch.Tensor | None, index: tuple) -> list[list[float]] | None:
@@ -52,13 +68,16 @@ def _matrix(t: torch.Tensor | None, index: tuple) -> list[list[float]] | None:
     return [[float(f"{float(x):.7g}") for x in row] for row in m[:MAX_ROWS]]  # significant digits: v is ~1e-7
 
 
-def param_view(model: nn.Module, optimizer: torch.optim.Optimizer, name: str, part: str | None = None) -> dict:
-    """One parameter as training sees it now. Call it between steps (under the trainer's lock)."""
+def param_view(model: nn.Module, optimizer: torch.optim.Optimizer, name: str | None,
+               part: str | None = None) -> dict:
+    """One parameter as training sees it now (``name`` None: the default one). Call it between steps (under the
+    trainer's lock)."""
     params = dict(model.named_parameters())
+    name = default_parameter(model) if name is None else name
     if name not in params:
         raise BadInput("err.train.param", name=repr(name))
     p = params[name]
-    index, slice_label = _part_slice(name, p, part)
+    index, slice_label = _part_slice(model, name, part)
     state = optimizer.state.get(p, {})
     tensors = {"value": p, "grad": p.grad, "exp_avg": state.get("exp_avg"), "exp_avg_sq": state.get("exp_avg_sq")}
     shown = p.detach()[index]
@@ -67,7 +86,7 @@ def param_view(model: nn.Module, optimizer: torch.optim.Optimizer, name: str, pa
     return {
         "name": name,
         "part": part if slice_label else "all",
-        "fused_qkv": name.endswith(FUSED_QKV_SUFFIXES),
+        "fused_qkv": _family(model).fused_qkv(model.config, name) is not None,
         "slice": slice_label,
         "shape": list(p.shape),
         "view_shape": list(shown.shape),

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from app.errors import BadInput
 from app.model import attention
 from app.model.trace import Trace
-from app.viz.explain import sink_shares, uniform_share
+from app.viz.explain import uniform_share
+from app.viz.summaries import first_token_shares
 from app.viz.tokens import visible
 
 KINDS = ("weights", "masked", "scores")
@@ -47,12 +48,12 @@ def lower_triangle(m: torch.Tensor, past: int = 0) -> torch.Tensor:
 
 
 def head_matrix(trace: Trace, layer: int, head: int, kind: str = "weights") -> dict:
-    """One head's (T, Tk) matrix: softmax weights (captured), masked or raw scores (from Q and K)."""
+    """One head's (T, Tk) matrix: softmax weights, masked or raw scores (all from the captured Q and K)."""
     if kind not in KINDS:
         raise BadInput("err.index.kind", kind=kind, kinds=", ".join(KINDS))
     check_indexes(trace, layer=layer, head=head)
     if kind == "weights":
-        m = trace.weights(layer)[0, head]
+        m = trace.attention_rows(layer, heads=slice(head, head + 1))[0]
     elif kind == "masked":
         m = trace.masked_scores(layer, head)[0, 0]
     else:
@@ -77,23 +78,37 @@ def head_matrix(trace: Trace, layer: int, head: int, kind: str = "weights") -> d
 def grid_thumbnails(trace: Trace, size: int = 48, gamma: float = 0.5) -> dict:
     """Every layer × head as a small image: max-pooled to at most size×size, colour = weight**gamma.
 
-    Max pooling keeps a strong single cell visible when a long prompt is shrunk.
+    Max pooling keeps a strong single cell visible when a long prompt is shrunk. Each layer's maps are pooled one
+    band of query rows at a time (``pooled_rows``), never all heads' T × T at once.
     """
     a = trace.adapter
     T = trace.n_tokens
     side = min(size, T)
     heads = []
     for layer in range(a.n_layer):
-        w = trace.weights(layer)[0]  # (H, T, T)
-        pooled = F.adaptive_max_pool2d(w.unsqueeze(0), side)[0] if side < T else w  # (H, side, side)
+        pooled = pooled_rows(trace, layer, side)  # (H, side, side)
         heads.append((pooled.clamp(0, 1) ** gamma * 255).round())
     stack = torch.stack(heads)  # (L, H, side, side)
     # The grid's sink view (a toggle): each head's share of attention on token 0, as the sinks explainer counts it.
-    shares = sink_shares([trace.weights(layer)[0] for layer in range(a.n_layer)], 1) if T > 1 else None
+    shares = first_token_shares(trace, 1) if T > 1 else None
     return {"n_layer": a.n_layer, "n_head": a.n_head, "side": side, "tokens": T, "gamma": gamma, "data": b64_u8(stack),
             "sink_share": [[round(float(x), 4) for x in row] for row in shares] if shares is not None else None,
             "sink_uniform": round(uniform_share(T, 1), 4) if T > 1 else None,
             "first_token": visible(trace.token_texts[0])}
+
+
+def pooled_rows(trace: Trace, layer: int, side: int) -> torch.Tensor:
+    """(H, side, side): ``adaptive_max_pool2d`` of the layer's (H, T, Tk) weights, computed band by band: output row
+    r pools query rows ⌊rT/side⌋ … ⌈(r+1)T/side⌉ − 1 (the bins torch uses), and a max is a max of maxes."""
+    T = trace.n_tokens
+    if side >= T:
+        return trace.attention_rows(layer)
+    bands = []
+    for r in range(side):
+        rows = slice(r * T // side, -(-(r + 1) * T // side))
+        w = trace.attention_rows(layer, rows)  # (H, band, Tk)
+        bands.append(F.adaptive_max_pool1d(w, side).amax(-2))  # (H, side)
+    return torch.stack(bands, dim=-2)
 
 
 def arithmetic(trace: Trace, layer: int, head: int, pos: int, *, limit: int = 48) -> dict:
@@ -119,8 +134,8 @@ def arithmetic(trace: Trace, layer: int, head: int, pos: int, *, limit: int = 48
     dots = k @ q  # (pos+1,)
     scaled = dots * scale
     weights, out = weights_2d[0, 0], out_2d[0, 0]  # (pos+1,), (Dh,)
-    captured_w = trace.weights(layer)[0, head, pos, :n]
-    captured_out = trace[f"blocks.{layer}.attn.head_out"][0, head, pos]
+    captured_w = trace.attention_rows(layer, slice(pos, pos + 1), slice(head, head + 1))[0, 0, :n]
+    captured_out = trace.head_out_row(layer, head, pos)
     order = torch.argsort(weights, descending=True)[:limit].sort().values if weights.numel() > limit else None
     idx = order.tolist() if order is not None else list(range(weights.numel()))
     texts = trace.token_texts

@@ -36,10 +36,14 @@ def parks_on_first(mean: float, uniform: float) -> bool:
     return mean > STRONG and mean > 1.5 * uniform
 
 
-def sinks_view(weights: list[torch.Tensor], *, first: int, token_texts: list[str]) -> dict:
+def sinks_view(weights: list[torch.Tensor] | None = None, *, first: int, token_texts: list[str],
+               shares: torch.Tensor | None = None) -> dict:
+    """The sinks explainer from every layer's weights, or from the (L, H) ``shares`` already computed
+    (``app.viz.summaries.first_token_shares``: a long prompt's, from ``first`` columns of each map only)."""
     if first < 1 or first >= len(token_texts):
         raise BadInput("err.explain.first", last=max(1, len(token_texts) - 1))
-    shares = sink_shares(weights, first)  # (L, H)
+    if shares is None:
+        shares = sink_shares(weights, first)  # (L, H)
     T = len(token_texts)
     uniform, mean = uniform_share(T, first), float(shares.mean())
     top = int(torch.nan_to_num(shares.flatten(), nan=-1.0).argmax())
@@ -61,17 +65,18 @@ def lens_logits(adapter, resid: list[torch.Tensor]) -> torch.Tensor:
 
 
 def lens_view(adapter, resid: list[torch.Tensor], *, token_texts: list[str], token_text, last: int = 12,
-              k: int = 5) -> dict:
+              k: int = 5, offset: int = 0) -> dict:
     """Top-1 token per layer and position (the last ``last`` positions), the last position's top-k per layer,
     and the rank, at every layer, of the token the model finally predicts there.
 
-    ``resid[0]`` is the embedding output h0, ``resid[i+1]`` block i's output.
+    ``resid[0]`` is the embedding output h0, ``resid[i+1]`` block i's output, each at positions ``offset`` … T-1
+    (``Trace.residuals``: a long prompt's trace holds the residual stream of its last positions only).
     """
-    T = resid[0].shape[0]
-    start = max(0, T - last)
+    T = offset + resid[0].shape[0]
+    start = max(offset, T - last)
     # Only the positions shown: the norm and the unembedding act on each position alone, and a full (L+1, T, V)
     # read-out of a 1024-token prompt would be gigabytes of logits.
-    logits = lens_logits(adapter, [h[start:] for h in resid])  # (L+1, T - start, V)
+    logits = lens_logits(adapter, [h[start - offset :] for h in resid])  # (L+1, T - start, V)
     probs = torch.softmax(logits.double(), -1)
     final = logits[-1].argmax(-1)  # the model's own prediction at each shown position
     layers = []

@@ -1,9 +1,16 @@
 """Files to take away: a prompt's whole trace as ``.npz`` / ``.safetensors``, one head's matrix as CSV / JSON.
 
 Pure functions: a ``Trace`` in, bytes or plain data out. Tensor names are the capture names
-(``embed.h0``, ``blocks.0.attn.q``, ``blocks.0.attn.weights`` …, see ``Trace.tensors``), each saved as
+(``embed.h0``, ``blocks.0.attn.q``, ``blocks.0.attn.lse`` …, see ``Trace.tensors``), each saved as
 the exact dtype and values that were captured (views such as per-head q/k/v are copied out, so every
-file entry owns its data). Two extra entries say what was fed in::
+file entry owns its data).
+
+Attention weights are not held by a trace (``app/model/trace.py``). A trace that holds every position (at most
+``Settings.full_trace_max_tokens`` tokens) exports them anyway, computed, as ``blocks.{i}.attn.weights``
+(B, H, T, Tk): what a reader of the file expects to find. A longer one exports q, k, v and ``blocks.{i}.attn.lse``
+only — every weight is exp(q_i · k_j · scale − lse_i) over the allowed keys — since its weights would be O(T²)
+(72 GB at 8 192 tokens on SmolLM2-135M). The metadata says which (``weights``: "computed" or "omitted"). Two
+extra entries say what was fed in::
 
     input_ids     int64 (1, T)   the token ids
     token_texts   str   (T,)     (.npz only; .safetensors keeps them in its metadata, as JSON)
@@ -14,6 +21,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 
 import numpy as np
 import torch
@@ -27,20 +35,34 @@ FORMATS = ("npz", "safetensors")
 
 
 def trace_tensors(trace: Trace) -> dict[str, torch.Tensor]:
-    """Every tensor of the trace by its capture name, contiguous and owning its storage, plus ``input_ids``."""
-    out = {name: t.detach().cpu().contiguous().clone() for name, t in trace.tensors.items()}
+    """Every tensor of the trace by its capture name, contiguous and owning its storage, plus ``input_ids`` and,
+    for a trace that holds every position, each layer's weights (computed: see the module docstring)."""
+    out = {}
+    for name, t in trace.tensors.items():
+        out[name] = t.detach().cpu().contiguous().clone()
+        if with_weights(trace) and name.endswith(".attn.lse"):
+            layer = int(name.split(".")[1])
+            out[f"blocks.{layer}.attn.weights"] = trace.weights(layer).cpu()
     out["input_ids"] = torch.tensor([trace.token_ids], dtype=torch.int64)
     return out
 
 
+def with_weights(trace: Trace) -> bool:
+    """Whether a file of this trace holds the weights: a trace that keeps every position (not a long prompt's)."""
+    return not trace.meta.get("tail")
+
+
 def export_bytes(trace: Trace) -> int:
-    """What a trace file will hold, in bytes of tensor data (for the size limit)."""
-    return sum(t.numel() * t.element_size() for t in trace.tensors.values())
+    """What a trace file will hold, in bytes of tensor data (for the size limit), the computed weights included."""
+    held = sum(t.numel() * t.element_size() for t in trace.tensors.values())
+    if with_weights(trace):
+        held += sum(4 * math.prod(trace.weights_shape(layer)) for layer in range(trace.adapter.n_layer))
+    return held
 
 
 def file_meta(trace: Trace, *, model: str) -> dict[str, str]:
     return {"model": model, "past_length": str(trace.past_length), "token_texts": json.dumps(trace.token_texts),
-            "format": "kvscope-trace-1"}
+            "format": "kvscope-trace-1", "weights": "computed" if with_weights(trace) else "omitted"}
 
 
 def pack_trace(trace: Trace, fmt: str, *, model: str) -> bytes:
@@ -71,13 +93,13 @@ def entry_names(blob: bytes, fmt: str) -> list[str]:
 
 
 def head_values(trace: Trace, layer: int, head: int, kind: str = "weights") -> torch.Tensor:
-    """One head's (T, Tk) matrix exactly as Inspect draws it: captured softmax weights, or masked / raw
-    scores recomputed from the captured Q and K."""
+    """One head's (T, Tk) matrix exactly as Inspect draws it: softmax weights, or masked / raw scores, all
+    computed from the captured Q and K."""
     if kind not in KINDS:
         raise BadInput("err.classroom.export_kind", kind=kind, kinds=", ".join(KINDS))
     check_indexes(trace, layer=layer, head=head)
     if kind == "weights":
-        return trace.weights(layer)[0, head]
+        return trace.attention_rows(layer, heads=slice(head, head + 1))[0]
     if kind == "masked":
         return trace.masked_scores(layer, head)[0, 0]
     return trace.scores(layer, head)[0, 0]

@@ -42,12 +42,21 @@ def telling_head(weights: list[torch.Tensor], q: int) -> dict:
     Returns ``{"layer", "head", "role", "score", "key"}``: role ``"previous"`` (score = mean weight on the
     previous token), ``"reader"`` (score = the query's weight on key ``key``) or None (layer 0, head 0)."""
     T = weights[0].shape[-1]
-    if T >= 4:  # at least two queries (2 and 3) whose previous token is not token 0
-        top = best(previous_token_scores(weights))
+    previous = previous_token_scores(weights) if T >= 4 else None
+    rows = torch.stack([w[:, q] for w in weights]) if 2 <= q < T else None
+    return choose_head(previous, rows, q)
+
+
+def choose_head(previous: torch.Tensor | None, rows: torch.Tensor | None, q: int) -> dict:
+    """``telling_head`` from its two inputs: ``previous`` (L, H) the previous-token scores (None below 4 tokens),
+    ``rows`` (L, H, Tk) every head's weights of query ``q`` (None when q < 2). A long prompt's trace gives both
+    without any whole map (``app.viz.summaries``)."""
+    if previous is not None:  # at least two queries (2 and 3) whose previous token is not token 0
+        top = best(previous)
         if top["score"] > STRONG:
             return {**top, "role": "previous", "key": None}
-    if 2 <= q < T:
-        rows = torch.stack([w[:, q, 1:q] for w in weights])  # (L, H, q - 1): keys 1 … q-1
+    if rows is not None:
+        rows = rows[..., 1:q]  # (L, H, q - 1): keys 1 … q-1
         peak, at = rows.max(-1)
         top = best(peak)
         if top["score"] > STRONG:

@@ -7,10 +7,11 @@ from app.model.loading import LoadedModel
 from app.model.sampling import top_candidates
 from app.model.trace import Trace
 from app.viz.attention import KINDS, arithmetic, check_indexes, embedding_rows
-from app.viz.head_pick import telling_head
+from app.viz.head_pick import choose_head
 from app.viz.models import model_card
 from app.viz.rotary import rotary_view
 from app.viz.shapes import shape_groups
+from app.viz.summaries import previous_token_shares, query_rows
 from app.viz.tokens import candidate_rows, honest_texts, token_strip, unknown_note, visible
 
 
@@ -40,7 +41,9 @@ def inspect_view(
     choice = None
     if layer is None and head is None:
         check_indexes(trace, pos=q)
-        choice = telling_head([trace.weights(i)[0] for i in range(lm.adapter.n_layer)], q)
+        T = trace.n_tokens  # from q, k and the log-sum-exp: O(T) per head, no whole map
+        choice = choose_head(previous_token_shares(trace) if T >= 4 else None,
+                             query_rows(trace, q) if 2 <= q < T else None, q)
         layer, head = choice["layer"], choice["head"]
         if choice["role"] == "reader":
             choice["key_text"] = visible(trace.token_texts[choice["key"]])
@@ -51,9 +54,9 @@ def inspect_view(
         "key": key,
         "model": model_card(lm),
         "n_tokens": trace.n_tokens,
-        "tokens": token_strip(trace.token_ids, honest_texts(lm, trace.token_ids, trace.token_texts)),
+        "tokens": token_strip(trace.token_ids, honest_texts(lm, trace.token_ids)),
         "unknown": unknown_note(lm, list(trace.token_ids), prompt),
-        "shape_trace": shape_groups(trace.steps, trace.adapter.family, len(trace.token_ids)),
+        "shape_trace": shape_groups(trace.steps, trace.adapter, len(trace.token_ids)),
         "top_k": candidate_rows(lm, top_candidates(trace["probs"][0], k=10)),
         "sel": {"layer": layer, "head": head, "q": q, "kind": kind},
         "choice": choice if choice and choice["role"] else None,  # why the page opened on this head

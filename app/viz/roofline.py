@@ -6,7 +6,6 @@ Pure: measured numbers in, plain data out (the page's script draws it with Plotl
 from __future__ import annotations
 
 from app.model import roofline as rl
-from app.model.spec_lab import RooflineRun
 
 X_RANGE = (0.05, 2000.0)  # FLOP/byte shown
 
@@ -43,7 +42,8 @@ def what_if(lm, *, context: int, batches: tuple[int, ...] = (1, 16)) -> list[dic
     return rows
 
 
-def roofline_view(run: RooflineRun) -> dict:
+def roofline_view(run) -> dict:
+    """``run``: an ``app.labs.speculative.RooflineRun`` (the lab's measurements; viz imports nothing above it)."""
     line = max(p.value for p in run.bandwidth)
     machine = roof(line, run.peak.value)
     gpu = roof(rl.H100_SXM["bandwidth"], rl.H100_SXM["peak_flops"])

@@ -46,11 +46,11 @@ def rotary_view(trace: Trace, layer: int, head: int, pos: int, *, first: int = 8
     kv = a.kv_map[head]
     past = trace.past_length
     m = past + pos  # absolute position of the query
-    q_pre = trace[f"blocks.{layer}.attn.q_prerope"][0, head, pos]  # (Dh,)
+    q_pre = trace.prerope_row(layer, "q", head, pos)  # (Dh,)
     q_rot = trace.q(layer)[0, head, pos]
-    weights = trace.weights(layer)[0, head, pos, : m + 1]
+    weights = trace.attention_rows(layer, slice(pos, pos + 1), slice(head, head + 1))[0, 0, : m + 1]
     n = int(torch.argmax(weights))  # the key this query reads most
-    k_pre = trace[f"blocks.{layer}.attn.k_prerope"][0, kv, n - past] if n >= past else None
+    k_pre = trace.prerope_row(layer, "k", kv, n - past) if n >= past else None
     k_rot = trace.keys(layer)[0, kv, n]
     cos, sin = a.rope_cos_sin(torch.tensor([m]), layer)  # (1, Dh)
     angles = torch.atan2(sin[0], cos[0])  # (Dh,) angle of each dimension at position m (in (-π, π])

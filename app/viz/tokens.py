@@ -1,63 +1,21 @@
-"""Token strip and top-k table view data."""
+"""Token strip and top-k table view data: presentation only (what a token stands for is ``app/model/tokens.py``)."""
 
 from __future__ import annotations
-
-import codecs
-from functools import lru_cache
 
 from app.model.loading import LoadedModel
 from app.model.sampling import Candidate
 
 VISIBLE = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}
-REPLACEMENT = "\ufffd"
 
 
-def _bytes_shown(exc: UnicodeDecodeError) -> tuple[str, int]:
-    """Bytes that are not a whole UTF-8 character shown as their values: ‹e4 bd›."""
-    return "‹" + " ".join(f"{b:02x}" for b in exc.object[exc.start : exc.end]) + "›", exc.end
+def honest_text(lm: LoadedModel, token_id: int) -> str:
+    """A token's text as the model boundary reads it (``app/model/tokens.py``): a byte piece of a multi-byte
+    character is shown by its byte values, ``‹e4 bd›``, instead of a bare "�" that hides which bytes it holds."""
+    return lm.tokens.text(token_id)
 
 
-codecs.register_error("kvscope-bytes", _bytes_shown)
-
-
-@lru_cache
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level BPE alphabet, reversed: the printable character standing for each byte -> the byte."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
-
-
-def token_bytes(lm: LoadedModel, token_id: int) -> bytes | None:
-    """The raw bytes of a byte-level BPE token (GPT-2), or None for a tokenizer that is not byte-level."""
-    piece = lm.tokenizer.convert_ids_to_tokens(int(token_id))
-    decoder = _byte_decoder()
-    if not isinstance(piece, str) or not piece or any(ch not in decoder for ch in piece):
-        return None
-    return bytes(decoder[ch] for ch in piece)
-
-
-def honest_text(lm: LoadedModel, token_id: int, text: str | None = None) -> str:
-    """A token's text; a byte-level piece of a multi-byte character (GPT-2 cuts CJK and emoji into bytes) is
-    shown by its byte values, ``‹e4 bd›``, instead of a bare "�" that hides which bytes it holds."""
-    text = lm.token_text(token_id) if text is None else text
-    if REPLACEMENT not in text:
-        return text
-    raw = token_bytes(lm, token_id)
-    if raw is None:
-        return text
-    return raw.decode("utf-8", errors="kvscope-bytes").replace("›‹", " ")
-
-
-def honest_texts(lm: LoadedModel, ids: list[int], texts: list[str] | None = None) -> list[str]:
-    texts = lm.token_texts(ids) if texts is None else texts
-    return [honest_text(lm, i, t) for i, t in zip(ids, texts, strict=True)]
+def honest_texts(lm: LoadedModel, ids: list[int]) -> list[str]:
+    return lm.tokens.texts(ids)
 
 
 def visible(text: str) -> str:

@@ -26,6 +26,7 @@ from app.web.middleware import BodyLimit
 from app.web.openapi import install as install_openapi
 from app.web.render import NO_GZIP, ROOT, localize, render, request_lang
 from app.web.routes import all_routers
+from app.web.routes.zoom import LONG_CAPTURE_PATH
 from app.web.security import HostAndOrigin, OwnerCookie, SecurityHeaders, allowed_hosts
 
 log = logging.getLogger("kvscope")
@@ -70,7 +71,8 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
     # The last added runs first: headers go on every answer, foreign hosts and origins are refused before
     # anything else runs, then the owner cookie, the body limit and compression.
     app.add_middleware(GZipMiddleware, minimum_size=1024, exclude_content_types=NO_GZIP)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,  # a long prompt's text: its own, larger limit
+                       wider={LONG_CAPTURE_PATH: settings.long_upload_bytes + settings.max_body_bytes})
     app.add_middleware(OwnerCookie, secret=settings.secret.encode() if settings.secret else secrets.token_bytes(32))
     app.add_middleware(HostAndOrigin, hosts=allowed_hosts(settings.host, settings.allowed_hosts),
                        any_ip=settings.host in ("0.0.0.0", "::"))

@@ -12,16 +12,20 @@ import json
 
 
 class BodyLimit:
-    def __init__(self, app, max_bytes: int) -> None:
+    """``wider``: path -> a larger limit for that one route (a long prompt's text, ``Settings.long_upload_bytes``)."""
+
+    def __init__(self, app, max_bytes: int, wider: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.wider = wider or {}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        limit = self.wider.get(scope.get("path", ""), self.max_bytes)
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._reject(scope, send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return await self._reject(scope, send, limit)
         chunks: list[bytes] = []
         seen = 0
         while True:
@@ -30,21 +34,21 @@ class BodyLimit:
                 return await self.app(scope, _replay([message], receive), send)
             body = message.get("body", b"")
             seen += len(body)
-            if seen > self.max_bytes:
-                return await self._reject(scope, send)
+            if seen > limit:
+                return await self._reject(scope, send, limit)
             chunks.append(body)
             if not message.get("more_body", False):
                 break
         whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
         await self.app(scope, _replay([whole], receive), send)
 
-    async def _reject(self, scope, send) -> None:
+    async def _reject(self, scope, send, limit: int) -> None:
         from starlette.requests import Request
 
         from app.i18n import translate
         from app.web.render import request_lang
 
-        text = translate("err.too_large", request_lang(Request(scope)), n=f"{self.max_bytes:,}")
+        text = translate("err.too_large", request_lang(Request(scope)), n=f"{limit:,}")
         body = json.dumps({"detail": text}, ensure_ascii=False).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})

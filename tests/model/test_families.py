@@ -55,7 +55,8 @@ def test_recomputed_attention_equals_transformers(any_model):
     for layer in range(lm.adapter.n_layer):
         theirs = ref.attentions[layer]  # (1, H, T, T)
         assert trace.weights(layer).shape == theirs.shape
-        assert torch.equal(trace.weights(layer), theirs)  # the hook keeps what the model computed
+        # computed from q and k of an SDPA forward: eager's numbers to fp32 noise (not bit for bit past layer 0)
+        assert (trace.weights(layer) - theirs).abs().max() < TOL
         mine = torch.softmax(trace.masked_scores(layer), dim=-1)  # from captured (rotated) q and k
         assert (mine - theirs).abs().max() < TOL
         future = torch.triu(torch.ones(len(ids), len(ids), dtype=torch.bool), 1)
@@ -258,7 +259,7 @@ def test_a_long_prompts_last_position_logits_equal_the_full_forwards(any_model, 
     full = run_traced(lm.model, lm.adapter, trace.token_ids, trace.token_texts)
     assert tuple(full["logits"].shape)[:2] == (1, trace.n_tokens)
     assert torch.allclose(trace["probs"], full["probs"], atol=1e-6)
-    rows = {r["name"]: r for g in shape_groups(trace.steps, lm.adapter.family, trace.n_tokens) for r in g["rows"]}
+    rows = {r["name"]: r for g in shape_groups(trace.steps, lm.adapter, trace.n_tokens) for r in g["rows"]}
     assert rows["logits"]["shape"].startswith("(1, 1, ") and rows["logits"]["explain_key"] == "step.logits_last"
 
 

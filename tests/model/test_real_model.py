@@ -17,10 +17,12 @@ from app.viz.tokens import visible
 
 PARAGRAPH = LONG_TEXT.split("\n\n")[0]
 
-# Measured on this model and paragraph (CPU, fp32): KVScope's weights recomputed from its captured q and k equal
-# transformers' eager weights exactly (the same operations on the same floats); a float64 recomputation from each
-# layer's input differs from the fp32 weights by 0.7e-6 … 2.7e-6 per layer. The bounds leave ~4x headroom.
-RECOMPUTE_TOL = 1e-6
+# Measured on this model and paragraph (CPU, fp32): KVScope's capture runs the forward through SDPA's fused kernel,
+# eager attention sums in another order, so from layer 1 on the captured q and k differ from eager's by float noise;
+# the weights computed from them differ from transformers' eager weights by at most 4.9e-6 (112 tokens, 30 layers).
+# A float64 recomputation from each layer's input differs from the fp32 eager weights by 0.7e-6 … 2.7e-6 per layer.
+# The bounds leave ~4x headroom.
+RECOMPUTE_TOL = 2e-5
 F64_TOL = 1e-5
 
 
@@ -76,7 +78,7 @@ def test_every_heads_captured_attention_equals_transformers_eager_reading(smol, 
         theirs = eager.attentions[layer][0]  # (9, T, T)
         mine = trace.weights(layer)[0]
         assert mine.shape == (9, len(ids), len(ids))
-        assert torch.equal(mine, theirs), layer  # the hook keeps what the model computed
+        assert (mine - theirs).abs().max() <= RECOMPUTE_TOL, layer  # computed from the SDPA forward's q and k
         recomputed = torch.softmax(trace.masked_scores(layer), -1)[0]  # KVScope's own q·kᵀ from captured q, k
         assert (recomputed - theirs).abs().max() <= RECOMPUTE_TOL, layer
         by_hand = _weights_f64(smol, layer, eager.hidden_states[layer][0])

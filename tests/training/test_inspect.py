@@ -8,7 +8,7 @@ import torch
 from app.errors import BadInput
 from app.labs.train import TrainingJob, make_spec
 from app.model.builtin import article_corpus_text
-from app.training.inspect import cached_vs_full, memory_view, param_view
+from app.training.inspect import cached_vs_full, memory_view, param_view, parameter_names
 from app.training.trainer import TrainConfig, train
 
 QKV = "transformer.h.0.attn.c_attn.weight"
@@ -103,3 +103,49 @@ def test_resume_replays_the_same_batches_as_an_uninterrupted_run():
     rest = train(split.model, split.data, spec.config, optimizer=split.optimizer, start_step=3)
     assert [h.step for h in first + rest] == list(range(6))
     assert torch.allclose(torch.tensor([h.loss for h in first + rest]), torch.tensor([h.loss for h in full]), atol=1e-5)
+
+
+def test_the_page_opens_on_the_fused_query_projection_of_layer_0(tiny):
+    """The default the training lab shows comes from the adapter and is what it always was on the built-in model."""
+    opt = torch.optim.AdamW(tiny.model.parameters())
+    names = parameter_names(tiny.model)
+    assert [p["name"] for p in names if p["default"]] == [QKV]
+    assert param_view(tiny.model, opt, None, "q") == param_view(tiny.model, opt, QKV, "q")
+    assert param_view(tiny.model, opt, QKV, "v")["slice"] == "[..., 64:96]"
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv1d: bool) -> torch.Tensor:
+    y = x @ weight if conv1d else x @ weight.T  # GPT-2's Conv1D stores (in, out), nn.Linear (out, in)
+    return y + bias if bias is not None else y
+
+
+def test_each_familys_qkv_parameters_make_the_captured_q_k_v(any_model):
+    """The parameters the adapter names as a layer's q/k/v projections (sliced where fused) reproduce the q/k/v the
+    model computed: the captured ``attn.v`` (and q, k before rotation where no q/k norm follows the projection)."""
+    from app.model.adapters import adapter_class
+    from app.model.capture import run_traced
+
+    lm = any_model
+    cls, config, a = adapter_class(lm.model.config.model_type), lm.model.config, lm.adapter
+    params = dict(lm.model.named_parameters())
+    ids = lm.encode("The cat sat on the mat")
+    trace = run_traced(lm.model, a, ids, lm.token_texts(ids))
+    assert cls.default_parameter(config) in params
+    for layer in range(a.n_layer):
+        names = cls.qkv_parameters(config, layer)
+        x = trace[f"blocks.{layer}.ln_1"]  # (1, T, D)
+        parts = ["v"] if a.qk_norm else ["q", "k", "v"]
+        for part in parts:
+            if "qkv" in names:
+                fused = cls.fused_qkv(config, names["qkv"])
+                bias = params.get(names["qkv"].replace(".weight", ".bias"))
+                assert fused is not None and cls.fused_qkv(config, names["qkv"].replace(".weight", ".bias")) == fused
+                y = _linear(x, params[names["qkv"]][fused.index(part)],
+                            None if bias is None else bias[fused.index(part)], conv1d=True)
+            else:
+                assert cls.fused_qkv(config, names[part]) is None
+                y = _linear(x, params[names[part]], params.get(names[part].replace(".weight", ".bias")), conv1d=False)
+            heads = a.n_head if part == "q" else a.n_kv_head
+            name = f"{part}_prerope" if a.rotary and part != "v" else part  # before rotation
+            want = trace[f"blocks.{layer}.attn.{name}"]
+            assert torch.allclose(a.split_heads(y, heads), want, atol=1e-5), (layer, part)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.viz.tokens import honest_text, honest_texts, token_bytes, visible
+from app.viz.tokens import honest_text, honest_texts, visible
 
 
 def test_gpt2_pieces_of_a_chinese_character_show_their_bytes(distil):
@@ -10,13 +10,13 @@ def test_gpt2_pieces_of_a_chinese_character_show_their_bytes(distil):
     texts = honest_texts(distil, ids)
     assert "".join(texts).replace("‹", "").replace("›", "")  # something is shown for every piece
     assert all("\ufffd" not in t for t in texts), texts
-    joined = b"".join(token_bytes(distil, i) for i in ids)
+    joined = b"".join(distil.tokens.token_bytes(i) for i in ids)
     assert joined == "你好😀".encode()
     partial = [t for t in texts if t.startswith("‹") or "‹" in t]
     assert partial, texts
     for i, t in zip(ids, texts, strict=True):  # every ‹..› lists exactly the bytes of that token
         if "‹" in t and t.startswith("‹") and t.endswith("›"):
-            assert bytes.fromhex(t[1:-1].replace(" ", "")) == token_bytes(distil, i)
+            assert bytes.fromhex(t[1:-1].replace(" ", "")) == distil.tokens.token_bytes(i)
 
 
 def test_whole_characters_and_char_level_tokens_stay_as_they_are(distil, tiny):

@@ -76,3 +76,67 @@ def test_the_roofline_api_places_steps_on_a_measured_roof(client):
     assert v["gpu"]["bandwidth"] == 3.35e12 and v["gpu"]["peak"] == 989e12
     page = client.post("/speculative/roofline", data={"model": "builtin"}, headers={"HX-Request": "true"})
     assert 'id="roofline-data"' in page.text and 'id="roofline-chart"' in page.text
+
+
+def _bytes_per_block(lm, block_size: int, n_layer: int) -> int:
+    """K and V of every layer, every KV head, float32: the second way to a block's bytes."""
+    a = lm.adapter
+    return 2 * n_layer * a.n_kv_head * a.head_dim * 4 * block_size
+
+
+@pytest.mark.parametrize("block_size", [2, 4])
+def test_each_rounds_paged_blocks_follow_from_its_cache_lengths(client, tiny, block_size):
+    body = {"model": "builtin", "prompt": "The cache holds", "draft": "early", "exit_layer": 1, "gamma": 4,
+            "max_new_tokens": 12, "mode": "sample", "temperature": 1.5, "seed": 5, "block_size": block_size}
+    v = client.post("/api/speculative/run", json=body).json()
+    assert v["block_size"] == block_size
+    assert v["block_bytes"] == {"target": _bytes_per_block(tiny, block_size, tiny.adapter.n_layer),
+                                "draft": _bytes_per_block(tiny, block_size, 1)}
+    assert any(r["accepted"] < 4 for r in v["rounds"]), "no rejection: nothing to free"
+
+    def need(n: int) -> int:
+        return -(-n // block_size)
+
+    freed_any = False
+    for r in v["rounds"]:
+        for who in ("target", "draft"):
+            b, start, before, after = (r["blocks"][who], r[f"{who}_start"], r[f"{who}_before"], r[f"{who}_after"])
+            assert (b["start"], b["peak_length"], b["length"]) == (start, before, after)
+            assert b["used_peak"] == need(before) and b["used"] == need(after)
+            assert len(b["freed"]) == need(before) - need(after)
+            assert b["earlier"] == start // block_size and b["earlier"] + len(b["blocks"]) == need(before)
+            assert [x["id"] for x in b["blocks"] if x["freed"]] == b["freed"]
+            assert b["freed_bytes"] == len(b["freed"]) * v["block_bytes"][who]
+            states = [s for x in b["blocks"] for s in x["slots"]]
+            assert states.count("dropped") == before - after and states.count("kept") == after - start
+            freed_any |= bool(b["freed"])
+    assert freed_any
+    page = client.post("/speculative/run", data={k: str(x) for k, x in body.items()}, headers={"HX-Request": "true"})
+    assert 'class="blk freed' in page.text and 'id="spec-blocks-key"' in page.text
+
+
+def test_a_block_size_the_lab_does_not_offer_is_refused(client):
+    for lang, text in (("en", "Block size must be one of 1, 2, 4, 8, 16"), ("zh", "块大小必须是 1, 2, 4, 8, 16 之一")):
+        r = client.post("/api/speculative/run", json={"model": "builtin", "block_size": 3},
+                        headers={"X-KVScope-Lang": lang})
+        assert r.status_code == 422 and text in r.json()["detail"]
+
+
+def test_a_second_model_with_the_same_tokenizer_drafts_through_the_lab(settings, family_models):
+    """Two tiny checkpoints sharing GPT-2's tokenizer (offline stand-ins for DistilGPT-2 → GPT-2): the lab offers
+    the second as a draft, and greedy speculative output equals the target's greedy output."""
+    from fastapi.testclient import TestClient
+
+    from app.web.main import create_app
+    from tests.conftest import make_state
+
+    target, draft = family_models["llama"], family_models["qwen2"]
+    with TestClient(create_app(state=make_state(settings, target, draft))) as c:
+        page = c.get(f"/speculative?model={target.name}")
+        assert f'<option value="{draft.name}">' in page.text and 'value="model"' in page.text
+        for prompt in ("The cache holds", "Attention reads every key"):
+            v = c.post("/api/speculative/run", json={"model": target.name, "prompt": prompt, "draft": "model",
+                                                      "gamma": 3, "max_new_tokens": 8}).json()
+            assert v["draft_name"] == draft.name and v["exit_layer"] is None
+            assert v["same_as_plain"] is True and v["tokens"] == 8
+            assert v["block_bytes"]["draft"] == _bytes_per_block(draft, 4, draft.adapter.n_layer)

@@ -33,6 +33,8 @@ def test_page_shows_the_defaults_and_labelled_axes(train_client):
     assert layout["xaxis"]["title"]["text"] == "step (optimizer updates)"
     assert layout["yaxis"]["title"]["text"] == "cross-entropy loss (nats)"
     assert init["status"]["status"] == "idle"
+    # The parameter shown first is the one the model's adapter names: layer 0's fused q/k/v projection.
+    assert re.findall(r'<option value="([^"]+)" selected>', html) == ["transformer.h.0.attn.c_attn.weight"]
     # Before any step the shift table is the real first batch: targets are inputs moved left by one.
     ins = re.findall(r'<tr class="shift-in">(.*?)</tr>', html, re.S)[0]
     tgs = re.findall(r'<tr class="shift-tg">(.*?)</tr>', html, re.S)[0]

@@ -7,11 +7,17 @@ adapter's words:
                max_positions, vocab_size, dtype
   kv_map       query head -> the KV head it reads (grouped-query attention; identity for plain MHA)
   embeddings   token_table (V, D); position_table (P, D) or None when positions are rotary (nothing added)
-  hook points  named tensors in execution order (``blocks.3.attn.weights``), each with its module
+  hook points  named tensors in execution order (``blocks.3.attn.lse``), each with its module
   derive       per-head q / k / v as attention uses them (after rotation for RoPE models, with the
                pre-rotation q / k beside them), per-head outputs
   cache        ``layer_cache(cache, i)`` -> K, V of transformers' cache, (B, H_kv, T, Dh) each
   layers       ``spec(i)``: how layer i attends (``LayerSpec``: window, scale, soft-cap, rotary base)
+  parameters   ``qkv_parameters(config, i)``, ``fused_qkv(config, name)``, ``default_parameter(config)``: which
+               parameters are layer i's q/k/v projections and how to cut q, k, v out of a fused one (class
+               methods: the training lab reads models it builds itself, without eager attention)
+  parts        ``capabilities``: the known parts it is built from (norm kind, MLP kind, rotary or a position
+               table, fused or separate q/k/v, q/k norm, norms after attention and MLP ...), what pages explain
+               it by instead of its family name
   block parts  ``embed``, ``attn_in``, ``qkv`` (before rotation), ``rotate_qk``, ``attn_out``, ``mlp_branch``:
                the pieces of one block, read off the model's own modules
   forward      ``forward_through(store, ids)``, written once here from the block parts, with attention done
@@ -29,7 +35,8 @@ width, Tk keys attended to = past + T, V vocabulary)::
     blocks.{i}.attn.q         # (B, H, T, Dh)   queries as attention uses them
     blocks.{i}.attn.k         # (B, H_kv, T, Dh) keys as cached
     blocks.{i}.attn.v         # (B, H_kv, T, Dh)
-    blocks.{i}.attn.weights   # (B, H, T, Tk)   softmax weights
+    blocks.{i}.attn.lse       # (B, H, T)       each query row's log-sum-exp of its scores (the attention
+                              #                 module's second output under capture: ``app/model/capture.py``)
     blocks.{i}.attn.merged    # (B, T, H·Dh)    heads concatenated, input of the output projection
     blocks.{i}.attn.head_out  # (B, H, T, Dh)   the same, per head
     blocks.{i}.attn.out       # (B, T, D)
@@ -80,6 +87,55 @@ class LayerSpec:
         return self.window is not None
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """The known parts a model is built from, model-wide: what the pages explain a model by, never its family
+    name (TransformerLens's config flags: normalization type, positional embedding type ...). A new family made
+    of parts listed here needs no new words; ``facets`` names each part's value for the catalog's keys.
+    """
+
+    norm: str  # "layernorm" | "rmsnorm"
+    mlp: str  # "gelu" (fc -> act -> proj) | "swiglu" / "geglu" (act(gate) * up -> down)
+    positions: str  # "table" (a learned row added per position) | "rotary" (q and k turned by the position)
+    qkv: str  # "fused" (one projection, sliced into q, k, v) | "separate" (three projections)
+    qk_norm: bool  # a norm on each head's q and k before rotation (Qwen3, Gemma 3)
+    post_norms: bool  # a norm after attention and after the MLP too (Gemma's "sandwich")
+    embed_scaled: bool  # the token row is multiplied by a constant on the way in (Gemma: √d_model)
+    tied: bool  # the unembedding reads the token table itself
+    attention: str  # "MHA" | "GQA" | "MQA"
+
+    def facets(self) -> dict[str, str]:
+        """Each part as one word, for catalog keys (``step.ln_1.rmsnorm``)."""
+        return {
+            "norm": self.norm, "mlp": self.mlp, "positions": self.positions, "qkv": self.qkv,
+            "qk_norm": "qk_norm" if self.qk_norm else "no_qk_norm",
+            "post_norms": "post_norm" if self.post_norms else "no_post_norm",
+            "embedding": "scaled" if self.embed_scaled else "unscaled",
+            "unembedding": "tied" if self.tied else "untied",
+            "attention": self.attention.lower(),
+        }
+
+
+@dataclass(frozen=True)
+class FusedQKV:
+    """One parameter holding a layer's query, key and value projections side by side (GPT-2's fused projection):
+    along ``axis`` of the parameter as stored, q's block, then k's, then v's."""
+
+    axis: int  # -1 for GPT-2's Conv1D weight, stored (in, out), and for its bias
+    widths: tuple[int, int, int]  # of the q, k and v blocks along it (H·Dh, H_kv·Dh, H_kv·Dh)
+
+    def bounds(self, part: str) -> tuple[int, int]:
+        """[lo, hi) of ``part`` ("q", "k" or "v") along ``axis``."""
+        i = "qkv".index(part)
+        lo = sum(self.widths[:i])
+        return lo, lo + self.widths[i]
+
+    def index(self, part: str) -> tuple:
+        """The index that selects ``part`` from the parameter: ``p[fused.index("k")]``."""
+        lo, hi = self.bounds(part)
+        return (..., slice(lo, hi)) if self.axis == -1 else (*(slice(None),) * self.axis, slice(lo, hi))
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """[x1, x2] -> [-x2, x1] over the last dimension (transformers' RoPE layout: j pairs with j + Dh/2)."""
     half = x.shape[-1] // 2
@@ -113,14 +169,13 @@ class ModelAdapter(ABC):
     norm_kind: ClassVar[str] = "layernorm"  # "layernorm" | "rmsnorm"
     mlp_kind: ClassVar[str] = "gelu"  # "gelu" (fc -> act -> proj) | "swiglu" / "geglu" (act(gate) * up -> down)
     post_norms: ClassVar[bool] = False  # a norm after attention and after the MLP too (Gemma's "sandwich")
+    qk_norm: bool = False  # a norm on each head's q and k before rotation (set by read_sizes where a config says so)
     embed_scale: float = 1.0  # the token row is multiplied by this on the way in (Gemma: √d_model)
 
     def __init__(self, model: nn.Module) -> None:
         config = model.config
         if getattr(config, "model_type", None) not in self.model_types:
             raise ValueError(f"{type(self).__name__} does not read model_type={config.model_type!r}")
-        if config._attn_implementation != "eager":
-            raise ValueError("attention weights need eager attention (attn_implementation='eager')")
         self.model = model
         self.config = config
         self.dtype = next(model.parameters()).dtype
@@ -153,8 +208,40 @@ class ModelAdapter(ABC):
             return "MHA"
         return "MQA" if self.n_kv_head == 1 else "GQA"
 
+    @property
+    def capabilities(self) -> Capabilities:
+        """The parts this model is built from (the class variables above, the sizes, the tied unembedding)."""
+        out = self.model.get_output_embeddings()
+        return Capabilities(
+            norm=self.norm_kind, mlp=self.mlp_kind, positions="rotary" if self.rotary else "table",
+            qkv="fused" if "qkv" in self.qkv_parameters(self.config, 0) else "separate",
+            qk_norm=self.qk_norm, post_norms=self.post_norms,
+            embed_scaled=self.embed_scale != 1.0,
+            tied=out is not None and out.weight.data_ptr() == self.token_table.data_ptr(),
+            attention=self.attention_kind,
+        )
+
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
+
+    # --- parameters by role (class methods of the config: no adapter instance, no eager attention needed) ----
+    @classmethod
+    @abstractmethod
+    def qkv_parameters(cls, config, layer: int) -> dict[str, str]:
+        """Names of ``layer``'s query/key/value projection weights, as a causal LM of this family's
+        ``named_parameters()`` gives them: ``{"qkv": name}`` where one parameter makes all three, else
+        ``{"q": .., "k": .., "v": ..}``."""
+
+    @classmethod
+    def fused_qkv(cls, config, name: str) -> FusedQKV | None:
+        """How q, k and v sit in parameter ``name`` when it is a fused projection's weight or bias; None otherwise."""
+        return None
+
+    @classmethod
+    def default_parameter(cls, config) -> str:
+        """The parameter a page shows first: layer 0's query projection (the fused one where q, k, v share one)."""
+        names = cls.qkv_parameters(config, 0)
+        return names.get("qkv") or names["q"]
 
     # --- embeddings --------------------------------------------------------------------------------
     @property

@@ -77,7 +77,7 @@ class Gemma3Adapter(LlamaAdapter):
                 HookPoint(f"{b}.attn.k_proj", at.k_norm, "output",
                           ps(at.k_proj, "self_attn.k_proj") + ps(at.k_norm, "self_attn.k_norm")),
                 HookPoint(f"{b}.attn.v_proj", at.v_proj, "output", ps(at.v_proj, "self_attn.v_proj")),
-                HookPoint(f"{b}.attn.weights", at, "output1", ()),
+                HookPoint(f"{b}.attn.lse", at, "output1", ()),
                 HookPoint(f"{b}.attn.merged", at.o_proj, "input0", ()),
                 HookPoint(f"{b}.attn.o_proj", at.o_proj, "output", ps(at.o_proj, "self_attn.o_proj")),
                 HookPoint(f"{b}.attn.out", layer.post_attention_layernorm, "output",

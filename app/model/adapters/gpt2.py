@@ -13,10 +13,12 @@ Family-specific hook points, besides the shared ones (see ``base``)::
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 
-from app.model.adapters.base import HookPoint, LayerSpec, ModelAdapter, params_of
+from app.model.adapters.base import FusedQKV, HookPoint, LayerSpec, ModelAdapter, params_of
 
 
 class GPT2Adapter(ModelAdapter):
@@ -32,6 +34,20 @@ class GPT2Adapter(ModelAdapter):
         self.d_mlp = config.n_inner or 4 * config.n_embd
         self.max_positions = config.n_positions
         self.vocab_size = config.vocab_size
+
+    # --- parameters by role: one Conv1D, c_attn, makes q, k and v; its weight is stored (in, out) = (D, 3D) ----
+    FUSED = re.compile(r"transformer\.h\.\d+\.attn\.c_attn\.(weight|bias)")
+
+    @classmethod
+    def qkv_parameters(cls, config, layer: int) -> dict[str, str]:
+        return {"qkv": f"transformer.h.{layer}.attn.c_attn.weight"}
+
+    @classmethod
+    def fused_qkv(cls, config, name: str) -> FusedQKV | None:
+        """Columns [0, D) of c_attn make q, [D, 2D) k, [2D, 3D) v: ``q, k, v = c_attn(x).split(D, dim=-1)``."""
+        if not cls.FUSED.fullmatch(name):
+            return None
+        return FusedQKV(axis=-1, widths=(config.n_embd,) * 3)
 
     @property
     def token_table(self) -> torch.Tensor:
@@ -58,7 +74,7 @@ class GPT2Adapter(ModelAdapter):
             points += [
                 HookPoint(f"{b}.ln_1", block.ln_1, "output", params_of(block.ln_1, f"{p}.ln_1")),
                 HookPoint(f"{b}.attn.qkv", attn.c_attn, "output", params_of(attn.c_attn, f"{p}.attn.c_attn")),
-                HookPoint(f"{b}.attn.weights", attn, "output1", ()),
+                HookPoint(f"{b}.attn.lse", attn, "output1", ()),
                 HookPoint(f"{b}.attn.merged", attn.c_proj, "input0", ()),
                 HookPoint(f"{b}.attn.out", attn.c_proj, "output", params_of(attn.c_proj, f"{p}.attn.c_proj")),
                 HookPoint(f"{b}.resid_mid", block.ln_2, "input0", ()),
@@ -82,13 +98,13 @@ class GPT2Adapter(ModelAdapter):
     def derive(self, captured: dict[str, torch.Tensor], positions: torch.Tensor) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for name, tensor in captured.items():
-            if name.endswith(".attn.weights"):
+            if name.endswith(".attn.lse"):
                 continue  # placed with q/k/v below: the attention module's hook fires after c_proj's
             out[name] = tensor
             if name.endswith(".attn.qkv"):
                 prefix = name[: -len("qkv")]
                 out[prefix + "q"], out[prefix + "k"], out[prefix + "v"] = self.split_qkv(tensor)
-                out[prefix + "weights"] = captured[prefix + "weights"]
+                out[prefix + "lse"] = captured[prefix + "lse"]
             elif name.endswith(".attn.merged"):
                 out[name[: -len("merged")] + "head_out"] = self.split_heads(tensor)
         return out

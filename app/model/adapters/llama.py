@@ -53,6 +53,10 @@ class LlamaAdapter(ModelAdapter):
     def _base(self) -> nn.Module:
         return self.model.model
 
+    @classmethod
+    def qkv_parameters(cls, config, layer: int) -> dict[str, str]:
+        return {p: f"model.layers.{layer}.self_attn.{p}_proj.weight" for p in "qkv"}  # three Linear layers
+
     @property
     def token_table(self) -> torch.Tensor:
         return self._base.embed_tokens.weight  # (V, D)
@@ -88,7 +92,7 @@ class LlamaAdapter(ModelAdapter):
                 HookPoint(f"{b}.attn.q_proj", q_src, "output", q_params),
                 HookPoint(f"{b}.attn.k_proj", k_src, "output", k_params),
                 HookPoint(f"{b}.attn.v_proj", at.v_proj, "output", params_of(at.v_proj, f"{p}.self_attn.v_proj")),
-                HookPoint(f"{b}.attn.weights", at, "output1", ()),
+                HookPoint(f"{b}.attn.lse", at, "output1", ()),
                 HookPoint(f"{b}.attn.merged", at.o_proj, "input0", ()),
                 HookPoint(f"{b}.attn.out", at.o_proj, "output", params_of(at.o_proj, f"{p}.self_attn.o_proj")),
                 HookPoint(f"{b}.resid_mid", layer.post_attention_layernorm, "input0", ()),
@@ -115,7 +119,7 @@ class LlamaAdapter(ModelAdapter):
         out: dict[str, torch.Tensor] = {}
         rope: dict = {}  # what ``_layer_rope`` worked out once and reuses for later layers
         for name, tensor in captured.items():
-            if name.endswith(".attn.weights"):
+            if name.endswith(".attn.lse"):
                 continue  # placed after q/k/v: the attention module's hook fires after o_proj's
             if name == "embed.wte":
                 out.update(self._embedding_rows(tensor))
@@ -129,7 +133,7 @@ class LlamaAdapter(ModelAdapter):
                 out[prefix + "q"] = apply_rope(q_pre, cos, sin)
                 out[prefix + "k"] = apply_rope(k_pre, cos, sin)
                 out[prefix + "v"] = self._heads(tensor, self.n_kv_head)
-                out[prefix + "weights"] = captured[prefix + "weights"]
+                out[prefix + "lse"] = captured[prefix + "lse"]
             elif name.endswith(".attn.merged"):
                 out[name[: -len("merged")] + "head_out"] = self.split_heads(tensor)
         return out

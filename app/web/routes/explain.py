@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 
 from app.model.ablation import ablated_last_logits
 from app.viz.explain import ablation_view, lens_view, parse_heads, sinks_view
+from app.viz.summaries import first_token_shares
 from app.web.deps import StateDep
 from app.web.render import render
 
@@ -23,8 +24,8 @@ LENS_EXAMPLE = "The capital of France is"
 def read_sinks(request: Request, state: StateDep, key: str, first: int = 1):
     """Per layer and head, the share of attention on the first ``first`` tokens."""
     lm, trace = state.trace_by_key(key)
-    weights = [trace.weights(layer)[0] for layer in range(lm.adapter.n_layer)]
-    view = sinks_view(weights, first=first, token_texts=trace.token_texts)
+    shares = first_token_shares(trace, first) if 1 <= first < trace.n_tokens else None  # else: sinks_view says why
+    view = sinks_view(first=first, token_texts=trace.token_texts, shares=shares)
     return render(request, "partials/_sinks.html", sinks=view, key=key)
 
 
@@ -32,9 +33,9 @@ def read_sinks(request: Request, state: StateDep, key: str, first: int = 1):
 def read_lens(request: Request, state: StateDep, key: str):
     """Every layer's residual stream through the final norm and the unembedding."""
     lm, trace = state.trace_by_key(key)
-    resid = [trace["embed.h0"][0]] + [trace[f"blocks.{i}.resid_out"][0] for i in range(lm.adapter.n_layer)]
+    start, resid = trace.residuals(last=12)  # h0 and every block's output at the positions the lens shows
     with state.model_lock:
-        view = lens_view(lm.adapter, resid, token_texts=trace.token_texts, token_text=lm.token_text)
+        view = lens_view(lm.adapter, resid, token_texts=trace.token_texts, token_text=lm.token_text, offset=start)
     example = LENS_EXAMPLE if trace.token_texts != lm.token_texts(lm.encode(LENS_EXAMPLE)) else None
     return render(request, "partials/_lens.html", lens=view, key=key, model=lm.name, example=example)
 

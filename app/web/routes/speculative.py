@@ -1,7 +1,7 @@
 """The speculative-decoding lab: /speculative (the page), its two htmx forms, and /api/speculative/*.
 
 Runs take seconds of model time: bounded by ``Settings.spec_*`` and ``Settings.roofline_*``, one at a time through
-the model gate (``app.model.spec_lab``). Nothing is kept between requests.
+the model gate (``app.labs.speculative``). Nothing is kept between requests.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from pydantic import Field
 
-from app.model.spec_lab import default_exit_layer, draft_models, roofline_request, run_request
+from app.labs.speculative import BLOCK_SIZES, default_exit_layer, draft_models, roofline_request, run_request
 from app.viz.roofline import roofline_view
 from app.viz.speculative import spec_view
 from app.web.deps import StateDep
@@ -34,6 +34,7 @@ class SpecBody(Body):
     mode: str = Field("greedy", description="greedy or sample")
     temperature: float = 1.0
     seed: int = Field(0, ge=0, lt=2**31)
+    block_size: int = Field(4, description="tokens per paged block in the block view (1, 2, 4, 8 or 16)")
 
 
 class RooflineBody(Body):
@@ -43,10 +44,11 @@ class RooflineBody(Body):
 def _form(state, model: str | None, **values) -> dict:
     lm = state.model(model)
     form = {"model": lm.name, "prompt": DEFAULT_PROMPT, "draft": "early", "exit_layer": default_exit_layer(lm),
-            "draft_model": None, "gamma": 4, "max_new_tokens": 24, "mode": "greedy", "temperature": 1.0, "seed": 0}
+            "draft_model": None, "gamma": 4, "max_new_tokens": 24, "mode": "greedy", "temperature": 1.0, "seed": 0,
+            "block_size": 4}
     form.update({k: v for k, v in values.items() if v is not None})
     return {"form": form, "n_layer": lm.adapter.n_layer, "candidates": draft_models(state, lm),
-            "limits": state.settings}
+            "limits": state.settings, "block_sizes": BLOCK_SIZES}
 
 
 @router.get("/speculative", include_in_schema=False)
@@ -61,11 +63,11 @@ def run_speculative_form(
     exit_layer: Annotated[int | None, Form()] = None, draft_model: Annotated[str | None, Form()] = None,
     gamma: Annotated[int, Form()] = 4, max_new_tokens: Annotated[int, Form()] = 24,
     mode: Annotated[str, Form()] = "greedy", temperature: Annotated[float, Form()] = 1.0,
-    seed: Annotated[int, Form(ge=0, lt=2**31)] = 0,
+    seed: Annotated[int, Form(ge=0, lt=2**31)] = 0, block_size: Annotated[int, Form()] = 4,
 ):
     run = run_request(state, model=model, prompt=prompt, draft=draft, exit_layer=exit_layer,
                       draft_model=draft_model or None, gamma=gamma, max_new_tokens=max_new_tokens, mode=mode,
-                      temperature=temperature, seed=seed)
+                      temperature=temperature, seed=seed, block_size=block_size)
     return render(request, "partials/_speculative_result.html", page="speculative", view=spec_view(run))
 
 
@@ -78,10 +80,11 @@ def run_roofline_form(request: Request, state: StateDep, model: Annotated[str | 
 @router.post("/api/speculative/run", tags=["speculative"], responses=errors(422, 429, 503))
 def run_speculative(state: StateDep, body: SpecBody) -> dict:
     """Speculative decoding of the prompt, then plain decoding of the same tokens: every round's drafted tokens with
-    p and q, kept / rejected, cache lengths before and after the rollback; acceptance per position, speed-up."""
+    p and q, kept / rejected, cache lengths before and after the rollback and the paged blocks it wrote and freed;
+    acceptance per position, speed-up."""
     run = run_request(state, model=body.model, prompt=body.prompt, draft=body.draft, exit_layer=body.exit_layer,
                       draft_model=body.draft_model, gamma=body.gamma, max_new_tokens=body.max_new_tokens,
-                      mode=body.mode, temperature=body.temperature, seed=body.seed)
+                      mode=body.mode, temperature=body.temperature, seed=body.seed, block_size=body.block_size)
     return spec_view(run)
 
 

@@ -22,9 +22,6 @@ from app.web.render import render, request_lang
 
 router = APIRouter()
 
-DEFAULT_PARAM = "transformer.h.0.attn.c_attn.weight"
-
-
 class StartRequest(Body):
     source: str = "builtin"
     text: str | None = None
@@ -45,9 +42,8 @@ def read_train_page(request: Request, lab: TrainingDep, owner: OwnerDep):
     lang = request_lang(request)
     page = lab.page(lang, owner)
     init = {"status": page["status"], "figure": loss_figure([tuple(p) for p in page["status"]["losses"]],
-                                                            translator(lang)), "default_param": DEFAULT_PARAM}
-    return render(request, "train.html", page="train", init=init, script_keys=SCRIPT_STRINGS,
-                  default_param=DEFAULT_PARAM, **page)
+                                                            translator(lang))}
+    return render(request, "train.html", page="train", init=init, script_keys=SCRIPT_STRINGS, **page)
 
 
 @router.get("/train/step", include_in_schema=False)
@@ -122,9 +118,11 @@ def read_parameter_names(lab: TrainingDep) -> list[dict]:
 
 @router.get("/api/train/param", tags=["train"], responses=errors(422))
 def read_parameter(
-    request: Request, lab: TrainingDep, name: str = DEFAULT_PARAM, part: str | None = "q", lang: str | None = None
+    request: Request, lab: TrainingDep, name: str | None = None, part: str | None = "q", lang: str | None = None
 ) -> dict:
-    """One parameter's value, grad, exp_avg, exp_avg_sq and AdamW step, with a heatmap spec for each.
+    """One parameter's value, grad, exp_avg, exp_avg_sq and AdamW step, with a heatmap spec for each (``name``
+    left out: the parameter the page opens on, layer 0's query projection; ``part`` q, k, v or all slices a fused
+    q/k/v projection).
 
     Axis titles are in ``lang`` (else the language cookie, else English)."""
     return param_figures(lab.parameter(name, part), translator(request_lang(request)))

@@ -1,0 +1,96 @@
+"""The deep-zoom heatmap as the server runs it: a trace found by key, one head's pyramid kept, tiles and cells read.
+
+    meta(state, key)                                  T, levels, tile size, the layers and heads, every token's text
+    tile(state, key, layer, head, level, row, col, pool)   one pooled tile (float32, row-major) and its shape
+    cell(state, key, layer, head, q, k)               one exact weight and the two tokens
+
+Traces are found as every ``/api/traces/{key}/...`` route finds them (``AppState.trace_by_key``: 410 once the key
+is unknown, recomputed if only evicted). ``ZoomLab`` keeps each head's pooled base (``app/viz/zoom.py``), least
+recently used dropped first within ``Settings.zoom_cache_bytes``; a base holds numbers only, never the trace, so
+the trace store's budget and time-to-live still decide how long a trace lives.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import torch
+
+from app.errors import BadInput
+from app.model.trace import Trace
+from app.viz.attention import check_indexes
+from app.viz.tokens import visible
+from app.viz.zoom import POOLS, TILE, HeadPyramid, check_pool, tiles_per_side
+
+PREVIEW_TOKENS = 40  # the prompt's opening, shown on the long-prompt page
+
+
+class ZoomLab:
+    """Pyramids by (trace key, layer, head); one lock per pyramid so concurrent tiles of one head make its base
+    once."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[tuple[str, int, int], tuple[HeadPyramid, threading.Lock]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def pyramid(self, key: str, trace: Trace, layer: int, head: int) -> tuple[HeadPyramid, threading.Lock]:
+        with self._lock:
+            item = self._items.get((key, layer, head))
+            if item is None:
+                item = (HeadPyramid(trace.n_tokens, trace.total_length, past=trace.past_length), threading.Lock())
+                self._items[(key, layer, head)] = item
+            self._items.move_to_end((key, layer, head))
+            return item
+
+    def trim(self) -> None:
+        """Drop the least recently used pyramids until the bases fit ``max_bytes`` (the newest always stays)."""
+        with self._lock:
+            while len(self._items) > 1 and self.nbytes() > self.max_bytes:
+                self._items.popitem(last=False)
+
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p, _ in self._items.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+def meta(state, key: str) -> dict:
+    lm, trace = state.trace_by_key(key)
+    n = max(trace.n_tokens, trace.total_length)
+    pyr = HeadPyramid(trace.n_tokens, trace.total_length)
+    return {"key": key, "model": lm.name, "rows": trace.n_tokens, "cols": trace.total_length,
+            "past": trace.past_length, "tile": TILE, "levels": pyr.levels, "pools": list(POOLS),
+            "tiles": [tiles_per_side(n, level) for level in range(pyr.levels)],
+            "layers": trace.adapter.n_layer, "heads": trace.adapter.n_head,
+            "tokens": [visible(t) for t in trace.token_texts],
+            "preview": " ".join("".join(trace.token_texts[:PREVIEW_TOKENS]).split())}
+
+
+def tile(state, key: str, *, layer: int, head: int, level: int, row: int, col: int, pool: str) -> torch.Tensor:
+    """Tile (row, col) of ``level`` of one head's map, pooled by ``pool``: (r, c) float32."""
+    check_pool(pool)
+    _, trace = state.trace_by_key(key)
+    check_indexes(trace, layer=layer, head=head)
+    pyr, lock = state.zoom.pyramid(key, trace, layer, head)
+    with lock:
+        out = pyr.tile(lambda rows, cols: trace.attention_block(layer, head, rows, cols), level, row, col, pool)
+    state.zoom.trim()
+    return out
+
+
+def cell(state, key: str, *, layer: int, head: int, q: int, k: int) -> dict:
+    """One exact weight (query position ``q`` among the new tokens, key position ``k`` among all) and its tokens."""
+    _, trace = state.trace_by_key(key)
+    check_indexes(trace, layer=layer, head=head, pos=q)
+    if not 0 <= k < trace.total_length:
+        raise BadInput("err.zoom.key", k=k, last=trace.total_length - 1)
+    w = trace.attention_block(layer, head, slice(q, q + 1), slice(k, k + 1))[0, 0].item()
+    texts = trace.token_texts  # a decode step's trace holds its new tokens' texts only
+    key_text = texts[k - trace.past_length] if k >= trace.past_length else None
+    return {"layer": layer, "head": head, "q": q, "k": k, "weight": w,
+            "allowed": k <= trace.past_length + q,
+            "query_token": visible(texts[q]), "key_token": visible(key_text) if key_text is not None else None}

@@ -1,0 +1,148 @@
+"""Attention summarised over the whole context, streamed from the trace's q, k and log-sum-exp.
+
+A long prompt's maps are never held whole (one head at 8 192 tokens is 256 MB): every function here reads
+``Trace.attention_block`` (or, for one query, ``Trace.attention_rows``) a chunk of query rows at a time, and each
+chunk only up to its last query's position (the keys after it get weight 0), so at most ``chunk × T`` weights of
+one head exist at once. Definitions, for a head's weights w (query i, key j, positions in the whole sequence)::
+
+    first share   mean over queries i ≥ 1 of w_i0           (query 0 can read only token 0: left out, as the
+                                                             sinks explainer counts it)
+    distance      mean over queries of Σ_j w_ij · (i − j)   how far back the head reads, in tokens
+    entropy       mean over queries of −Σ_j w_ij · ln w_ij   in nats (0 · ln 0 = 0); ln(i + 1) for a uniform row
+    top keys      one query's largest w_ij, with their token texts
+
+Pure functions: a ``Trace`` in, tensors or plain data out.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from app.model import attention
+from app.model.trace import Trace
+from app.viz.tokens import visible
+
+ROW_CHUNK = 256
+MEASURES = ("first", "distance", "entropy")
+
+
+def _chunks(n: int, chunk: int):
+    for start in range(0, n, chunk):
+        yield slice(start, min(n, start + chunk))
+
+
+def head_summary(trace: Trace, layer: int, head: int, *, chunk: int = ROW_CHUNK) -> dict[str, float]:
+    """One head's first share, mean attention distance and mean entropy (see the module docstring)."""
+    T, past = trace.n_tokens, trace.past_length
+    first = distance = entropy = 0.0
+    for rows in _chunks(T, chunk):
+        end = past + rows.stop  # keys past the chunk's last query are in every row's future
+        w = trace.attention_block(layer, head, rows, slice(0, end)).double()  # (r, end)
+        q_pos = torch.arange(past + rows.start, past + rows.stop, dtype=torch.float64)
+        k_pos = torch.arange(end, dtype=torch.float64)
+        lo = max(0, 1 - past - rows.start)  # rows whose query is at position ≥ 1
+        first += float(w[lo:, 0].sum())
+        distance += float((w * (q_pos[:, None] - k_pos[None, :])).sum())
+        entropy -= float(torch.xlogy(w, w).sum())
+    n_first = T - max(0, 1 - past)
+    return {"first": first / n_first if n_first else float("nan"), "distance": distance / T, "entropy": entropy / T}
+
+
+def summaries(trace: Trace, *, chunk: int = ROW_CHUNK) -> dict[str, torch.Tensor]:
+    """Every head's summaries: {"first", "distance", "entropy"}, each (L, H) float64 (a grid of heads)."""
+    a = trace.adapter
+    out = {m: torch.empty(a.n_layer, a.n_head, dtype=torch.float64) for m in MEASURES}
+    for layer in range(a.n_layer):
+        for head in range(a.n_head):
+            for m, value in head_summary(trace, layer, head, chunk=chunk).items():
+                out[m][layer, head] = value
+    return out
+
+
+def first_token_shares(trace: Trace, first: int = 1) -> torch.Tensor:
+    """(L, H): each head's weight on the first ``first`` tokens, averaged over the queries after them (the sinks
+    explainer's measure, ``app.viz.explain.sink_shares``), from ``first`` columns only: O(T) per head."""
+    a = trace.adapter
+    rows = slice(max(0, first - trace.past_length), trace.n_tokens)
+    out = torch.empty(a.n_layer, a.n_head, dtype=torch.float64)
+    for layer in range(a.n_layer):
+        for head in range(a.n_head):
+            w = trace.attention_block(layer, head, rows, slice(0, first))  # (T - first, first)
+            out[layer, head] = w.double().sum(-1).mean() if w.shape[0] else float("nan")
+    return out
+
+
+def diagonal_weights(trace: Trace, layer: int, offset: int = 1) -> torch.Tensor:
+    """(H, T - offset): w_{i, i - offset} of every head for queries i = offset … T-1 of a prefill — the weight each
+    puts on the token ``offset`` places back, from q_i · k_{i-offset} and lse_i alone: O(T) per head."""
+    a = trace.adapter
+    spec = a.spec(layer)
+    q = trace.q(layer)[0, :, offset:].float()  # (H, T - offset, Dh)
+    k = attention.expand_kv(trace.k(layer)[0, :, : trace.n_tokens - offset].float(), a.kv_map)  # (H, T - offset, Dh)
+    s = attention.pair_scores(q, k, spec.scale, spec.softcap)[..., None]  # (H, T - offset, 1): one key per row
+    ok = torch.tensor([[spec.window is None or offset < spec.window]])  # that key inside the layer's window?
+    lse = trace.lse(layer)[0, :, offset:].float()  # (H, T - offset)
+    return attention.weights_from_lse(s, ok, lse)[..., 0]
+
+
+def previous_token_shares(trace: Trace, start: int = 2) -> torch.Tensor:
+    """(L, H): each head's mean weight on the previous token over queries ``start`` … T-1 (the head picker's
+    previous-token score, ``app.viz.head_pick.previous_token_scores``), O(T) per head."""
+    rows = [diagonal_weights(trace, layer)[:, start - 1 :].double().mean(-1) for layer in range(trace.adapter.n_layer)]
+    return torch.stack(rows)
+
+
+def query_rows(trace: Trace, pos: int) -> torch.Tensor:
+    """(L, H, Tk): every head's weights of query ``pos`` over all keys."""
+    rows = slice(pos, pos + 1)
+    return torch.stack([trace.attention_rows(layer, rows)[:, 0] for layer in range(trace.adapter.n_layer)])
+
+
+def top_keys(trace: Trace, layer: int, head: int, pos: int, k: int = 5) -> list[dict]:
+    """The ``k`` keys query ``pos`` (of the new tokens) reads most: position, token text and exact weight."""
+    w = trace.attention_block(layer, head, slice(pos, pos + 1))[0]  # (Tk,)
+    top = w.topk(min(k, w.numel()))
+    past = trace.past_length
+    return [{"pos": int(j), "token": visible(trace.token_texts[int(j) - past]) if j >= past else "",
+             "weight": float(v)} for v, j in zip(top.values, top.indices, strict=True)]
+
+
+OVERVIEW_ROWS = 1024  # query rows per band of an overview: 32 MB of weights at 8 192 keys, few calls
+
+
+def overview(trace: Trace, layer: int, head: int, side: int = 256, *,
+             chunk: int = OVERVIEW_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+    """One head's whole map pooled to (side, side), max and mean — the top of a deep-zoom pyramid — streamed one
+    band of query rows at a time (``attention_block``, keys only up to the band's last query: the rest are 0).
+    Cell (r, c) pools query rows ⌊rT/side⌋ … ⌈(r+1)T/side⌉ − 1 and the same bins of keys (``adaptive_*_pool2d``'s
+    bins, so both equal torch's pools of the exact map); a prefill's map is square (T = Tk)."""
+    T, Tk = trace.n_tokens, trace.total_length
+    side = min(side, T)
+    if T % side == 0 and Tk == T:
+        return _overview_even(trace, layer, head, side, chunk)
+    top, mean = [], []
+    for r in range(side):
+        lo, hi = r * T // side, -(-(r + 1) * T // side)
+        end = trace.past_length + hi
+        w = torch.zeros(hi - lo, Tk)
+        w[:, :end] = trace.attention_block(layer, head, slice(lo, hi), slice(0, end))  # the rest: exactly 0
+        top.append(F.adaptive_max_pool1d(w[None], side)[0].amax(0))  # (side,)
+        mean.append(F.adaptive_avg_pool1d(w[None], side)[0].mean(0))
+    return torch.stack(top), torch.stack(mean)
+
+
+def _overview_even(trace: Trace, layer: int, head: int, side: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``overview`` when every bin is b = T / side rows and keys: several bins of rows at once, each band's keys
+    only up to its last query's bin, pooled by a reshape (b × b cells per output cell)."""
+    T = trace.n_tokens
+    b = T // side
+    per = max(1, chunk // b)  # bins of rows per band
+    top, mean = torch.zeros(side, side), torch.zeros(side, side)
+    for r0 in range(0, side, per):
+        r1 = min(side, r0 + per)
+        w = trace.attention_block(layer, head, slice(r0 * b, r1 * b), slice(0, r1 * b))  # (rows, keys up to them)
+        cells = w.view(r1 - r0, b, r1, b)
+        top[r0:r1, :r1] = cells.amax(dim=(1, 3))
+        mean[r0:r1, :r1] = cells.mean(dim=(1, 3))
+    return top, mean

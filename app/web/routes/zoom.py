@@ -1,0 +1,102 @@
+"""The deep-zoom heatmap and long prompts: /zoom/{key} (the page), its tiles, cells and metadata, and the long
+capture (followed live, with Stop). Each route parses, calls one function of ``app/labs/zoom.py`` or
+``app/labs/long.py``, and answers."""
+
+from __future__ import annotations
+
+import anyio.to_thread
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import Response
+
+from app.labs import long as long_lab
+from app.labs import zoom as lab
+from app.labs.queue import QUEUED, RUNNING
+from app.viz.labs import event_view
+from app.viz.models import model_card
+from app.web.cancel import FollowResponse
+from app.web.deps import AddressDep, OwnerDep, StateDep
+from app.web.openapi import Body, errors
+from app.web.render import render, request_lang
+
+router = APIRouter()
+
+LONG_CAPTURE_PATH = "/api/long/jobs"  # its body may be as large as Settings.long_upload_bytes (app/web/main.py)
+TILE_HEADERS = ("X-Tile-Rows", "X-Tile-Cols")
+# A tile of a key never changes (the key names the model object and the tokens): the browser may keep it.
+TILE_CACHE = "private, max-age=3600"
+
+
+class LongCapture(Body):
+    model: str | None = None
+    prompt: str | None = None  # pasted, or a .txt file's text
+    builtin: bool = False  # the built-in long text instead of ``prompt``
+
+
+@router.get("/zoom/{key}", include_in_schema=False)
+def read_zoom_page(request: Request, state: StateDep, key: str):
+    """A long prompt's page: one head as the deep-zoom canvas (the view itself lives in the URL's query)."""
+    meta = lab.meta(state, key)
+    lm = state.model(meta["model"])
+    return render(request, "zoom.html", page="inspect", meta=meta, card=model_card(lm), key=key)
+
+
+@router.get("/api/traces/{key}/zoom", tags=["inspect"], responses=errors(410, 422, 429, 503))
+def read_zoom_meta(state: StateDep, key: str) -> dict:
+    """What the zoom canvas needs first: T (rows, cols), the pyramid's levels and tiles per side, the tile size,
+    the layers and heads, and every token's text (whitespace made visible)."""
+    return lab.meta(state, key)
+
+
+@router.get("/api/traces/{key}/zoom/{layer}/{head}/{level}/{row}/{col}", tags=["inspect"],
+            responses=errors(410, 422, 429, 503), response_class=Response)
+def read_zoom_tile(state: StateDep, key: str, layer: int, head: int, level: int, row: int, col: int,
+                   pool: str = "max") -> Response:
+    """One tile of one head's pyramid (``app/viz/zoom.py``): ``r × c`` little-endian float32, row-major (r, c in
+    the ``X-Tile-Rows`` / ``X-Tile-Cols`` headers, at most 256, less on the edges). ``pool``: max or mean of the
+    exact weights each cell covers; the deepest level's cells are the exact weights."""
+    tile = lab.tile(state, key, layer=layer, head=head, level=level, row=row, col=col, pool=pool)
+    r, c = tile.shape
+    return Response(tile.contiguous().numpy().astype("<f4").tobytes(), media_type="application/octet-stream",
+                    headers={"X-Tile-Rows": str(r), "X-Tile-Cols": str(c), "Cache-Control": TILE_CACHE,
+                             "Access-Control-Expose-Headers": ", ".join(TILE_HEADERS)})
+
+
+@router.get("/api/traces/{key}/zoom/{layer}/{head}/cell", tags=["inspect"], responses=errors(410, 422, 429, 503))
+def read_zoom_cell(state: StateDep, key: str, layer: int, head: int, q: int = Query(...), k: int = Query(...)) -> dict:
+    """One exact weight: query position ``q``, key position ``k``, both tokens' texts, and whether the causal mask
+    lets q read k (a weight of 0 where it does not)."""
+    return lab.cell(state, key, layer=layer, head=head, q=q, k=k)
+
+
+@router.post(LONG_CAPTURE_PATH, tags=["inspect"], response_class=FollowResponse, responses=errors(413, 422, 429, 503))
+async def follow_long_capture(request: Request, state: StateDep, owner: OwnerDep, address: AddressDep,
+                              body: LongCapture) -> FollowResponse:
+    """Capture a long prompt (``prompt``, or ``builtin``: the project's long text), followed live: one JSON line per
+    change (``application/x-ndjson``): ``queued`` (``place`` in line), ``running`` (``progress``: layer n of
+    ``layers``; ``fraction``), then ``done`` with ``result`` (the trace ``key``, ``n_tokens``, the page's ``url``),
+    or ``stopped``. Long captures run one at a time. Closing the connection, or Stop, stops it and frees what it
+    had captured."""
+    lm, ids = await anyio.to_thread.run_sync(
+        lambda: long_lab.prepare(state, model=body.model, text=body.prompt, builtin=body.builtin))
+    job = long_lab.submit(state, lm, ids, owner=owner, address=address)
+    lang, line = request_lang(request), state.long_line
+
+    def look() -> dict:
+        event = event_view(line.snapshot(job, owner), lang, line, long_lab.progress_text)
+        return event | {"result": job.result} if event["event"] == "done" else event
+
+    return FollowResponse(look, is_last=lambda e: e["event"] not in (QUEUED, RUNNING),
+                          on_close=lambda: line.release(job, owner))
+
+
+@router.delete(LONG_CAPTURE_PATH + "/{job_id}", tags=["inspect"])
+def stop_long_capture(state: StateDep, owner: OwnerDep, job_id: str = Path(...)) -> dict:
+    """Stop: this browser leaves the capture; one nobody else asked for stops at its next layer and frees what it
+    had captured. ``stopped`` is false for an unknown, finished or other browser's capture."""
+    return {"stopped": state.long_line.stop(job_id, owner)}
+
+
+@router.get("/api/long/text", tags=["inspect"])
+def read_long_text(state: StateDep, model: str | None = None) -> dict:
+    """The built-in long text and the limits of long prompts (tokens for ``model``, characters, file bytes)."""
+    return long_lab.limits(state, model) | {"text": long_lab.long_text()}

@@ -1,0 +1,133 @@
+"""Summaries over the whole context, streamed chunk by chunk, against a float64 softmax of the full maps written
+here by hand (and against the whole-map functions the short-prompt views used)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from app.model.capture import run_traced
+from app.viz.attention import pooled_rows
+from app.viz.explain import sink_shares
+from app.viz.head_pick import previous_token_scores, telling_head
+from app.viz.summaries import (
+    first_token_shares,
+    head_summary,
+    overview,
+    previous_token_shares,
+    query_rows,
+    summaries,
+    top_keys,
+)
+
+PROMPT = "The cat sat on the mat because it was tired of standing, and the dog lay down beside it."
+
+
+def _f64(trace, layer: int) -> torch.Tensor:
+    """(H, T, T) float64 softmax of q·kᵀ·scale with the causal (and window) mask, from the trace's q and k."""
+    a = trace.adapter
+    spec = a.spec(layer)
+    q, k = trace.q(layer)[0].double(), trace.k(layer)[0].double()[list(a.kv_map)]
+    s = q @ k.transpose(-1, -2) * spec.scale
+    if spec.softcap:
+        s = torch.tanh(s / spec.softcap) * spec.softcap
+    return torch.softmax(s.masked_fill(~trace.causal_mask(layer), float("-inf")), dim=-1)
+
+
+@pytest.fixture
+def traced(any_model):
+    lm = any_model
+    ids = lm.encode(PROMPT)
+    return run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids), keep_cache=False)
+
+
+def test_head_summaries_equal_a_float64_full_softmax(traced):
+    trace = traced
+    T = trace.n_tokens
+    i = torch.arange(T, dtype=torch.float64)
+    table = summaries(trace, chunk=7)  # chunks that do not divide T
+    for layer in range(trace.adapter.n_layer):
+        w = _f64(trace, layer)  # (H, T, T)
+        first = w[:, 1:, 0].mean(-1)
+        distance = (w * (i[:, None] - i[None, :])).sum(-1).mean(-1)
+        entropy = -(w * torch.where(w > 0, w.log(), torch.zeros_like(w))).sum(-1).mean(-1)
+        assert torch.allclose(table["first"][layer], first, atol=1e-5)
+        assert torch.allclose(table["distance"][layer], distance, atol=1e-4)
+        assert torch.allclose(table["entropy"][layer], entropy, atol=1e-5)
+    one = head_summary(trace, 0, 0, chunk=1000)  # one chunk: the same numbers
+    assert abs(one["entropy"] - float(table["entropy"][0, 0])) < 1e-9
+
+
+def test_a_uniform_head_has_the_textbook_values(traced):
+    """A head whose queries are 0 reads every visible key equally: per query i, distance i/2, entropy ln(i + 1),
+    weight 1/(i + 1) on token 0 (lse_i = ln(i + 1))."""
+    import dataclasses
+
+    trace = traced
+    T = trace.n_tokens
+    i = torch.arange(T, dtype=torch.float64)
+    tensors = dict(trace.tensors)
+    tensors["blocks.0.attn.q"] = torch.zeros_like(trace.q(0))
+    tensors["blocks.0.attn.lse"] = torch.log(i + 1).float().expand_as(trace.lse(0)).clone()
+    flat = dataclasses.replace(trace, tensors=tensors)
+    if flat.adapter.window(0):
+        pytest.skip("a windowed layer is not uniform over every earlier key")
+    got = head_summary(flat, 0, 0, chunk=4)
+    assert abs(got["distance"] - (T - 1) / 4) < 1e-6
+    assert abs(got["entropy"] - float(torch.log(i + 1).mean())) < 1e-6
+    assert abs(got["first"] - float((1 / (i[1:] + 1)).mean())) < 1e-6
+
+
+def test_first_and_previous_token_shares_equal_the_whole_map_functions(traced):
+    trace = traced
+    weights = [trace.weights(layer)[0] for layer in range(trace.adapter.n_layer)]
+    for first in (1, 2):
+        assert torch.allclose(first_token_shares(trace, first), sink_shares(weights, first).double(), atol=1e-6)
+    assert torch.allclose(previous_token_shares(trace), previous_token_scores(weights), atol=1e-6)
+    rows = query_rows(trace, trace.n_tokens - 1)
+    assert torch.allclose(rows, torch.stack([w[:, -1] for w in weights]), atol=1e-6)
+
+
+def test_top_keys_are_the_rows_largest_weights_with_their_texts(traced):
+    trace = traced
+    pos = trace.n_tokens - 1
+    w = _f64(trace, 1)[2, pos]
+    top = top_keys(trace, 1, 2, pos, k=4)
+    assert [t["pos"] for t in top] == w.topk(4).indices.tolist()
+    for t in top:
+        assert abs(t["weight"] - float(w[t["pos"]])) < 1e-6
+        assert t["token"] == trace.token_texts[t["pos"]].replace("\n", "↵") or t["token"]
+
+
+def test_grid_pooling_band_by_band_equals_torch_adaptive_max_pool(traced):
+    trace = traced
+    for side in (5, 7):
+        w = trace.weights(0)[0]
+        assert torch.equal(pooled_rows(trace, 0, side), F.adaptive_max_pool2d(w[None], side)[0])
+
+
+def test_telling_head_from_streamed_tables_equals_the_whole_map_choice(traced):
+    from app.viz.head_pick import choose_head
+
+    trace = traced
+    weights = [trace.weights(layer)[0] for layer in range(trace.adapter.n_layer)]
+    q = trace.n_tokens - 1
+    mine, theirs = choose_head(previous_token_shares(trace), query_rows(trace, q), q), telling_head(weights, q)
+    assert {k: v for k, v in mine.items() if k != "score"} == {k: v for k, v in theirs.items() if k != "score"}
+    if theirs["score"] is None:
+        assert mine["score"] is None
+    else:
+        assert mine["score"] == pytest.approx(theirs["score"], abs=1e-6)
+
+
+def test_overview_equals_torch_pools_of_the_exact_map(traced):
+    trace = traced
+    T = trace.n_tokens
+    even = next(d for d in range(T // 3, 0, -1) if T % d == 0)
+    for side in (4, 7, even, 1000):  # bins that do not divide T, bins that do (the fast path); the map itself
+        top, mean = overview(trace, 1, 0, side)
+        w = _f64(trace, 1)[0].float()
+        n = min(side, trace.n_tokens)
+        assert torch.allclose(top, F.adaptive_max_pool2d(w[None], n)[0], atol=1e-6)  # max-pool = max of exact cells
+        assert torch.allclose(mean, F.adaptive_avg_pool2d(w[None], n)[0], atol=1e-6)

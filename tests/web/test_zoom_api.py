@@ -1,0 +1,264 @@
+"""The zoom endpoints and long captures: tiles are Trace.attention_block pooled, cells exact, bad input a clear 4xx,
+an unknown key 410; a long capture reports its layers, Stop frees what it captured, two captures take turns."""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import weakref
+
+import numpy as np
+import pytest
+
+from app.labs import long as long_lab
+from app.labs.queue import DONE, QUEUED, Stopped
+from app.model.capture import hook_count, run_traced
+from app.viz.tokens import visible
+from app.viz.zoom import TILE
+from tests.conftest import make_state
+
+PROMPT = " ".join(f"word{i} and the cat sat on the mat" for i in range(40))  # ~300 GPT-2 tokens: two levels
+
+
+@pytest.fixture
+def key(client):
+    return client.get("/api/trace", params={"prompt": PROMPT}).json()["key"]
+
+
+def tile(client, key, path, **params):
+    r = client.get(f"/api/traces/{key}/zoom/{path}", params=params)
+    assert r.status_code == 200, r.text
+    rows, cols = int(r.headers["X-Tile-Rows"]), int(r.headers["X-Tile-Cols"])
+    return np.frombuffer(r.content, dtype="<f4").reshape(rows, cols)
+
+
+def pool(m: np.ndarray, f: int, how: str) -> np.ndarray:
+    """Pooling written out block by block (float64), edge blocks over the cells they have."""
+    out = np.zeros((math.ceil(m.shape[0] / f), math.ceil(m.shape[1] / f)))
+    for i in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            b = m[i * f : (i + 1) * f, j * f : (j + 1) * f].astype(np.float64)
+            out[i, j] = b.max() if how == "max" else b.mean()
+    return out
+
+
+def test_meta_says_levels_tiles_and_tokens(client, state, key):
+    m = client.get(f"/api/traces/{key}/zoom").json()
+    _, trace = state.trace_by_key(key)
+    n = trace.n_tokens
+    assert TILE < n <= 2 * TILE
+    assert (m["rows"], m["cols"], m["tile"], m["levels"], m["tiles"]) == (n, n, 256, 2, [1, 2])
+    assert (m["layers"], m["heads"]) == (6, 12) and len(m["tokens"]) == n and m["tokens"][1] == "0"
+
+
+@pytest.mark.parametrize("how", ["max", "mean"])
+def test_tiles_are_the_heads_exact_block_pooled(client, state, key, how):
+    _, trace = state.trace_by_key(key)
+    n = trace.n_tokens
+    for layer, head in [(0, 0), (5, 11)]:
+        exact = trace.attention_block(layer, head, slice(0, n), slice(0, n)).numpy()
+        overview = tile(client, key, f"{layer}/{head}/0/0/0", pool=how)
+        np.testing.assert_allclose(overview, pool(exact, 2, how), rtol=1e-5, atol=1e-7)
+        for row in range(2):
+            for col in range(2):
+                got = tile(client, key, f"{layer}/{head}/1/{row}/{col}", pool=how)
+                assert np.array_equal(got, exact[row * 256 : (row + 1) * 256, col * 256 : (col + 1) * 256])
+
+
+def test_a_tile_is_cacheable_binary(client, key):
+    r = client.get(f"/api/traces/{key}/zoom/0/0/1/1/0")
+    assert r.headers["content-type"] == "application/octet-stream"
+    assert "max-age" in r.headers["cache-control"]
+    assert len(r.content) == 4 * int(r.headers["X-Tile-Rows"]) * int(r.headers["X-Tile-Cols"])
+
+
+def test_a_cell_is_the_exact_weight_and_its_tokens(client, state, key):
+    _, trace = state.trace_by_key(key)
+    w = trace.weights(3)[0, 7]
+    c = client.get(f"/api/traces/{key}/zoom/3/7/cell", params={"q": 290, "k": 17}).json()
+    assert c["weight"] == pytest.approx(w[290, 17].item(), abs=1e-7) and c["allowed"]
+    assert (c["query_token"], c["key_token"]) == (visible(trace.token_texts[290]), visible(trace.token_texts[17]))
+    future = client.get(f"/api/traces/{key}/zoom/3/7/cell", params={"q": 5, "k": 6}).json()
+    assert future["weight"] == 0 and not future["allowed"]
+
+
+@pytest.mark.parametrize("path, params, word", [
+    ("6/0/0/0/0", {}, "Layer 6"), ("0/12/0/0/0", {}, "Head 12"), ("0/0/2/0/0", {}, "level 2"),
+    ("0/0/1/2/0", {}, "row 2"), ("0/0/0/0/1", {}, "column 1"), ("0/0/0/0/0", {"pool": "median"}, "median"),
+    ("0/0/cell", {"q": 0, "k": 999}, "999"), ("0/0/cell", {"q": 999, "k": 0}, "999"), ("0/x/0/0/0", {}, "head"),
+])
+def test_bad_input_is_422_with_a_message_in_both_languages(client, key, path, params, word):
+    r = client.get(f"/api/traces/{key}/zoom/{path}", params=params)
+    assert r.status_code == 422 and word in r.json()["detail"]
+    zh = client.get(f"/api/traces/{key}/zoom/{path}", params=params, headers={"X-KVScope-Lang": "zh"})
+    assert zh.status_code == 422
+    if "x" not in path:  # pydantic's own reason stays English; every message of ours is in Chinese
+        assert any("\u4e00" <= ch <= "\u9fff" for ch in zh.json()["detail"])
+
+
+@pytest.mark.parametrize("path", ["zoom", "zoom/0/0/0/0/0", "zoom/0/0/cell?q=0&k=0"])
+def test_unknown_key_is_410(client, path):
+    r = client.get(f"/api/traces/0123456789abcdef0123/{path}")
+    assert r.status_code == 410 and "expired" in r.json()["detail"]
+
+
+# --- long captures -------------------------------------------------------------------------------------------
+
+def events(r) -> list[dict]:
+    return [json.loads(line) for line in r.text.splitlines() if line.strip()]
+
+
+def test_a_long_capture_reports_layers_and_opens_the_zoom_page(client, state):
+    r = client.post("/api/long/jobs", json={"model": "distilgpt2", "prompt": PROMPT})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+    evs = events(r)
+    assert evs[-1]["event"] == DONE
+    result = evs[-1]["result"]
+    _, trace = state.trace_by_key(result["key"])
+    assert result["n_tokens"] == trace.n_tokens > TILE
+    page = client.get(result["url"])
+    assert page.status_code == 200 and 'id="zoom-canvas"' in page.text
+    assert f"{trace.n_tokens:,}" in page.text
+
+
+def test_the_builtin_text_is_long_and_cut_to_the_model(client, state, tiny):
+    assert len(long_lab.long_text()) > 30_000
+    r = client.post("/api/long/jobs", json={"model": "builtin", "builtin": True})
+    result = events(r)[-1]["result"]
+    assert result["n_tokens"] == tiny.max_positions
+    limits = client.get("/api/long/text", params={"model": "distilgpt2"}).json()
+    assert limits["max_tokens"] == 1024 and limits["text"] == long_lab.long_text()
+
+
+def test_a_prompt_over_the_models_context_names_the_limit(client):
+    r = client.post("/api/long/jobs", json={"model": "distilgpt2", "prompt": PROMPT * 5})
+    assert r.status_code == 422 and "1,024" in r.json()["detail"]
+
+
+def test_a_file_over_the_size_limit_is_refused_with_the_limit(settings, distil):
+    from fastapi.testclient import TestClient
+
+    from app.web.main import create_app
+
+    st = make_state(settings.with_(long_upload_bytes=1000), distil)
+    with TestClient(create_app(state=st)) as c:
+        r = c.post("/api/long/jobs", json={"prompt": "x" * 2000})
+        assert r.status_code == 422 and "1,000" in r.json()["detail"]
+        huge = c.post("/api/long/jobs", json={"prompt": "x" * 100_000})  # past the route's own body limit
+        assert huge.status_code == 413
+        short = c.post("/api/arena/jobs", json={"prompt": "x" * 70_000})  # other routes keep theirs
+        assert short.status_code == 413
+
+
+def test_stop_mid_capture_frees_what_it_captured(distil):
+    """A stop after the first layer ends the forward: the hooks are gone and the tensors it had kept are freed."""
+    ids = distil.encode(PROMPT)
+    kept: list[weakref.ref] = []
+    first = distil.adapter.hook_points()[0]
+    spy = first.module.register_forward_hook(lambda _m, _a, out: kept.append(weakref.ref(out)))
+    before = hook_count(distil.model)
+
+    class Pace:
+        seen: list[dict] = []
+
+        def step(self, units, **progress):
+            self.seen.append(progress)
+            if progress["layer"] == 2:
+                raise Stopped("stopped")
+
+    pace = Pace()
+    try:
+        with pytest.raises(Stopped), long_lab.layer_progress(distil.adapter, pace):
+            run_traced(distil.model, distil.adapter, ids, [str(i) for i in ids], keep_cache=False)
+    finally:
+        spy.remove()
+    assert pace.seen == [{"layer": 1, "layers": 6}, {"layer": 2, "layers": 6}]
+    assert hook_count(distil.model) == before - 1  # capture's hooks and ours gone; the spy (counted before) too
+    gc.collect()
+    assert kept and all(ref() is None for ref in kept)
+
+
+def test_two_long_captures_take_turns_within_the_budget(settings, distil):
+    """Both asked for at once: the second waits in line while the first runs, and it lets go of the first's trace
+    before it captures, so the kept traces never pass the budget."""
+    one = make_state(settings, distil).compute_trace(distil, distil.encode(PROMPT)).nbytes()  # as the store keeps it
+    budget = int(one * 1.5)  # room for one long trace, not two
+    st = make_state(settings.with_(trace_cache_bytes=budget, trace_keep_one_bytes=budget), distil)
+    lm = st.model("distilgpt2")
+    seen_bytes: list[int] = []
+    real = st.traces.get_or_compute
+
+    def watching(key, compute):
+        seen_bytes.append(st.traces.bytes)  # held by the store when a capture starts
+        return real(key, compute)
+
+    st.traces.get_or_compute = watching
+    st.model_lock.acquire()  # hold the model: the first job waits at its gate, the second in the line
+    try:
+        a = long_lab.submit(st, lm, distil.encode(PROMPT), owner="a", address="1")
+        b = long_lab.submit(st, lm, distil.encode("And now " + PROMPT), owner="b", address="2")
+        assert st.long_line.snapshot(b, "b")["event"] == QUEUED
+        assert st.long_line.snapshot(b, "b")["place"] == 1
+    finally:
+        st.model_lock.release()
+    ra = st.long_line.wait(a, "a")
+    rb = st.long_line.wait(b, "b")
+    assert ra["key"] != rb["key"]
+    expected = long_lab.expected_bytes(st, lm, 300)
+    assert len(seen_bytes) == 2 and all(held + expected <= budget for held in seen_bytes)
+    assert st.traces.bytes <= budget and len(st.traces) == 1
+    st.stop_labs()
+
+
+def test_long_capture_stop_route(client, state):
+    """DELETE on another browser's or an unknown job stops nothing."""
+    assert client.delete("/api/long/jobs/nope").json() == {"stopped": False}
+
+
+def test_a_long_prompt_on_inspect_gets_the_zoom_canvas(settings, distil):
+    from fastapi.testclient import TestClient
+
+    from app.web.main import create_app
+
+    st = make_state(settings.with_(zoom_min_tokens=100), distil)
+    with TestClient(create_app(state=st)) as c:
+        page = c.get("/", params={"prompt": PROMPT, "layer": 0, "head": 0}).text
+        assert 'id="zoom-canvas"' in page and 'id="heatmap"' not in page
+        short = c.get("/", params={"prompt": "The cat sat on", "layer": 0, "head": 0}).text
+        assert 'id="heatmap"' in short and 'id="zoom-canvas"' not in short
+
+
+def test_stop_during_a_long_capture_ends_it_and_keeps_nothing(settings, distil):
+    """Stop pressed as layer 2 of 6 begins: the capture ends there (its forward raises), and no trace is kept."""
+    st = make_state(settings, distil)
+    lm = st.model("distilgpt2")
+    holder: dict = {}
+    second_layer = next(p for p in lm.adapter.hook_points() if p.name.startswith("blocks.1."))
+    hook = second_layer.module.register_forward_pre_hook(lambda *_: st.long_line.stop(holder["job"].id, "a"))
+    try:
+        st.model_lock.acquire()  # the job waits at the gate until its id is known here
+        try:
+            holder["job"] = long_lab.submit(st, lm, distil.encode(PROMPT), owner="a", address="1")
+        finally:
+            st.model_lock.release()
+        assert st.long_line.wait_idle(60)
+    finally:
+        hook.remove()
+    job = holder["job"]
+    assert job.status == "stopped" and job.progress == {"layer": 2, "layers": 6}
+    assert len(st.traces) == 0 and st.traces.bytes == 0
+    st.stop_labs()
+
+
+def test_long_prompt_settings_come_from_the_environment():
+    from app.errors import BadSetting
+    from app.settings import Settings
+
+    s = Settings.from_env({"KVSCOPE_ZOOM_MIN_TOKENS": "2048", "KVSCOPE_MAX_CONTEXT_TOKENS": "4096",
+                           "KVSCOPE_LONG_UPLOAD_BYTES": "100000", "KVSCOPE_LONG_CAPTURE_MAX_S": "30"})
+    got = (s.zoom_min_tokens, s.max_context_tokens, s.long_upload_bytes, s.long_capture_max_s)
+    assert got == (2048, 4096, 100_000, 30)
+    for var in ("KVSCOPE_LONG_UPLOAD_BYTES", "KVSCOPE_ZOOM_CACHE_BYTES", "KVSCOPE_MAX_CONTEXT_TOKENS"):
+        with pytest.raises(BadSetting):
+            Settings.from_env({var: "0"})
