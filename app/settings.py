@@ -87,7 +87,7 @@ class Settings:
     # kept for the page.
     prefix_default_blocks: int = 64
     prefix_max_blocks: int = 512
-    prefix_max_store_bytes: int = 256 * 1024**2
+    prefix_max_store_mib: int = 256
     prefix_max_prompts: int = 8
     prefix_max_prompt_chars: int = 4000
     prefix_max_salt_chars: int = 64
@@ -286,7 +286,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
               "paged_max_block_size", "paged_max_prompt_chars", "paged_max_prompt_tokens", "paged_max_new_tokens",
               "paged_max_bench_steps", "paged_max_window"),
     "prefix": ("max_prefix_labs", "prefix_cache_bytes", "prefix_default_blocks", "prefix_max_blocks",
-               "prefix_max_store_bytes", "prefix_max_prompts", "prefix_max_prompt_chars", "prefix_max_salt_chars",
+               "prefix_max_store_mib", "prefix_max_prompts", "prefix_max_prompt_chars", "prefix_max_salt_chars",
                "prefix_max_requests_kept"),
     "arena": ("arena_max_prompt_tokens", "arena_max_steps", "arena_max_s", "arena_cache_runs"),
     "speculative": ("spec_max_gamma", "spec_max_new_tokens", "spec_max_prompt_tokens", "spec_min_temperature",

@@ -59,7 +59,7 @@ class PrefixLimits:
 
     default_blocks: int
     max_blocks: int
-    max_store_bytes: int  # K and V of all blocks together
+    max_store_mib: int  # K and V of all blocks together, MiB (within prefix_cache_bytes)
     max_prompts: int
     max_prompt_chars: int
     max_salt_chars: int
@@ -309,9 +309,9 @@ class PrefixLab:
         if not 1 <= num_blocks <= limits.max_blocks:
             raise BadInput("err.prefix.capacity", n=limits.max_blocks)
         store = num_blocks * PrefixCache.page_bytes_for(lm, block_size)
-        if store > limits.max_store_bytes:
+        if store > limits.max_store_mib * 1024**2:
             raise BadInput("err.prefix.store", n=num_blocks, size=block_size, model=lm.name,
-                           mib=f"{store / 1024**2:.0f}", limit=limits.max_store_bytes // 1024**2)
+                           mib=f"{store / 1024**2:.0f}", limit=limits.max_store_mib)
         c = self.cache
         # ``c.lm is lm``: a model loaded again under the same name has other weights; its cache starts empty.
         if c and c.lm is lm and (c.block_size, c.pool.num_blocks) == (block_size, num_blocks):
