@@ -21,7 +21,6 @@ from app.catalog import CATALOG
 from app.labs.speculative import roofline_bytes, roofline_cache_tokens
 from app.model.builtin import build_char_tokenizer, builtin_vocabulary, tiny_config
 from app.settings import Settings
-from app.training.jobs import MAX_TEXT_CHARS
 
 GiB, MiB = 1024**3, 1024**2
 LAPTOP = 4 * GiB  # README, "How memory is bounded": the server fits a 4 GiB laptop
@@ -51,7 +50,7 @@ def model_bytes(s: Settings) -> int:
             total += FLOAT32 * tiny_params(len(builtin_vocabulary()))
         else:
             total += FLOAT32 * CATALOG[name].parameters  # counted from the config (app/catalog.py: sizes)
-    trained = FLOAT32 * tiny_params(len(build_char_tokenizer("")) + MAX_TEXT_CHARS)
+    trained = FLOAT32 * tiny_params(len(build_char_tokenizer("")) + Settings().train_max_text_chars)
     return total + s.max_trained_models * trained + 4 * trained
 
 
