@@ -45,8 +45,9 @@ class Settings:
     # One trace larger than that budget (a long prompt: 8 192 tokens on SmolLM2-135M keep 0.92 GiB, the q, k, v
     # and log-sum-exp of 30 layers) is still kept, alone, up to this size; else every panel of its page would
     # recompute the whole capture. It is also the most one trace may hold: a longer prompt is refused before its
-    # forward (``max_context_tokens`` below). 0: never keep a trace over the budget.
-    trace_keep_one_bytes: int = 1100 * 1024**2
+    # forward (``max_context_tokens`` below). 0: never keep a trace over the budget. Older traces are dropped
+    # before a forward whose trace would not fit beside them, so the store holds at most the larger of the two.
+    trace_keep_one_bytes: int = 960 * 1024**2
     # Prompts up to this many tokens get every position's logits (the shape trace shows (1, T, V), as the
     # article does); longer ones only the last position's, the ones that choose the next token. On GPT-2 the
     # rest cost 0.2 MB per token and, at T=512, 40% of the forward pass.
@@ -117,7 +118,8 @@ class Settings:
     spec_min_temperature: float = 0.1
     spec_max_temperature: float = 2.0
     # Its roofline panel times decode steps over caches of up to this many tokens per sequence and batches up to
-    # this size (random K/V of the model's shapes; a 1024-token, batch-16 cache of SmolLM2-135M is 360 MB).
+    # this size (random K/V of the model's shapes; its largest step is one 1024-token sequence or 16 of 64
+    # tokens, ~45 MiB of K/V for SmolLM2-135M in fp32).
     roofline_max_context: int = 1024
     roofline_max_batch: int = 16
     # Seconds one arena run may take once it has started (its forwards, and its waits for the model between

@@ -108,7 +108,6 @@ class AppState:
     lesson: LessonLab = field(init=False)
     long_line: LabQueue = field(init=False)
     zoom: ZoomLab = field(init=False)
-    long_rates: dict[str, float] = field(default_factory=dict)  # model -> bytes per token of its last long trace
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _janitor: threading.Thread | None = field(default=None, repr=False)
 

@@ -22,7 +22,7 @@ from app.errors import Expired
 from app.model.capture import run_traced
 from app.model.loading import LoadedModel, ModelRegistry
 from app.model.prompts import encode_prompt
-from app.model.store import LENS_POSITIONS, TraceStore, check_trace_fits, shape_only, slim, tail_only
+from app.model.store import LENS_POSITIONS, TraceStore, check_trace_fits, shape_only, slim, tail_only, trace_bytes
 from app.model.trace import Trace
 from app.settings import Settings
 from app.viz.attention import arithmetic, embedding_rows, grid_thumbnails, head_matrix
@@ -72,13 +72,18 @@ class InspectLab:
         """One capture, as the pages keep it (under the model gate)."""
         return self._compute(lm, ids)
 
+    def expected_bytes(self, lm: LoadedModel, n_tokens: int) -> int:
+        """What the trace of ``n_tokens`` will hold once kept (``trace_bytes``); room is made before its forward."""
+        return trace_bytes(lm.adapter, n_tokens, full=n_tokens <= self.settings.full_trace_max_tokens)
+
     def trace_prompt(self, model: str | None, prompt: str | None, *, chat: bool = False
                      ) -> tuple[LoadedModel, str, Trace]:
         lm = self.registry.pick(model)
         ids = encode_prompt(lm, prompt, max_chars=self.settings.max_prompt_chars, chat=chat)
         check_trace_fits(lm.adapter, len(ids), self.settings)
         key = self._key(lm, ids)
-        return lm, key, self.traces.get_or_compute(key, lambda: self._compute(lm, ids))
+        return lm, key, self.traces.get_or_compute(key, lambda: self._compute(lm, ids),
+                                                   expected=self.expected_bytes(lm, len(ids)))
 
     def trace_by_key(self, key: str) -> tuple[LoadedModel, Trace]:
         if key not in self.index:
@@ -89,7 +94,8 @@ class InspectLab:
             raise Expired("err.classroom.model_gone", model=name)
         if ref() is not lm:  # the model this view was made with is no longer served
             raise Expired("sturdy.model_changed", model=name)
-        return lm, self.traces.get_or_compute(key, lambda: self._compute(lm, list(ids)))
+        return lm, self.traces.get_or_compute(key, lambda: self._compute(lm, list(ids)),
+                                              expected=self.expected_bytes(lm, len(ids)))
 
     # --- views ----------------------------------------------------------------------------------------------
     def page(self, *, model: str | None, prompt: str | None, layer: int | None, head: int | None, q: int | None,

@@ -476,11 +476,12 @@ def test_numbers_in_json_bodies_refuse_true_and_false(client, state):
     assert client.post("/api/paged/sessions", json={"model": "builtin", "block_size": 2}).status_code == 200
 def slim_gpt2_bytes(lm, T: int) -> int:
     """What a kept GPT-2 trace holds, from the model's sizes: per layer the fused q/k/v projection (q, k and v are
-    views of it), H attention maps of T × T, c_proj's input (each head's output is a view of it) and the block's
-    output; wte, wpe and h0 rows; the next-token probabilities and logits. float32."""
+    views of it), each query row's log-sum-exp per head (H × T: the weights are computed from q, k and it, never
+    kept), c_proj's input (each head's output is a view of it) and the block's output; wte, wpe and h0 rows; the
+    next-token probabilities and logits. float32."""
     a = lm.adapter
     D, H, V = a.d_model, a.n_head, lm.model.config.vocab_size
-    per_layer = 3 * D * T + H * T * T + D * T + D * T
+    per_layer = 3 * D * T + H * T + D * T + D * T
     return 4 * (a.n_layer * per_layer + 3 * D * T + 2 * V)
 
 
