@@ -32,18 +32,23 @@ def _chunks(n: int, chunk: int):
 
 
 def head_summary(trace: Trace, layer: int, head: int, *, chunk: int = ROW_CHUNK) -> dict[str, float]:
-    """One head's first share, mean attention distance and mean entropy (see the module docstring)."""
+    """One head's first share, mean attention distance and mean entropy (see the module docstring).
+
+    Per chunk: the weights once (float32), then one reduction each — distance as i − Σ_j w_ij · j (a
+    matrix-vector product: the rows sum to 1 over the allowed keys), entropy as Σ_j entr(w_ij) — each row's
+    float32 sum added up across rows in float64 (at 8 192 tokens a head is ~34 M weights: seconds, not minutes)."""
     T, past = trace.n_tokens, trace.past_length
     first = distance = entropy = 0.0
     for rows in _chunks(T, chunk):
         end = past + rows.stop  # keys past the chunk's last query are in every row's future
-        w = trace.attention_block(layer, head, rows, slice(0, end)).double()  # (r, end)
+        w = trace.attention_block(layer, head, rows, slice(0, end))  # (r, end) float32
         q_pos = torch.arange(past + rows.start, past + rows.stop, dtype=torch.float64)
-        k_pos = torch.arange(end, dtype=torch.float64)
+        k_pos = torch.arange(end, dtype=torch.float32)
         lo = max(0, 1 - past - rows.start)  # rows whose query is at position ≥ 1
-        first += float(w[lo:, 0].sum())
-        distance += float((w * (q_pos[:, None] - k_pos[None, :])).sum())
-        entropy -= float(torch.xlogy(w, w).sum())
+        first += float(w[lo:, 0].double().sum())
+        reach = (w @ k_pos).double()  # (r,): Σ_j w_ij · j
+        distance += float((q_pos * w.sum(-1).double() - reach).sum())
+        entropy += float(torch.special.entr(w).sum(-1).double().sum())
     n_first = T - max(0, 1 - past)
     return {"first": first / n_first if n_first else float("nan"), "distance": distance / T, "entropy": entropy / T}
 

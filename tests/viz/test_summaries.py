@@ -54,8 +54,8 @@ def test_head_summaries_equal_a_float64_full_softmax(traced):
         assert torch.allclose(table["first"][layer], first, atol=1e-5)
         assert torch.allclose(table["distance"][layer], distance, atol=1e-4)
         assert torch.allclose(table["entropy"][layer], entropy, atol=1e-5)
-    one = head_summary(trace, 0, 0, chunk=1000)  # one chunk: the same numbers
-    assert abs(one["entropy"] - float(table["entropy"][0, 0])) < 1e-9
+    one = head_summary(trace, 0, 0, chunk=1000)  # one chunk: the same numbers, to float32 row sums
+    assert abs(one["entropy"] - float(table["entropy"][0, 0])) < 1e-6  # rows summed in float32, then float64
 
 
 def test_a_uniform_head_has_the_textbook_values(traced):
