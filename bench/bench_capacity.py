@@ -23,7 +23,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.capacity import catalog
+from app import catalog
 from app.capacity.calculator import CalcInput, calculate
 from app.capacity.simulator import SimConfig, Simulator, synthetic_workload
 from app.capacity.stepcost import GPUS, Roofline

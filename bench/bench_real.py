@@ -51,7 +51,7 @@ BARE_FIRST = """
 import time, torch
 t = time.perf_counter()
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from app.model.catalog import CATALOG
+from app.catalog import CATALOG
 from app.model.gguf import packaged_gguf
 p = packaged_gguf(*CATALOG["{name}"].package[:2])
 AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name)
@@ -77,9 +77,9 @@ def bare_seconds(code: str) -> float:
 
 
 def startup(quick: bool) -> list[list[object]]:
+    from app.catalog import CATALOG
     from app.model import gguf
     from app.model.adapters import supported_model_types
-    from app.model.catalog import CATALOG
 
     path = gguf.packaged_gguf(*CATALOG[NAME].package[:2])
     with tempfile.TemporaryDirectory(prefix="kvscope-real-") as tmp:

@@ -79,9 +79,15 @@ window.kv.page("capacity", () => {
         { tp: inp.tp, heads: r.kv_heads_per_gpu, total: bytes(r.bytes_per_token_all_gpus) })
       : "";
     $("r-page").textContent = `${inp.block_size} × ${bytes(r.bytes_per_token)} = ${bytes(r.page_bytes)}`;
-    $("r-request").textContent = t("js.capacity.request", {
+    $("r-request").textContent = t(r.windowed ? "js.capacity.request_layers" : "js.capacity.request", {
       ctx: int(inp.context), blocks: int(r.blocks_per_request), bytes: bytes(r.request_bytes), waste: r.tail_waste_tokens,
     });
+    // Sliding-window layers hold at most their window: the request's bytes, layer kind by layer kind.
+    $("r-layers").hidden = !r.windowed;
+    $("r-layers").replaceChildren(...(r.windowed ? r.layer_kinds : []).map((k) => kv.el("li", null, t(
+      k.window === null ? "js.capacity.layers_full" : "js.capacity.layers_sliding",
+      { n: k.n_layers, window: k.window, held: int(k.tokens_held), blocks: int(k.blocks), per: bytes(k.bytes_per_token),
+        bytes: bytes(k.block_bytes) }))));
     $("r-batch").textContent = `${int(inp.batch)} × ${bytes(r.request_bytes)} = ${bytes(r.batch_bytes)}`;
     $("r-weights").textContent = r.weights_known
       ? t("js.capacity.weights", {
@@ -96,7 +102,9 @@ window.kv.page("capacity", () => {
         Object.assign({ kv: bytes(r.kv_memory), short: bytes(r.kv_shortfall) }, memory));
     $("r-blocks").textContent = `⌊${bytes(r.kv_memory)} / ${bytes(r.page_bytes)}⌋ = ${int(r.num_blocks)}`;
     $("r-tokens").textContent = `${int(r.num_blocks)} × ${inp.block_size} = ${int(r.tokens)}`;
-    $("r-conc").textContent = `${int(r.tokens)} / ${int(inp.context)} = ${r.max_concurrency.toFixed(2)}×`;
+    $("r-conc").textContent = r.windowed
+      ? `${bytes(r.kv_memory)} / ${bytes(r.request_bytes)} = ${r.max_concurrency.toFixed(2)}×`
+      : `${int(r.tokens)} / ${int(inp.context)} = ${r.max_concurrency.toFixed(2)}×`;
     // vLLM refuses to start when not one request of max_model_len fits: say that, never a negative size.
     const needed = { ctx: int(inp.context), need: bytes(r.request_bytes), kv: bytes(r.kv_memory) };
     $("r-vllm").textContent = !r.weights_fit ? t("js.capacity.vllm_no_memory")

@@ -87,6 +87,10 @@ window.kv.page("paged", () => {
         box.style.background = color(b.owners[0]);
         box.style.borderColor = b.owners.length > 1 ? "" : color(b.owners[0]);
         head.append(kv.el("span", { class: "owner" }, t("js.paged.seq", { id: b.owners.join(", ") })));
+        if (pool.groups.length > 1 && b.group !== null) {  // layers differ: say which group's layers this block holds
+          box.dataset.kind = pool.groups[b.group].kind;
+          head.append(kv.el("span", { class: "grp" }, t("js.paged.group_tag", { g: b.group })));
+        }
         if (b.ref_cnt > 1) { box.classList.add("shared"); box.append(kv.el("span", { class: "ref" }, "×" + b.ref_cnt)); }
       }
       box.append(head);
@@ -110,6 +114,20 @@ window.kv.page("paged", () => {
       block_bytes: kv.bytes(pool.bytes_per_block),
     };
     $("pool-summary").querySelectorAll("dd").forEach((dd) => { dd.textContent = sum[dd.dataset.k]; });
+    drawGroups(pool);
+  }
+
+  // KV-cache groups (a model with sliding-window layers): which layers, their window, the blocks they hold now.
+  function drawGroups(pool) {
+    const box = $("pool-groups");
+    box.hidden = pool.groups.length < 2;
+    if (box.hidden) return;
+    const items = pool.groups.map((g) => kv.el("li", { "data-kind": g.kind }, g.window === null
+      ? t("js.paged.group_full", { g: g.group, layers: g.layers.join(", "), blocks: g.blocks })
+      : t("js.paged.group_sliding", { g: g.group, layers: g.layers.join(", "), blocks: g.blocks, window: g.window,
+        most: g.most_per_seq, cap: g.cap })));
+    items.push(kv.el("li", null, t("js.paged.window_frees", { n: pool.window_frees })));
+    $("pool-groups-list").replaceChildren(...items);
   }
 
   function drawSequences(view) {
@@ -124,10 +142,18 @@ window.kv.page("paged", () => {
       txt.append(kv.el("span", null, s.prompt), kv.el("span", { class: "gen" }, s.generated_text));
       if (s.next !== null && (s.status === "running" || s.status === "waiting")) txt.append(kv.el("span", { class: "next" }, s.next));
       const bt = kv.el("td", { class: "l" });
-      s.block_table.forEach((b, j) => {
-        const chip = kv.el("span", { class: "bt" }); chip.append(kv.el("small", null, j + "→"), document.createTextNode(b));
-        chip.style.borderColor = color(s.id); bt.append(chip);
+      const chips = (table, into) => table.forEach((b, j) => {
+        const chip = kv.el("span", { class: b === null ? "bt freed" : "bt" });
+        chip.append(kv.el("small", null, j + "→"), document.createTextNode(b === null ? "–" : b));
+        if (b === null) chip.title = t("js.paged.freed_by_window");
+        chip.style.borderColor = color(s.id); into.append(chip);
       });
+      if (s.group_tables.length) {  // one table per KV-cache group
+        s.group_tables.forEach((table, g) => {
+          const row = kv.el("div", { class: "gt" }); row.append(kv.el("small", { class: "grp" }, t("js.paged.group_tag", { g })));
+          chips(table, row); bt.append(row);
+        });
+      } else chips(s.block_table, bt);
       const waste = kv.el("td", null, s.block_table.length ? s.tail_waste : "");
       const acts = kv.el("td", { class: "l" });
       if (s.status === "running" || s.status === "waiting") {

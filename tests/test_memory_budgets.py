@@ -11,17 +11,15 @@ runs (one at a time, under the model lock), and several downloads packed at the 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, fields
 
 import pytest
 import torch
 from transformers import GPT2LMHeadModel
 
-from app.capacity.catalog import CATALOG as SHAPES
+from app.catalog import CATALOG
 from app.labs.speculative import roofline_bytes, roofline_cache_tokens
 from app.model.builtin import build_char_tokenizer, builtin_vocabulary, tiny_config
-from app.model.catalog import CATALOG
 from app.settings import Settings
 from app.training.jobs import MAX_TEXT_CHARS
 
@@ -52,20 +50,18 @@ def model_bytes(s: Settings) -> int:
         if name == "builtin":
             total += FLOAT32 * tiny_params(len(builtin_vocabulary()))
         else:
-            millions = re.search(r"(\d+)M parameters", CATALOG[name].note)
-            assert millions, CATALOG[name].note
-            total += FLOAT32 * int(millions.group(1)) * 10**6
+            total += FLOAT32 * CATALOG[name].parameters  # counted from the config (app/catalog.py: sizes)
     trained = FLOAT32 * tiny_params(len(build_char_tokenizer("")) + MAX_TEXT_CHARS)
     return total + s.max_trained_models * trained + 4 * trained
 
 
 def kv_bytes_per_token(name: str) -> int:
-    """K and V of every layer for one token, float32, from the capacity catalog's shapes (the built-in model from
-    its config)."""
+    """K and V of every layer for one token, float32, from the catalog's shapes (the built-in model from its
+    config)."""
     if name == "builtin":
         c = tiny_config(len(builtin_vocabulary()))
         return 2 * c.n_layer * c.n_embd * FLOAT32
-    m = SHAPES[name.removesuffix("-instruct")]
+    m = CATALOG[name]
     return 2 * m.n_layer * m.n_kv_head * m.head_dim * FLOAT32
 
 

@@ -13,6 +13,20 @@ layer, a K tensor and a V tensor cut into ``num_blocks`` physical blocks of ``bl
     sequence 2 (attached [5, 2]): [5, 2, 9] a prefix hit: blocks 5 and 2 hold its first 8 tokens already,
                                             only tokens 8.. are computed and written (into block 9)
 
+Sliding-window layers (Gemma 3's local layers) are kept apart, as vLLM's hybrid allocator keeps them: the layers
+are split into KV-cache groups of one kind each (full attention, or one sliding window) and equal size, every group
+has its own block table per sequence, and all groups draw from the one pool. A block's page holds ``group_size``
+layers: layer j of every group shares the j-th K/V tensor, so a block id means "these token slots of the layers of
+whichever group holds it" and no memory sits unused. A sliding-window group frees a block once it falls wholly
+outside the window (vLLM's ``SlidingWindowManager.remove_skipped_blocks``) and leaves ``NULL_BLOCK`` in its place::
+
+    tiny Gemma 3 (layers 0, 1 local, window 8; layer 2 full), block_size 4, 14 tokens, next query at 14:
+        group 0  full     [layer 2]   [3, 4, 5, 6]        every token
+        group 1  sliding  [layer 0]   [-, 8, 9, 10]       positions 7..14 read: block 0 (0..3) freed
+        group 2  sliding  [layer 1]   [-, 12, 13, 14]
+
+A model whose layers are all of one kind has one group of every layer: the layout above, unchanged.
+
 Invariants (checked by tests/cache/test_paged_stress.py after every operation):
   * a block's ``ref_cnt`` equals the number of block-table entries that point at it;
   * a block is in the free block queue exactly when its ``ref_cnt`` is 0;
@@ -27,12 +41,48 @@ the decoder (``app/cache/paged_decode.py``) writes K/V through ``write_kv`` and 
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
 import torch
 
 from app.cache.blocks import BlockPool, KVCacheBlock, blocks_needed
 from app.kv_bytes import dtype_name, page_bytes
 
-__all__ = ["PagedKVCache", "PoolExhausted", "blocks_needed"]
+__all__ = ["NULL_BLOCK", "KVCacheGroup", "PagedKVCache", "PoolExhausted", "blocks_needed", "kv_cache_groups"]
+
+NULL_BLOCK = -1  # a block-table entry whose block a sliding-window group freed (vLLM's null_block)
+
+
+@dataclass(frozen=True)
+class KVCacheGroup:
+    """Layers of one kind that share block tables (vLLM's ``KVCacheGroupSpec``)."""
+
+    window: int | None  # None: full attention
+    layers: tuple[int, ...]
+
+    @property
+    def kind(self) -> str:
+        return "full" if self.window is None else "sliding"
+
+
+def kv_cache_groups(windows: Sequence[int | None]) -> list[KVCacheGroup]:
+    """Split the layers into groups of one kind and (nearly) one size, full attention first, as vLLM does
+    (``_get_kv_cache_groups_uniform_page_size``): the group size is the smallest kind's layer count, or the largest
+    one's when all kinds are within 1.25x of each other; each kind's layers are cut into chunks of that size."""
+    kinds: dict[int | None, list[int]] = {}
+    for layer, window in enumerate(windows):
+        kinds.setdefault(window, []).append(layer)
+    if len(kinds) == 1:
+        ((window, layers),) = kinds.items()
+        return [KVCacheGroup(window, tuple(layers))]
+    counts = [len(v) for v in kinds.values()]
+    size = max(counts) if max(counts) < 1.25 * min(counts) else min(counts)
+    groups = []
+    for window in sorted(kinds, key=lambda w: (w is not None, w or 0)):
+        layers = kinds[window]
+        groups += [KVCacheGroup(window, tuple(layers[i : i + size])) for i in range(0, len(layers), size)]
+    return groups
 
 
 class PoolExhausted(RuntimeError):
@@ -55,20 +105,54 @@ class PagedKVCache:
 
     def __init__(
         self, *, num_blocks: int, block_size: int, n_layer: int, n_kv_head: int, head_dim: int,
-        dtype: torch.dtype = torch.float32, enable_caching: bool = False,
+        dtype: torch.dtype = torch.float32, enable_caching: bool = False, windows: Sequence[int | None] | None = None,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
+        if windows is not None and len(windows) != n_layer:
+            raise ValueError(f"{len(windows)} windows for {n_layer} layers")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.n_layer = n_layer
+        self.groups = kv_cache_groups(windows if windows is not None else [None] * n_layer)
+        if enable_caching and len(self.groups) > 1:
+            raise ValueError("prefix caching runs on one KV-cache group only")
+        self.group_of = [0] * n_layer  # layer -> its group
+        slot_of = [0] * n_layer  # layer -> the K/V tensor it shares with the same place in every other group
+        for g, group in enumerate(self.groups):
+            for j, layer in enumerate(group.layers):
+                self.group_of[layer], slot_of[layer] = g, j
+        self.group_size = max(len(g.layers) for g in self.groups)  # layers one block's page holds
         shape = (num_blocks, n_kv_head, block_size, head_dim)
-        self.key_cache = [torch.zeros(shape, dtype=dtype) for _ in range(n_layer)]
-        self.value_cache = [torch.zeros(shape, dtype=dtype) for _ in range(n_layer)]
+        keys = [torch.zeros(shape, dtype=dtype) for _ in range(self.group_size)]
+        values = [torch.zeros(shape, dtype=dtype) for _ in range(self.group_size)]
+        self.key_cache = [keys[slot_of[layer]] for layer in range(n_layer)]  # layers of different groups share
+        self.value_cache = [values[slot_of[layer]] for layer in range(n_layer)]
         self.pool = BlockPool(num_blocks, enable_caching=enable_caching)
-        self.block_tables: dict[int, list[int]] = {}
+        self.tables: list[dict[int, list[int]]] = [{} for _ in self.groups]  # per group: seq id -> block table
         self.num_tokens: dict[int, int] = {}  # tokens whose K/V are (or are being) stored, per sequence
         self.cow_copies = 0  # copy-on-write copies made, a metric the article asks engines to expose
+        self.window_frees = 0  # blocks sliding-window groups gave back because they fell outside the window
+
+    @property
+    def block_tables(self) -> dict[int, list[int]]:
+        """The first group's block tables (the full-attention layers', or every layer's when all are alike)."""
+        return self.tables[0]
+
+    def seq_tables(self, seq_id: int) -> list[list[int]]:
+        """The sequence's block table in every group (``NULL_BLOCK`` where a sliding window freed one)."""
+        return [t[seq_id] for t in self.tables]
+
+    def held_blocks(self, seq_id: int, group: int | None = None) -> list[int]:
+        """Block ids the sequence references (one group, or all), null entries left out."""
+        tables = self.seq_tables(seq_id) if group is None else [self.tables[group][seq_id]]
+        return [b for t in tables for b in t if b != NULL_BLOCK]
+
+    def tables_of_all(self) -> Iterator[tuple[int, int, list[int]]]:
+        """(group, seq id, table) for every block table."""
+        for g, tables in enumerate(self.tables):
+            for seq_id, table in tables.items():
+                yield g, seq_id, table
 
     # --- sizes -----------------------------------------------------------------------------------
     @property
@@ -90,9 +174,14 @@ class PagedKVCache:
 
     @property
     def bytes_per_block(self) -> int:
+        """One block's page: its slots in the ``group_size`` layers of the group holding it."""
         _, n_kv_head, block_size, head_dim = self.key_cache[0].shape
-        return int(page_bytes(block_size=block_size, n_layer=self.n_layer, n_kv_head=n_kv_head, head_dim=head_dim,
-                              dtype=dtype_name(self.key_cache[0].dtype)))
+        return int(page_bytes(block_size=block_size, n_layer=self.group_size, n_kv_head=n_kv_head,
+                              head_dim=head_dim, dtype=dtype_name(self.key_cache[0].dtype)))
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks a prefill of ``num_tokens`` takes: that many token slots in every group."""
+        return len(self.groups) * blocks_needed(num_tokens, self.block_size)
 
     def tail_waste(self, seq_id: int) -> int:
         """Unused slots in the sequence's last block (internal fragmentation)."""
@@ -113,49 +202,77 @@ class PagedKVCache:
             raise ValueError(f"sequence {seq_id} already has a block table")
         if num_tokens < 1:
             raise ValueError("a sequence needs at least one token")
-        self._check(seq_id, blocks_needed(num_tokens, self.block_size))
-        table = self._take_free_blocks(blocks_needed(num_tokens, self.block_size))
-        self.block_tables[seq_id] = table
+        self._check(seq_id, self.blocks_for(num_tokens))
+        for tables in self.tables:
+            tables[seq_id] = self._take_free_blocks(blocks_needed(num_tokens, self.block_size))
         self.num_tokens[seq_id] = num_tokens
-        return list(table)
+        return list(self.block_tables[seq_id])
 
     def attach(self, seq_id: int, computed_blocks: list[KVCacheBlock]) -> None:
         """A new sequence whose first tokens are already cached: it starts with ``computed_blocks`` (full blocks
         a prefix hit found, ref_cnt + 1 each, so they leave the free queue) and grows with ``append_slots``."""
         if seq_id in self.block_tables:
             raise ValueError(f"sequence {seq_id} already has a block table")
+        if len(self.groups) > 1:
+            raise ValueError("attaching cached blocks needs one KV-cache group")
         self.pool.touch(computed_blocks)
         self.block_tables[seq_id] = [b.block_id for b in computed_blocks]
         self.num_tokens[seq_id] = len(computed_blocks) * self.block_size
 
     def blocks_to_append(self, seq_id: int, n_new: int = 1) -> int:
-        """Free blocks the next ``append_slots(n_new)`` will take: new blocks past the tail, plus 1 when the tail
-        is partial and shared (its copy)."""
+        """Free blocks the next ``append_slots(n_new)`` will take, in every group: new blocks past the tail, plus 1
+        when the tail is partial and shared (its copy)."""
         n = self.num_tokens[seq_id]
-        table = self.block_tables[seq_id]
-        cow = 1 if n % self.block_size and self.blocks[table[-1]].ref_cnt > 1 else 0
-        return blocks_needed(n + n_new, self.block_size) - len(table) + cow
+        total = 0
+        for table in self.seq_tables(seq_id):
+            cow = 1 if n % self.block_size and self.blocks[table[-1]].ref_cnt > 1 else 0
+            total += blocks_needed(n + n_new, self.block_size) - len(table) + cow
+        return total
+
+    def remove_skipped_blocks(self, seq_id: int) -> list[int]:
+        """Free, in each sliding-window group, the blocks no future query of the sequence reads (vLLM's
+        ``remove_skipped_blocks``): the next query, at position n, reads keys n - W + 1 .. n, so every block wholly
+        before n - W + 1 goes back to the pool (newest first) and ``NULL_BLOCK`` takes its place. Returns the
+        block ids now free."""
+        n, freed = self.num_tokens[seq_id], []
+        for group, tables in zip(self.groups, self.tables, strict=True):
+            if group.window is None:
+                continue
+            table = tables[seq_id]
+            skipped = max(0, n - group.window + 1) // self.block_size
+            removed = []
+            for j in range(skipped - 1, -1, -1):
+                if table[j] == NULL_BLOCK:
+                    break  # the ones before were freed by an earlier step
+                removed.append(table[j])
+                table[j] = NULL_BLOCK
+            self.pool.free_blocks(self.blocks[b] for b in removed)
+            self.window_frees += len(removed)
+            freed += [b for b in removed if self.blocks[b].ref_cnt == 0]
+        return freed
 
     def append_slots(self, seq_id: int, n_new: int) -> None:
         """Reserve the slots of the sequence's next ``n_new`` tokens (vLLM's allocate_slots).
 
-        A tail shared with a fork is copied first (copy-on-write): only that one block, and only its written
-        slots; the full blocks before it stay shared. Then new blocks for whatever does not fit.
+        Sliding-window groups first give back the blocks that fell outside their window. A tail shared with a
+        fork is copied first (copy-on-write): only that one block, only its written slots, only the layers of its
+        group; the full blocks before it stay shared. Then new blocks for whatever does not fit.
         """
-        table = self.block_tables[seq_id]
+        self.remove_skipped_blocks(seq_id)
         n = self.num_tokens[seq_id]
         offset = n % self.block_size
         self._check(seq_id, self.blocks_to_append(seq_id, n_new))
-        if offset and self.blocks[table[-1]].ref_cnt > 1:
-            old = table[-1]
-            (new,) = self._take_free_blocks(1)
-            for layer in range(self.n_layer):
-                self.key_cache[layer][new, :, :offset] = self.key_cache[layer][old, :, :offset]
-                self.value_cache[layer][new, :, :offset] = self.value_cache[layer][old, :, :offset]
-            self.pool.free_blocks([self.blocks[old]])
-            table[-1] = new
-            self.cow_copies += 1
-        table += self._take_free_blocks(blocks_needed(n + n_new, self.block_size) - len(table))
+        for group, table in zip(self.groups, self.seq_tables(seq_id), strict=True):
+            if offset and self.blocks[table[-1]].ref_cnt > 1:
+                old = table[-1]
+                (new,) = self._take_free_blocks(1)
+                for layer in group.layers:
+                    self.key_cache[layer][new, :, :offset] = self.key_cache[layer][old, :, :offset]
+                    self.value_cache[layer][new, :, :offset] = self.value_cache[layer][old, :, :offset]
+                self.pool.free_blocks([self.blocks[old]])
+                table[-1] = new
+                self.cow_copies += 1
+            table += self._take_free_blocks(blocks_needed(n + n_new, self.block_size) - len(table))
         self.num_tokens[seq_id] = n + n_new
 
     def append_slot(self, seq_id: int) -> tuple[int, int]:
@@ -167,30 +284,41 @@ class PagedKVCache:
         """The child shares every block of the parent (ref_cnt + 1 each); nothing is copied yet."""
         if child_id in self.block_tables:
             raise ValueError(f"sequence {child_id} already has a block table")
-        table = list(self.block_tables[parent_id])
-        self.pool.touch(self.blocks[b] for b in table)
-        self.block_tables[child_id] = table
+        for tables in self.tables:
+            tables[child_id] = list(tables[parent_id])
+        self.pool.touch(self.blocks[b] for b in self.held_blocks(child_id))
         self.num_tokens[child_id] = self.num_tokens[parent_id]
-        return list(table)
+        return list(self.block_tables[child_id])
 
     def free(self, seq_id: int) -> list[int]:
-        """Finish or cancel: drop the sequence's references, tail first. Returns the blocks now free."""
-        table = self.block_tables.pop(seq_id)
+        """Finish or cancel: drop the sequence's references, group by group, tail first. Returns the blocks now
+        free."""
+        freed = []
+        for tables in self.tables:
+            table = [b for b in reversed(tables.pop(seq_id)) if b != NULL_BLOCK]
+            self.pool.free_blocks(self.blocks[b] for b in table)
+            freed += [b for b in table if self.blocks[b].ref_cnt == 0]
         del self.num_tokens[seq_id]
-        self.pool.free_blocks(self.blocks[b] for b in reversed(table))
-        return [b for b in reversed(table) if self.blocks[b].ref_cnt == 0]
+        return freed
 
     # --- K/V through the block table -----------------------------------------------------------------
-    def slot(self, seq_id: int, position: int) -> tuple[int, int]:
-        """Logical token position -> (physical block id, offset)."""
+    def slot(self, seq_id: int, position: int, group: int = 0) -> tuple[int, int]:
+        """Logical token position -> (physical block id, offset) in one group's table."""
         if not 0 <= position < self.num_tokens[seq_id]:
             raise IndexError(f"position {position} outside sequence {seq_id}")
-        return self.block_tables[seq_id][position // self.block_size], position % self.block_size
+        return self.tables[group][seq_id][position // self.block_size], position % self.block_size
+
+    def first_kept(self, seq_id: int, layer: int) -> int:
+        """The first position whose K/V ``layer`` still holds for the sequence (0 unless a window freed blocks)."""
+        table = self.tables[self.group_of[layer]][seq_id]
+        return next((j for j, b in enumerate(table) if b != NULL_BLOCK), len(table)) * self.block_size
 
     def write_kv(self, seq_id: int, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V of tokens ``start .. start+T-1`` (k, v: (H_kv, T, Dh)) into their slots."""
-        slots = [self.slot(seq_id, start + t) for t in range(k.shape[1])]
+        slots = [self.slot(seq_id, start + t, self.group_of[layer]) for t in range(k.shape[1])]
         for block_id in {b for b, _ in slots}:
+            if block_id == NULL_BLOCK:
+                raise RuntimeError(f"position outside layer {layer}'s window: its block was freed")
             if self.blocks[block_id].ref_cnt != 1:
                 # Writing a shared block would change another sequence's history: refuse, never corrupt.
                 raise RuntimeError(f"block {block_id} is shared (ref_cnt {self.blocks[block_id].ref_cnt})")
@@ -201,9 +329,11 @@ class PagedKVCache:
         self.value_cache[layer][block_ids, :, offsets] = v.transpose(0, 1).to(dtype)
 
     def gather_kv(self, seq_id: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The sequence's K and V in logical order: (H_kv, T, Dh) each, read block by block."""
-        table = torch.tensor(self.block_tables[seq_id])
-        n = self.num_tokens[seq_id]
+        """The K and V ``layer`` holds for the sequence, in logical order, read block by block: (H_kv, T, Dh)
+        each, positions ``first_kept(seq_id, layer)`` .. num_tokens - 1."""
+        start = self.first_kept(seq_id, layer)
+        table = torch.tensor(self.tables[self.group_of[layer]][seq_id][start // self.block_size :])
+        n = self.num_tokens[seq_id] - start
         k = self.key_cache[layer][table]  # (n_blocks, H, block_size, Dh)
         v = self.value_cache[layer][table]
         nb, h, bs, d = k.shape

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from app.cache.blocks import blocks_needed
 from app.cache.paged import PagedKVCache, PoolExhausted
 from app.cache.store import FloatKVStore, KVStore, PagedSeqStore  # noqa: F401  (the stores, re-exported)
 from app.errors import BadInput
@@ -75,12 +74,15 @@ class PagedEngine:
     def __init__(
         self, lm: LoadedModel, *, num_blocks: int, block_size: int, max_sequences: int = 8, log_size: int = 40,
         lock: threading.RLock | None = None, preemption: str = "manual", max_num_seqs: int | None = None,
-        ignore_eos: bool = False,
+        ignore_eos: bool = False, layer_windows: bool = True,
     ) -> None:
         a = lm.adapter
         self.lm = lm
+        # Sliding-window layers get block tables of their own that drop blocks once outside the window (unless
+        # ``layer_windows`` is off: one table per sequence for every layer, the window applied by the mask alone).
+        windows = [a.window(i) for i in range(a.n_layer)] if layer_windows else None
         self.cache = PagedKVCache(num_blocks=num_blocks, block_size=block_size, n_layer=a.n_layer,
-                                  n_kv_head=a.n_kv_head, head_dim=a.head_dim, dtype=a.dtype)
+                                  n_kv_head=a.n_kv_head, head_dim=a.head_dim, dtype=a.dtype, windows=windows)
         self.sequences: OrderedDict[int, Sequence] = OrderedDict()
         self.waiting: deque[int] = deque()
         self.max_sequences = max_sequences
@@ -121,7 +123,7 @@ class PagedEngine:
 
     def add(self, prompt_ids: list[int], max_new: int, *, admit: bool = True) -> Sequence:
         """A new request. ``admit=False`` only queues it (vLLM's add_request): the next ``step`` admits it."""
-        need = blocks_needed(len(prompt_ids), self.cache.block_size)
+        need = self.cache.blocks_for(len(prompt_ids))
         if need > self.cache.num_blocks:
             raise BadInput("err.paged.too_big", need=need, total=self.cache.num_blocks)
         seq = Sequence(self._new_id(), len(prompt_ids), list(prompt_ids), None, max_new)

@@ -92,7 +92,9 @@ class PagedSeqStore:
     """One sequence's view of a ``PagedKVCache``: new K/V go into its tail block, reads go through its block table.
 
     The sequence may already hold blocks: a prefix hit ``attach``ed before the first step (only the tokens
-    after the hit are fed), or a running sequence decoding one token per step.
+    after the hit are fed), or a running sequence decoding one token per step. A sliding-window layer reads only
+    the blocks its group still holds (``first_kept`` on); at the end of each step its group gives back the blocks
+    the next query will not read.
     """
 
     window: int | None = None
@@ -108,8 +110,11 @@ class PagedSeqStore:
 
     @property
     def nbytes(self) -> int:
-        """Whole blocks of the sequence's block table (tail waste included; a shared block counts for each holder)."""
-        return len(self.cache.block_tables.get(self.seq_id, ())) * self.cache.bytes_per_block
+        """Whole blocks of the sequence's block tables, every group (tail waste included; a shared block counts for
+        each holder; a block a window freed not at all)."""
+        if self.seq_id not in self.cache.block_tables:
+            return 0
+        return len(self.cache.held_blocks(self.seq_id)) * self.cache.bytes_per_block
 
     def begin(self, n_new: int) -> None:
         self._start = self.length
@@ -121,7 +126,8 @@ class PagedSeqStore:
     def attend_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         self.cache.write_kv(self.seq_id, layer, self._start, k, v)
         keys, values = self.cache.gather_kv(self.seq_id, layer)
-        return keys, values, torch.arange(keys.shape[1])
+        first = self.cache.first_kept(self.seq_id, layer)
+        return keys, values, torch.arange(first, first + keys.shape[1])
 
     def end(self, n_new: int) -> None:
-        pass
+        self.cache.remove_skipped_blocks(self.seq_id)

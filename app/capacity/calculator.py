@@ -12,15 +12,22 @@ Everything here is arithmetic on a ``ModelConfig``; the bytes per token come fro
 
 A request of ``context`` tokens holds ceil(context / block_size) whole blocks: the last one's unused slots are
 tail waste, counted in the per-request and per-batch bytes.
+
+Per-layer windows are counted as vLLM counts each KV-cache spec: a sliding-window layer (Gemma 3's local layers)
+holds at most its window's tokens (``catalog.tokens_held``) in the blocks that still cover them
+(``blocks_held``), so a request's bytes are summed layer kind by layer kind::
+
+    request bytes = Σ over layer kinds  layers · blocks held · block_size · bytes per token per layer
+    max concurrency = KV memory / request bytes                       (windowed models)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from app import kv_bytes
-from app.cache.blocks import blocks_needed
-from app.capacity.catalog import ModelConfig
+from app import catalog, kv_bytes
+from app.cache.blocks import blocks_held, blocks_needed
+from app.catalog import ModelConfig
 from app.errors import BadInput
 
 GiB = 1024**3
@@ -79,6 +86,27 @@ def per_token(model: ModelConfig, inp: CalcInput, *, tp: int | None = None) -> f
         raise BadInput("err.capacity.tp", why=str(exc)) from None
 
 
+def layer_rows(model: ModelConfig, inp: CalcInput, context: int, *, tp: int | None = None) -> list[dict]:
+    """One row per kind of layer (full attention, each sliding window): what one request of ``context`` tokens
+    holds in those layers, exactly (``bytes``) and in whole blocks (``block_bytes``), on one GPU."""
+    layer = per_token(model, inp, tp=tp) / model.n_layer  # every layer caches the same per token
+    rows = []
+    for kind in catalog.layer_kinds(model):
+        n, window = len(kind["layers"]), kind["window"]
+        held = catalog.tokens_held(window, context)
+        blocks = blocks_held(context, inp.block_size, window)
+        rows.append(kind | {"n_layers": n, "bytes_per_token": n * layer, "tokens_held": held, "blocks": blocks,
+                            "bytes": n * held * layer, "block_bytes": n * blocks * inp.block_size * layer})
+    return rows
+
+
+def request_bytes(model: ModelConfig, inp: CalcInput, context: int, *, tp: int | None = None) -> float:
+    """Whole blocks one request of ``context`` tokens holds on one GPU, layer kind by layer kind."""
+    if not model.windows:
+        return blocks_needed(context, inp.block_size) * inp.block_size * per_token(model, inp, tp=tp)
+    return sum(r["block_bytes"] for r in layer_rows(model, inp, context, tp=tp))
+
+
 def calculate(model: ModelConfig, inp: CalcInput) -> dict:
     """Every number the calculator shows, with the formula filled in."""
     if inp.dtype not in kv_bytes.DTYPE_BYTES:
@@ -93,7 +121,9 @@ def calculate(model: ModelConfig, inp: CalcInput) -> dict:
     heads_per_gpu = None if model.mla else kv_bytes.kv_heads_per_gpu(model.n_kv_head, inp.tp)
     page = inp.block_size * bpt
     blocks_per_request = blocks_needed(inp.context, inp.block_size)
-    request_bytes = blocks_per_request * page
+    layers = layer_rows(model, inp, inp.context)
+    windowed = bool(model.windows)
+    request = request_bytes(model, inp, inp.context)
     formula = kv_bytes.formula_text(n_layer=model.n_layer, n_kv_head=model.n_kv_head, head_dim=model.head_dim,
                                     dtype=inp.dtype, scales=inp.scales, block_size=inp.block_size, mla=model.mla,
                                     tp=inp.tp)
@@ -104,7 +134,7 @@ def calculate(model: ModelConfig, inp: CalcInput) -> dict:
     kv_memory = max(0.0, left)
     num_blocks = int(kv_memory // page)
     tokens = num_blocks * inp.block_size
-    whole = num_blocks // blocks_per_request
+    whole = int(kv_memory // request) if windowed else num_blocks // blocks_per_request
     # Not one request fits (the weights alone may not): the tensor-parallel degree that would, if any.
     search = whole == 0 and inp.kv_memory_gib is None
     return {
@@ -120,9 +150,11 @@ def calculate(model: ModelConfig, inp: CalcInput) -> dict:
         "page_bytes": page,
         "blocks_per_request": blocks_per_request,
         "tail_waste_tokens": blocks_per_request * inp.block_size - inp.context,
-        "request_bytes": request_bytes,
-        "request_bytes_exact": inp.context * bpt,
-        "batch_bytes": inp.batch * request_bytes,
+        "request_bytes": request,
+        "request_bytes_exact": sum(r["bytes"] for r in layers),
+        "batch_bytes": inp.batch * request,
+        "windowed": windowed,  # some layers hold only their window: request bytes are summed per layer kind
+        "layer_kinds": layers,
         "parameters": params,
         "weight_bytes": weight_bytes,
         "weights_per_gpu": weights_per_gpu,
@@ -133,9 +165,9 @@ def calculate(model: ModelConfig, inp: CalcInput) -> dict:
         "kv_shortfall": max(0.0, -left),  # by how much they exceed it
         "num_blocks": num_blocks,
         "tokens": tokens,
-        "max_concurrency": tokens / inp.context,
+        "max_concurrency": kv_memory / request if windowed else tokens / inp.context,
         "whole_requests": whole,
-        "batch_fits": inp.batch * blocks_per_request <= num_blocks,
+        "batch_fits": inp.batch * request <= kv_memory if windowed else inp.batch * blocks_per_request <= num_blocks,
         "tp_searched": search,
         "tp_fit": smallest_fitting_tp(model, inp, weight_bytes) if search else None,
         "chart": chart(model, inp),
@@ -159,13 +191,15 @@ def smallest_fitting_tp(model: ModelConfig, inp: CalcInput, weight_bytes: float)
     for tp in TP_DEGREES:
         try:
             page = inp.block_size * per_token(model, inp, tp=tp)
+            request = request_bytes(model, inp, inp.context, tp=tp)
         except BadInput:
             continue
         left = kv_memory_left(inp, weight_bytes, tp)
         blocks = int(left // page) if left > 0 else 0
-        if blocks >= need:
+        whole = (int(left // request) if left > 0 else 0) if model.windows else blocks // need
+        if whole >= 1:
             return {"tp": tp, "weights_per_gpu": weight_bytes / tp, "kv_memory": left, "num_blocks": blocks,
-                    "whole_requests": blocks // need}
+                    "whole_requests": whole}
     return None
 
 
@@ -182,16 +216,15 @@ def context_points(context: int, max_positions: int) -> list[int]:
 def chart(model: ModelConfig, inp: CalcInput) -> dict:
     """KV bytes of the batch against context (block-rounded), and MHA / GQA / MQA (/ MLA) of the same model."""
     xs = context_points(inp.context, model.max_positions)
-    page = inp.block_size * per_token(model, inp)
     kinds = ["MHA", "GQA", "MQA"] + (["MLA"] if model.kv_lora_rank else [])
     variants = []
     for kind in kinds:
-        m = with_attention(model, kind)
-        bpt = per_token(m, replace(inp, tp=1))
+        m, one = with_attention(model, kind), replace(inp, tp=1)
+        bpt = per_token(m, one)
         variants.append({
             "kind": kind, "kv_heads": None if m.mla else m.n_kv_head, "bytes_per_token": bpt,
-            "request_bytes": blocks_needed(inp.context, inp.block_size) * inp.block_size * bpt,
-            "batch_bytes": [inp.batch * blocks_needed(x, inp.block_size) * inp.block_size * bpt for x in xs],
+            "request_bytes": request_bytes(m, one, inp.context),
+            "batch_bytes": [inp.batch * request_bytes(m, one, x) for x in xs],
         })
-    return {"contexts": xs, "batch_bytes": [inp.batch * blocks_needed(x, inp.block_size) * page for x in xs],
+    return {"contexts": xs, "batch_bytes": [inp.batch * request_bytes(model, inp, x) for x in xs],
             "variants": variants}

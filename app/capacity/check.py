@@ -42,8 +42,11 @@ def _prompts(lm: LoadedModel, requests: list[Request]) -> list[list[int]]:
 def run_engine(lm: LoadedModel, requests: list[Request], *, num_blocks: int, block_size: int, max_num_seqs: int,
                lock=None) -> list[dict]:
     """Drive the real engine; one record per step: admitted / preempted / finished ids, blocks used, queue sizes."""
+    # One block table per sequence, as the simulator keeps (a sliding-window model's layers are not split into
+    # groups here): the check compares scheduling decisions block for block.
     engine = PagedEngine(lm, num_blocks=num_blocks, block_size=block_size, max_sequences=len(requests) + 1,
-                         preemption="auto", max_num_seqs=max_num_seqs, ignore_eos=True, lock=lock)
+                         preemption="auto", max_num_seqs=max_num_seqs, ignore_eos=True, lock=lock,
+                         layer_windows=False)
     prompts = _prompts(lm, requests)
     pending = sorted(requests, key=lambda r: (r.arrival, r.rid))
     seq_of: dict[int, int] = {}  # engine seq id -> request id

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from app.capacity.catalog import ModelConfig
+from app.catalog import ModelConfig
 
 
 @dataclass(frozen=True)

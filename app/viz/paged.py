@@ -6,6 +6,7 @@ Pure functions: engine or bench result in, plain JSON-ready data out. No tensors
 from __future__ import annotations
 
 from app.cache.blocks import blocks_needed
+from app.cache.paged import NULL_BLOCK
 from app.cache.paged_decode import PagedEngine
 from app.cache.quant import FORMATS, float_bytes_per_token
 from app.i18n import DEFAULT_LANG, translate
@@ -24,18 +25,20 @@ def pool_view(engine: PagedEngine) -> dict:
     """Every physical block: who holds it, its ref count, how many of its slots are written, the tokens in them."""
     cache, lm = engine.cache, engine.lm
     bs = cache.block_size
-    holders: dict[int, list[tuple[int, int]]] = {}  # block id -> [(seq id, logical block index)]
-    for seq_id, table in cache.block_tables.items():
+    holders: dict[int, list[tuple[int, int, int]]] = {}  # block id -> [(seq id, logical block index, group)]
+    for g, seq_id, table in cache.tables_of_all():
         for j, block_id in enumerate(table):
-            holders.setdefault(block_id, []).append((seq_id, j))
+            if block_id != NULL_BLOCK:
+                holders.setdefault(block_id, []).append((seq_id, j, g))
     free_order = {b: i for i, b in enumerate(cache.free_block_queue)}
     blocks = []
     for block in cache.blocks:
         held = holders.get(block.block_id, [])
-        entry = {"id": block.block_id, "ref_cnt": block.ref_cnt, "owners": [s for s, _ in held],
-                 "filled": 0, "slots": [], "free_pos": free_order.get(block.block_id)}
+        entry = {"id": block.block_id, "ref_cnt": block.ref_cnt, "owners": [s for s, _, _ in held],
+                 "filled": 0, "slots": [], "free_pos": free_order.get(block.block_id),
+                 "group": held[0][2] if held else None}
         if held:
-            seq_id, j = held[0]
+            seq_id, j, _ = held[0]
             ids = engine.sequences[seq_id].tokens[j * bs : (j + 1) * bs]
             entry["filled"] = len(ids)
             entry["slots"] = [visible(t) for t in honest_texts(lm, ids)]
@@ -43,7 +46,22 @@ def pool_view(engine: PagedEngine) -> dict:
         blocks.append(entry)
     return {"blocks": blocks, "num_blocks": cache.num_blocks, "block_size": bs,
             "free": cache.num_free_blocks, "used": cache.num_used_blocks, "bytes_per_block": cache.bytes_per_block,
-            "bytes_total": cache.bytes_per_block * cache.num_blocks, "cow_copies": cache.cow_copies}
+            "bytes_total": cache.bytes_per_block * cache.num_blocks, "cow_copies": cache.cow_copies,
+            "groups": groups_view(engine), "window_frees": cache.window_frees}
+
+
+def groups_view(engine: PagedEngine) -> list[dict]:
+    """The KV-cache groups (one per kind of layer and size, as vLLM's hybrid allocator makes them): which layers,
+    their window, and the blocks their tables hold now (shared blocks once), with the most one sequence holds."""
+    cache = engine.cache
+    rows = []
+    for g, group in enumerate(cache.groups):
+        held = {b for seq in cache.tables[g] for b in cache.held_blocks(seq, g)}
+        most = max((len(cache.held_blocks(seq, g)) for seq in cache.tables[g]), default=0)
+        rows.append({"group": g, "kind": group.kind, "window": group.window, "layers": list(group.layers),
+                     "blocks": len(held), "most_per_seq": most,
+                     "cap": None if group.window is None else blocks_needed(group.window, cache.block_size) + 1})
+    return rows
 
 
 def sequences_view(engine: PagedEngine, lang: str = DEFAULT_LANG) -> list[dict]:
@@ -51,6 +69,7 @@ def sequences_view(engine: PagedEngine, lang: str = DEFAULT_LANG) -> list[dict]:
     rows = []
     for seq in engine.sequences.values():
         table = cache.block_tables.get(seq.seq_id, [])
+        tables = cache.seq_tables(seq.seq_id) if table else []
         rows.append({
             "id": seq.seq_id, "status": seq.status, "status_text": translate(f"status.{seq.status}", lang),
             "parent": seq.parent,
@@ -58,6 +77,8 @@ def sequences_view(engine: PagedEngine, lang: str = DEFAULT_LANG) -> list[dict]:
             "generated_text": _text(lm, seq.tokens[seq.prompt_len :]),
             "next": visible(honest_text(lm, seq.pending)) if seq.pending is not None else None,
             "cached_tokens": cache.num_tokens.get(seq.seq_id, 0), "block_table": list(table),
+            # every group's table when layers differ (None where a window freed the block)
+            "group_tables": [[None if b == NULL_BLOCK else b for b in t] for t in tables] if len(tables) > 1 else [],
             "tail_waste": cache.tail_waste(seq.seq_id) if table else 0,
             "generated": seq.generated, "max_new": seq.max_new,
             "preemptions": seq.preemptions, "recomputed_tokens": seq.recomputed_tokens,

@@ -166,3 +166,85 @@ def test_a_forked_branch_decodes_as_if_it_were_alone(tiny):
     shared = set(pool.block_tables[0]) & set(pool.block_tables[1])
     assert all(pool.blocks[i].ref_cnt == 2 for i in shared)
     assert len(shared) == len(ids) // 4  # the full prompt blocks stay shared
+
+
+# --- sliding-window layers: block tables of their own that give blocks back ---------------------------------
+
+def test_layers_are_grouped_by_kind_as_vllm_groups_them():
+    from app.cache.paged import kv_cache_groups
+
+    # gemma-3-270m: 15 local layers and 3 full ones -> groups of 3: one full group, five sliding ones.
+    windows = [None if (i + 1) % 6 == 0 else 512 for i in range(18)]
+    groups = kv_cache_groups(windows)
+    assert [g.kind for g in groups] == ["full"] + ["sliding"] * 5
+    assert groups[0].layers == (5, 11, 17) and groups[1].layers == (0, 1, 2) and groups[5].layers == (14, 15, 16)
+    assert kv_cache_groups([None] * 4)[0].layers == (0, 1, 2, 3)  # one kind: one group of every layer
+    assert [g.layers for g in kv_cache_groups([8, 8, None])] == [(2,), (0,), (1,)]  # the tiny Gemma 3
+
+
+def test_a_window_group_frees_blocks_that_fall_outside_it():
+    """Layers 0, 1 local (window 5), layer 2 full; blocks of 4 slots. Group size 1: three groups, three tables."""
+    pool = PagedKVCache(num_blocks=12, block_size=4, n_layer=3, n_kv_head=1, head_dim=2, windows=[5, 5, None])
+    assert [g.layers for g in pool.groups] == [(2,), (0,), (1,)]
+    assert pool.bytes_per_block == 2 * 1 * 1 * 4 * 2 * 4  # one layer per page: K and V, 1 head, 4 slots, Dh 2, fp32
+    assert pool.key_cache[0] is pool.key_cache[1] is pool.key_cache[2]  # one tensor, shared by the groups
+
+    # Prefill 6 tokens: every group takes ceil(6/4) = 2 blocks (its queries read back to position 0).
+    pool.allocate(0, 6)
+    assert pool.seq_tables(0) == [[0, 1], [2, 3], [4, 5]]
+    # The next query sits at 6 and reads 2..6: block 0 (positions 0..3) is still read. Nothing to free.
+    assert pool.remove_skipped_blocks(0) == []
+    # Tokens 6, 7 fill the tail; at 8 the query reads 4..8, so each local group gives its block 0 back.
+    pool.append_slots(0, 2)
+    assert pool.remove_skipped_blocks(0) == [2, 4]
+    assert pool.seq_tables(0) == [[0, 1], [-1, 3], [-1, 5]] and pool.window_frees == 2
+    assert pool.first_kept(0, 0) == 4 and pool.first_kept(0, 2) == 0
+    # Token 8 needs a third block in every group: the freed ones are taken last (FIFO), new ones first.
+    pool.append_slots(0, 1)
+    assert pool.seq_tables(0) == [[0, 1, 6], [-1, 3, 7], [-1, 5, 8]]
+    assert pool.num_used_blocks == 3 + 2 + 2
+    # Finish: every group's blocks come back, none twice.
+    assert sorted(pool.free(0)) == [0, 1, 3, 5, 6, 7, 8]
+    assert pool.num_free_blocks == 12
+
+
+def test_paged_decode_past_the_window_equals_transformers_cache_on_gemma3(family_models):
+    """The tiny Gemma 3 (window 8 on layers 0 and 1) decodes 24 steps past its window through a paged pool whose
+    local layers give blocks back: its logits are transformers' own (whose cache keeps the last W - 1), and each
+    local layer never holds more than ceil(W / block) + 1 blocks."""
+    lm = family_models["gemma3"]
+    a = lm.adapter
+    window = a.window(0)
+    bs = 4
+    ids = lm.encode("the cat sat on the mat and looked at")[:10]
+    assert len(ids) > window
+    pool = PagedKVCache(num_blocks=40, block_size=bs, n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim,
+                        dtype=a.dtype, windows=[a.window(i) for i in range(a.n_layer)])
+    local = [g for g, group in enumerate(pool.groups) if group.window is not None]
+    assert local and len(pool.groups) == 3
+    store = PagedSeqStore(pool, 0)
+    cache = DynamicCache(config=lm.model.config)
+    feed = ids
+    for step in range(25):
+        ours = forward_through(lm, store, feed)[-1]
+        with torch.no_grad():
+            out = lm.model(input_ids=torch.tensor([feed]), cache=cache, use_cache=True)
+        cache = out.cache
+        theirs = out.logits[0, -1]
+        assert (ours - theirs).abs().max() < 1e-4, step
+        n = pool.num_tokens[0]
+        for g in local:
+            held = len(pool.held_blocks(0, g))
+            assert held <= -(-window // bs) + 1, (step, held)
+            # the next query, at n, reads n - W + 1 .. n: the blocks from (n - W + 1) // bs to the tail are kept
+            assert held == (n - 1) // bs - max(0, n - window + 1) // bs + 1, (step, held)
+        feed = [int(theirs.argmax())]
+    assert pool.num_tokens[0] == len(ids) + 24
+    assert len(pool.held_blocks(0, 0)) == blocks_needed(len(ids) + 24, bs)  # the full layer keeps everything
+    # The K/V a local layer still holds are transformers' last W - 1, and then some of the same block.
+    for layer in (0, 1):
+        k, _ = pool.gather_kv(0, layer)
+        theirs_k, _ = a.layer_cache(cache, layer)
+        assert torch.allclose(k[:, -(window - 1):], theirs_k[0], atol=1e-5)
+    assert pool.window_frees > 0
+    assert store.nbytes == len(pool.held_blocks(0)) * pool.bytes_per_block

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app import kv_bytes
-from app.capacity import catalog
+from app import catalog, kv_bytes
 from app.capacity.calculator import CalcInput, GiB, calculate
 from app.errors import BadInput
 
@@ -120,7 +119,8 @@ def test_block_rounding():
 def test_parameter_counts_from_configs():
     expected = {"gpt2": 124_439_808, "distilgpt2": 81_912_576, "smollm2-135m": 134_515_008,
                 "qwen2.5-0.5b": 494_032_768, "qwen3-0.6b": 596_049_920, "llama-3-8b": 8_030_261_248,
-                "llama-3.1-70b": 70_553_706_496}
+                "llama-3.1-70b": 70_553_706_496, "gemma-3-270m": 268_098_176,
+                "smollm2-360m-instruct": 361_821_120}
     for key, n in expected.items():
         assert catalog.get(key).parameters == n, key
 
@@ -227,3 +227,61 @@ def test_hand_entered_numbers_have_unknown_weights_until_given():
     given = calculate(custom, CalcInput(weight_gib=15))
     assert given["weights_known"] and given["weight_bytes"] == 15 * GiB
     assert calc("llama-3-8b")["weights_known"]
+
+
+# gemma-3-270m, by hand: 18 layers, 1 KV head of 256; every 6th layer full, the other 15 a 512-token window.
+# One token in one layer, bf16: K and V · 1 head · 256 · 2 B = 1024 B.
+GEMMA_LAYER_BYTES = 2 * 1 * 256 * 2
+
+
+def test_gemma3_270m_counts_its_local_layers_at_their_window_at_4096_tokens():
+    r = calc("gemma-3-270m", dtype="bf16", context=4096, block_size=16)
+    assert r["bytes_per_token"] == 18 * GEMMA_LAYER_BYTES == 18_432  # a token's page cost: every layer
+    full = 3 * 4096 * GEMMA_LAYER_BYTES  # layers 5, 11, 17 hold every token
+    local = 15 * 512 * GEMMA_LAYER_BYTES  # the rest only their window
+    assert r["request_bytes_exact"] == r["request_bytes"] == full + local == 20_447_232  # 4096 and 512: whole blocks
+    assert r["request_bytes"] < 4096 * r["bytes_per_token"] == 75_497_472  # what counting every layer fully says
+    kinds = {k["kind"]: k for k in r["layer_kinds"]}
+    assert kinds["full"]["layers"] == [5, 11, 17] and kinds["full"]["tokens_held"] == 4096
+    assert kinds["sliding"]["n_layers"] == 15 and kinds["sliding"]["tokens_held"] == 512
+    assert kinds["sliding"]["blocks"] == 512 // 16
+
+
+def test_gemma3_270m_below_its_window_every_layer_holds_every_token():
+    r = calc("gemma-3-270m", dtype="bf16", context=256, block_size=16)
+    assert r["request_bytes"] == r["request_bytes_exact"] == 18 * 256 * GEMMA_LAYER_BYTES == 4_718_592
+    assert all(k["tokens_held"] == 256 for k in r["layer_kinds"])
+
+
+def test_gemma3_270m_window_straddling_blocks_holds_one_block_more():
+    """1000 tokens, blocks of 16: positions 488..999 are the window; 488 sits in block 30, 999 in block 62."""
+    r = calc("gemma-3-270m", dtype="bf16", context=1000, block_size=16)
+    local = {k["kind"]: k for k in r["layer_kinds"]}["sliding"]
+    assert local["blocks"] == 62 - 30 + 1 == 33
+    assert r["request_bytes"] == (3 * 63 + 15 * 33) * 16 * GEMMA_LAYER_BYTES
+    assert r["request_bytes_exact"] == (3 * 1000 + 15 * 512) * GEMMA_LAYER_BYTES
+    assert r["whole_requests"] == int(r["kv_memory"] // r["request_bytes"])
+
+
+def test_gemma3_config_json_gives_the_catalogs_windows_and_sizes():
+    """The same model read from its config.json, once with ``layer_types`` and once with the older
+    ``sliding_window_pattern``: the windows, the parameter count and the bytes match the catalog entry."""
+    base = ('{"model_type": "gemma3_text", "num_hidden_layers": 18, "num_attention_heads": 4,'
+            ' "num_key_value_heads": 1, "head_dim": 256, "hidden_size": 640, "intermediate_size": 2048,'
+            ' "vocab_size": 262144, "max_position_embeddings": 32768, "sliding_window": 512, %s}')
+    types = ", ".join('"full_attention"' if (i + 1) % 6 == 0 else '"sliding_attention"' for i in range(18))
+    entry = catalog.get("gemma-3-270m")
+    for extra in (f'"layer_types": [{types}]', '"sliding_window_pattern": 6'):
+        parsed = catalog.from_config_json(base % extra)
+        assert parsed.windows == entry.windows
+        assert parsed.parameters == entry.parameters == 268_098_176
+        assert calculate(parsed, CalcInput(context=4096))["request_bytes"] == 20_447_232
+
+
+def test_mistral_windows_every_layer_and_plain_models_none():
+    m = catalog.from_config_json('{"model_type": "mistral", "num_hidden_layers": 4, "num_attention_heads": 8,'
+                                 ' "num_key_value_heads": 2, "hidden_size": 512, "sliding_window": 64}')
+    assert m.windows == (64,) * 4
+    q = catalog.from_config_json('{"model_type": "qwen2", "num_hidden_layers": 4, "num_attention_heads": 8,'
+                                 ' "hidden_size": 512, "sliding_window": 64, "use_sliding_window": false}')
+    assert q.windows == ()

@@ -315,3 +315,47 @@ def test_gemma3_embedding_row_is_the_table_row_and_h0_is_it_times_root_d(family_
     rows = lm.adapter.token_table[ids]  # (T, D)
     assert torch.equal(trace["embed.wte"][0], rows)
     assert torch.allclose(trace["embed.h0"][0], rows * lm.adapter.d_model**0.5, atol=1e-6)
+
+
+def test_model_card_kv_bytes_per_layer_kind_are_the_cache_tensors(any_model):
+    """The card's bytes per token (``app.catalog.sizes`` on the adapter's config), per layer kind and against plain
+    multi-head attention, derived again from tensors: the K/V a contiguous store holds after a prompt no longer than
+    any window, and the queries' own width (one K and one V per query head is what MHA would cache)."""
+    from app.viz.models import model_card
+
+    lm = any_model
+    a = lm.adapter
+    card = model_card(lm)
+    windows = [w for w in map(a.window, range(a.n_layer)) if w is not None]
+    ids = _ids(lm)[: min(windows + [12]) - 1]
+    store = FloatKVStore(a.n_layer)
+    forward_through(lm, store, ids)
+    T = len(ids)
+    per_layer = [2 * store.k[i].numel() * store.k[i].element_size() // T for i in range(a.n_layer)]  # K and V / token
+    assert card["kv_bytes_per_token"] == sum(per_layer) == store.nbytes // T
+    kinds = {k["kind"]: k for k in card["kv_kinds"]}
+    assert sum(k["n_layers"] for k in kinds.values()) == a.n_layer
+    for k in card["kv_kinds"]:
+        assert k["bytes_per_token"] == sum(per_layer[i] for i in k["layers"])
+        assert all(a.window(i) == k["window"] for i in k["layers"])
+    assert ("sliding" in kinds) == bool(windows)
+    # MHA: every query head would cache a K and a V as wide as its query.
+    x = a.attn_in(0, a.embed(torch.tensor([ids]), torch.arange(T)))
+    q, _, _ = a.qkv(0, x)  # (1, H, T, Dh)
+    mha = a.n_layer * 2 * q[0].numel() * q.element_size() // T
+    assert card["mha_bytes_per_token"] == mha
+    assert card["gqa_saving"] == mha // card["kv_bytes_per_token"] == a.n_head // a.n_kv_head
+
+
+def test_the_catalog_counts_from_a_config_the_parameters_the_checkpoint_has(any_model):
+    """``app.catalog`` sizes a model from its config.json alone (what the capacity lab does for any pasted config):
+    the count equals the loaded tensors', and the per-layer windows are the adapter's."""
+    from app import catalog
+
+    lm = any_model
+    parsed = catalog.from_config_json(lm.model.config.to_json_string())
+    assert parsed.parameters == lm.adapter.parameter_count()
+    a = lm.adapter
+    assert [parsed.window(i) for i in range(parsed.n_layer)] == [a.window(i) for i in range(a.n_layer)]
+    loaded = catalog.from_adapter(lm.name, lm.adapter)
+    assert catalog.sizes(loaded, dtype="fp32") == catalog.sizes(parsed, dtype="fp32")

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from app.catalog import CATALOG
 from app.model import gguf
 from app.model.adapters import supported_model_types
-from app.model.catalog import CATALOG
 from app.model.loading import ModelUnavailable, load_registry, load_spec
 from tests.conftest import REAL_HOME
 

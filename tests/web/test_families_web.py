@@ -98,3 +98,21 @@ def test_unknown_head_on_llama_is_a_clear_message(llama_client, llama):
                             headers={"accept": "text/html"})
     assert html.status_code == 422
     assert re.search(r"heads 0 to 7", html.text)
+
+
+def test_decode_page_says_bytes_per_layer_kind_and_the_multi_query_saving(settings, family_models, tiny):
+    """The tiny Gemma 3 (4 query heads on 1 KV head, head_dim 12, fp32; layers 0, 1 local, layer 2 full): one layer
+    caches 2 · 1 · 12 · 4 = 96 B per token; MHA would cache 4 times as much."""
+    from app.web.main import create_app
+
+    gemma = family_models["gemma3"]
+    with TestClient(create_app(state=make_state(settings, gemma, tiny))) as c:
+        html = c.get("/decode", params={"model": gemma.name}).text
+        zh = c.get("/decode", params={"model": gemma.name, "lang": "zh"}).text
+    line = re.search(r'id="gqa-line">(.*?)</p>', html, re.S).group(1)
+    assert "multi-query attention" in line and "= 288 B" in line and "1,152 B" in line and "4× less" in line
+    kinds = re.findall(r'<li data-kind="(\w+)">(.*?)</li>', html)
+    assert [k for k, _ in kinds] == ["full", "sliding"]
+    assert "1 · 96 B = 96 B per token" in kinds[0][1] and "(2)" in kinds[0][1]
+    assert "2 · 96 B = 192 B per token" in kinds[1][1] and "last 8 tokens" in kinds[1][1]
+    assert "多查询注意力" in zh and "滑动窗口" in zh

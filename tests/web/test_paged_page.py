@@ -198,3 +198,41 @@ def test_block_map_and_bench_in_a_browser(page, live_server):
     assert page.locator("#bench-table tbody tr").count() == 4  # Steps = 4
     assert page.locator("#bench-summary tr[data-path='paged'] .first").inner_text() == "none"
     assert page.js_errors == []
+
+
+def test_a_sliding_window_models_pool_shows_blocks_per_layer_kind(settings, family_models, tiny):
+    """The tiny Gemma 3 (layers 0, 1: window 8; layer 2: full) in a pool of 4-slot blocks: three KV-cache groups,
+    each its own block table; past the window the local groups hold at most ceil(8 / 4) + 1 blocks, the full one
+    every block, and the numbers the page shows are the cache's own."""
+    from app.web.main import create_app
+
+    gemma = family_models["gemma3"]
+    with TestClient(create_app(state=make_state(settings, gemma, tiny))) as c:
+        html = c.get("/paged", params={"model": gemma.name}).text
+        assert 'id="pool-groups"' in html and "Blocks per layer kind" in html
+        r = c.post("/api/paged/sessions", json={"model": gemma.name, "num_blocks": 40, "block_size": 4})
+        view = r.json()
+        prompt = "the cat sat on the mat and looked at the door"
+        n = len(gemma.encode(prompt))
+        view = post(c, view, "/sequences", prompt=prompt, max_new=12)
+        for _ in range(8):
+            view = post(c, view, "/step")
+        groups = view["pool"]["groups"]
+        assert [(g["kind"], g["layers"], g["window"]) for g in groups] == \
+            [("full", [2], None), ("sliding", [0], 8), ("sliding", [1], 8)]
+        seq = view["sequences"][0]
+        tokens = seq["cached_tokens"]
+        assert tokens == n + 8 > 8
+        full, *local = seq["group_tables"]
+        assert full == seq["block_table"] and None not in full and len(full) == -(-tokens // 4)
+        for g, table in zip(groups[1:], local, strict=True):
+            held = [b for b in table if b is not None]
+            assert g["blocks"] == len(held) <= g["cap"] == 3
+            assert table[: len(table) - len(held)] == [None] * (len(table) - len(held))  # freed from the front
+        assert view["pool"]["window_frees"] > 0
+        # Every held block is owned by one group, in the pool map too.
+        owned = {b["id"]: b["group"] for b in view["pool"]["blocks"] if b["ref_cnt"]}
+        assert sorted(owned) == sorted(b for t in seq["group_tables"] for b in t if b is not None)
+        assert view["pool"]["used"] == len(owned)
+        zh = c.get("/paged", params={"model": gemma.name, "lang": "zh"}).text
+        assert "各类层的 block" in zh

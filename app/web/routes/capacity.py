@@ -8,7 +8,8 @@ from typing import Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from app.capacity import catalog, check, stepcost
+from app import catalog
+from app.capacity import check, stepcost
 from app.capacity.bounds import SimLimits, run_bounded, stopped_view
 from app.capacity.calculator import TP_DEGREES, WEIGHT_BYTES, CalcInput, calculate
 from app.capacity.simulator import SimConfig, parse_requests, synthetic_workload
