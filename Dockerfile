@@ -34,7 +34,8 @@ RUN pip install -e . \
 USER 1000:1000
 RUN kvscope download distilgpt2 \
  && python -c "from app.model.builtin import ensure_builtin; from app.settings import Settings; \
-print('built-in model at', ensure_builtin(Settings.from_env().home))"
+from app.training.builtin import train_builtin; \
+print('built-in model at', ensure_builtin(Settings.from_env().home, train=train_builtin))"
 
 # 4. Page templates and static files last: editing them does not invalidate the layers above.
 COPY --chown=kvscope:kvscope templates ./templates

@@ -75,10 +75,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
     from app.errors import UserError
     from app.model.capture import run_traced
-    from app.model.loading import load_registry
     from app.model.prompts import encode_prompt
     from app.model.trained import load_saved_trained
-    from app.state import AppState
+    from app.state import AppState, load_models
     from app.viz.export import FORMATS, entry_names, pack_trace
     from app.viz.tokens import honest_texts
 
@@ -90,7 +89,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     trained = bool(args.model and args.model.startswith("builtin-trained-"))
     specs = ("builtin",) if trained else (args.model,) if args.model else settings.models
-    registry = load_registry(specs, settings.home, settings.hf_cache)
+    registry = load_models(settings, specs)
     if trained:
         load_saved_trained(registry, settings.home, keep=settings.max_trained_models)
     if args.model in registry.failures or (trained and args.model not in registry.models):

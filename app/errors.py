@@ -53,5 +53,6 @@ class Busy(UserError):
         super().__init__(key, **params)
 
 
-class BadSetting(UserError):
-    """A ``KVSCOPE_*`` variable the server cannot run with: start-up stops with this message, which names it."""
+class BadSetting(UserError, ValueError):
+    """A ``KVSCOPE_*`` variable the server cannot run with: start-up stops with this message, which names it.
+    A ``ValueError`` too: a ``Settings`` built in code with a bad value fails as a bad argument does."""

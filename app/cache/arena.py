@@ -343,7 +343,3 @@ def run_prepared(lm: LoadedModel, req: ArenaRequest, pace: Pace | None = None) -
     return run_arena(lm, req.prompt, steps=req.steps, budget=req.budget, policies=req.policies,
                      reference=req.reference, pace=pace)
 
-
-def run_request(lm: LoadedModel, *, pace: Pace | None = None, **form) -> dict:
-    """``prepare`` then ``run_arena``, straight through (the labs run ``run_prepared`` through their line)."""
-    return run_prepared(lm, prepare(lm, **form), pace)

@@ -17,9 +17,9 @@ request's last blocks are evicted before its first ones.
 At least one token is always computed (its logits are the next-token prediction), so a prompt that is
 entirely cached still recomputes its last block, as in vLLM.
 
-``PrefixLab`` is the bounded object the web page keeps for each browser in ``state.prefix_labs``: one
-cache (capacity in blocks), and at most ``MAX_STORED_REQUESTS`` request records. Callers hold the lab's
-own lock around every method, and the model gate around every method that runs the model.
+``PrefixLab`` is the bounded object the prefix-cache lab keeps for each browser (``app/labs/prefix.py``): one
+cache (capacity in blocks), and at most ``PrefixLimits.max_requests_kept`` request records. Callers hold the
+lab's own lock around every method, and the model gate around every method that runs the model.
 """
 
 from __future__ import annotations
@@ -45,18 +45,32 @@ from app.cache.store import FloatKVStore, PagedSeqStore
 from app.errors import BadInput, NotFound
 from app.model.loading import LoadedModel
 from app.model.prompts import encode_prompt
+from app.settings import Settings
 
 DEFAULT_BLOCK_SIZE = 16
 BLOCK_SIZES = (4, 8, 16, 32)
-DEFAULT_NUM_BLOCKS = 64
-MAX_NUM_BLOCKS = 512
-MAX_STORE_BYTES = 256 * 1024**2  # K and V of all blocks together
-MAX_PROMPTS_PER_RUN = 8
-MAX_STORED_REQUESTS = 24
-MAX_PROMPT_CHARS = 4000
-MAX_SALT_CHARS = 64
 # "auto" block size: the largest size that still gives the shortest prompt this many full blocks.
 AUTO_MIN_FULL_BLOCKS = 4
+
+
+@dataclass(frozen=True)
+class PrefixLimits:
+    """One lab's bounds: the ``prefix_*`` settings (``app/settings.py`` says what each means)."""
+
+    default_blocks: int
+    max_blocks: int
+    max_store_mib: int  # K and V of all blocks together, MiB (within prefix_cache_bytes)
+    max_prompts: int
+    max_prompt_chars: int
+    max_salt_chars: int
+    max_requests_kept: int
+
+    @classmethod
+    def of(cls, settings: Settings) -> PrefixLimits:
+        return cls(**{name: getattr(settings, f"prefix_{name}") for name in cls.__dataclass_fields__})
+
+
+DEFAULT_LIMITS = PrefixLimits.of(Settings())
 
 
 @dataclass
@@ -104,7 +118,8 @@ class PrefixCache:
         page bytes per block = 2 · L · H_kv · bs · Dh · dtype bytes
     """
 
-    def __init__(self, lm: LoadedModel, *, block_size: int = DEFAULT_BLOCK_SIZE, num_blocks: int = DEFAULT_NUM_BLOCKS):
+    def __init__(self, lm: LoadedModel, *, block_size: int = DEFAULT_BLOCK_SIZE,
+                 num_blocks: int = DEFAULT_LIMITS.default_blocks):
         a = lm.adapter
         self.lm = lm
         self.block_size = block_size
@@ -270,7 +285,8 @@ class LabCounts:
 class PrefixLab:
     """What the prefix-cache page keeps on the server (bounded: one cache, a few request records)."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: PrefixLimits = DEFAULT_LIMITS) -> None:
+        self.limits = limits
         self.cache: PrefixCache | None = None
         self.requests: OrderedDict[int, PrefixRequest] = OrderedDict()
         self.next_id = 1
@@ -289,12 +305,13 @@ class PrefixLab:
         """Use this model, block size and capacity; any change starts an empty cache."""
         if block_size not in BLOCK_SIZES:
             raise BadInput("err.block_size", sizes=", ".join(map(str, BLOCK_SIZES)))
-        if not 1 <= num_blocks <= MAX_NUM_BLOCKS:
-            raise BadInput("err.prefix.capacity", n=MAX_NUM_BLOCKS)
+        limits = self.limits
+        if not 1 <= num_blocks <= limits.max_blocks:
+            raise BadInput("err.prefix.capacity", n=limits.max_blocks)
         store = num_blocks * PrefixCache.page_bytes_for(lm, block_size)
-        if store > MAX_STORE_BYTES:
+        if store > limits.max_store_mib * 1024**2:
             raise BadInput("err.prefix.store", n=num_blocks, size=block_size, model=lm.name,
-                           mib=f"{store / 1024**2:.0f}", limit=MAX_STORE_BYTES // 1024**2)
+                           mib=f"{store / 1024**2:.0f}", limit=limits.max_store_mib)
         c = self.cache
         # ``c.lm is lm``: a model loaded again under the same name has other weights; its cache starts empty.
         if c and c.lm is lm and (c.block_size, c.pool.num_blocks) == (block_size, num_blocks):
@@ -318,16 +335,20 @@ class PrefixLab:
         self.notes = []
 
     def run(self, lm: LoadedModel, prompts: list[tuple[str, str]], *, block_size: int | None,
-            num_blocks: int = DEFAULT_NUM_BLOCKS, salt: str | None = None) -> list[PrefixRequest]:
+            num_blocks: int | None = None, salt: str | None = None) -> list[PrefixRequest]:
         """Finish the previous run's requests, then prefill ``prompts`` ((group, text) pairs) in order.
-        Requests of one run stay running together, so their shared blocks show ref counts > 1."""
+        Requests of one run stay running together, so their shared blocks show ref counts > 1.
+        ``num_blocks`` None: the default capacity, grown to fit the run."""
+        limits = self.limits
+        chosen = num_blocks is not None and num_blocks != limits.default_blocks
+        num_blocks = limits.default_blocks if num_blocks is None else num_blocks
         if not prompts:
             raise BadInput("err.prefix.no_prompts")
-        if len(prompts) > MAX_PROMPTS_PER_RUN:
-            raise BadInput("err.prefix.too_many", n=MAX_PROMPTS_PER_RUN)
-        if salt is not None and len(salt) > MAX_SALT_CHARS:
-            raise BadInput("err.prefix.salt", n=MAX_SALT_CHARS)
-        encoded = [encode_prompt(lm, text, max_chars=MAX_PROMPT_CHARS) for _, text in prompts]
+        if len(prompts) > limits.max_prompts:
+            raise BadInput("err.prefix.too_many", n=limits.max_prompts)
+        if salt is not None and len(salt) > limits.max_salt_chars:
+            raise BadInput("err.prefix.salt", n=limits.max_salt_chars)
+        encoded = [encode_prompt(lm, text, max_chars=limits.max_prompt_chars) for _, text in prompts]
         unk = lm.tokenizer.unk_token_id
         if unk is not None and any(unk in ids for ids in encoded):
             # GPT-2's unknown id is its end-of-text id, and its byte-level BPE knows every character:
@@ -341,10 +362,10 @@ class PrefixLab:
         # grows to fit a run (and says so) rather than failing halfway; a capacity the user chose is kept, so
         # a student can still watch a too-small cache run full.
         need = blocks_for_run(encoded, block_size, salt or None)
-        if need > num_blocks and num_blocks == DEFAULT_NUM_BLOCKS:
-            if need > MAX_NUM_BLOCKS:
+        if need > num_blocks and not chosen:
+            if need > limits.max_blocks:
                 raise BadInput("err.prefix.run_too_big", n=len(encoded), need=need, size=block_size,
-                               limit=MAX_NUM_BLOCKS)
+                               limit=limits.max_blocks)
             grown = [("prefix.note.grown", {"n": len(encoded), "need": need, "size": block_size, "chosen": num_blocks})]
             num_blocks = need
         else:
@@ -367,7 +388,7 @@ class PrefixLab:
         return out
 
     def _trim(self) -> None:
-        while len(self.requests) > MAX_STORED_REQUESTS:
+        while len(self.requests) > self.limits.max_requests_kept:
             oldest = next((rid for rid, r in self.requests.items() if r.status != "running"), None)
             if oldest is None:
                 break
@@ -384,7 +405,7 @@ class PrefixLab:
         elif request_id in self.requests:
             targets = [self.requests[request_id]]
         else:
-            raise NotFound("err.prefix.no_request", id=request_id, n=MAX_STORED_REQUESTS)
+            raise NotFound("err.prefix.no_request", id=request_id, n=self.limits.max_requests_kept)
         for req in targets:
             self.cache.free(req, reason=reason)
         return targets
@@ -394,27 +415,6 @@ def _unknown_chars(lm: LoadedModel, texts: list[str]) -> str:
     unk = lm.tokenizer.unk_token_id
     bad = sorted({ch for t in texts for ch in set(t) if lm.encode(ch) == [unk]})
     return " ".join(repr(c) for c in bad[:20])
-
-
-def lab_entry(state, owner: str = ""):
-    """This browser's lab (an ``Entry`` of ``state.prefix_labs``: the lab and its lock), made on first use."""
-    labs = state.prefix_labs
-    entry = labs.find(owner, owner)
-    if entry is None:
-        labs.create(owner, PrefixLab, sid=owner)
-        entry = labs.entry(owner, owner)
-        entry.obj.admit = lambda nbytes: labs.resize(owner, owner, nbytes)
-    return entry
-
-
-def get_lab(state, owner: str = "") -> PrefixLab:
-    return lab_entry(state, owner).obj
-
-
-def peek_lab(state, owner: str = "") -> PrefixLab:
-    """This browser's lab to show; a browser that never ran one sees an empty lab (nothing is kept for it)."""
-    entry = state.prefix_labs.find(owner, owner)
-    return entry.obj if entry is not None else PrefixLab()
 
 
 def blocks_for_run(encoded: list[list[int]], block_size: int, salt: str | None = None) -> int:
@@ -440,37 +440,3 @@ def parse_block_size(value: str | int | None) -> int | None:
     if size not in BLOCK_SIZES:
         raise BadInput("err.prefix.block_size", sizes=", ".join(map(str, BLOCK_SIZES)))
     return size
-
-
-def run_lab(state, *, model: str | None, preset: str | None, prompts: list[str] | None,
-            block_size: str | int | None, num_blocks: int, salt: str | None, owner: str = "") -> PrefixLab:
-    """Run a preset (or the given prompts) through this browser's prefix cache."""
-    lm = state.model(model)
-    if preset and preset != "custom" and preset not in PRESETS:
-        raise BadInput("err.prefix.preset", preset=repr(preset), presets=", ".join(PRESETS))
-    entry = lab_entry(state, owner)
-    lab = entry.obj
-    with entry.lock:
-        if preset and preset != "custom":
-            pairs = timestamp_prompts(lab.timestamp_runs) if preset == "timestamp" else PRESETS[preset]
-        else:
-            pairs = [("custom", p) for p in (prompts or []) if p.strip()]
-        with state.model_lock:
-            lab.run(lm, pairs, block_size=parse_block_size(block_size), num_blocks=num_blocks, salt=salt or None)
-            lab.timestamp_runs += preset == "timestamp"
-    return lab
-
-
-def finish_lab(state, *, request_id: int | None, reason: str = "finished", owner: str = "") -> PrefixLab:
-    entry = lab_entry(state, owner)
-    with entry.lock:
-        entry.obj.finish(request_id, reason=reason)
-    return entry.obj
-
-
-def reset_lab(state, owner: str = "") -> PrefixLab:
-    entry = lab_entry(state, owner)
-    with entry.lock:
-        entry.obj.reset()
-        state.prefix_labs.resize(owner, owner, 0)
-    return entry.obj

@@ -27,9 +27,6 @@ from app.capacity.simulator import Request, SimConfig, Simulator
 from app.errors import BadInput
 from app.model.loading import LoadedModel
 
-MAX_CHECK_REQUESTS = 12
-MAX_CHECK_PROMPT = 48
-MAX_CHECK_OUTPUT = 32
 TEXT = ("When a language model reads a sentence, every new token asks a question of the tokens before it. "
         "The answer mixes the values of the tokens whose keys match best. ") * 8
 
@@ -92,13 +89,14 @@ def run_simulator(requests: list[Request], *, num_blocks: int, block_size: int, 
 
 
 def compare(lm: LoadedModel, requests: list[Request], *, num_blocks: int, block_size: int, max_num_seqs: int,
-            lock=None) -> dict:
-    """Both sides, step by step, and where (if anywhere) they first differ."""
-    if not 1 <= len(requests) <= MAX_CHECK_REQUESTS:
-        raise BadInput("err.capacity.check_requests", limit=MAX_CHECK_REQUESTS)
+            max_requests: int, max_prompt: int, max_output: int, lock=None) -> dict:
+    """Both sides, step by step, and where (if anywhere) they first differ. At most ``max_requests`` requests of
+    at most ``max_prompt`` prompt and ``max_output`` output tokens (``Settings.capacity_check_*``)."""
+    if not 1 <= len(requests) <= max_requests:
+        raise BadInput("err.capacity.check_requests", limit=max_requests)
     for r in requests:
-        if r.prompt_len > MAX_CHECK_PROMPT or r.output_len > MAX_CHECK_OUTPUT:
-            raise BadInput("err.capacity.check_sizes", prompt=MAX_CHECK_PROMPT, output=MAX_CHECK_OUTPUT)
+        if r.prompt_len > max_prompt or r.output_len > max_output:
+            raise BadInput("err.capacity.check_sizes", prompt=max_prompt, output=max_output)
         if r.prompt_len + r.output_len > lm.max_positions:
             raise BadInput("err.capacity.check_positions", model=lm.name, positions=lm.max_positions)
     requests = [Request(i, r.arrival, r.prompt_len, r.output_len) for i, r in

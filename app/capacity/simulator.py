@@ -39,10 +39,11 @@ from operator import attrgetter
 
 from app.cache.blocks import ArrayBlockPool, blocks_needed
 from app.errors import BadInput
+from app.settings import Settings
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
 _admitted = attrgetter("admitted_at")  # running order
-MAX_REQUESTS = 20_000
+MAX_REQUESTS = Settings().capacity_sim_max_requests  # the default; the capacity lab passes the server's setting
 MAX_STEPS = 2_000_000
 
 
@@ -513,10 +514,11 @@ class Simulator:
 def synthetic_workload(
     *, n: int, rate: float, prompt_min: int, prompt_max: int, output_min: int, output_max: int,
     shared_prefix_fraction: float = 0.0, prefix_len: int = 0, groups: int = 4, seed: int = 0,
+    max_requests: int = MAX_REQUESTS,
 ) -> list[Request]:
     """Poisson arrivals (``rate`` requests/s; 0 = all at t = 0), uniform prompt and output lengths; a fraction
     of the requests starts with one of ``groups`` shared prefixes of ``prefix_len`` tokens (a system prompt)."""
-    if not 1 <= n <= MAX_REQUESTS or rate < 0 or not 1 <= prompt_min <= prompt_max or \
+    if not 1 <= n <= max_requests or rate < 0 or not 1 <= prompt_min <= prompt_max or \
             not 1 <= output_min <= output_max or not 0 <= shared_prefix_fraction <= 1 or prefix_len < 0:
         raise BadInput("err.capacity.workload")
     rng = random.Random(seed)
@@ -532,7 +534,7 @@ def synthetic_workload(
     return out
 
 
-def parse_requests(text: str) -> list[Request]:
+def parse_requests(text: str, max_requests: int = MAX_REQUESTS) -> list[Request]:
     """A pasted list, one request a line: ``arrival prompt_tokens output_tokens [prefix_group prefix_tokens]``
     (spaces or commas; ``#`` starts a comment)."""
     out = []
@@ -551,8 +553,8 @@ def parse_requests(text: str) -> list[Request]:
         except ValueError:
             raise BadInput("err.capacity.request_line", line=lineno, text=raw.strip()[:60]) from None
         out.append(Request(len(out), arrival, prompt, output, group, plen if group >= 0 else 0))
-        if len(out) > MAX_REQUESTS:
-            raise BadInput("err.capacity.too_many_requests", limit=MAX_REQUESTS)
+        if len(out) > max_requests:
+            raise BadInput("err.capacity.too_many_requests", limit=max_requests)
     if not out:
         raise BadInput("err.capacity.no_requests")
     return out

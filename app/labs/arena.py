@@ -1,11 +1,16 @@
-"""The compression arena as the server runs it: a request checked and keyed, then run in the arena's line.
+"""The compression arena (/arena) as the server runs it: a request checked and keyed, then run in the arena's line.
 
-    prepare_request(state, form)            the model and the token-level request; bad input -> BadInput,
+``ArenaLab`` owns the arena's pieces, handed in by ``app/state.py``: the served models, its line (``LabQueue``:
+one run at a time through the model gate, identical requests sharing one run, finished results cached) and its
+limits (``Settings.arena_*``).
+
+    prepare(model, source, prompt, ...)     the model and the token-level request; bad input -> BadInput,
                                             before anything waits
-    submit(state, lm, req, owner, ...)      into ``state.arena_lab`` (``app/labs/queue.py``): an identical request
-                                            already finished is answered from the cache, one waiting or running
-                                            is joined, else the run waits its turn
-    run(state, lm, req, owner, cancel)      submit, then wait for the result (blocking requests)
+    submit(lm, req, owner, ...)             into the line: an identical request already finished is answered from
+                                            the cache, one waiting or running is joined, else the run waits its turn
+    cached(lm, req) / run(lm, req, ...)     the finished numbers at once (or None) / after waiting its turn
+    view(lm, run)                           the page's view of a run's numbers
+    stop(job_id, owner)                     this browser leaves the run
 
 The work is ``app.cache.arena.run_prepared`` with the lab's pace: one forward per hold of the model gate.
 """
@@ -15,32 +20,53 @@ from __future__ import annotations
 import threading
 
 from app.cache.arena import ArenaRequest, prepare, run_prepared
-from app.labs.queue import Job
-from app.model.loading import LoadedModel
+from app.cache.policies import POLICIES, available
+from app.labs.queue import Job, LabQueue
+from app.model.loading import LoadedModel, ModelRegistry
+from app.settings import Settings
+from app.viz.arena import arena_view
+
+DEFAULT_POLICIES = ("window", "streaming", "streaming-norerope", "h2o", "snapkv", "kivi", "int8-head", "int4-head")
 
 
-def prepare_request(state, *, model: str | None, source: str, prompt: str | None, steps: int, budget_kind: str,
-                    budget: float, policies: list[str]) -> tuple[LoadedModel, ArenaRequest]:
-    lm = state.model(model)
-    s = state.settings
-    req = prepare(lm, source=source, prompt=prompt, steps=steps, budget_kind=budget_kind, budget_value=budget,
-                  policies=policies, max_prompt_tokens=s.arena_max_prompt_tokens, max_steps=s.arena_max_steps,
-                  max_chars=s.max_prompt_chars)
-    return lm, req
+class ArenaLab:
+    def __init__(self, *, registry: ModelRegistry, line: LabQueue, settings: Settings) -> None:
+        self.registry = registry
+        self.line = line
+        self.settings = settings
 
+    def prepare(self, *, model: str | None, source: str, prompt: str | None, steps: int, budget_kind: str,
+                budget: float, policies: list[str]) -> tuple[LoadedModel, ArenaRequest]:
+        lm = self.registry.pick(model)
+        s = self.settings
+        req = prepare(lm, source=source, prompt=prompt, steps=steps, budget_kind=budget_kind, budget_value=budget,
+                      policies=policies, max_prompt_tokens=s.arena_max_prompt_tokens, max_steps=s.arena_max_steps,
+                      max_chars=s.max_prompt_chars)
+        return lm, req
 
-def submit(state, lm: LoadedModel, req: ArenaRequest, *, owner: str, address: str, follow: bool = True) -> Job:
-    return state.arena_lab.submit(lambda pace: run_prepared(lm, req, pace), key=req.key(lm), units=req.forwards(),
-                                  rate_key=lm.name, owner=owner, address=address, follow=follow, keep_alive=lm)
+    def submit(self, lm: LoadedModel, req: ArenaRequest, *, owner: str, address: str, follow: bool = True) -> Job:
+        return self.line.submit(lambda pace: run_prepared(lm, req, pace), key=req.key(lm), units=req.forwards(),
+                                rate_key=lm.name, owner=owner, address=address, follow=follow, keep_alive=lm)
 
+    def cached(self, lm: LoadedModel, req: ArenaRequest) -> dict | None:
+        """The finished result of this very request, if the cache holds it (no waiting, no model work)."""
+        return self.line.peek(req.key(lm), lm)
 
-def cached(state, lm: LoadedModel, req: ArenaRequest) -> dict | None:
-    """The finished result of this very request, if the cache holds it (no waiting, no model work)."""
-    return state.arena_lab.peek(req.key(lm), lm)
+    def run(self, lm: LoadedModel, req: ArenaRequest, *, owner: str, address: str,
+            cancel: threading.Event | None = None) -> dict | None:
+        """The run's numbers, after waiting its turn; None if ``cancel`` was set first (its client went)."""
+        job = self.submit(lm, req, owner=owner, address=address)
+        return self.line.wait(job, owner, cancel)
 
+    def stop(self, job_id: str, owner: str) -> dict:
+        """This browser leaves the run; a waiting run nobody else asked for leaves the line, a running one stops
+        after its current forward. ``stopped`` is false for an unknown, finished or other browser's run."""
+        return {"stopped": self.line.stop(job_id, owner)}
 
-def run(state, lm: LoadedModel, req: ArenaRequest, *, owner: str, address: str,
-        cancel: threading.Event | None = None) -> dict | None:
-    """The run's numbers, after waiting its turn; None if ``cancel`` was set first (its client went)."""
-    job = submit(state, lm, req, owner=owner, address=address)
-    return state.arena_lab.wait(job, owner, cancel)
+    @staticmethod
+    def view(lm: LoadedModel, run: dict) -> dict:
+        return arena_view(lm, run)
+
+    def page(self, lm: LoadedModel) -> dict:
+        """What the form offers: every policy, those that apply to this model, the limits."""
+        return {"all_policies": POLICIES, "applicable": available(lm.adapter), "limits": self.settings}

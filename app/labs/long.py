@@ -27,6 +27,7 @@ from app.labs.queue import GatedPace, Job
 from app.model.adapters import ModelAdapter
 from app.model.loading import LoadedModel
 from app.model.prompts import encode_prompt
+from app.model.store import trace_bytes
 
 LONG_TEXT_PATH = Path(__file__).resolve().parents[1] / "model" / "long_reader.txt"
 
@@ -83,33 +84,19 @@ def layer_progress(adapter: ModelAdapter, pace: GatedPace) -> Iterator[None]:
             h.remove()
 
 
-def expected_bytes(state, lm: LoadedModel, n: int) -> int:
-    """What a trace of ``n`` tokens of ``lm`` will hold: as the last long capture of it did per token, or a lower
-    bound before the first (q, k and v of every layer in float32)."""
-    per_token = state.long_rates.get(lm.name)
-    if per_token is not None:
-        return int(per_token * n)
-    a = lm.adapter
-    return 4 * n * a.n_layer * (a.n_head + 2 * a.n_kv_head) * a.head_dim
-
-
-def _make_room(state, lm: LoadedModel, n: int) -> None:
-    s = state.settings
-    budget = max(s.trace_cache_bytes, s.trace_keep_one_bytes)
-    if state.traces.bytes and state.traces.bytes + expected_bytes(state, lm, n) > budget:
-        state.traces.clear()
-        state.zoom.clear()
+def expected_bytes(lm: LoadedModel, n_tokens: int, settings) -> int:
+    """What the trace of ``n_tokens`` will hold once kept (``trace_bytes``, from the model's sizes)."""
+    return trace_bytes(lm.adapter, n_tokens, full=n_tokens <= settings.full_trace_max_tokens)
 
 
 def submit(state, lm: LoadedModel, ids: list[int], *, owner: str, address: str) -> Job:
     key = state.trace_key(lm, ids)
 
     def work(pace: GatedPace) -> dict:
-        with pace.piece():
-            _make_room(state, lm, len(ids))
-            with layer_progress(lm.adapter, pace):
-                trace = state.traces.get_or_compute(key, lambda: state.compute_trace(lm, ids))
-            state.long_rates[lm.name] = trace.nbytes() / max(1, trace.n_tokens)
+        # the store drops older traces first if this one needs the room
+        with pace.piece(), layer_progress(lm.adapter, pace):
+            trace = state.traces.get_or_compute(key, lambda: state.compute_trace(lm, ids),
+                                                expected=expected_bytes(lm, len(ids), state.settings))
         return {"key": key, "n_tokens": trace.n_tokens, "url": f"/zoom/{key}"}
 
     return state.long_line.submit(work, key=f"long:{key}", units=lm.adapter.n_layer, rate_key=lm.name, owner=owner,

@@ -1,9 +1,10 @@
 """The built-in tiny model: needs no network; ships trained with the package, cached on disk after that.
 
-The checkpoint in ``builtin_model/`` was written by ``python -m app.model.builtin`` from this file's recipe
+The checkpoint in ``builtin_model/`` was written by ``python -m app.training.builtin`` from this file's recipe
 (corpus, vocabulary, model and training config); its ``kvscope.json`` names the recipe's fingerprint. On
 first use it is copied to the cache in a second; if the recipe has changed since (the fingerprints differ)
-or the folder is missing, the model is trained instead (about a minute on two cores, progress on the console).
+or the folder is missing, the model is trained instead (about a minute on two cores, progress on the console)
+by the trainer the caller hands in (``app/training/builtin.py``: this layer computes, it does not train).
 
 It is the reference article's tiny Transformer in GPT-2 clothing: a character-level tokenizer,
 2 layers, 4 heads, d_model 32, 128 positions, trained with AdamW on a corpus written for the project
@@ -26,35 +27,31 @@ import json
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from app import startup
-from app.training.trainer import StepInfo, TrainConfig, train
-
 CORPUS_PATH = Path(__file__).with_name("corpus.txt")
 CORPUS_ZH_PATH = Path(__file__).with_name("corpus_zh.txt")
-# The reference article's five lines and its run: the Training lab's defaults, so a class sees the article's
-# loss curve (3.09 -> 0.03 in 301 steps, about 6 s) before training on anything larger.
+# The reference article's five lines: the Training lab's default text (its run: app/training/builtin.py).
 ARTICLE_CORPUS_PATH = Path(__file__).with_name("corpus_article.txt")
-ARTICLE_CONFIG = TrainConfig(steps=301, lr=3e-3, batch_size=16, block_size=128, seed=0)
 UNK = "<unk>"
 N_POSITIONS = 128
-# 1000 AdamW steps of 16 windows of 128 characters (about 330 passes over the corpus), lr 2e-2 with 100
-# warm-up steps then 1/√step decay: enough to spell its corpus' words and finish "The cat sat on the mat."
-TRAIN_CONFIG = TrainConfig(steps=1000, lr=2e-2, batch_size=16, block_size=128, seed=0, warmup=100)
-PROGRESS_EVERY = 100  # console line every N training steps
+# The training part of the recipe, as plain numbers (``app.training.trainer.TrainConfig`` fields): 1000 AdamW
+# steps of 16 windows of 128 characters (about 330 passes over the corpus), lr 2e-2 with 100 warm-up steps then
+# 1/√step decay: enough to spell its corpus' words and finish "The cat sat on the mat."
+RECIPE_TRAIN: dict[str, int | float] = {"steps": 1000, "lr": 2e-2, "batch_size": 16, "block_size": 128, "seed": 0,
+                                        "weight_decay": 0.01, "warmup": 100}
 # Bump when the recipe (corpus, vocabulary, config) changes so stale caches are rebuilt.
 RECIPE_VERSION = 2
 
 SHIPPED_DIR = Path(__file__).with_name("builtin_model")
 
 ProgressFn = Callable[[str], None]
+# Trains the built-in model on its recipe into a directory (``app.training.builtin.train_builtin``).
+TrainFn = Callable[..., object]
 
 
 def recipe_fingerprint() -> str:
@@ -65,7 +62,7 @@ def recipe_fingerprint() -> str:
         "corpus": corpus_text(),
         "vocabulary": builtin_vocabulary(),
         "model": {k: getattr(cfg, k) for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")},
-        "train": TRAIN_CONFIG.__dict__,
+        "train": dict(RECIPE_TRAIN),
     }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
 
@@ -131,20 +128,6 @@ def tiny_config(vocab_size: int) -> GPT2Config:
     )
 
 
-def train_tiny(
-    text: str,
-    config: TrainConfig = TRAIN_CONFIG,
-    *,
-    tokenizer: PreTrainedTokenizerFast | None = None,
-    **train_kwargs,
-) -> tuple[GPT2LMHeadModel, PreTrainedTokenizerFast, list[StepInfo]]:
-    tokenizer = tokenizer or build_char_tokenizer(text)
-    torch.manual_seed(config.seed)
-    model = GPT2LMHeadModel(tiny_config(len(tokenizer))).eval()
-    data = torch.tensor(tokenizer.convert_tokens_to_ids(list(text)), dtype=torch.long)
-    history = train(model, data, config, **train_kwargs)
-    return model, tokenizer, history
-
 
 def save_checkpoint(
     model: GPT2LMHeadModel, tokenizer: PreTrainedTokenizerFast, target: Path, meta: dict
@@ -172,26 +155,18 @@ def console(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def progress_printer(total: int, *, every: int = PROGRESS_EVERY, out: ProgressFn = console):
-    """An ``on_step`` callback that reports every ``every`` steps: step, loss and the time left."""
-    t0 = time.perf_counter()
 
-    def on_step(info: StepInfo, *_ignored) -> None:
-        done = info.step + 1
-        if done % every and done != total:
-            return
-        elapsed = time.perf_counter() - t0
-        eta = elapsed / done * (total - done)
-        out(f"  step {done:>4}/{total}  loss {info.loss:.3f}  elapsed {elapsed:4.1f} s  ETA {eta:4.1f} s")
-
-    return on_step
+class Untrained(RuntimeError):
+    """Neither the cache nor the shipped checkpoint matches today's recipe, and no trainer was handed in."""
 
 
-def ensure_builtin(home: Path, *, progress: ProgressFn | None = console, use_shipped: bool = True) -> Path:
+def ensure_builtin(home: Path, *, train: TrainFn | None = None, progress: ProgressFn | None = console,
+                   use_shipped: bool = True) -> Path:
     """Return the directory of the trained built-in model: the cache; else the shipped checkpoint copied into
-    the cache (when it matches today's recipe); else a model trained now.
+    the cache (when it matches today's recipe); else a model trained now by ``train(target, progress=...)``
+    (``app.training.builtin.train_builtin``; None: ``Untrained``).
 
-    ``progress`` gets one line before training and one every ``PROGRESS_EVERY`` steps (None: silent).
+    ``progress`` gets one line per step of this (None: silent).
     """
     target = builtin_dir(home)
     if (target / "model.safetensors").exists() and (target / "kvscope.json").exists():
@@ -208,49 +183,7 @@ def ensure_builtin(home: Path, *, progress: ProgressFn | None = console, use_shi
         if progress is not None:
             progress(f"Built-in model: the trained checkpoint shipped with KVScope, copied to {target}.")
         return target
-    train_builtin(target, progress=progress)
+    if train is None:
+        raise Untrained(str(target))
+    train(target, progress=progress)
     return target
-
-
-def train_builtin(target: Path, *, progress: ProgressFn | None = console) -> dict:
-    """Train the built-in model on its recipe and save it to ``target``; returns its kvscope.json metadata."""
-    text = corpus_text()
-    tokenizer = builtin_tokenizer()
-    printer = None
-    if progress is not None:
-        progress(f"Training the built-in model (cached in {target}): "
-                 f"{TRAIN_CONFIG.steps} steps on {len(text):,} characters ...")
-        printer = progress_printer(TRAIN_CONFIG.steps, out=progress)
-
-    def on_step(info: StepInfo, *rest) -> None:
-        # The page a visitor gets while the server starts says how far training is (app/web/boot.py).
-        startup.report("boot.status.training", step=info.step + 1, total=TRAIN_CONFIG.steps)
-        if printer is not None:
-            printer(info, *rest)
-
-    t0 = time.perf_counter()
-    threads = torch.get_num_threads()
-    # One thread: a 32-wide model's matrices are too small to share between cores, and on a busy machine
-    # a second thread spends its time waiting for the first (measured: several times slower).
-    torch.set_num_threads(1)
-    try:
-        model, tokenizer, history = train_tiny(text, TRAIN_CONFIG, tokenizer=tokenizer, on_step=on_step)
-    finally:
-        torch.set_num_threads(threads)
-    seconds = time.perf_counter() - t0
-    meta = {
-        "recipe_version": RECIPE_VERSION,
-        "recipe": recipe_fingerprint(),
-        "train": TRAIN_CONFIG.__dict__,
-        "vocab_size": len(tokenizer),
-        "train_seconds": round(seconds, 2),
-        "loss": [[h.step, round(h.loss, 5)] for h in history],
-    }
-    save_checkpoint(model, tokenizer, target, meta)
-    if progress is not None:
-        progress(f"Built-in model ready in {seconds:.1f} s (final loss {history[-1].loss:.3f}).")
-    return meta
-
-
-if __name__ == "__main__":  # python -m app.model.builtin: retrain the checkpoint shipped in builtin_model/
-    train_builtin(SHIPPED_DIR)

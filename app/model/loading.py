@@ -36,7 +36,7 @@ from app import startup
 from app.catalog import LOADABLE, download_command
 from app.model import gguf
 from app.model.adapters import ModelAdapter, adapter_class, adapter_for, supported_model_types
-from app.model.builtin import ensure_builtin
+from app.model.builtin import TrainFn, Untrained, ensure_builtin
 from app.model.tokens import TokenFacet, facet_for
 
 log = logging.getLogger(__name__)
@@ -214,20 +214,26 @@ def load_distilgpt2(cache_dir: str | None = None) -> LoadedModel:
     return load_catalog("distilgpt2", cache_dir)
 
 
-def load_builtin(home: Path) -> LoadedModel:
-    path = ensure_builtin(home)
+def load_builtin(home: Path, train: TrainFn | None = None) -> LoadedModel:
+    """The built-in model; ``train`` (``app.training.builtin.train_builtin``) trains it when neither the cache nor
+    the shipped checkpoint matches its recipe."""
+    try:
+        path = ensure_builtin(home, train=train)
+    except Untrained as exc:
+        raise ModelUnavailable("err.model.builtin_untrained", path=str(exc)) from None
     lm = load_dir(path, name="builtin", source=f"built-in tiny model ({path})")
     lm.is_builtin = True
     return lm
 
 
-def load_spec(spec: str, home: Path, hf_cache: str | None = None) -> LoadedModel:
+def load_spec(spec: str, home: Path, hf_cache: str | None = None, *, train_builtin: TrainFn | None = None
+              ) -> LoadedModel:
     if spec in LOADABLE:
         if LOADABLE[spec].package:
             return load_packaged(spec, home)
         return load_catalog(spec, hf_cache)
     if spec == "builtin":
-        return load_builtin(home)
+        return load_builtin(home, train_builtin)
     path = Path(spec).expanduser()
     if path.is_file() or path.suffix.lower() == ".gguf" or (
             path.is_dir() and not (path / "config.json").exists() and any(path.glob("*.gguf"))):
@@ -272,6 +278,14 @@ class ModelRegistry:
     def get(self, name: str | None) -> LoadedModel:
         return self.models[name or self.default]
 
+    def pick(self, name: str | None) -> LoadedModel:
+        """The model a request names (None or "": the default); a name this server does not run is bad input."""
+        if name and name not in self.models:
+            from app.errors import BadInput
+
+            raise BadInput("err.model.unknown", name=repr(name), models=", ".join(self.names))
+        return self.get(name)
+
     @property
     def names(self) -> list[str]:
         return list(self.models)
@@ -281,14 +295,15 @@ class ModelRegistry:
         return "distilgpt2" in self.failures
 
 
-def load_registry(specs: tuple[str, ...], home: Path, hf_cache: str | None = None) -> ModelRegistry:
+def load_registry(specs: tuple[str, ...], home: Path, hf_cache: str | None = None, *,
+                  train_builtin: TrainFn | None = None) -> ModelRegistry:
     models: dict[str, LoadedModel] = {}
     failures: dict[str, str] = {}
     reasons: dict[str, tuple[str, dict]] = {}
     for spec in specs:
         startup.report("boot.status.loading", model=spec)
         try:
-            lm = load_spec(spec, home, hf_cache)
+            lm = load_spec(spec, home, hf_cache, train_builtin=train_builtin)
         except ModelUnavailable as exc:
             log.warning("model %s unavailable: %s", spec, exc)
             failures[spec] = str(exc)

@@ -121,9 +121,13 @@ class TraceStore:
         self.hits = 0
         self.misses = 0
 
-    def get_or_compute(self, key: Hashable, compute: Callable[[], Trace]) -> Trace:
+    def get_or_compute(self, key: Hashable, compute: Callable[[], Trace], expected: int = 0) -> Trace:
         """The kept trace, or ``compute()`` once: concurrent misses on one key wait for the first one's result
-        (a page asks for the grid, a heatmap and the arithmetic of one trace at once)."""
+        (a page asks for the grid, a heatmap and the arithmetic of one trace at once).
+
+        ``expected``: the bytes the new trace will hold (``trace_bytes``). Least recently used traces are dropped
+        before the forward until the kept ones and the new one fit max(max_bytes, keep_one_bytes) together, so a
+        long capture never runs beside a full cache: that maximum bounds the store at every moment."""
         with self._lock:
             hit = self._hit(key)
             if hit is not None:
@@ -134,6 +138,7 @@ class TraceStore:
                 hit = self._hit(key)
                 if hit is not None:
                     return hit
+            self._make_room(expected)
             try:
                 trace = compute()
             finally:
@@ -151,6 +156,13 @@ class TraceStore:
                     self._used[key] = time.monotonic()
                     self.bytes += size
             return trace
+
+    def _make_room(self, expected: int) -> None:
+        with self._lock:
+            while self._items and self.bytes + expected > max(self.max_bytes, self.keep_one_bytes):
+                old_key, (_, old) = self._items.popitem(last=False)
+                self._used.pop(old_key, None)
+                self.bytes -= old
 
     def _hit(self, key: Hashable) -> Trace | None:
         if key not in self._items:

@@ -1,5 +1,6 @@
-"""What a browser reads about its run in a lab's line: a snapshot (``app.labs.queue``) in, plain data with one
-sentence in the page's language out (``text``), for the streamed lines and the status answers."""
+"""What a browser reads about its run in a lab's line: a snapshot (plain data: ``app.labs.queue``'s) in, plain data
+with one sentence in the page's language out (``text``), for the streamed lines and the status answers. The line
+itself is not read here: ``app/labs/lines.py`` hands in the message of a stopped run."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from collections.abc import Callable
 
 from app.errors import UserError
 from app.i18n import translate
-from app.labs.queue import DONE, FAILED, QUEUED, REPLACED, RUNNING, STOPPED, LabQueue, stopped_error
+
+# A snapshot's ``event``: the states of ``app.labs.queue`` (a test holds the two lists equal).
+QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
 
 
 def nth(n: int, lang: str) -> str:
@@ -24,8 +27,10 @@ def duration(seconds: float, lang: str) -> str:
     return translate("line.minutes", lang, m=round(seconds / 60))
 
 
-def event_view(snap: dict, lang: str, lab: LabQueue, progress_text: Callable[[dict, str], str]) -> dict:
-    """``snap`` as JSON-ready data plus ``text``: the place in line, the progress, or how it ended."""
+def event_view(snap: dict, lang: str, progress_text: Callable[[dict, str], str], stopped: UserError | None = None
+               ) -> dict:
+    """``snap`` as JSON-ready data plus ``text``: the place in line, the progress, or how it ended (``stopped``:
+    the message of a run that was stopped or replaced)."""
     out = {k: v for k, v in snap.items() if k != "error"}
     event = snap["event"]
     eta = snap.get("eta_s")
@@ -44,7 +49,7 @@ def event_view(snap: dict, lang: str, lab: LabQueue, progress_text: Callable[[di
         error = snap.get("error")
         text = error.text(lang) if isinstance(error, UserError) else translate("err.server", lang)
     else:  # stopped (by its browser, its client going, a limit), or replaced by a newer run of this browser
-        text = stopped_error(REPLACED if event == REPLACED else snap.get("reason", STOPPED), lab).text(lang)
+        text = stopped.text(lang) if stopped is not None else translate("line.stopped", lang)
     out["text"] = text
     return out
 

@@ -141,7 +141,7 @@ def measured_heads(roles: dict[str, torch.Tensor] | None, sinks: dict | None) ->
     """What the lesson may say a model's heads do, each None where it was not measured:
 
     - ``previous`` / ``induction``: the strongest head on that role of the head-roles survey (``roles``, from
-      ``app.model.head_survey``: (L, H) scores on a repeated random sequence), if it passes ``STRONG``;
+      ``app.labs.heads``: (L, H) scores on a repeated random sequence), if it passes ``STRONG``;
     - ``sink``: the lesson prompt's attention-sinks view (``app.viz.explain.sinks_view``), if its verdict is that
       the heads park their weight on the first token (mean share, uniform share, that token's text)."""
     out: dict = {"previous": None, "induction": None, "sink": None}

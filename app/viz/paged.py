@@ -14,8 +14,6 @@ from app.kv_bytes import bytes_per_token
 from app.model.loading import LoadedModel
 from app.viz.tokens import honest_text, honest_texts, visible
 
-BLOCK_SIZES = (1, 2, 4, 8, 16, 32)
-
 
 def _text(lm: LoadedModel, ids: list[int]) -> str:
     return lm.tokenizer.decode(ids, clean_up_tokenization_spaces=False)
@@ -89,7 +87,7 @@ def sequences_view(engine: PagedEngine, lang: str = DEFAULT_LANG) -> list[dict]:
 
 def capacity_view(
     *, n_layer: int, n_kv_head: int, head_dim: int, budget_bytes: int, lengths: list[int],
-    block_sizes: tuple[int, ...] = BLOCK_SIZES,
+    block_sizes: tuple[int, ...],
 ) -> dict:
     """For the pool's memory budget: tokens that fit per block size, and the tail waste the given sequences cause.
 
@@ -135,8 +133,9 @@ def stall_view(stall: dict | None, lang: str = DEFAULT_LANG) -> dict | None:
     return {**stall, "text": text}
 
 
-def engine_view(engine: PagedEngine, session_id: str, lang: str = DEFAULT_LANG) -> dict:
-    """Everything the page draws. The event log and the stall are catalog keys in the engine, sentences here."""
+def engine_view(engine: PagedEngine, session_id: str, lang: str, *, block_sizes: tuple[int, ...]) -> dict:
+    """Everything the page draws. The event log and the stall are catalog keys in the engine, sentences here.
+    ``block_sizes``: the sizes the capacity table compares (the lab's, ``Settings.block_sizes``)."""
     a = engine.lm.adapter
     cache = engine.cache
     lengths = [cache.num_tokens[s] for s in cache.block_tables]
@@ -149,7 +148,8 @@ def engine_view(engine: PagedEngine, session_id: str, lang: str = DEFAULT_LANG) 
         "summary": {"tokens_stored": stored, "slots_reserved": reserved,
                     "tail_waste": sum(cache.tail_waste(s) for s in cache.block_tables)},
         "capacity": capacity_view(n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim,
-                                  budget_bytes=cache.bytes_per_block * cache.num_blocks, lengths=lengths),
+                                  budget_bytes=cache.bytes_per_block * cache.num_blocks, lengths=lengths,
+                                  block_sizes=block_sizes),
     }
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from starlette.requests import Request
 
+from app.labs.lines import line_view
 from app.labs.queue import QUEUED, RUNNING, Job, LabQueue
-from app.viz.labs import event_view
 from app.web.cancel import FollowResponse, run_until_disconnected
 from app.web.render import request_lang
 
@@ -24,7 +24,7 @@ from app.web.render import request_lang
 def follow_job(request: Request, lab: LabQueue, job: Job, owner: str,
                progress_text: Callable[[dict, str], str]) -> FollowResponse:
     lang = request_lang(request)
-    return FollowResponse(lambda: event_view(lab.snapshot(job, owner), lang, lab, progress_text),
+    return FollowResponse(lambda: line_view(lab, lab.snapshot(job, owner), lang, progress_text),
                           is_last=lambda line: line["event"] not in (QUEUED, RUNNING),
                           on_close=lambda: lab.release(job, owner))
 

@@ -100,6 +100,7 @@ def render(request: Request, template: str, status_code: int = 200, headers: dic
     context.setdefault("js_strings", {**js_strings(lang), **{k: translator(lang)(k) for k in script_keys}})
     state = request.app.state.kv
     context.setdefault("state", state)
+    context.setdefault("settings", state.settings)  # the limits a page's form offers (one bound, one place)
     if "card" not in context:
         from app.viz.models import model_card
 

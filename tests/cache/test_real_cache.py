@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from app.cache.arena import LONG_TEXT, run_request
+from app.cache.arena import LONG_TEXT, prepare, run_prepared
 from app.cache.paged import PagedKVCache
 from app.cache.paged_decode import PagedEngine, PagedSeqStore, forward_through
 from app.cache.policies import make_store
@@ -110,8 +110,9 @@ POLICIES = ["window", "streaming", "h2o", "snapkv", "int8-head"]
 @pytest.fixture(scope="module")
 def arena(smol):
     """The arena as the page runs it on its built-in text: 32 teacher-forced steps, 25 % of the full cache."""
-    return run_request(smol, source="text", prompt=None, steps=STEPS, budget_kind="percent", budget_value=25,
-                       policies=POLICIES, max_prompt_tokens=512, max_steps=64, max_chars=20_000)
+    req = prepare(smol, source="text", prompt=None, steps=STEPS, budget_kind="percent", budget_value=25,
+                  policies=POLICIES, max_prompt_tokens=512, max_steps=64, max_chars=20_000)
+    return run_prepared(smol, req)
 
 
 @pytest.fixture(scope="module")

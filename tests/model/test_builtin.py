@@ -6,24 +6,23 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
-from app import startup
 from app.model.builtin import (
+    RECIPE_TRAIN,
     SHIPPED_DIR,
-    TRAIN_CONFIG,
+    Untrained,
     builtin_dir,
     builtin_vocabulary,
     chinese_characters,
     corpus_text,
     ensure_builtin,
-    progress_printer,
     recipe_fingerprint,
     shipped_matches,
 )
 from app.model.capture import hook_count, run_traced
-from app.model.loading import load_dir
-from app.training.trainer import StepInfo, next_token_loss
+from app.training.trainer import next_token_loss
 
 
 def greedy(lm, text: str, n: int) -> str:
@@ -46,12 +45,12 @@ def test_vocabulary_is_ascii_newline_and_the_chinese_text():
 
 def test_shipped_checkpoint_is_trained_on_todays_recipe(tiny, kv_home):
     """The checkpoint in app/model/builtin_model/ must match the recipe in builtin.py; if this fails, the corpus,
-    vocabulary or config changed: rebuild it with `python -m app.model.builtin` and commit the folder."""
-    assert shipped_matches(), "rebuild the shipped built-in model: python -m app.model.builtin"
+    vocabulary or config changed: rebuild it with `python -m app.training.builtin` and commit the folder."""
+    assert shipped_matches(), "rebuild the shipped built-in model: python -m app.training.builtin"
     meta = json.loads((builtin_dir(kv_home) / "kvscope.json").read_text())
     assert meta["recipe"] == recipe_fingerprint()
     losses = [loss for _, loss in meta["loss"]]
-    assert len(losses) == TRAIN_CONFIG.steps
+    assert len(losses) == RECIPE_TRAIN["steps"]
     assert meta["vocab_size"] == len(tiny.tokenizer) == 1 + len(builtin_vocabulary())
     assert losses[0] > 5.0  # about ln(266) = 5.58 at random init
     # Mean next-character loss over the whole corpus, window by window (not just the last batch).
@@ -65,23 +64,16 @@ def test_shipped_checkpoint_is_trained_on_todays_recipe(tiny, kv_home):
     assert (builtin_dir(kv_home) / "model.safetensors").stat().st_mtime_ns == before
 
 
-def test_trains_when_the_recipe_changed(tmp_path, monkeypatch):
-    """A recipe that no longer matches the shipped checkpoint: the model is trained (here 30 steps), with
-    progress on the console, and loads through the same path."""
+def test_a_changed_recipe_without_a_trainer_is_refused_not_trained(tmp_path, monkeypatch):
+    """The model layer does not train: with no trainer handed in, a recipe the shipped checkpoint does not match
+    stops with ``Untrained`` (app/training/builtin.py trains; tests/training/test_builtin_training.py)."""
     import app.model.builtin as builtin
 
-    monkeypatch.setattr(builtin, "TRAIN_CONFIG", TRAIN_CONFIG.__class__(**{**TRAIN_CONFIG.__dict__, "steps": 30}))
+    monkeypatch.setitem(builtin.RECIPE_TRAIN, "steps", 30)
     assert not builtin.shipped_matches()  # the steps are part of the recipe
-    lines: list[str] = []
-    path = builtin.ensure_builtin(tmp_path, progress=lines.append)
-    meta = json.loads((path / "kvscope.json").read_text())
-    assert len(meta["loss"]) == 30 and meta["recipe"] == builtin.recipe_fingerprint()
-    assert lines[0].startswith("Training the built-in model") and "30/30" in lines[-2]
-    assert lines[-1].startswith("Built-in model ready")
-    # The page shown while the server starts says how far training got (app/startup.py, app/web/boot.py).
-    assert startup.current() == ("boot.status.training", {"step": 30, "total": 30})
-    lm = load_dir(path, name="builtin")
-    assert lm.adapter.n_layer == 2 and len(lm.tokenizer) == meta["vocab_size"]
+    with pytest.raises(Untrained):
+        builtin.ensure_builtin(tmp_path, progress=None)
+    assert not builtin_dir(tmp_path).exists()
 
 
 def test_shipped_checkpoint_is_copied_not_trained(tmp_path):
@@ -118,13 +110,3 @@ def test_runs_through_the_capture_engine(tiny):
 def test_unknown_characters_map_to_unk(tiny):
     assert tiny.encode("é🙂") == [0, 0]
     assert tiny.encode("Z") != [0]
-
-
-def test_progress_lines_report_loss_and_eta():
-    lines: list[str] = []
-    on_step = progress_printer(10, every=4, out=lines.append)
-    for step in range(10):
-        on_step(StepInfo(step=step, loss=5.0 - step / 10))
-    assert len(lines) == 3  # steps 4, 8 and the last
-    assert "step    4/10" in lines[0] and "loss 4.700" in lines[0] and "ETA" in lines[0]
-    assert "step   10/10" in lines[2] and "ETA  0.0 s" in lines[2]

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from app.errors import BadInput
+from app.labs.train import TrainingJob, make_spec
 from app.model.builtin import article_corpus_text
 from app.training.inspect import cached_vs_full, memory_view, param_view, parameter_names
-from app.training.jobs import TrainingJob, make_spec
 from app.training.trainer import TrainConfig, train
 
 QKV = "transformer.h.0.attn.c_attn.weight"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from app.labs.heads import survey_heads
 from app.model.capture import run_traced
-from app.model.head_survey import survey_heads
 from app.viz.explain import sinks_view
 from app.viz.head_pick import previous_token_scores, telling_head
 from app.viz.inspect import inspect_view

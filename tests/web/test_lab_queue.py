@@ -97,11 +97,11 @@ def test_browsers_pressing_run_at_once_all_get_their_results_in_the_order_they_c
         threads = [threading.Thread(target=press_run, args=(i,)) for i in range(n)]
         for t in threads:
             t.start()
-        until(lambda: state.arena_lab.stats()["queued"] == n - 1 and state.arena_lab.stats()["running"],
+        until(lambda: state.arena.line.stats()["queued"] == n - 1 and state.arena.line.stats()["running"],
               "one run started and the others waiting")
     for t in threads:
         t.join(timeout=300)
-    assert state.arena_lab.stats()["refused"] == 0
+    assert state.arena.line.stats()["refused"] == 0
     runs = sorted(results.values(), key=lambda events: events[0]["ticket"])
     assert [events[0]["event"] for events in runs] == ["running"] + ["queued"] * (n - 1)  # none refused
     first = runs[0][0]["ticket"]
@@ -153,7 +153,7 @@ def test_browsers_asking_for_the_same_run_while_it_waits_share_it(serve, forward
         events_b: list[dict] = []
         t = threading.Thread(target=lambda: events_b.extend(b.run("/api/arena/jobs", TEXT_RUN)))
         t.start()
-        until(lambda: len(state.arena_lab.running().members) == 2, "the second browser joined the run")
+        until(lambda: len(state.arena.line.running().members) == 2, "the second browser joined the run")
         state.model_lock.release()
         try:
             rest = list(seen_by_a)
@@ -180,11 +180,11 @@ def test_stop_removes_a_waiting_run_and_a_running_one_and_the_line_moves_on(serv
             assert next(seen_by_c)["place"] == 1  # it moved up
             assert a.http.post(f"/api/arena/jobs/{running_a['job']}/stop").json() == {"stopped": True}
             assert list(seen_by_a)[-1]["event"] == "stopped"  # it stopped while waiting for the model
-            until(lambda: state.arena_lab.running() is not None
-                  and state.arena_lab.running().id == queued_c["job"], "the next run started")
+            until(lambda: state.arena.line.running() is not None
+                  and state.arena.line.running().id == queued_c["job"], "the next run started")
         # c's client went: nobody else holds its run, so it stops, and the line is empty
-        until(lambda: state.arena_lab.stats()["running"] is None, "c's run stopped")
-    assert state.arena_lab.stats()["queued"] == 0
+        until(lambda: state.arena.line.stats()["running"] is None, "c's run stopped")
+    assert state.arena.line.stats()["queued"] == 0
     assert b.run("/api/arena/jobs", TEXT_RUN | {"budget": 30})[-1]["event"] == "done"  # the lab runs again
 
 
@@ -197,14 +197,14 @@ def test_a_client_that_disconnects_stops_its_run_waiting_or_running(serve):
             with b.follow("/api/arena/jobs", TEXT_RUN | {"budget": 30}) as seen_by_b:
                 waiting = next(seen_by_b)
                 assert waiting["event"] == "queued"
-            until(lambda: state.arena_lab.stats()["queued"] == 0, "the waiting run left the line")
-            running = state.arena_lab.running()
-        until(lambda: state.arena_lab.stats()["running"] is None, "the running run stopped")
+            until(lambda: state.arena.line.stats()["queued"] == 0, "the waiting run left the line")
+            running = state.arena.line.running()
+        until(lambda: state.arena.line.stats()["running"] is None, "the running run stopped")
         assert running.status == "stopped" and running.reason == "cancelled"
         # The same for a request that waits for the numbers: its client gives up, its run goes.
         with pytest.raises(httpx.ReadTimeout):
             b.http.post("/api/arena/run", json=TEXT_RUN | {"budget": 40}, timeout=1.0)
-        until(lambda: state.arena_lab.stats()["running"] is None and state.arena_lab.stats()["queued"] == 0,
+        until(lambda: state.arena.line.stats()["running"] is None and state.arena.line.stats()["queued"] == 0,
               "the waited-for run stopped")
 
 
@@ -213,7 +213,7 @@ def test_a_browsers_new_run_replaces_its_earlier_one(serve):
     a = Browser(url)
     with gate_held(state), a.follow("/api/arena/jobs", TEXT_RUN | {"budget": 20}) as earlier:
         assert next(earlier)["event"] == "running"
-        replaced = state.arena_lab.running()
+        replaced = state.arena.line.running()
         with a.follow("/api/arena/jobs", TEXT_RUN | {"budget": 30}) as newer:
             told = list(earlier)
             assert [e["event"] for e in told] == ["replaced"]
@@ -273,11 +273,11 @@ def test_a_decode_step_of_another_browser_runs_between_the_pieces_of_a_long_run(
                 "policies": ["window", "streaming", "h2o", "snapkv", "kivi", "int8-head", "int4-head"]}
     with a.follow("/api/arena/jobs", long_run) as seen:
         until(lambda: next(seen)["event"] == "running", "the long run started")
-        run = state.arena_lab.running()
+        run = state.arena.line.running()
         session = b.http.post("/api/decode/sessions", json={"prompt": "the cat", "model": "builtin"}).json()
         step = b.http.post(f"/api/decode/{session['session']}/step")
         assert step.status_code == 200
-        assert state.arena_lab.running() is run and run.done_units < run.units  # answered while the run goes on
+        assert state.arena.line.running() is run and run.done_units < run.units  # answered while the run goes on
         assert list(seen)[-1]["event"] == "done"
 
 
@@ -315,17 +315,17 @@ def test_the_arena_page_shows_its_place_in_line_and_stop_takes_it_out(serve, bro
             pg.fill("#arena-steps", "2")
         with gate_held(state):
             first.click("#arena-run")
-            until(lambda: state.arena_lab.running() is not None, "the first page's run started")
+            until(lambda: state.arena.line.running() is not None, "the first page's run started")
             second.fill("#arena-budget", "30")
             second.click("#arena-run")
             second.wait_for_function("document.getElementById('arena-line-text').textContent === '1st in line'")
             assert second.is_visible("#arena-stop") and "budget=30" in second.url  # the run is a link
             second.click("#arena-stop")
             second.wait_for_function("document.getElementById('arena-line-text').textContent === 'Stopped.'")
-            until(lambda: state.arena_lab.stats()["queued"] == 0, "the waiting run left the line")
+            until(lambda: state.arena.line.stats()["queued"] == 0, "the waiting run left the line")
             assert not second.is_visible("#arena-stop")
             first.click("#arena-stop")
-            until(lambda: state.arena_lab.stats()["running"] is None, "the running run stopped")
+            until(lambda: state.arena.line.stats()["running"] is None, "the running run stopped")
         second.click("#arena-run")  # the line is free again: this one runs, and its result is drawn
         second.wait_for_selector("#arena-table tr[data-policy='window']", timeout=120_000)
         second.wait_for_function("document.getElementById('arena-line-text').textContent.startsWith('Done in')")

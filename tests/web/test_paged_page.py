@@ -139,7 +139,9 @@ def test_bench_api_reports_exact_and_approximate_paths(client):
     ("get", "/api/paged/sessions/nope", None, 410, "expired"),
     ("post", "/api/paged/sessions", {"num_blocks": 1000}, 422, "num_blocks"),
     ("post", "/api/paged/sessions", {"model": "gpt5"}, 422, "Unknown model"),
-    ("post", "/api/paged/sessions", {"block_size": 3}, 422, "block_size"),
+    ("post", "/api/paged/sessions", {"block_size": 3}, 422, "Block size must be one of 1, 2, 4, 8, 16"),
+    ("post", "/api/paged/sessions", {"block_size": 32}, 422, "Block size"),  # KVSCOPE_PAGED_MAX_BLOCK_SIZE: 16
+    ("get", "/api/paged/bench?prompt=hi&window=513", None, 422, "window must be from 1 to 512"),
     ("get", "/api/paged/bench?prompt=hi&steps=999", None, 422, "steps"),
     ("get", "/api/paged/bench?prompt=hi&block_size=3&model=builtin", None, 422, "Block size"),
     ("get", "/api/paged/bench?prompt=+&model=builtin", None, 422, "empty"),

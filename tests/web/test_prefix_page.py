@@ -126,12 +126,11 @@ def test_page_and_htmx_fragment(client):
 
 
 def test_lab_state_stays_bounded(client, state):
-    from app.cache.prefix import MAX_STORED_REQUESTS
 
     for _ in range(10):
         client.post("/api/prefix/run", json={"preset": "chat", "model": "builtin"})
     (lab,) = [e.obj for e in state.prefix_labs._items.values()]
-    assert len(lab.requests) <= MAX_STORED_REQUESTS
+    assert len(lab.requests) <= lab.limits.max_requests_kept
 
 
 @pytest.mark.browser

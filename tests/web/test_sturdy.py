@@ -20,7 +20,6 @@ from app.i18n import translate
 from app.model.capture import run_traced
 from app.model.sampling import Sampling
 from app.model.store import slim
-from app.model.studio import start_session, step_session
 from app.viz.attention import arithmetic, embedding_rows, grid_thumbnails, head_matrix
 
 
@@ -61,13 +60,13 @@ def test_1_stale_trace_keys_and_sessions_get_410_after_the_model_is_replaced(cli
 
 def test_2_concurrent_steps_never_pass_the_step_or_position_limit(state, tiny):
     state.sessions.max_steps = 20
-    session = start_session(state, model="builtin", prompt="x" * 120, sampling=Sampling())  # 128 positions
+    session = state.decode.start_session(model="builtin", prompt="x" * 120, sampling=Sampling())  # 128 positions
     results: list[str] = []
 
     def hammer():
         for _ in range(12):
             try:
-                step_session(state, session.id)
+                state.decode.step_session(session.id)
                 results.append("ok")
             except BadInput:
                 results.append("done")
@@ -134,14 +133,15 @@ def test_8_a_kept_trace_holds_what_the_pages_show_and_far_less(distil):
 def test_6_session_byte_cap_is_never_passed(state):
     state.sessions.max_bytes = 60_000
     with pytest.raises(BadInput):  # a prefill alone bigger than the whole cap: refused before it runs
-        start_session(state, model="distilgpt2", prompt="The cat sat on the mat and looked around", sampling=Sampling())
+        state.decode.start_session(model="distilgpt2", prompt="The cat sat on the mat and looked around",
+                                   sampling=Sampling())
     assert state.sessions.stats()["sessions"] == 0 and state.sessions.stats()["bytes"] == 0
     state.sessions.max_bytes = 1_500_000  # a prefill and a few steps (each keeps its 50 257 logits)
-    s = start_session(state, model="distilgpt2", prompt="The cat", sampling=Sampling())
+    s = state.decode.start_session(model="distilgpt2", prompt="The cat", sampling=Sampling())
     refused = None
     for _ in range(20):
         try:
-            step_session(state, s.id)
+            state.decode.step_session(s.id)
         except Busy as exc:
             refused = exc
             break
@@ -347,7 +347,7 @@ def test_11_busy_reaches_the_client_with_retry_after(client, state):
 
 
 def test_expired_and_foreign_ids_look_the_same(state):
-    sid = start_session(state, model="builtin", prompt="The cat", sampling=Sampling(), owner="alice").id
+    sid = state.decode.start_session(model="builtin", prompt="The cat", sampling=Sampling(), owner="alice").id
     with pytest.raises(Expired) as foreign:
         state.sessions.get(sid, "bob")
     with pytest.raises(Expired) as unknown:
@@ -387,7 +387,7 @@ def test_a_training_run_that_cannot_save_says_so_without_server_paths(client, st
     def read_only(model, tokenizer, out, meta):
         raise OSError(errno.EROFS, "Read-only file system", str(out))  # what open() says on a read-only mount
 
-    monkeypatch.setattr("app.training.jobs.save_checkpoint", read_only)
+    monkeypatch.setattr("app.labs.train.save_checkpoint", read_only)
     assert client.post("/api/train/start", json={"steps": 2}).status_code == 200
     state.training.wait(timeout=120)
     for lang in ("en", "zh"):
@@ -476,11 +476,12 @@ def test_numbers_in_json_bodies_refuse_true_and_false(client, state):
     assert client.post("/api/paged/sessions", json={"model": "builtin", "block_size": 2}).status_code == 200
 def slim_gpt2_bytes(lm, T: int) -> int:
     """What a kept GPT-2 trace holds, from the model's sizes: per layer the fused q/k/v projection (q, k and v are
-    views of it), H attention maps of T × T, c_proj's input (each head's output is a view of it) and the block's
-    output; wte, wpe and h0 rows; the next-token probabilities and logits. float32."""
+    views of it), each query row's log-sum-exp per head (H × T: the weights are computed from q, k and it, never
+    kept), c_proj's input (each head's output is a view of it) and the block's output; wte, wpe and h0 rows; the
+    next-token probabilities and logits. float32."""
     a = lm.adapter
     D, H, V = a.d_model, a.n_head, lm.model.config.vocab_size
-    per_layer = 3 * D * T + H * T * T + D * T + D * T
+    per_layer = 3 * D * T + H * T + D * T + D * T
     return 4 * (a.n_layer * per_layer + 3 * D * T + 2 * V)
 
 
@@ -494,6 +495,6 @@ def test_a_purge_after_the_ttl_returns_every_trace_byte(state, distil):
     assert state.purge() >= 2  # what the janitor thread calls every purge_interval_s
     assert state.traces.bytes == 0 and len(state.traces) == 0
     # The page's link still works: the key recomputes its trace, which is kept again.
-    key = state._key(distil, distil.encode(prompts[0]))
+    key = state.inspect._key(distil, distil.encode(prompts[0]))
     state.trace_by_key(key)
     assert state.traces.bytes == slim_gpt2_bytes(distil, len(distil.encode(prompts[0])))

@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from app.training.jobs import lab_for
-from tests.training.conftest import stop_and_wait, wait_for_steps
+from tests.labs.conftest import stop_and_wait, wait_for_steps
 
 
 @pytest.fixture
@@ -68,7 +67,7 @@ def test_a_second_browser_waits_in_line_stops_only_its_own_run_then_stop_and_res
     assert mine["event"] == "queued" and mine["place"] == 1 and mine["text"] == "1st in line"  # no run timed yet
     zh = other.get("/api/train/status", params={"lang": "zh"}).json()["line"]["mine"]["text"]
     assert zh == "排队中：第 1 位"
-    lab = lab_for(state)
+    lab = state.training
     wait_for_steps(lab, 2)
     assert other.post("/api/train/stop").status_code == 200  # its own waiting run leaves the line
     refused = other.post("/api/train/stop")
@@ -103,8 +102,8 @@ def test_bad_input_gets_a_clear_4xx(train_client):
 def test_a_finished_run_is_selectable_in_inspect(train_client, state):
     r = train_client.post("/api/train/start", json={"steps": 3})
     assert r.status_code == 200
-    lab_for(state).wait()
-    name = lab_for(state).status()["result"]["model"]
+    state.training.wait()
+    name = state.training.status()["result"]["model"]
     assert name.startswith("builtin-trained-") and name in train_client.get("/healthz").json()["models"]
     page = train_client.get("/", params={"model": name, "prompt": "The cat"})
     assert page.status_code == 200

@@ -190,9 +190,12 @@ def test_two_long_captures_take_turns_within_the_budget(settings, distil):
     seen_bytes: list[int] = []
     real = st.traces.get_or_compute
 
-    def watching(key, compute):
-        seen_bytes.append(st.traces.bytes)  # held by the store when a capture starts
-        return real(key, compute)
+    def watching(key, compute, expected=0):
+        def spy():
+            seen_bytes.append(st.traces.bytes)  # held by the store when the capture's forward starts
+            return compute()
+
+        return real(key, spy, expected)
 
     st.traces.get_or_compute = watching
     st.model_lock.acquire()  # hold the model: the first job waits at its gate, the second in the line
@@ -206,7 +209,7 @@ def test_two_long_captures_take_turns_within_the_budget(settings, distil):
     ra = st.long_line.wait(a, "a")
     rb = st.long_line.wait(b, "b")
     assert ra["key"] != rb["key"]
-    expected = long_lab.expected_bytes(st, lm, 300)
+    expected = long_lab.expected_bytes(lm, len(distil.encode("And now " + PROMPT)), st.settings)
     assert len(seen_bytes) == 2 and all(held + expected <= budget for held in seen_bytes)
     assert st.traces.bytes <= budget and len(st.traces) == 1
     st.stop_labs()

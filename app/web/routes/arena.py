@@ -2,8 +2,8 @@
 /api/arena/jobs (a run followed live), /api/arena/run (the numbers once done), Stop.
 
 Runs take seconds of model time: they are bounded by ``Settings.arena_*`` and wait their turn in the arena's
-line (``app/labs/arena.py``), a forward per hold of the model gate; an identical request is answered from the
-finished results. A run whose client has gone is stopped.
+line (``app/labs/arena.py``, which owns the line, the limits and the view), a forward per hold of the model gate;
+an identical request is answered from the finished results. A run whose client has gone is stopped.
 """
 
 from __future__ import annotations
@@ -15,20 +15,15 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import Field
 
-from app.cache.policies import POLICIES, available
-from app.labs import arena as lab
-from app.viz.arena import arena_view
+from app.labs.arena import DEFAULT_POLICIES, ArenaLab
 from app.viz.labs import arena_progress
 from app.web.cancel import FollowResponse
-from app.web.deps import AddressDep, OwnerDep, StateDep, is_htmx
+from app.web.deps import AddressDep, ArenaDep, OwnerDep, is_htmx
 from app.web.labs import follow_job, wait_job
 from app.web.openapi import Body, errors
 from app.web.render import render
 
 router = APIRouter()
-
-DEFAULT_POLICIES = ("window", "streaming", "streaming-norerope", "h2o", "snapkv", "kivi", "int8-head", "int4-head")
-
 
 class ArenaRun(Body):
     model: str | None = None
@@ -40,49 +35,49 @@ class ArenaRun(Body):
     policies: list[str] = Field(default_factory=lambda: list(DEFAULT_POLICIES))
 
 
-async def _prepare(state, body: ArenaRun):
+async def _prepare(lab: ArenaLab, body: ArenaRun):
     """The model and the checked request (422 on bad input), tokenized off the event loop."""
-    return await anyio.to_thread.run_sync(lambda: lab.prepare_request(state, **body.model_dump()))
+    return await anyio.to_thread.run_sync(lambda: lab.prepare(**body.model_dump()))
 
 
-async def _run(request: Request, state, body: ArenaRun, owner: str, address: str):
+async def _run(request: Request, lab: ArenaLab, body: ArenaRun, owner: str, address: str):
     """Wait for the run's numbers (from the finished results at once, or after its turn in the line)."""
-    lm, req = await _prepare(state, body)
-    job = lab.submit(state, lm, req, owner=owner, address=address)
-    run = await wait_job(request, state.arena_lab, job, owner)
-    return lm, (None if run is None else await anyio.to_thread.run_sync(arena_view, lm, run))
+    lm, req = await _prepare(lab, body)
+    job = lab.submit(lm, req, owner=owner, address=address)
+    run = await wait_job(request, lab.line, job, owner)
+    return lm, (None if run is None else await anyio.to_thread.run_sync(lab.view, lm, run))
 
 
 @router.get("/arena", include_in_schema=False)
 async def read_arena(
-    request: Request, state: StateDep, owner: OwnerDep, address: AddressDep, model: str | None = None,
+    request: Request, lab: ArenaDep, owner: OwnerDep, address: AddressDep, model: str | None = None,
     source: Literal["text", "prompt"] | None = None, prompt: str | None = None, steps: int = 16,
     budget_kind: Literal["percent", "bytes"] = "percent", budget: float = 25.0,
     policies: list[str] = Query(default=list(DEFAULT_POLICIES)),
 ):
     """The page. With a query: htmx gets the run's fragment (after its turn in the line); a full page shows the
     result if it is already finished, else the form, whose script then runs it with a place in line."""
-    lm = state.model(model)
+    lm = lab.registry.pick(model)
     form = ArenaRun(model=model, source=source or "text", prompt=prompt, steps=steps, budget_kind=budget_kind,
                     budget=budget, policies=policies)
     view, pending = None, False
     if source is not None and is_htmx(request):
-        lm, view = await _run(request, state, form, owner, address)
+        lm, view = await _run(request, lab, form, owner, address)
         if view is None:  # the client has gone
             return Response(status_code=204)
     elif source is not None:
-        lm, req = await _prepare(state, form)
-        run = lab.cached(state, lm, req)
-        view = None if run is None else await anyio.to_thread.run_sync(arena_view, lm, run)
+        lm, req = await _prepare(lab, form)
+        run = lab.cached(lm, req)
+        view = None if run is None else await anyio.to_thread.run_sync(lab.view, lm, run)
         pending = run is None
     fragment = is_htmx(request) and view is not None
     template = "partials/_arena_result.html" if fragment else "arena.html"
-    return render(request, template, page="arena", view=view, form=form, all_policies=POLICIES,
-                  applicable=available(lm.adapter), limits=state.settings, oob=fragment, pending=pending)
+    return render(request, template, page="arena", view=view, form=form, oob=fragment, pending=pending,
+                  **lab.page(lm))
 
 
 @router.post("/api/arena/jobs", tags=["arena"], response_class=FollowResponse, responses=errors(422, 429, 503))
-async def follow_arena_run(request: Request, state: StateDep, owner: OwnerDep, address: AddressDep,
+async def follow_arena_run(request: Request, lab: ArenaDep, owner: OwnerDep, address: AddressDep,
                            body: ArenaRun) -> FollowResponse:
     """Run the arena, followed live: one JSON line per change (``application/x-ndjson``). ``event`` is
     ``queued`` (``place`` in line, ``eta_s``), ``running`` (``progress``: policy i of n, step s of steps;
@@ -90,28 +85,28 @@ async def follow_arena_run(request: Request, state: StateDep, owner: OwnerDep, a
     (``reason``), ``replaced`` (a newer run of this browser) or ``failed``; ``text`` says it in the request's
     language. A browser has one run in the line: a new one replaces it. Closing the connection stops the run
     (unless another browser asked for the same). The numbers: ``/api/arena/run`` with the same body, at once."""
-    lm, req = await _prepare(state, body)
-    job = lab.submit(state, lm, req, owner=owner, address=address)
-    return follow_job(request, state.arena_lab, job, owner, arena_progress)
+    lm, req = await _prepare(lab, body)
+    job = lab.submit(lm, req, owner=owner, address=address)
+    return follow_job(request, lab.line, job, owner, arena_progress)
 
 
 @router.post("/api/arena/run", tags=["arena"], responses=errors(422, 429, 503))
-async def run_arena_api(request: Request, state: StateDep, owner: OwnerDep, address: AddressDep,
+async def run_arena_api(request: Request, lab: ArenaDep, owner: OwnerDep, address: AddressDep,
                         body: ArenaRun) -> dict:
     """Every chosen policy against full attention on one prompt: per-step KL, agreement, perplexity, attention mass,
     kept maps, bytes held, first divergence (the page's numbers). Waits its turn in the arena's line (an identical
     finished request answers at once); stopped if the client disconnects."""
-    return (await _run(request, state, body, owner, address))[1] or {}
+    return (await _run(request, lab, body, owner, address))[1] or {}
 
 
 @router.delete("/api/arena/jobs/{job_id}", tags=["arena"])
-def stop_arena_run(state: StateDep, owner: OwnerDep, job_id: str) -> dict:
+def stop_arena_run(lab: ArenaDep, owner: OwnerDep, job_id: str) -> dict:
     """Stop: this browser leaves the run; a waiting run nobody else asked for leaves the line, a running one stops
     after its current forward. ``stopped`` is false for an unknown, finished or other browser's run."""
-    return {"stopped": state.arena_lab.stop(job_id, owner)}
+    return lab.stop(job_id, owner)
 
 
 @router.post("/api/arena/jobs/{job_id}/stop", tags=["arena"])
-def stop_arena_run_beacon(state: StateDep, owner: OwnerDep, job_id: str) -> dict:
+def stop_arena_run_beacon(lab: ArenaDep, owner: OwnerDep, job_id: str) -> dict:
     """The same as DELETE, for navigator.sendBeacon when a page closes."""
-    return {"stopped": state.arena_lab.stop(job_id, owner)}
+    return lab.stop(job_id, owner)

@@ -1,24 +1,17 @@
-"""The capacity lab: /capacity, and its JSON API under /api/capacity/ (calculator, simulator, engine check)."""
+"""The capacity lab: /capacity, and its JSON API under /api/capacity/ (calculator, simulator, engine check). Each
+route parses, calls one method of ``app/labs/capacity.py``, renders."""
 
 from __future__ import annotations
 
-import threading
 from typing import Literal
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from app import catalog
-from app.capacity import check, stepcost
-from app.capacity.bounds import SimLimits, run_bounded, stopped_view
-from app.capacity.calculator import TP_DEGREES, WEIGHT_BYTES, CalcInput, calculate
-from app.capacity.simulator import SimConfig, parse_requests, synthetic_workload
-from app.errors import BadInput
+from app.capacity.calculator import TP_DEGREES
 from app.kv_bytes import DTYPE_BYTES, SCALES
-from app.state import AppState
-from app.viz.capacity import simulation_view
 from app.web.cancel import run_until_disconnected
-from app.web.deps import StateDep
+from app.web.deps import CapacityDep
 from app.web.openapi import errors
 from app.web.render import render
 
@@ -78,7 +71,7 @@ class SimBody(ModelChoice):
     chunked_prefill: bool = True
     prefix_caching: bool = True
     workload: Literal["synthetic", "list"] = "synthetic"
-    n: int = Field(1000, ge=1, le=20_000)
+    n: int = Field(1000, description="requests of the synthetic workload, 1 to KVSCOPE_CAPACITY_SIM_MAX_REQUESTS")
     rate: float = Field(10.0, ge=0, le=1e6, description="requests per second (0: all at once)")
     prompt_min: int = Field(128, ge=1, le=1_000_000)
     prompt_max: int = Field(1024, ge=1, le=1_000_000)
@@ -94,119 +87,47 @@ class SimBody(ModelChoice):
 
 class CheckBody(BaseModel):
     model: str | None = Field(None, max_length=120, description="a model this server runs")
-    num_blocks: int = Field(9, ge=1, le=64)
-    block_size: Literal[1, 2, 4, 8, 16] = 4
-    max_num_seqs: int = Field(3, ge=1, le=12)
-    requests_text: str = Field("0 7 12\n0 9 10\n1 5 14\n3 12 6\n4 3 9", max_length=2000)
+    num_blocks: int = Field(9, description="1 to KVSCOPE_CAPACITY_CHECK_MAX_BLOCKS")
+    block_size: int = Field(4, description="1, 2, 4 … up to KVSCOPE_CAPACITY_CHECK_MAX_BLOCK_SIZE")
+    max_num_seqs: int = Field(3, description="1 to KVSCOPE_CAPACITY_CHECK_MAX_SEQS")
+    requests_text: str = Field("0 7 12\n0 9 10\n1 5 14\n3 12 6\n4 3 9", max_length=2000,
+                               description="one request a line: arrival, prompt tokens, output tokens (at most "
+                                           "KVSCOPE_CAPACITY_CHECK_MAX_REQUESTS, _MAX_PROMPT, _MAX_OUTPUT)")
 
 
-def _model(state: AppState, body: ModelChoice) -> catalog.ModelConfig:
-    if body.model.startswith("loaded:"):
-        lm = state.model(body.model.removeprefix("loaded:"))
-        return catalog.from_adapter(lm.name, lm.adapter)
-    if body.model == "config":
-        if not body.config_json:
-            raise BadInput("err.capacity.config_empty")
-        return catalog.from_config_json(body.config_json)
-    if body.model == "custom":
-        if body.custom is None:
-            raise BadInput("err.capacity.custom_missing")
-        return catalog.from_numbers(**body.custom.model_dump())
-    return catalog.get(body.model)
-
-
-def _calc_input(body: CalcBody) -> CalcInput:
-    return CalcInput(**body.model_dump(exclude={"model", "config_json", "custom"}))
+def _choice(body: ModelChoice) -> dict:
+    return {"model": body.model, "config_json": body.config_json,
+            "custom": body.custom.model_dump() if body.custom is not None else None}
 
 
 @router.get("/capacity", include_in_schema=False)
-def read_capacity_page(request: Request, state: StateDep):
-    models = [m.view() for m in catalog.CATALOG.values()]
-    loaded = [{"key": f"loaded:{name}", "name": name} for name in state.registry.names]
-    gpus = [g.__dict__ for g in stepcost.GPUS.values()]
-    return render(request, "capacity.html", page="capacity", models=models, loaded=loaded, gpus=gpus)
+def read_capacity_page(request: Request, lab: CapacityDep):
+    return render(request, "capacity.html", page="capacity", **lab.page())
 
 
 @router.get("/api/capacity/models", tags=["capacity"])
-def read_models(state: StateDep) -> dict:
+def read_models(lab: CapacityDep) -> dict:
     """The catalog of real configs, the models this server runs, and the GPUs the roofline knows."""
-    loaded = [catalog.from_adapter(n, state.model(n).adapter).view() for n in state.registry.names]
-    return {"catalog": [m.view() for m in catalog.CATALOG.values()], "loaded": loaded,
-            "gpus": [g.__dict__ for g in stepcost.GPUS.values()]}
+    return lab.models()
 
 
 @router.post("/api/capacity/calculate", tags=["capacity"], responses=errors(422))
-def calculate_capacity(state: StateDep, body: CalcBody) -> dict:
+def calculate_capacity(lab: CapacityDep, body: CalcBody) -> dict:
     """Bytes per token (formula filled in), per request and batch; KV memory → blocks → tokens → concurrency."""
-    result = calculate(_model(state, body), _calc_input(body))
-    if body.model.startswith("loaded:"):
-        result["paged_link"] = f"/paged?model={body.model.removeprefix('loaded:')}"
-    return result
+    return lab.calculate(**_choice(body), **body.model_dump(exclude={"model", "config_json", "custom"}))
 
 
 @router.post("/api/capacity/simulate", tags=["capacity"], responses=errors(422, 429, 503))
-async def simulate(request: Request, state: StateDep, body: SimBody) -> dict:
+async def simulate(request: Request, lab: CapacityDep, body: SimBody) -> dict:
     """Continuous batching as vLLM schedules it, over a synthetic workload or a pasted request list.
 
     Bounded (``app/capacity/bounds.py``): refused before it starts when too big, stopped at the step or time
     limit (the answer says so and shows what ran), and stopped when the client disconnects."""
-    return await run_until_disconnected(request, lambda cancel: _simulate(state, body, cancel))
-
-
-def _simulate(state: AppState, body: SimBody, cancel: threading.Event) -> dict:
-    if body.workload == "list":
-        requests = parse_requests(body.requests_text or "")
-    else:
-        requests = synthetic_workload(n=body.n, rate=body.rate, prompt_min=body.prompt_min,
-                                      prompt_max=max(body.prompt_min, body.prompt_max), output_min=body.output_min,
-                                      output_max=max(body.output_min, body.output_max),
-                                      shared_prefix_fraction=body.shared_prefix_fraction, prefix_len=body.prefix_len,
-                                      seed=body.seed)
-    model = _model(state, body)
-    if body.gpu not in stepcost.GPUS:
-        raise BadInput("err.capacity.gpu", gpu=body.gpu, known=", ".join(stepcost.GPUS))
-    gpu = stepcost.GPUS[body.gpu]
-    if body.cost == "roofline" and not model.parameters and body.weight_gib is None:
-        raise BadInput("err.capacity.sim_weights_unknown", model=model.name)  # hand-entered numbers, MoE config
-    calc = calculate(model, CalcInput(dtype=body.dtype, block_size=body.block_size, tp=body.tp,
-                                      gpu_memory_gib=gpu.memory_gib, utilization=body.utilization,
-                                      weight_gib=body.weight_gib,
-                                      context=max(r.prompt_len + r.output_len for r in requests)))
-    if body.cost == "measured":
-        if not body.model.startswith("loaded:"):
-            raise BadInput("err.capacity.measured_needs_loaded")
-        cost = stepcost.measure(state.model(body.model.removeprefix("loaded:")), lock=state.model_lock)
-        cost_info = {"kind": "measured"} | cost.limits()
-        num_blocks = body.num_blocks or 512
-    else:
-        # A model without a parameter count multiplies by about as many parameters as its weights hold.
-        params = model.parameters or calc["weight_bytes"] / WEIGHT_BYTES[calc["input"]["weight_dtype"]]
-        cost = stepcost.Roofline.for_model(gpu, model, weight_bytes=calc["weight_bytes"],
-                                           kv_bytes_per_token=calc["bytes_per_token"], tp=body.tp, params=params)
-        cost_info = {"kind": "roofline"} | cost.limits()
-        num_blocks = body.num_blocks or calc["num_blocks"]
-    if num_blocks < 1:
-        fit = calc["tp_fit"]
-        if fit is None:
-            raise BadInput("err.capacity.no_kv_memory", model=model.name, gpu=gpu.name)
-        raise BadInput("err.capacity.no_kv_memory_tp", model=model.name, gpu=gpu.name, tp=fit["tp"])
-    cfg = SimConfig(num_blocks=num_blocks, block_size=body.block_size,
-                    max_num_batched_tokens=body.max_num_batched_tokens, max_num_seqs=body.max_num_seqs,
-                    chunked_prefill=body.chunked_prefill, prefix_caching=body.prefix_caching)
-    limits = SimLimits.from_settings(state.settings)
-    sim = run_bounded(cfg, requests, cost, limits=limits, cancel=cancel)
-    view = simulation_view(sim, cost=cost_info)
-    view["stopped"] = stopped_view(sim, limits)
-    view["model"] = model.name
-    view["bytes_per_token"] = calc["bytes_per_token"]
-    return view
+    choices = {**body.model_dump(exclude={"model", "config_json", "custom"}), **_choice(body)}
+    return await run_until_disconnected(request, lambda cancel: lab.simulate(cancel, **choices))
 
 
 @router.post("/api/capacity/check", tags=["capacity"], responses=errors(422, 429, 503))
-def check_against_engine(state: StateDep, body: CheckBody) -> dict:
+def check_against_engine(lab: CapacityDep, body: CheckBody) -> dict:
     """The same requests and budgets through the simulator and the real paged engine, step by step."""
-    lm = state.model(body.model)
-    requests = parse_requests(body.requests_text)
-    return check.compare(lm, requests, num_blocks=body.num_blocks, block_size=body.block_size,
-                         max_num_seqs=body.max_num_seqs, lock=state.model_lock)
-
+    return lab.check(**body.model_dump())

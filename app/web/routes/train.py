@@ -10,19 +10,17 @@ from __future__ import annotations
 import anyio.to_thread
 from fastapi import APIRouter, Request
 
-from app.i18n import translate, translator
-from app.model.builtin import ARTICLE_CONFIG, article_corpus_text
-from app.training.jobs import LIMITS, MAX_TEXT_CHARS, MIN_TEXT_CHARS, TrainingLab, lab_for, make_spec
-from app.viz.labs import event_view, train_progress
-from app.viz.training import ARTICLE_MAX_DIFF, SCRIPT_STRINGS, loss_figure, param_figures
+from app.i18n import translator
+from app.training.builtin import ARTICLE_CONFIG
+from app.viz.labs import train_progress
+from app.viz.training import SCRIPT_STRINGS, loss_figure, param_figures
 from app.web.cancel import FollowResponse
-from app.web.deps import AddressDep, OwnerDep, StateDep
+from app.web.deps import AddressDep, OwnerDep, TrainingDep
 from app.web.labs import follow_job
 from app.web.openapi import Body, errors
 from app.web.render import render, request_lang
 
 router = APIRouter()
-
 
 class StartRequest(Body):
     source: str = "builtin"
@@ -39,126 +37,102 @@ class ResumeRequest(Body):
     steps: int | None = None
 
 
-def _status(request: Request, lab: TrainingLab, owner: str, since: int = 0) -> dict:
-    """The lab's status in the request's language: a failure's reason, this browser's place in line."""
-    lang = request_lang(request)
-    status = lab.status(since, owner=owner)
-    if status.get("error"):
-        status["error"] = translate(status["error"], lang)  # a catalog key (app.training.jobs.failure_key)
-    mine = status["line"]["mine"]
-    if mine is not None:
-        status["line"]["mine"] = event_view(mine, lang, lab.line, train_progress)
-    return status
-
-
 @router.get("/train", include_in_schema=False)
-def read_train_page(request: Request, state: StateDep, owner: OwnerDep):
-    lab = lab_for(state)
-    status = _status(request, lab, owner)
-    _ = translator(request_lang(request))
-    init = {"status": status, "figure": loss_figure([tuple(p) for p in status["losses"]], _)}
-    return render(
-        request, "train.html", page="train", status=status, init=init, script_keys=SCRIPT_STRINGS,
-        parameters=lab.parameters(), step=lab.step(), memory=lab.memory(),
-        defaults=ARTICLE_CONFIG, limits=LIMITS, corpus_chars=len(article_corpus_text()),
-        min_chars=MIN_TEXT_CHARS, max_chars=MAX_TEXT_CHARS, article_max_diff=ARTICLE_MAX_DIFF,
-    )
+def read_train_page(request: Request, lab: TrainingDep, owner: OwnerDep):
+    lang = request_lang(request)
+    page = lab.page(lang, owner)
+    init = {"status": page["status"], "figure": loss_figure([tuple(p) for p in page["status"]["losses"]],
+                                                            translator(lang))}
+    return render(request, "train.html", page="train", init=init, script_keys=SCRIPT_STRINGS, **page)
 
 
 @router.get("/train/step", include_in_schema=False)
-def read_train_step(request: Request, state: StateDep):
+def read_train_step(request: Request, lab: TrainingDep):
     """The training-step panel for the current run (htmx swaps it in when a new run starts)."""
-    return render(request, "partials/_train_step.html", page="train", step=lab_for(state).step())
+    return render(request, "partials/_train_step.html", page="train", step=lab.step())
 
 
 @router.get("/train/result", include_in_schema=False)
-def read_train_result(request: Request, state: StateDep, owner: OwnerDep):
+def read_train_result(request: Request, lab: TrainingDep, owner: OwnerDep):
     """The memory and cached-vs-full panels (htmx swaps them in when a run finishes)."""
-    lab = lab_for(state)
-    return render(request, "partials/_train_result.html", page="train", status=_status(request, lab, owner),
-                  memory=lab.memory(), article_max_diff=ARTICLE_MAX_DIFF)
+    return render(request, "partials/_train_result.html", page="train", **lab.result(request_lang(request), owner))
 
 
 @router.post("/api/train/jobs", tags=["train"], response_class=FollowResponse, responses=errors(422, 429, 503))
-async def follow_training_run(request: Request, state: StateDep, owner: OwnerDep, address: AddressDep,
+async def follow_training_run(request: Request, lab: TrainingDep, owner: OwnerDep, address: AddressDep,
                               body: StartRequest) -> FollowResponse:
     """Start a run and follow it live: one JSON line per change (``application/x-ndjson``), ``event`` ``queued``
     (``place`` in line, ``eta_s``), ``running`` (``progress``: step, steps, loss), then ``done``, ``stopped``
     (``reason``), ``replaced`` or ``failed``, with ``text`` in the request's language. Closing the connection
-    stops the run. Bounds: see the page's form, and ``KVSCOPE_TRAIN_MAX_S``."""
-    lab = lab_for(state)
+    stops the run. Bounds: see the page's form, and ``KVSCOPE_TRAIN_*``."""
     job = await anyio.to_thread.run_sync(
-        lambda: lab.submit(make_spec(**body.model_dump()), owner=owner, address=address, follow=True))
+        lambda: lab.submit(lab.spec(**body.model_dump()), owner=owner, address=address, follow=True))
     return follow_job(request, lab.line, job, owner, train_progress)
 
 
 @router.post("/api/train/jobs/resume", tags=["train"], response_class=FollowResponse,
              responses=errors(422, 429, 503))
-async def follow_resumed_run(request: Request, state: StateDep, owner: OwnerDep, address: AddressDep,
+async def follow_resumed_run(request: Request, lab: TrainingDep, owner: OwnerDep, address: AddressDep,
                              body: ResumeRequest | None = None) -> FollowResponse:
     """Resume the stopped run (it waits its turn again) and follow it live, as ``/api/train/jobs``."""
-    lab = lab_for(state)
     job = lab.resume(body.steps if body else None, owner=owner, address=address, follow=True)
     return follow_job(request, lab.line, job, owner, train_progress)
 
 
 @router.post("/api/train/start", tags=["train"], responses=errors(422, 429, 503))
-def start_training(request: Request, state: StateDep, owner: OwnerDep, address: AddressDep,
+def start_training(request: Request, lab: TrainingDep, owner: OwnerDep, address: AddressDep,
                    body: StartRequest) -> dict:
     """Start a run that is not tied to this request: it waits its turn in the line, then trains until it ends,
     is stopped, or reaches ``KVSCOPE_TRAIN_MAX_S``. Bounds: see the page's form."""
-    lab = lab_for(state)
-    lab.start(make_spec(**body.model_dump()), owner=owner, address=address)
-    return _status(request, lab, owner)
+    lab.start(lab.spec(**body.model_dump()), owner=owner, address=address)
+    return lab.status_view(request_lang(request), owner)
 
 
 @router.post("/api/train/stop", tags=["train"], responses=errors(422))
-def stop_training(request: Request, state: StateDep, owner: OwnerDep) -> dict:
+def stop_training(request: Request, lab: TrainingDep, owner: OwnerDep) -> dict:
     """Stop this browser's run: a waiting one leaves the line, a training one stops after its current step; the
     registered models stay as they were. Another browser's run is not this browser's to stop."""
-    lab = lab_for(state)
     lab.stop(owner=owner)
-    return _status(request, lab, owner)
+    return lab.status_view(request_lang(request), owner)
 
 
 @router.post("/api/train/resume", tags=["train"], responses=errors(422, 429, 503))
-def resume_training(request: Request, state: StateDep, owner: OwnerDep, address: AddressDep,
+def resume_training(request: Request, lab: TrainingDep, owner: OwnerDep, address: AddressDep,
                     body: ResumeRequest | None = None) -> dict:
     """Continue the stopped run from its next step, with the same model and AdamW state (it waits its turn)."""
-    lab = lab_for(state)
     lab.resume(body.steps if body else None, owner=owner, address=address)
-    return _status(request, lab, owner)
+    return lab.status_view(request_lang(request), owner)
 
 
 @router.get("/api/train/status", tags=["train"])
-def read_training_status(request: Request, state: StateDep, owner: OwnerDep, since: int = 0) -> dict:
+def read_training_status(request: Request, lab: TrainingDep, owner: OwnerDep, since: int = 0) -> dict:
     """The run shown to everyone: status, step, and the losses from step index ``since`` on (for live curves);
     ``line``: how many runs wait, and this browser's own run (its place in line or its progress)."""
-    return _status(request, lab_for(state), owner, since)
+    return lab.status_view(request_lang(request), owner, since)
 
 
 @router.get("/api/train/params", tags=["train"])
-def read_parameter_names(state: StateDep) -> list[dict]:
-    return lab_for(state).parameters()
+def read_parameter_names(lab: TrainingDep) -> list[dict]:
+    return lab.parameters()
 
 
 @router.get("/api/train/param", tags=["train"], responses=errors(422))
 def read_parameter(
-    request: Request, state: StateDep, name: str | None = None, part: str | None = "q", lang: str | None = None
+    request: Request, lab: TrainingDep, name: str | None = None, part: str | None = "q", lang: str | None = None
 ) -> dict:
     """One parameter's value, grad, exp_avg, exp_avg_sq and AdamW step, with a heatmap spec for each (``name``
     left out: the parameter the page opens on, layer 0's query projection; ``part`` q, k, v or all slices a fused
     q/k/v projection).
 
     Axis titles are in ``lang`` (else the language cookie, else English)."""
-    return param_figures(lab_for(state).parameter(name, part), translator(request_lang(request)))
+    return param_figures(lab.parameter(name, part), translator(request_lang(request)))
 
 
 @router.get("/api/train/step", tags=["train"])
-def read_training_step(state: StateDep) -> dict:
-    return lab_for(state).step()
+def read_training_step(lab: TrainingDep) -> dict:
+    return lab.step()
 
 
 @router.get("/api/train/memory", tags=["train"])
-def read_training_memory(state: StateDep) -> dict:
-    return lab_for(state).memory()
+def read_training_memory(lab: TrainingDep) -> dict:
+    return lab.memory()

@@ -10,8 +10,8 @@ from fastapi.responses import Response
 
 from app.labs import long as long_lab
 from app.labs import zoom as lab
+from app.labs.lines import line_view
 from app.labs.queue import QUEUED, RUNNING
-from app.viz.labs import event_view
 from app.viz.models import model_card
 from app.web.cancel import FollowResponse
 from app.web.deps import AddressDep, OwnerDep, StateDep
@@ -97,7 +97,7 @@ async def follow_long_capture(request: Request, state: StateDep, owner: OwnerDep
     lang, line = request_lang(request), state.long_line
 
     def look() -> dict:
-        event = event_view(line.snapshot(job, owner), lang, line, long_lab.progress_text)
+        event = line_view(line, line.snapshot(job, owner), lang, long_lab.progress_text)
         return event | {"result": job.result} if event["event"] == "done" else event
 
     return FollowResponse(look, is_last=lambda e: e["event"] not in (QUEUED, RUNNING),

@@ -1,4 +1,5 @@
-"""The head-roles survey: one captured forward over a repeated random sequence, every head scored, kept per model.
+"""The head-roles lab (/heads): one captured forward over a repeated random sequence, every head scored, kept
+per model; ``HeadsLab.view`` is what its routes call.
 
 The sequence is n tokens drawn at random (seeded, each once) followed by the same n again. It is made of tokens
 that survive the trip through text: decoding the ids and encoding the text gives the very same ids, so Inspect,
@@ -22,10 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
+from app.admission import ModelGate
 from app.errors import BadInput
 from app.model.capture import run_traced
-from app.model.loading import LoadedModel
-from app.viz.head_roles import score_table
+from app.model.loading import LoadedModel, ModelRegistry
+from app.viz.head_roles import head_roles_view, score_table
 
 PERIOD = 40  # tokens per copy: 2 × 40 = 80 tokens, short enough for the built-in model's 128 positions
 SEED = 0
@@ -124,3 +126,23 @@ class SurveyCache:
 
     def __len__(self) -> int:
         return len(self._surveys)
+
+
+class HeadsLab:
+    """/heads: the survey of the model asked for (computed once per served model, under the model gate), as view
+    data."""
+
+    def __init__(self, *, registry: ModelRegistry, gate: ModelGate, surveys: SurveyCache | None = None) -> None:
+        self.registry = registry
+        self.gate = gate
+        self.surveys = surveys if surveys is not None else SurveyCache()
+
+    def survey(self, model: str | None) -> tuple[LoadedModel, HeadSurvey]:
+        lm = self.registry.pick(model)
+        return lm, self.surveys.get(lm, self.gate)
+
+    def view(self, model: str | None) -> dict:
+        """Every (layer, head)'s score on each role, the strongest heads, the test sequence, the Inspect links."""
+        lm, survey = self.survey(model)
+        return head_roles_view(survey.scores, kv_map=lm.adapter.kv_map, model=lm.name, text=survey.text,
+                               ids=survey.ids, token_texts=survey.token_texts, period=survey.period)

@@ -7,10 +7,12 @@ import torch
 from safetensors import safe_open
 
 from app.errors import BadInput
-from app.model.builtin import ARTICLE_CONFIG, article_corpus_text, train_tiny
-from app.training.jobs import MAX_TEXT_CHARS, TrainingJob, make_spec
+from app.labs.train import TrainingJob, make_spec
+from app.model.builtin import article_corpus_text
+from app.settings import Settings
+from app.training.builtin import ARTICLE_CONFIG, train_tiny
 from app.training.trainer import train
-from tests.training.conftest import wait_for_steps
+from tests.labs.conftest import wait_for_steps
 
 
 def corpus_loss(lm) -> float:
@@ -103,7 +105,7 @@ def test_a_browsers_new_run_replaces_its_earlier_one_and_runs_finish_in_order(la
     assert replaced.payload.status == "stopped" and replaced.status == "stopped"
     assert newer.payload.status == "done" and other.payload.status == "done"
     assert replaced.ended < newer.ended < other.ended  # the order they came in
-    assert [n for n in lab.state.registry.names if n.startswith("builtin-trained-")] == [
+    assert [n for n in lab.registry.names if n.startswith("builtin-trained-")] == [
         newer.payload.result["model"], other.payload.result["model"]]
 
 
@@ -111,11 +113,10 @@ def test_a_run_stops_at_the_time_limit_and_can_be_resumed(tiny, tmp_path):
     from app.model.loading import ModelRegistry
     from app.settings import Settings
     from app.state import AppState
-    from app.training.jobs import TrainingLab
 
     registry = ModelRegistry(models={"builtin": tiny}, default="builtin", failures={})
     state = AppState.create(Settings(models=("builtin",), home=tmp_path, train_max_s=0.5), registry)
-    lab = TrainingLab(state, home=tmp_path)
+    lab = state.training
     lab.start(make_spec(steps=2000))
     assert lab.wait(timeout=120)
     s = lab.status()
@@ -131,7 +132,7 @@ def test_a_failed_run_leaves_the_models_intact(lab, lab_state, monkeypatch):
         raise RuntimeError("disk full")
 
     before = dict(lab_state.registry.models)
-    monkeypatch.setattr("app.training.jobs.save_checkpoint", broken)
+    monkeypatch.setattr("app.labs.train.save_checkpoint", broken)
     lab.start(make_spec(steps=2))
     lab.wait()
     s = lab.status()
@@ -169,9 +170,15 @@ def test_bounds_are_checked_with_a_message():
     with pytest.raises(BadInput, match="at least"):
         make_spec(source="text", text="too short")
     with pytest.raises(BadInput, match="limit"):
-        make_spec(source="text", text="x" * (MAX_TEXT_CHARS + 1))
+        make_spec(source="text", text="x" * (Settings().train_max_text_chars + 1))
     spec = make_spec(source="text", text="ab\r\n" * 40)
     assert spec.text == "ab\n" * 40 and spec.config.steps == 301
+    # The bounds are the settings': a server that allows more steps takes them, one that allows less refuses.
+    assert make_spec(steps=3000, settings=Settings(train_max_steps=5000)).config.steps == 3000
+    with pytest.raises(BadInput, match="steps"):
+        make_spec(steps=200, settings=Settings(train_max_steps=100))
+    with pytest.raises(BadInput, match="at least"):
+        make_spec(source="text", text="x" * 70, settings=Settings(train_min_text_chars=100))
 
 
 def test_trains_on_a_pasted_text(lab, lab_state):

@@ -9,15 +9,14 @@ from fastapi.testclient import TestClient
 from app.model.builtin import builtin_dir
 from app.model.trained import next_trained_name, saved_trained_dirs, trained_root
 from app.settings import Settings
-from app.training.jobs import lab_for
 from app.web.main import create_app
 from tests.conftest import make_state
-from tests.training.conftest import stop_and_wait
+from tests.labs.conftest import stop_and_wait
 
 
 def train_once(client: TestClient, state, steps: int = 3) -> str:
     assert client.post("/api/train/start", json={"steps": steps}).status_code == 200
-    lab = lab_for(state)
+    lab = state.training
     lab.wait()
     s = lab.status()
     assert s["status"] == "done", s["error"]
@@ -51,7 +50,7 @@ def test_work_on_builtin_survives_a_training_run_and_the_result_survives_a_resta
             # The new model is usable like any other.
             assert c.get("/api/trace", params={"prompt": "The cat", "model": name}).status_code == 200
         finally:
-            stop_and_wait(lab_for(state))
+            stop_and_wait(state.training)
 
     saved = saved_trained_dirs(tmp_path)
     assert [d.name for d in saved] == ["builtin-trained-1"]
@@ -73,7 +72,7 @@ def test_only_the_newest_trained_models_are_kept_and_a_dropped_ones_key_is_410(t
             key = c.get("/api/trace", params={"prompt": "The cat", "model": first}).json()["key"]
             second = train_once(c, state)
         finally:
-            stop_and_wait(lab_for(state))
+            stop_and_wait(state.training)
         assert (first, second) == ("builtin-trained-1", "builtin-trained-2")
         assert state.registry.names == ["builtin", "builtin-trained-2"]
         assert [d.name for d in saved_trained_dirs(tmp_path)] == ["builtin-trained-2"]

@@ -1,4 +1,10 @@
-"""The Training lab's jobs: runs wait in the lab's line and train one at a time, in the line's worker thread.
+"""The Training lab (/train): runs wait in the lab's line and train one at a time, in the line's worker thread.
+
+``TrainingLab`` owns the lab's pieces, handed in by ``app/state.py``: the served models (a finished run is added to
+them), its line (``LabQueue``), the home its models are saved under and its limits (``Settings.train_*``). The
+training loop is ``app/training/trainer.py``'s, the tensors' views ``app/training/inspect.py``'s and
+``app/viz/training.py``'s; this module validates a request, runs it through the line, publishes the result and
+assembles what the page reads (``status_view``, ``page``).
 
 Lifecycle of a job::
 
@@ -34,38 +40,40 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from app.errors import BadInput
-from app.labs.queue import CANCELLED, RUNNING, GatedPace, Job, Stopped
-from app.model.builtin import (
-    ARTICLE_CONFIG,
-    N_POSITIONS,
-    article_corpus_text,
-    build_char_tokenizer,
-    save_checkpoint,
-    tiny_config,
-)
-from app.model.loading import LoadedModel
+from app.i18n import translate
+from app.labs.lines import line_view
+from app.labs.queue import CANCELLED, RUNNING, GatedPace, Job, LabQueue, Stopped
+from app.model.builtin import N_POSITIONS, article_corpus_text, build_char_tokenizer, save_checkpoint, tiny_config
+from app.model.loading import LoadedModel, ModelRegistry
 from app.model.trained import load_trained, next_trained_name, prune_trained, trained_root
+from app.settings import Settings
+from app.training.builtin import ARTICLE_CONFIG
 from app.training.inspect import cached_vs_full, memory_view, param_view, parameter_names
 from app.training.trainer import StepInfo, TrainConfig, train
-from app.viz.training import step_view
+from app.viz.labs import train_progress
+from app.viz.training import ARTICLE_MAX_DIFF, step_view
 
 log = logging.getLogger(__name__)
 
 NEW_MODEL = "new"  # the only target: a finished run is always served as a new model
 TARGETS = (NEW_MODEL, "trained")  # "trained": what older pages sent for the same thing
-MIN_TEXT_CHARS = 64
-MAX_TEXT_CHARS = 20_000
-# (low, high) inclusive bounds of each editable hyper-parameter.
-LIMITS: dict[str, tuple[float, float]] = {
-    "steps": (1, 2000),
-    "lr": (1e-5, 0.1),
-    "batch_size": (1, 64),
-    "block_size": (8, N_POSITIONS),
-    "seed": (0, 2**31 - 1),
-}
+MIN_BLOCK_SIZE = 8  # a shorter window teaches the model next to nothing about attention
 EQUIVALENCE_PROMPT_CHARS = 40
 EQUIVALENCE_NEW_TOKENS = 8
 ACTIVE = ("running", "stopping", "publishing")
+
+
+def limits(settings: Settings) -> dict[str, tuple[float, float]]:
+    """(low, high) inclusive bounds of each editable hyper-parameter: the settings', the model's positions, torch's
+    seeds."""
+    s = settings
+    return {
+        "steps": (1, s.train_max_steps),
+        "lr": (s.train_min_lr, s.train_max_lr),
+        "batch_size": (1, s.train_max_batch_size),
+        "block_size": (MIN_BLOCK_SIZE, N_POSITIONS),
+        "seed": (0, 2**31 - 1),
+    }
 
 
 @dataclass(frozen=True)
@@ -86,16 +94,19 @@ def make_spec(
     block_size: int = ARTICLE_CONFIG.block_size,
     seed: int = ARTICLE_CONFIG.seed,
     target: str | None = None,
+    settings: Settings | None = None,
 ) -> JobSpec:
-    """Validate what a user sent; every problem becomes one ``BadInput`` message."""
+    """Validate what a user sent against ``settings``' limits (None: the defaults); every problem becomes one
+    ``BadInput`` message."""
+    settings = settings or Settings()
     if source == "builtin":
         text = article_corpus_text()
     elif source == "text":
         text = (text or "").replace("\r\n", "\n")
-        if len(text.strip()) < MIN_TEXT_CHARS:
-            raise BadInput("err.train.text_short", n=MIN_TEXT_CHARS)
-        if len(text) > MAX_TEXT_CHARS:
-            raise BadInput("err.train.text_long", n=f"{len(text):,}", limit=f"{MAX_TEXT_CHARS:,}")
+        if len(text.strip()) < settings.train_min_text_chars:
+            raise BadInput("err.train.text_short", n=settings.train_min_text_chars)
+        if len(text) > settings.train_max_text_chars:
+            raise BadInput("err.train.text_long", n=f"{len(text):,}", limit=f"{settings.train_max_text_chars:,}")
     else:
         raise BadInput("err.train.source")
     if target == "builtin":
@@ -103,8 +114,9 @@ def make_spec(
     if target not in (None, *TARGETS):
         raise BadInput("err.classroom.target", targets=", ".join(TARGETS))
     values = {"steps": steps, "lr": lr, "batch_size": batch_size, "block_size": block_size, "seed": seed}
+    bounds = limits(settings)
     for key, value in values.items():
-        lo, hi = LIMITS[key]
+        lo, hi = bounds[key]
         if not (lo <= value <= hi):
             raise BadInput("err.train.range", name=key, lo=f"{lo:g}", hi=f"{hi:g}", value=f"{value:g}")
     config = replace(ARTICLE_CONFIG, steps=int(steps), lr=float(lr), batch_size=int(batch_size),
@@ -156,10 +168,12 @@ class TrainingLab:
     last is the one every page shows (``job``).
     """
 
-    def __init__(self, state, home: Path | None = None) -> None:
-        self.state = state
-        self.home = Path(home or state.settings.home)  # trained models go to trained_root(home)
-        self.line = state.lab_queue("train", max_run_s=state.settings.train_max_s)
+    def __init__(self, *, registry: ModelRegistry, line: LabQueue, settings: Settings, home: Path | None = None
+                 ) -> None:
+        self.registry = registry
+        self.settings = settings
+        self.home = Path(home or settings.home)  # trained models go to trained_root(home)
+        self.line = line
         self._preview: TrainingJob | None = None
         self._lock = threading.Lock()  # job ids, the preview, and each job's status changes
         self._next_id = 1
@@ -171,6 +185,10 @@ class TrainingLab:
         return current.payload if current is not None else None
 
     # --- commands -------------------------------------------------------------------------------
+    def spec(self, **form) -> JobSpec:
+        """What a user sent, checked against this lab's limits."""
+        return make_spec(**form, settings=self.settings)
+
     def submit(self, spec: JobSpec, *, owner: str = "", address: str = "", follow: bool = False) -> Job:
         """A new run into the line (``follow``: the caller follows it and releases it, see ``LabQueue``)."""
         with self._lock:
@@ -192,7 +210,7 @@ class TrainingLab:
             if job is None or job.status != "stopped":
                 raise BadInput("err.train.no_resume")
             if steps is not None:
-                lo, hi = LIMITS["steps"]
+                lo, hi = limits(self.settings)["steps"]
                 if not (max(lo, job.next_step + 1) <= steps <= hi):
                     raise BadInput("err.train.resume_steps", lo=job.next_step + 1, hi=f"{hi:g}")
                 job.spec = replace(job.spec, config=replace(job.spec.config, steps=int(steps)))
@@ -289,6 +307,29 @@ class TrainingLab:
         files = {k: Path(v) for k, v in (job.result or {}).get("files", {}).items()}
         return memory_view(job.model, files if all(p.exists() for p in files.values()) else None)
 
+    # --- views for the page -----------------------------------------------------------------------------
+    def status_view(self, lang: str, owner: str = "", since: int = 0) -> dict:
+        """``status`` in ``lang``: a failure's reason, this browser's place in line."""
+        status = self.status(since, owner=owner)
+        if status.get("error"):
+            status["error"] = translate(status["error"], lang)  # a catalog key (failure_key)
+        mine = status["line"]["mine"]
+        if mine is not None:
+            status["line"]["mine"] = line_view(self.line, mine, lang, train_progress)
+        return status
+
+    def page(self, lang: str, owner: str = "") -> dict:
+        """Everything the page shows when it opens."""
+        return {"status": self.status_view(lang, owner), "parameters": self.parameters(), "step": self.step(),
+                "memory": self.memory(), "defaults": ARTICLE_CONFIG, "limits": limits(self.settings),
+                "corpus_chars": len(article_corpus_text()), "min_chars": self.settings.train_min_text_chars,
+                "max_chars": self.settings.train_max_text_chars, "article_max_diff": ARTICLE_MAX_DIFF}
+
+    def result(self, lang: str, owner: str = "") -> dict:
+        """The memory and cached-vs-full panels (shown when a run finishes)."""
+        return {"status": self.status_view(lang, owner), "memory": self.memory(),
+                "article_max_diff": ARTICLE_MAX_DIFF}
+
     # --- the worker -----------------------------------------------------------------------------
     def _enqueue(self, job: TrainingJob, *, owner: str, address: str, follow: bool) -> Job:
         job.status = "queued"
@@ -337,9 +378,8 @@ class TrainingLab:
 
     def _publish(self, job: TrainingJob, pace: GatedPace) -> dict:
         """Write the checkpoint files, load them back as a served model, check it, then add it under a new name."""
-        state = self.state
         with pace.piece(stoppable=False):
-            name = next_trained_name(self.home, state.registry.names)
+            name = next_trained_name(self.home, self.registry.names)
         out = trained_root(self.home) / name
         meta = {"source": job.spec.source, "train": asdict(job.spec.config), "loss": job.losses, "run": job.id}
         save_checkpoint(job.model, job.tokenizer, out, meta)
@@ -368,9 +408,8 @@ class TrainingLab:
     def _register(self, lm: LoadedModel) -> list[str]:
         """Add ``lm`` next to the served models (never in place of one); drop the oldest trained ones beyond
         the setting. Returns the names dropped. The caller holds the model gate."""
-        state = self.state
-        state.registry.models[lm.name] = lm
-        return prune_trained(state.registry, self.home, keep=max(1, state.settings.max_trained_models))
+        self.registry.models[lm.name] = lm
+        return prune_trained(self.registry, self.home, keep=max(1, self.settings.max_trained_models))
 
 
 def failure_key(exc: BaseException) -> str:
@@ -380,6 +419,3 @@ def failure_key(exc: BaseException) -> str:
         return "err.train.not_saved"
     return "err.train.crashed"
 
-
-def lab_for(state) -> TrainingLab:
-    return state.training

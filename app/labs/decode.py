@@ -1,0 +1,122 @@
+"""The decode studio (/decode): what its routes call, one method each.
+
+``DecodeLab`` owns the studio's pieces, handed in by ``app/state.py``: the served models, the decode sessions
+(``SessionStore``: owner, caps, byte budget, each session's lock), the model gate and the settings. Every action
+on a session holds that session's lock (``SessionStore.hold``): its limits are checked, its forward runs and
+its view is read under it, so concurrent clicks take turns. Forwards go through the model gate; a step is short
+work (served before queued captures), a prefill or a check is long work.
+"""
+
+from __future__ import annotations
+
+from app.admission import ModelGate
+from app.errors import BadInput, Expired
+from app.model.decode import DecodeSession, Step
+from app.model.loading import LoadedModel, ModelRegistry
+from app.model.prompts import encode_prompt
+from app.model.sampling import Sampling
+from app.model.sessions import SessionStore
+from app.settings import Settings
+from app.viz.decode import cache_rows, step_view
+from app.viz.tokens import unknown_note
+
+
+class DecodeLab:
+    def __init__(self, *, registry: ModelRegistry, sessions: SessionStore, gate: ModelGate,
+                 settings: Settings) -> None:
+        self.registry = registry
+        self.sessions = sessions
+        self.gate = gate
+        self.settings = settings
+
+    # --- what the routes call: plain data out -----------------------------------------------------------
+    def page(self, *, model: str | None, prompt: str, chat: bool) -> dict:
+        """The page's context: the prompt, the model and whether it has a chat template."""
+        lm = self.registry.pick(model)
+        return {"prompt": prompt, "model_name": lm.name, "chat_template": lm.has_chat_template, "chat": chat}
+
+    def start(self, *, model: str | None, prompt: str | None, sampling: Sampling, owner: str = "",
+              chat: bool = False) -> dict:
+        """A new session: the prompt prefilled, the first token chosen; its view, with the prompt's unknown
+        characters named."""
+        session = self.start_session(model=model, prompt=prompt, sampling=sampling, owner=owner, chat=chat)
+        view = step_view(session, session.steps[-1])
+        view["unknown"] = unknown_note(session.lm, session.prompt_ids, prompt or "")
+        return view
+
+    def step(self, sid: str, owner: str = "") -> dict:
+        """One step with the cache; its view is read before another click can change the session."""
+        with self.sessions.hold(sid, owner):
+            session, step = self.step_session(sid, owner)
+            return step_view(session, step)
+
+    def rebuild(self, old_id: str, owner: str = "") -> dict:
+        session = self.rebuild_session(old_id, owner)
+        return step_view(session, session.steps[-1])
+
+    def cache_rows(self, sid: str, owner: str, layer: int, head: int, last: int) -> dict:
+        """The newest ``last`` cached K/V rows of one head (at least 1, at most ``decode_max_cache_rows``)."""
+        with self.sessions.hold(sid, owner) as session:
+            return cache_rows(session, layer, head, max(1, min(last, self.settings.decode_max_cache_rows)))
+
+    def close(self, sid: str, owner: str = "") -> dict:
+        return {"released": self.sessions.delete(sid, owner)}
+
+    def stats(self, owner: str = "") -> dict:
+        """Sessions on the whole server (shared by every browser) and how many are this browser's."""
+        return {**self.sessions.stats(), "mine": self.sessions.owned_by(owner)}
+
+    def verify(self, sid: str, index: int, owner: str = "") -> dict:
+        """Step ``index`` recomputed from the full prefix with no cache. Not under the session lock: a check only
+        reads steps already taken (the list only grows), so the next step need not wait for it. A session
+        released meanwhile has no steps left: 410."""
+        session = self.sessions.get(sid, owner)
+        if not 0 <= index < len(session.steps):
+            raise BadInput("err.session.step_range", index=index, last=len(session.steps) - 1)
+        with self.gate:
+            try:
+                return session.verify(index)
+            except IndexError:
+                raise Expired("err.session.ended") from None
+
+    # --- the sessions themselves --------------------------------------------------------------------------
+    def start_session(self, *, model: str | None, prompt: str | None, sampling: Sampling, owner: str = "",
+                      chat: bool = False) -> DecodeSession:
+        lm = self.registry.pick(model)
+        st = self.settings
+        # A long prompt decodes too (the step's attention row then spans thousands of cached positions): the long
+        # prompts' limits (characters, then ``max_context_tokens``); its cache's bytes are checked against the
+        # sessions' budget before the prefill runs (``SessionStore.room``).
+        ids = encode_prompt(lm, prompt, max_chars=max(st.max_prompt_chars, st.long_max_chars), reserve=1, chat=chat)
+        if len(ids) > st.max_context_tokens:
+            raise BadInput("err.long.tokens", n=f"{len(ids):,}", model=lm.name, limit=f"{st.max_context_tokens:,}")
+        return self._prefilled(lm, ids, sampling.validate(), owner)
+
+    def rebuild_session(self, old_id: str, owner: str = "") -> DecodeSession:
+        """A new session whose prompt is every token of an ended one: one prefill rebuilds its cache."""
+        stone = self.sessions.tombstone(old_id, owner)
+        if stone is None:
+            raise Expired("err.session.forgotten")
+        lm = self.registry.pick(stone["model"])
+        if stone["model_ref"]() is not lm:
+            raise Expired("sturdy.model_changed", model=stone["model"])
+        ids = stone["ids"][: lm.max_positions - 1]
+        return self._prefilled(lm, ids, Sampling(**stone["sampling"]), owner)
+
+    def _prefilled(self, lm: LoadedModel, ids: list[int], sampling: Sampling, owner: str) -> DecodeSession:
+        session = self.sessions.create(lm, ids, sampling, owner=owner)
+        try:
+            with self.sessions.hold(session.id, owner), self.sessions.room(session, len(ids)), self.gate:
+                session.prefill()
+        except Exception:
+            self.sessions.delete(session.id, owner)  # a refused or failed prefill leaves nothing behind
+            raise
+        return session
+
+    def step_session(self, sid: str, owner: str = "") -> tuple[DecodeSession, Step]:
+        with self.sessions.hold(sid, owner) as session:
+            if session.done:
+                raise BadInput("err.session.limit", steps=session.max_steps, positions=session.lm.max_positions)
+            with self.sessions.room(session, 1), self.gate.short():
+                step = session.step()
+        return session, step

@@ -1,0 +1,141 @@
+"""Inspect (/ and /api/trace…): a prompt captured once, then read panel by panel.
+
+``InspectLab`` owns the captured traces, handed in by ``app/state.py``: the served models, the model gate, the
+trace store (content-addressed, shared by every browser: the same model and tokens give the same key) and the
+index from a key back to what made it, so a page's link recomputes a trace the store has dropped. A capture runs
+under the model gate; everything else reads a trace already made.
+
+    trace_prompt(model, prompt)   tokenize, capture (or find) the trace: (model, key, trace)
+    trace_by_key(key)             the trace a page's link names (recomputed if dropped; 410 if its model went)
+    page / trace_view / grid / attention / arithmetic / embedding / query_panels / embedding_panel
+                                  what the routes call: plain view data out
+"""
+
+from __future__ import annotations
+
+import hashlib
+import weakref
+from collections import OrderedDict
+
+from app.admission import ModelGate
+from app.errors import Expired
+from app.model.capture import run_traced
+from app.model.loading import LoadedModel, ModelRegistry
+from app.model.prompts import encode_prompt
+from app.model.store import LENS_POSITIONS, TraceStore, check_trace_fits, shape_only, slim, tail_only, trace_bytes
+from app.model.trace import Trace
+from app.settings import Settings
+from app.viz.attention import arithmetic, embedding_rows, grid_thumbnails, head_matrix
+from app.viz.inspect import inspect_view, query_view
+from app.viz.models import model_card
+from app.viz.tokens import honest_texts
+
+INDEX_KEYS = 10_000  # newest trace keys remembered (a key is ~100 bytes; an older link recomputes nothing: 410)
+
+
+class InspectLab:
+    def __init__(self, *, registry: ModelRegistry, gate: ModelGate, traces: TraceStore, settings: Settings) -> None:
+        self.registry = registry
+        self.gate = gate
+        self.traces = traces
+        self.settings = settings
+        # trace key -> (model name, token ids, the model object it ran on): small, so it outlives the traces
+        # themselves and lets an evicted trace be recomputed from a page's link.
+        self.index: OrderedDict[str, tuple[str, tuple[int, ...], weakref.ref]] = OrderedDict()
+
+    # --- traces ---------------------------------------------------------------------------------------------
+    def _key(self, lm: LoadedModel, ids: list[int] | tuple[int, ...]) -> str:
+        # id(lm) makes a model loaded again under the same name (other weights) give other keys.
+        digest = hashlib.sha256(f"{lm.name}|{id(lm)}|{','.join(map(str, ids))}".encode()).hexdigest()[:20]
+        self.index[digest] = (lm.name, tuple(ids), weakref.ref(lm))
+        self.index.move_to_end(digest)
+        while len(self.index) > INDEX_KEYS:
+            self.index.popitem(last=False)
+        return digest
+
+    def _compute(self, lm: LoadedModel, ids: list[int]) -> Trace:
+        long = len(ids) > self.settings.full_trace_max_tokens
+        with self.gate:
+            # Token texts as the pages show them: a byte piece of a multi-byte character by its byte values. What
+            # ``slim`` drops is not held while the forward runs: activations by shape only, no copy of K/V in a cache,
+            # a long prompt's per-position activations cut to its last positions as they are hooked.
+            return slim(run_traced(lm.model, lm.adapter, ids, honest_texts(lm, ids), keep_cache=False,
+                                   all_logits=len(ids) <= self.settings.full_logits_max_tokens,
+                                   shape_only=shape_only, tail_only=tail_only if long else None,
+                                   tail=LENS_POSITIONS if long else 0))
+
+    def trace_key(self, lm: LoadedModel, ids: list[int] | tuple[int, ...]) -> str:
+        """The key a trace of these tokens is kept and found under (``trace_by_key``)."""
+        return self._key(lm, ids)
+
+    def compute_trace(self, lm: LoadedModel, ids: list[int]) -> Trace:
+        """One capture, as the pages keep it (under the model gate)."""
+        return self._compute(lm, ids)
+
+    def expected_bytes(self, lm: LoadedModel, n_tokens: int) -> int:
+        """What the trace of ``n_tokens`` will hold once kept (``trace_bytes``); room is made before its forward."""
+        return trace_bytes(lm.adapter, n_tokens, full=n_tokens <= self.settings.full_trace_max_tokens)
+
+    def trace_prompt(self, model: str | None, prompt: str | None, *, chat: bool = False
+                     ) -> tuple[LoadedModel, str, Trace]:
+        lm = self.registry.pick(model)
+        ids = encode_prompt(lm, prompt, max_chars=self.settings.max_prompt_chars, chat=chat)
+        check_trace_fits(lm.adapter, len(ids), self.settings)
+        key = self._key(lm, ids)
+        return lm, key, self.traces.get_or_compute(key, lambda: self._compute(lm, ids),
+                                                   expected=self.expected_bytes(lm, len(ids)))
+
+    def trace_by_key(self, key: str) -> tuple[LoadedModel, Trace]:
+        if key not in self.index:
+            raise Expired("err.trace.expired")
+        name, ids, ref = self.index[key]
+        lm = self.registry.models.get(name)
+        if lm is None:  # a trained model dropped since (Settings.max_trained_models)
+            raise Expired("err.classroom.model_gone", model=name)
+        if ref() is not lm:  # the model this view was made with is no longer served
+            raise Expired("sturdy.model_changed", model=name)
+        return lm, self.traces.get_or_compute(key, lambda: self._compute(lm, list(ids)),
+                                              expected=self.expected_bytes(lm, len(ids)))
+
+    # --- views ----------------------------------------------------------------------------------------------
+    def page(self, *, model: str | None, prompt: str | None, layer: int | None, head: int | None, q: int | None,
+             kind: str, chat: bool) -> dict:
+        """The page's context: the model's card, and with a prompt its whole view (``view`` None without)."""
+        lm = self.registry.pick(model)
+        view = None
+        if prompt is not None:
+            lm, key, trace = self.trace_prompt(model, prompt, chat=chat)
+            view = inspect_view(lm, key, trace, layer=layer, head=head, q=q, kind=kind, prompt=prompt)
+        return {"view": view, "prompt": prompt or "", "card": model_card(lm), "chat": chat}
+
+    def trace_view(self, *, model: str | None, prompt: str, chat: bool) -> dict:
+        lm, key, trace = self.trace_prompt(model, prompt, chat=chat)
+        return inspect_view(lm, key, trace, prompt=prompt)
+
+    def grid(self, key: str, size: int) -> dict:
+        """Every layer × head as a small image of ``size`` pixels a side (4 to ``inspect_max_grid_size``)."""
+        _, trace = self.trace_by_key(key)
+        return grid_thumbnails(trace, size=max(4, min(size, self.settings.inspect_max_grid_size)))
+
+    def attention(self, key: str, layer: int, head: int, kind: str):
+        _, trace = self.trace_by_key(key)
+        return head_matrix(trace, layer, head, kind)
+
+    def arithmetic(self, key: str, layer: int, head: int, q: int) -> dict:
+        _, trace = self.trace_by_key(key)
+        return arithmetic(trace, layer, head, q, limit=trace.n_tokens)
+
+    def embedding(self, key: str, pos: int) -> dict:
+        _, trace = self.trace_by_key(key)
+        return embedding_rows(trace, pos, first=None)
+
+    def query_panels(self, key: str, *, layer: int, head: int, q: int, all_rows: bool) -> dict:
+        """The embedding and arithmetic panels of one (layer, head, query token)."""
+        lm, trace = self.trace_by_key(key)
+        qv = query_view(trace, layer=layer, head=head, q=q,
+                        limit=None if all_rows else self.settings.inspect_query_rows)
+        return {"qv": qv, "key": key, "card": model_card(lm)}
+
+    def embedding_panel(self, key: str, pos: int) -> dict:
+        lm, trace = self.trace_by_key(key)
+        return {"e": embedding_rows(trace, pos, first=None), "card": model_card(lm)}
