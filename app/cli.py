@@ -8,7 +8,7 @@ import logging
 import sys
 
 from app.errors import BadSetting
-from app.settings import Settings
+from app.settings import Settings, resolve_device
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -21,7 +21,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     changes: dict = {"host": args.host or settings.host, "port": args.port or settings.port}
     if args.model:
         changes["models"] = tuple(args.model)
+    if args.device:
+        changes["device"] = args.device
     settings = settings.with_(**changes)
+    resolve_device(settings)  # a GPU asked for where there is none: say so before anything loads
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # Before torch loads and starts threads: glibc's arena bound holds only for arenas made after it (app/memory.py).
     tune_allocators(settings)
@@ -123,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         help="a model to offer: a catalog name (distilgpt2, smollm2-135m, qwen2.5-0.5b), builtin, or a local "
              "checkpoint directory of a supported family (repeatable; default: distilgpt2 then builtin)",
     )
+    serve.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                       help="where the weights and captures run (default: KVSCOPE_DEVICE, else cuda when torch "
+                            "sees a GPU, else cpu); the numbers shown are fp32 either way")
     serve.set_defaults(func=cmd_serve)
     download = sub.add_parser("download", help="fetch a model into the local cache (with a progress bar)")
     download.add_argument("name", help="a catalog name: distilgpt2, smollm2-135m or qwen2.5-0.5b")

@@ -155,6 +155,9 @@ class Settings:
     max_export_bytes: int = 512 * 1024**2
     # Torch threads for the model (0 = torch's default).
     torch_threads: int = 0
+    # Where the weights and the captures run: "cpu", "cuda" (or "cuda:N"); empty: cuda when torch sees a GPU, else
+    # the CPU (``resolve_device``). Whatever runs the forward, every number a view reads is fp32 on the CPU.
+    device: str = ""
     # The C allocators under torch (app/memory.py), set when the server starts. A block of at least this many KiB
     # gets a mapping of its own and goes back to the OS the moment it is freed (0: glibc's default, a threshold
     # that rises with the largest block freed, up to 32 MiB, after which freed activations stay in the process).
@@ -334,6 +337,25 @@ def _number(name: str, raw: str, *, whole: bool) -> int | float:
         value = math.nan
     check(name, value, repr(raw), whole=whole)
     return value
+
+
+def resolve_device(settings: Settings) -> str:
+    """``settings.device`` made concrete: "cpu", or "cuda[:N]" when torch sees that GPU; empty: cuda if there is
+    one. Anything else, or a GPU asked for where there is none, is a ``BadSetting`` naming KVSCOPE_DEVICE."""
+    import torch
+
+    want = settings.device.strip().lower()
+    if not want:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cpu":
+        return want
+    if want != "cuda" and not (want.startswith("cuda:") and want[5:].isdigit()):
+        raise BadSetting("boot.settings.device", name="KVSCOPE_DEVICE", value=repr(settings.device))
+    if not torch.cuda.is_available():
+        raise BadSetting("boot.settings.no_cuda", name="KVSCOPE_DEVICE", value=repr(settings.device))
+    if ":" in want and int(want[5:]) >= torch.cuda.device_count():
+        raise BadSetting("boot.settings.no_cuda", name="KVSCOPE_DEVICE", value=repr(settings.device))
+    return want
 
 
 def check(name: str, value: object, shown: str, *, whole: bool) -> None:

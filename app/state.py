@@ -68,12 +68,12 @@ from app.labs.queue import LabQueue
 from app.labs.train import TrainingLab
 from app.labs.zoom import ZoomLab
 from app.memory import page_in, release_free_memory, tune_allocators
-from app.model.loading import LoadedModel, ModelRegistry, load_registry
+from app.model.loading import LoadedModel, ModelRegistry, load_registry, place
 from app.model.sessions import SessionStore
 from app.model.store import TraceStore
 from app.model.trace import Trace
 from app.owned import OwnedTable
-from app.settings import Settings
+from app.settings import Settings, resolve_device
 from app.training.builtin import train_builtin
 
 log = logging.getLogger("kvscope")
@@ -84,6 +84,14 @@ def load_models(settings: Settings, specs: tuple[str, ...] | None = None) -> Mod
     ``app.training.builtin`` if its recipe changed (the model layer does not train)."""
     return load_registry(settings.models if specs is None else specs, settings.home, settings.hf_cache,
                          train_builtin=train_builtin)
+
+
+def place_models(registry: ModelRegistry, settings: Settings) -> None:
+    """Every served model's weights on ``Settings.device`` (``resolve_device``; nothing to do on the CPU)."""
+    device = resolve_device(settings)
+    if device != "cpu":
+        for lm in registry.models.values():
+            place(lm.model, device)
 
 
 @dataclass

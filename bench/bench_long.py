@@ -12,7 +12,8 @@ Side by side in one run:
 (2) that trace's bytes (``Trace.nbytes``) against the 1.2 GiB target;
 (3) a 1 024-token DistilGPT-2-shaped trace now against the old layout, measured in the same run: the same trace
     with the eager forward's ``output_attentions`` (every head's T × T weights) in place of the log-sum-exp;
-(4) on the 8 192-token trace: one head's 256 × 256 overview (max and mean pools, streamed band by band) and one
+(4) on the 8 192-token trace: one head's 256 × 256 overview as the zoom page gets it (``app.viz.zoom.HeadPyramid``
+    level 0, max and mean pools, its base streamed band by band) and one
     256 × 256 tile of exact weights;
 (5) with ``--device cuda`` and a GPU present: the capture and the trace bytes at 32 768 tokens on a
     Qwen2.5-0.5B-shaped model with random weights (skipped, and said so, without a GPU).
@@ -102,12 +103,17 @@ def distil_old_vs_new(n: int = 1024) -> dict:
 
 
 def views(trace, *, repeats: int) -> dict:
-    from app.viz.summaries import overview
+    from app.viz.zoom import HeadPyramid
 
     T = trace.n_tokens
     layer, head = 5, 0  # a sink-heavy layer of SmolLM2 (REFERENCE.md)
     cpu = time.process_time()
-    over, _ = timed(lambda: overview(trace, layer, head, 256))
+    def overview():  # the page's level 0, max and mean: the same pyramid the zoom lab keeps (app/viz/zoom.py)
+        pyr = HeadPyramid(trace.n_tokens, trace.total_length, past=trace.past_length)
+        read = lambda rows, cols: trace.attention_block(layer, head, rows, cols)  # noqa: E731
+        return pyr.tile(read, 0, 0, 0, "max"), pyr.tile(read, 0, 0, 0, "mean")
+
+    over, _ = timed(overview)
     over_cpu = time.process_time() - cpu  # CPU-seconds of this process (both threads): what a busy machine can't steal
     tiles = []
     g = torch.Generator().manual_seed(0)

@@ -161,14 +161,31 @@ window.kv.page("decode", () => {
     const L = v.attention.layers, H = v.attention.heads, T = v.cache_len;
     const data = kv.b64ToF32(v.attention.data);
     const layer = +$("attn-layer").value || 0;
-    const z = [];
-    for (let h = 0; h < H; h++) z.push(Array.from(data.subarray((layer * H + h) * T, (layer * H + h + 1) * T)));
-    $("attn-shape").textContent = kv.t("js.decode.attn_shape", { layer, heads: H, tokens: T });
+    // More cached positions than the plot has pixels (a long prompt): max-pooled into one column per ~pixel, so a
+    // sharp weight anywhere stays visible; hover names the columns' positions and where the max is (that cell's
+    // exact weight). Up to the plot's width, every position is its own column.
+    const cols = Math.max(200, ($("attn-heatmap").clientWidth || 900) - 80), f = Math.ceil(T / cols);
+    const z = [], custom = [];
+    for (let h = 0; h < H; h++) {
+      const row = data.subarray((layer * H + h) * T, (layer * H + h + 1) * T);
+      if (f === 1) { z.push(Array.from(row)); continue; }
+      const zr = [], cr = [];
+      for (let a = 0; a < T; a += f) {
+        let best = a;
+        for (let j = a + 1; j < Math.min(T, a + f); j++) if (row[j] > row[best]) best = j;
+        zr.push(row[best]); cr.push([a, Math.min(T, a + f) - 1, best]);
+      }
+      z.push(zr); custom.push(cr);
+    }
+    const x = f === 1 ? [...Array(T).keys()] : custom[0].map((c) => c[0]);
+    $("attn-shape").textContent = kv.t("js.decode.attn_shape", { layer, heads: H, tokens: T }) +
+      (f > 1 ? " · " + kv.t("js.decode.attn_pooled", { f }) : "");
+    document.body.dataset.decodeAttnPool = String(f);
     Plotly.react("attn-heatmap", [{
       type: "heatmap", z, colorscale: kv.WEIGHT_SCALE, zmin: 0, zmax: 1,
-      x: [...Array(T).keys()], y: [...Array(H).keys()],
-      hovertemplate: kv.t("js.decode.hover_attn", { h: "%{y}", p: "%{x}" }) + "<br>" + kv.t("js.kind.weights") +
-        " = %{z:.6f}<extra></extra>",
+      x, y: [...Array(H).keys()], customdata: f > 1 ? custom : undefined,
+      hovertemplate: (f === 1 ? kv.t("js.decode.hover_attn", { h: "%{y}", p: "%{x}" }) + "<br>" + kv.t("js.kind.weights") +
+        " = %{z:.6f}" : kv.t("js.decode.hover_attn_pooled", { h: "%{y}", a: "%{customdata[0]}", b: "%{customdata[1]}", p: "%{customdata[2]}", w: "%{z:.6f}" })) + "<extra></extra>",
       colorbar: { title: { text: kv.t("js.kind.weights") } },
     }], {
       margin: { l: 60, r: 10, t: 10, b: 50 }, font: kv.plotFont,

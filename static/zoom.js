@@ -369,6 +369,26 @@
       Object.assign(this.hover.dataset, { q: c.q, k: c.k, weight: String(c.weight), layer: c.layer, head: c.head });
     }, 60);
   };
+  /* The keys one query reads most (the top endpoint: token texts and exact weights), under the map. */
+  Zoom.prototype.showTop = async function (q) {
+    const box = this.root.querySelector("#zoom-top");
+    if (!box) return;
+    const ask = (this.topAsk = (this.topAsk || 0) + 1);
+    box.textContent = kv.t("js.zoom.top_asking", { q });
+    let t;
+    try { t = await kv.getJSON(`/api/traces/${this.key}/zoom/${this.layer}/${this.head}/top?q=${q}`); } catch (e) { return; }
+    if (ask !== this.topAsk) return;
+    box.textContent = "";
+    box.append(kv.el("p", null, kv.t("js.zoom.top_title", { q: t.q, qt: t.query_token, layer: t.layer, head: t.head })));
+    const list = kv.el("ol");
+    for (const k of t.keys) {
+      const li = kv.el("li", { "data-k": k.pos, "data-weight": k.weight }, kv.t("js.zoom.top_key", { k: k.pos, kt: k.token, w: "" }));
+      li.append(kv.el("span", { class: "top-w" }, k.weight.toFixed(4)));
+      list.append(li);
+    }
+    box.append(list);
+    box.dataset.q = String(t.q);
+  };
   /* The pooled cell's value under the pointer, while one cell covers several weights. */
   Zoom.prototype.pooledAt = function (cell) {
     const level = Math.min(this.v, this.maxLevel), f = Math.pow(2, this.maxLevel - level);
@@ -408,7 +428,11 @@
       this.showHover(this.at(px, py));
     });
     const end = (e) => { if (drag) { try { this.canvas.releasePointerCapture(e.pointerId); } catch (x) { /* gone */ } } drag = null; };
-    this.canvas.addEventListener("pointerup", end);
+    this.canvas.addEventListener("pointerup", (e) => {
+      const click = drag && !drag.moved;
+      end(e);
+      if (click) { const [px, py] = pos(e), cell = this.at(px, py); if (cell) this.showTop(cell.q); }
+    });
     this.canvas.addEventListener("pointercancel", end);
     this.canvas.addEventListener("pointerleave", () => { if (!drag) this.showHover(null); });
     box.addEventListener("keydown", (e) => {

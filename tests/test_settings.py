@@ -10,7 +10,7 @@ import pytest
 from app.cli import main
 from app.errors import BadInput, BadSetting
 from app.i18n import translate
-from app.settings import GROUPS, MAXIMUM, ORDERED, ZERO_MEANS, Settings
+from app.settings import GROUPS, MAXIMUM, ORDERED, ZERO_MEANS, Settings, resolve_device
 
 NUMBERS = [f for f in dataclasses.fields(Settings) if f.type in ("int", "float")]
 
@@ -76,6 +76,41 @@ def test_kvscope_serve_stops_before_listening_and_says_which_variable(lang, loca
     assert main(["serve"]) == 2
     why = translate("boot.settings.at_least", lang, name="KVSCOPE_MAX_SESSIONS", value="'-3'", low=1)
     assert capsys.readouterr().err.strip() == translate("boot.console.bad_setting", lang, why=why)
+
+
+def test_device_is_read_from_its_variable_and_checked(monkeypatch):
+    import torch
+
+    assert Settings.from_env({"KVSCOPE_DEVICE": "cpu"}).device == "cpu"
+    assert resolve_device(Settings(device="CPU")) == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device(Settings()) == "cpu"  # the default: cuda only where torch sees one
+    with pytest.raises(BadSetting, match="^KVSCOPE_DEVICE must be cpu, cuda or cuda:N, not 'tpu'"):
+        resolve_device(Settings.from_env({"KVSCOPE_DEVICE": "tpu"}))
+    with pytest.raises(BadSetting, match="^KVSCOPE_DEVICE is 'cuda', but torch sees no such CUDA GPU"):
+        resolve_device(Settings.from_env({"KVSCOPE_DEVICE": "cuda"}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device(Settings()) == "cuda" and resolve_device(Settings(device="cuda:0")) == "cuda:0"
+    with pytest.raises(BadSetting, match="^KVSCOPE_DEVICE is 'cuda:1'"):
+        resolve_device(Settings(device="cuda:1"))
+
+
+@pytest.mark.parametrize("lang, locale", [("en", "en_US.UTF-8"), ("zh", "zh_CN.UTF-8")])
+def test_serve_device_cuda_without_cuda_stops_with_a_clear_message(lang, locale, monkeypatch, capsys):
+    import torch
+
+    seen = {}
+    monkeypatch.setattr("app.web.boot.serve", lambda settings: seen.setdefault("device", settings.device) and 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("LC_ALL", locale)
+    monkeypatch.delenv("KVSCOPE_DEVICE", raising=False)
+    assert main(["serve", "--device", "cpu"]) == 0 and seen["device"] == "cpu"  # the flag reaches Settings
+    assert main(["serve", "--device", "cuda"]) == 2
+    why = translate("boot.settings.no_cuda", lang, name="KVSCOPE_DEVICE", value="'cuda'")
+    assert capsys.readouterr().err.strip() == translate("boot.console.bad_setting", lang, why=why)
+    with pytest.raises(SystemExit):
+        main(["serve", "--device", "tpu"])  # argparse: only cpu or cuda
 
 
 def test_every_lab_limit_is_in_one_group_and_each_group_names_real_settings():

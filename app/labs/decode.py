@@ -83,7 +83,13 @@ class DecodeLab:
     def start_session(self, *, model: str | None, prompt: str | None, sampling: Sampling, owner: str = "",
                       chat: bool = False) -> DecodeSession:
         lm = self.registry.pick(model)
-        ids = encode_prompt(lm, prompt, max_chars=self.settings.max_prompt_chars, reserve=1, chat=chat)
+        st = self.settings
+        # A long prompt decodes too (the step's attention row then spans thousands of cached positions): the long
+        # prompts' limits (characters, then ``max_context_tokens``); its cache's bytes are checked against the
+        # sessions' budget before the prefill runs (``SessionStore.room``).
+        ids = encode_prompt(lm, prompt, max_chars=max(st.max_prompt_chars, st.long_max_chars), reserve=1, chat=chat)
+        if len(ids) > st.max_context_tokens:
+            raise BadInput("err.long.tokens", n=f"{len(ids):,}", model=lm.name, limit=f"{st.max_context_tokens:,}")
         return self._prefilled(lm, ids, sampling.validate(), owner)
 
     def rebuild_session(self, old_id: str, owner: str = "") -> DecodeSession:

@@ -3,15 +3,21 @@
     meta(state, key)                                  T, levels, tile size, the layers and heads, every token's text
     tile(state, key, layer, head, level, row, col, pool)   one pooled tile (float32, row-major) and its shape
     cell(state, key, layer, head, q, k)               one exact weight and the two tokens
+    head_grid(state, key, layer)                      that layer's heads summarised (the grid of heads, one row)
+    top(state, key, layer, head, q)                   the keys query q reads most, with their tokens
 
 Traces are found as every ``/api/traces/{key}/...`` route finds them (``AppState.trace_by_key``: 410 once the key
 is unknown, recomputed if only evicted). ``ZoomLab`` keeps each head's pooled base (``app/viz/zoom.py``), least
 recently used dropped first within ``Settings.zoom_cache_bytes``; a base holds numbers only, never the trace, so
-the trace store's budget and time-to-live still decide how long a trace lives.
+the trace store's budget and time-to-live still decide how long a trace lives. It also keeps each layer's head
+summaries (``app/viz/summaries.py``: 3 numbers a head) once computed: a layer is O(heads · T²) exact weights
+streamed (seconds at 8 192 tokens), so the page asks for the grid one layer at a time, showing which layer it is
+at, and asks again for nothing it has.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 
@@ -19,11 +25,14 @@ import torch
 
 from app.errors import BadInput
 from app.model.trace import Trace
+from app.viz import summaries
 from app.viz.attention import check_indexes
 from app.viz.tokens import visible
 from app.viz.zoom import POOLS, TILE, HeadPyramid, check_pool, tiles_per_side
 
 PREVIEW_TOKENS = 40  # the prompt's opening, shown on the long-prompt page
+GRID_ROWS = 4096  # layers' summaries kept (a few hundred bytes each: far inside zoom_cache_bytes)
+TOP_KEYS = 8  # the keys a query reads most, listed under the map
 
 
 class ZoomLab:
@@ -34,6 +43,19 @@ class ZoomLab:
         self.max_bytes = max_bytes
         self._items: OrderedDict[tuple[str, int, int], tuple[HeadPyramid, threading.Lock]] = OrderedDict()
         self._lock = threading.Lock()
+        self._grid: OrderedDict[tuple[str, int], dict[str, list[float]]] = OrderedDict()  # (key, layer) -> measures
+
+    def grid_row(self, key: str, layer: int, make) -> dict[str, list[float]]:
+        """One layer's head summaries, made by ``make()`` once (outside the lock: other heads' tiles go on)."""
+        with self._lock:
+            row = self._grid.get((key, layer))
+        if row is None:
+            row = make()
+            with self._lock:
+                self._grid[(key, layer)] = row
+                while len(self._grid) > GRID_ROWS:
+                    self._grid.popitem(last=False)
+        return row
 
     def pyramid(self, key: str, trace: Trace, layer: int, head: int) -> tuple[HeadPyramid, threading.Lock]:
         with self._lock:
@@ -56,6 +78,7 @@ class ZoomLab:
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._grid.clear()
 
 
 def meta(state, key: str) -> dict:
@@ -94,3 +117,24 @@ def cell(state, key: str, *, layer: int, head: int, q: int, k: int) -> dict:
     return {"layer": layer, "head": head, "q": q, "k": k, "weight": w,
             "allowed": k <= trace.past_length + q,
             "query_token": visible(texts[q]), "key_token": visible(key_text) if key_text is not None else None}
+
+
+def head_grid(state, key: str, *, layer: int) -> dict:
+    """Layer ``layer``'s row of the grid of heads: each head's share on the first token, mean attention distance
+    (tokens) and entropy (nats), from every exact weight (``summaries.head_summary``, float64 sums)."""
+    _, trace = state.trace_by_key(key)
+    check_indexes(trace, layer=layer)
+
+    def make() -> dict[str, list[float]]:
+        rows = [summaries.head_summary(trace, layer, h) for h in range(trace.adapter.n_head)]
+        return {m: [None if math.isnan(r[m]) else r[m] for r in rows] for m in summaries.MEASURES}
+
+    return {"layer": layer, "layers": trace.adapter.n_layer} | state.zoom.grid_row(key, layer, make)
+
+
+def top(state, key: str, *, layer: int, head: int, q: int) -> dict:
+    """The ``TOP_KEYS`` keys query ``q`` reads most in one head: position, token text, exact weight."""
+    _, trace = state.trace_by_key(key)
+    check_indexes(trace, layer=layer, head=head, pos=q)
+    return {"layer": layer, "head": head, "q": q, "query_token": visible(trace.token_texts[q]),
+            "keys": summaries.top_keys(trace, layer, head, q, TOP_KEYS)}

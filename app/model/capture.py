@@ -162,6 +162,14 @@ def _shape_steps(trace: Trace, params: dict[str, tuple], full_shapes: dict[str, 
     return steps
 
 
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the CPU, floating point as float32 (the tensor itself when it is already so; a shape-only record,
+    on the meta device, as it is)."""
+    if t.is_meta:
+        return t
+    return (t.float() if t.is_floating_point() else t).cpu()
+
+
 @torch.no_grad()
 def run_traced(
     model: torch.nn.Module,
@@ -193,9 +201,12 @@ def run_traced(
     # MKL's scratch for this pass (~64 MB at T=200 on DistilGPT-2) would stay with this server thread: one pool per
     # thread that ever ran the model. Emptied now, one pool lives at a time (app/memory.py).
     release_mkl_scratch()
-    tensors = adapter.derive(rec.tensors, torch.arange(past, past + len(token_ids)))
-    tensors["probs"] = torch.softmax(out.logits[:, -1].float(), dim=-1)  # (B, V) next-token distribution
-    tensors["last_logits"] = out.logits[:, -1].clone()  # (B, V) what head ablation compares with
+    # What views read is fp32 on the CPU whatever device ran the forward (``Settings.device``): a no-op on the CPU.
+    tensors = adapter.derive({name: to_host(t) for name, t in rec.tensors.items()},
+                             torch.arange(past, past + len(token_ids)))
+    last = to_host(out.logits[:, -1])
+    tensors["probs"] = torch.softmax(last, dim=-1)  # (B, V) next-token distribution
+    tensors["last_logits"] = last.clone()  # (B, V) what head ablation compares with
     trace = Trace(
         token_ids=list(token_ids),
         token_texts=list(token_texts),

@@ -83,7 +83,8 @@ class DecodeSession:
         lm = self.lm
         past = self.cache_len
         t0 = time.perf_counter()
-        trace = run_traced(lm.model, lm.adapter, fed, lm.token_texts(fed), cache=self.cache)
+        # Only the last position's logits choose (and verify) a token: a long prompt's others would be T × vocab.
+        trace = run_traced(lm.model, lm.adapter, fed, lm.token_texts(fed), cache=self.cache, all_logits=False)
         ms = (time.perf_counter() - t0) * 1000
         self.cache = trace.cache
         logits = trace["logits"][0, -1]

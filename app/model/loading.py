@@ -119,6 +119,28 @@ def load_dir(
     return LoadedModel(name=name, source=source or str(path), model=model, tokenizer=tokenizer, adapter=adapter)
 
 
+def place(model: torch.nn.Module, device: str) -> None:
+    """Move ``model``'s weights to ``device`` (``Settings.device``). Its inputs follow it (a pre-hook moves every
+    tensor argument there) and its outputs' tensors come back fp32 on the CPU (the cache stays on the device), so
+    every caller that builds ids on the CPU and reads logits with ``.numpy()`` runs unchanged."""
+    model.to(device)
+
+    def inputs(_module, args, kwargs):
+        move = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t  # noqa: E731
+        return tuple(move(a) for a in args), {k: move(v) for k, v in kwargs.items()}
+
+    def outputs(_module, _args, _kwargs, out):
+        for name, value in list(out.items()):
+            if isinstance(value, torch.Tensor):
+                out[name] = value.float().cpu()
+            elif isinstance(value, tuple) and value and all(isinstance(t, torch.Tensor) for t in value):
+                out[name] = tuple(t.float().cpu() for t in value)
+        return out
+
+    model.register_forward_pre_hook(inputs, with_kwargs=True)
+    model.register_forward_hook(outputs, with_kwargs=True)
+
+
 class UnsupportedModel(ValueError):
     def __init__(self, model_type: str | None) -> None:
         self.model_type = model_type

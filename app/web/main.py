@@ -18,8 +18,8 @@ from app import __version__
 from app.errors import UserError
 from app.i18n import translate
 from app.model.trained import load_saved_trained
-from app.settings import Settings, get_settings
-from app.state import AppState, load_models
+from app.settings import Settings, get_settings, resolve_device
+from app.state import AppState, load_models, place_models
 from app.web import assets
 from app.web.deps import is_htmx
 from app.web.middleware import BodyLimit
@@ -38,8 +38,10 @@ def load_state(settings: Settings) -> AppState:
     hands the result to ``create_app`` (``app/web/boot.py``); without a state, the lifespan calls it."""
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
+    resolve_device(settings)  # a GPU asked for where there is none: said before minutes of loading
     registry = load_models(settings)
     load_saved_trained(registry, settings.home, keep=settings.max_trained_models)
+    place_models(registry, settings)
     return AppState.create(settings, registry)
 
 

@@ -92,3 +92,31 @@ def test_top_candidates_add_the_chosen_token_with_its_rank():
     assert [(x.rank, x.id) for x in c] == [(1, 0), (2, 1), (4, 3)]
     assert c[-1].sample_prob == 1.0 and abs(c[-1].prob - 0.05) < 1e-7
     assert len(top_candidates(plain, k=2, chosen=1)) == 2  # already listed: not repeated
+
+
+def test_a_long_prompts_step_row_over_every_cached_position_equals_a_float64_recompute(tmp_path):
+    """A 1 500-token prompt on a tiny Llama (GQA, rotary): each decode step's attention row, over every cached
+    position, equals softmax(q · kᵀ · scale) in float64 from the q and k of the whole sequence run without a
+    cache; the prefill keeps only the last position's logits."""
+    from app.model.capture import run_traced
+    from tests.shaped_model import build_tiny_family, load_random
+
+    path = build_tiny_family(tmp_path / "m", "llama", num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, hidden_size=32, head_dim=8, intermediate_size=64,
+                             max_position_embeddings=2048)
+    lm = load_random(path, name="tiny-long", source="t")
+    ids = (lm.encode(" ".join(f"word{i} and the cat sat" for i in range(400))) * 2)[:1500]
+    s = DecodeSession(id="t", lm=lm, prompt_ids=ids, sampling=Sampling(), max_steps=10)
+    s.prefill()
+    s.step()
+    a = lm.adapter
+    for step in s.steps:
+        T = step.cache_len
+        full = run_traced(lm.model, a, s.ids[:T], lm.token_texts(s.ids[:T]), keep_cache=False)
+        assert step.attention.shape == (a.n_layer, a.n_head, T) and T >= 1500
+        for layer in range(a.n_layer):
+            q = full.q(layer)[0, :, -1].double()  # (H, Dh): the newest token's query
+            k = full.k(layer)[0].double()[list(a.kv_map)]  # (H, T, Dh): every cached key, per query head
+            want = torch.softmax((k @ q[..., None])[..., 0] * a.spec(layer).scale, dim=-1)
+            assert torch.allclose(step.attention[layer].double(), want, atol=1e-5)
+    assert s.steps[0].logits.shape == (lm.model.config.vocab_size,)

@@ -65,3 +65,23 @@ def test_the_cli_refuses_a_hub_id_outside_the_catalog(capsys):
 
     assert main(["download", "someone/some-model"]) == 2
     assert "smollm2-135m" in capsys.readouterr().err
+
+
+def test_a_placed_model_takes_its_inputs_anywhere_and_hands_back_fp32_cpu_numbers(distil_dir):
+    """``place`` (``Settings.device``) on the CPU here: the same logits and the same captured trace, through its
+    hooks (on a GPU the pre-hook moves the ids there and the post-hook brings the logits back)."""
+    import torch
+
+    from app.model.capture import run_traced
+    from app.model.loading import load_dir, place
+
+    plain, placed = load_dir(distil_dir, name="a"), load_dir(distil_dir, name="b")
+    place(placed.model, "cpu")
+    ids = plain.encode("The cat sat on the mat.")
+    with torch.no_grad():
+        want = plain.model(input_ids=torch.tensor([ids])).logits
+        got = placed.model(input_ids=torch.tensor([ids])).logits
+    assert got.dtype == torch.float32 and got.device.type == "cpu" and torch.equal(got, want)
+    a = run_traced(plain.model, plain.adapter, ids, plain.token_texts(ids))
+    b = run_traced(placed.model, placed.adapter, ids, placed.token_texts(ids))
+    assert torch.equal(a.attention_rows(2), b.attention_rows(2)) and torch.equal(a["probs"], b["probs"])

@@ -14,7 +14,6 @@ from app.viz.head_pick import previous_token_scores, telling_head
 from app.viz.summaries import (
     first_token_shares,
     head_summary,
-    overview,
     previous_token_shares,
     query_rows,
     summaries,
@@ -55,8 +54,8 @@ def test_head_summaries_equal_a_float64_full_softmax(traced):
         assert torch.allclose(table["first"][layer], first, atol=1e-5)
         assert torch.allclose(table["distance"][layer], distance, atol=1e-4)
         assert torch.allclose(table["entropy"][layer], entropy, atol=1e-5)
-    one = head_summary(trace, 0, 0, chunk=1000)  # one chunk: the same numbers
-    assert abs(one["entropy"] - float(table["entropy"][0, 0])) < 1e-9
+    one = head_summary(trace, 0, 0, chunk=1000)  # one chunk: the same numbers, to float32 row sums
+    assert abs(one["entropy"] - float(table["entropy"][0, 0])) < 1e-6  # rows summed in float32, then float64
 
 
 def test_a_uniform_head_has_the_textbook_values(traced):
@@ -119,15 +118,3 @@ def test_telling_head_from_streamed_tables_equals_the_whole_map_choice(traced):
         assert mine["score"] is None
     else:
         assert mine["score"] == pytest.approx(theirs["score"], abs=1e-6)
-
-
-def test_overview_equals_torch_pools_of_the_exact_map(traced):
-    trace = traced
-    T = trace.n_tokens
-    even = next(d for d in range(T // 3, 0, -1) if T % d == 0)
-    for side in (4, 7, even, 1000):  # bins that do not divide T, bins that do (the fast path); the map itself
-        top, mean = overview(trace, 1, 0, side)
-        w = _f64(trace, 1)[0].float()
-        n = min(side, trace.n_tokens)
-        assert torch.allclose(top, F.adaptive_max_pool2d(w[None], n)[0], atol=1e-6)  # max-pool = max of exact cells
-        assert torch.allclose(mean, F.adaptive_avg_pool2d(w[None], n)[0], atol=1e-6)

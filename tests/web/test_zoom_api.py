@@ -10,6 +10,7 @@ import weakref
 
 import numpy as np
 import pytest
+import torch
 
 from app.labs import long as long_lab
 from app.labs.queue import DONE, QUEUED, Stopped
@@ -265,3 +266,32 @@ def test_long_prompt_settings_come_from_the_environment():
     for var in ("KVSCOPE_LONG_UPLOAD_BYTES", "KVSCOPE_ZOOM_CACHE_BYTES", "KVSCOPE_MAX_CONTEXT_TOKENS"):
         with pytest.raises(BadSetting):
             Settings.from_env({var: "0"})
+
+
+def test_head_grid_and_top_keys_equal_a_float64_recompute(client, state):
+    r = client.get("/api/trace", params={"prompt": "The cat sat on the mat because it was tired, and the cat slept."})
+    key = r.json()["key"]
+    _, trace = state.trace_by_key(key)
+    T, a = trace.n_tokens, trace.adapter
+    i = torch.arange(T, dtype=torch.float64)
+    for layer in (0, a.n_layer - 1):
+        row = client.get(f"/api/traces/{key}/heads/{layer}").json()
+        q, k = trace.q(layer)[0].double(), trace.k(layer)[0].double()[list(a.kv_map)]
+        s = (q @ k.transpose(-1, -2) * a.spec(layer).scale).masked_fill(~trace.causal_mask(layer), float("-inf"))
+        w = torch.softmax(s, dim=-1)  # (H, T, T) float64, written here from q and k
+        first = w[:, 1:, 0].mean(-1)
+        distance = (w * (i[:, None] - i[None, :])).sum(-1).mean(-1)
+        entropy = -(w * torch.where(w > 0, w.log(), torch.zeros_like(w))).sum(-1).mean(-1)
+        assert (row["layer"], row["layers"]) == (layer, a.n_layer)
+        assert np.allclose(row["first"], first.numpy(), atol=1e-5)
+        assert np.allclose(row["distance"], distance.numpy(), atol=1e-4)
+        assert np.allclose(row["entropy"], entropy.numpy(), atol=1e-5)
+        assert client.get(f"/api/traces/{key}/heads/{layer}").json() == row  # asked again: the kept numbers
+        top = client.get(f"/api/traces/{key}/zoom/{layer}/3/top", params={"q": T - 1}).json()
+        order = torch.argsort(w[3, T - 1], descending=True)[: len(top["keys"])]
+        assert [t["pos"] for t in top["keys"]] == order.tolist()
+        assert np.allclose([t["weight"] for t in top["keys"]], w[3, T - 1, order].numpy(), atol=1e-6)
+        assert top["keys"][0]["token"] == visible(trace.token_texts[int(order[0])])
+    bad = client.get(f"/api/traces/{key}/heads/{a.n_layer}")
+    assert bad.status_code == 422 and str(a.n_layer - 1) in bad.json()["detail"]
+    assert client.get(f"/api/traces/{key}/zoom/0/0/top", params={"q": T}).status_code == 422

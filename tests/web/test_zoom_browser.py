@@ -1,6 +1,7 @@
 """A 4 096-token prompt on a tiny model, end to end in Chromium: the long-prompt form captures it with a progress
 bar, the zoom canvas opens on the whole map, the wheel and the keys zoom, a drag pans (the view follows in the URL),
-and hovering a cell at the deepest level shows the exact weight the cell endpoint and the trace both give."""
+hovering a cell at the deepest level shows the exact weight the cell endpoint and the trace both give, a click lists
+the keys the query reads most, and the grid of heads fills layer by layer and opens the head clicked."""
 
 from __future__ import annotations
 
@@ -104,6 +105,30 @@ def test_zoom_pan_and_hover_a_4096_token_prompt(browser, long_server):
                 assert "exact weight" in hover.inner_text()
         zoom_url = page.url
 
+        # A click (no drag) on a row: the keys its query reads most, as the top endpoint gives them.
+        page.mouse.click(box["x"] + 0.25 * box["width"], box["y"] + 0.75 * box["height"])
+        page.wait_for_selector("#zoom-top li")
+        q = int(page.locator("#zoom-top").get_attribute("data-q"))
+        top = page.request.get(f"{url}/api/traces/{key}/zoom/0/0/top?q={q}").json()
+        items = page.locator("#zoom-top li")
+        shown = [int(items.nth(i).get_attribute("data-k")) for i in range(items.count())]
+        assert shown == [t["pos"] for t in top["keys"]]
+        assert f"{top['keys'][0]['weight']:.4f}" in items.nth(0).inner_text()
+
+        # The grid of heads, filled layer by layer on demand; a square shows the endpoint's number and opens its head.
+        page.click("#zoom-grid-run")
+        page.wait_for_function("document.body.dataset.zoomGridDone === '2'", timeout=120_000)
+        row = page.request.get(f"{url}/api/traces/{key}/heads/1").json()
+        cell = page.locator(".zg-cell[data-layer='1'][data-head='1']")
+        assert float(cell.get_attribute("data-value")) == row["first"][1]
+        page.check("input[name=zoom-measure][value=entropy]")
+        assert float(cell.get_attribute("data-value")) == row["entropy"][1]
+        assert "nats" in page.locator("#zoom-grid-range").inner_text()
+        cell.click()
+        page.wait_for_function("(document.body.dataset.zoomView || '').startsWith('1/1/')", timeout=30_000)
+        assert page.locator("#zoom-head").input_value() == "1" and "sel" in cell.get_attribute("class")
+        zoom_url = page.url
+
         # In Chinese: the axis titles and the hover line in the catalog's words; axe finds nothing serious.
         page.goto(zoom_url + "&lang=zh")
         page.wait_for_function("+document.body.dataset.zoomDrawn >= 1", timeout=30_000)
@@ -123,7 +148,7 @@ def test_zoom_pan_and_hover_a_4096_token_prompt(browser, long_server):
         strict.wait_for_selector("body[data-zoom-drawn]")
         strict.focus("#zoom-box")
         strict.keyboard.press("-")
-        strict.wait_for_selector("body[data-zoom-view='0/0/4/max']")
+        strict.wait_for_selector("body[data-zoom-view='1/1/4/max']")
     finally:
         context.close()
     assert problems == []

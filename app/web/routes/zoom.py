@@ -68,6 +68,21 @@ def read_zoom_cell(state: StateDep, key: str, layer: int, head: int, q: int = Qu
     return lab.cell(state, key, layer=layer, head=head, q=q, k=k)
 
 
+@router.get("/api/traces/{key}/heads/{layer}", tags=["inspect"], responses=errors(410, 422, 429, 503))
+def read_head_grid(state: StateDep, key: str, layer: int) -> dict:
+    """One layer's row of the grid of heads, over the whole context: ``first`` (mean weight on token 0 over the
+    queries after it), ``distance`` (mean Σ_j w_ij · (i − j), tokens) and ``entropy`` (mean −Σ_j w_ij ln w_ij,
+    nats), one number per head. A layer streams every exact weight of its heads (seconds at 8 192 tokens): the page
+    asks layer by layer; a layer asked before is answered from the zoom lab's cache."""
+    return lab.head_grid(state, key, layer=layer)
+
+
+@router.get("/api/traces/{key}/zoom/{layer}/{head}/top", tags=["inspect"], responses=errors(410, 422, 429, 503))
+def read_top_keys(state: StateDep, key: str, layer: int, head: int, q: int = Query(...)) -> dict:
+    """The keys query ``q`` reads most in one head (at most 8): position, token text and exact weight each."""
+    return lab.top(state, key, layer=layer, head=head, q=q)
+
+
 @router.post(LONG_CAPTURE_PATH, tags=["inspect"], response_class=FollowResponse, responses=errors(413, 422, 429, 503))
 async def follow_long_capture(request: Request, state: StateDep, owner: OwnerDep, address: AddressDep,
                               body: LongCapture) -> FollowResponse:

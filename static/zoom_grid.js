@@ -1,0 +1,85 @@
+/* The grid of heads on the long-prompt page (templates/zoom.html): layers × heads, each square coloured by one
+   summary of the head over the whole prompt (app/viz/summaries.py via /api/traces/{key}/heads/{layer}).
+
+   A layer streams every exact weight of its heads on the server (seconds at 8 192 tokens), so the grid is
+   computed on demand — "Compute the grid" asks layer 0, 1, … one at a time, with a progress bar and Pause; the
+   server keeps each layer's numbers, so asking again costs nothing. Switching the measure only recolours.
+   Clicking a square opens that head in the zoom map above (window.kvZoom). */
+(function () {
+  "use strict";
+  const kv = window.kv;
+  const FORMAT = { first: (v) => (v * 100).toFixed(1) + "%", distance: (v) => v.toFixed(1), entropy: (v) => v.toFixed(2) };
+
+  function init() {
+    const root = document.getElementById("zoom-grid");
+    if (!root || root.dataset.bound) return;
+    root.dataset.bound = "1";
+    const key = root.dataset.key, L = +root.dataset.layers;
+    const rows = new Array(L).fill(null);
+    const $ = (id) => document.getElementById(id);
+    const run = $("zoom-grid-run"), stop = $("zoom-grid-stop"), bar = $("zoom-grid-progress"), status = $("zoom-grid-status");
+    let measure = "first", running = false;
+
+    function paint() {
+      const done = rows.filter(Boolean);
+      const all = done.flatMap((r) => r[measure]).filter((v) => v !== null);
+      const lo = measure === "first" ? 0 : Math.min(0, ...all), hi = measure === "first" ? 1 : Math.max(1e-9, ...all);
+      root.querySelectorAll(".zg-cell").forEach((c) => {
+        const l = +c.dataset.layer, h = +c.dataset.head, r = rows[l];
+        const v = r ? r[measure][h] : null;
+        if (v === null || v === undefined) {
+          c.style.background = ""; c.style.color = ""; c.textContent = "";
+          c.title = kv.t("js.zoomgrid.pending", { layer: l, head: h });
+          delete c.dataset.value;
+        } else {
+          const [R, G, B] = kv.weightColour((v - lo) / (hi - lo));
+          c.style.background = `rgb(${R},${G},${B})`;
+          c.style.color = R * 0.3 + G * 0.59 + B * 0.11 < 140 ? "#fff" : "#111";
+          c.textContent = FORMAT[measure](v);
+          c.title = kv.t("js.zoomgrid.cell", { layer: l, head: h, value: FORMAT[measure](v) + (measure === "first" ? "" : " " + kv.t("js.zoomgrid.unit." + measure)) });
+          c.dataset.value = String(v);
+        }
+        c.setAttribute("aria-label", c.title);
+      });
+      $("zoom-grid-range").textContent = all.length ? kv.t("js.zoomgrid.range", { lo: FORMAT[measure](lo), hi: FORMAT[measure](hi), unit: kv.t("js.zoomgrid.unit." + measure) }) : "";
+      root.querySelectorAll(".zoom-grid-hint").forEach((p) => { p.hidden = p.dataset.measure !== measure; });
+    }
+    function select() {
+      const z = window.kvZoom;
+      root.querySelectorAll(".zg-cell").forEach((c) => c.classList.toggle("sel", !!z && +c.dataset.layer === z.layer && +c.dataset.head === z.head));
+    }
+
+    async function fill() {
+      if (running) return;
+      running = true; run.hidden = true; stop.hidden = false; bar.hidden = false;
+      for (let l = 0; l < L && running; l++) {
+        if (rows[l]) continue;
+        bar.value = l;
+        status.textContent = kv.t("js.zoomgrid.progress", { layer: l + 1, layers: L });
+        try { rows[l] = await kv.getJSON(`/api/traces/${key}/heads/${l}`); } catch (e) { running = false; break; }
+        paint();
+      }
+      const done = rows.filter(Boolean).length;
+      bar.value = done;
+      status.textContent = done === L ? kv.t("js.zoomgrid.done", { layers: L }) : kv.t("js.zoomgrid.paused", { done, layers: L });
+      running = false; run.hidden = done === L; stop.hidden = true; bar.hidden = done === L;
+      document.body.dataset.zoomGridDone = String(done);
+    }
+
+    run.addEventListener("click", fill);
+    stop.addEventListener("click", () => { running = false; });
+    root.querySelectorAll("input[name=zoom-measure]").forEach((el) => el.addEventListener("change", (e) => { measure = e.target.value; paint(); }));
+    root.querySelector("#zoom-grid-cells").addEventListener("click", (e) => {
+      const c = e.target.closest(".zg-cell");
+      const z = window.kvZoom;
+      if (!c || !z) return;
+      z.select({ layer: +c.dataset.layer, head: +c.dataset.head });
+      select();
+      document.getElementById("zoom").scrollIntoView({ behavior: "smooth", block: "start" });
+    });
+    ["zoom-layer", "zoom-head"].forEach((id) => { const s = $(id); if (s) s.addEventListener("change", select); });
+    paint();
+    select();
+  }
+  document.addEventListener("DOMContentLoaded", () => setTimeout(init, 0));
+})();
