@@ -121,7 +121,7 @@ class ModelGate:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         self.refused += 1
-                        raise Busy("sturdy.busy_waited", retry_after=self.retry_after(), seconds=round(self.max_wait_s))
+                        raise Busy("limits.busy_waited", retry_after=self.retry_after(), seconds=round(self.max_wait_s))
                     self._cond.wait(left if cancel is None else min(left, CANCEL_POLL_S))
             finally:
                 queue.remove(ticket)
@@ -156,13 +156,13 @@ class ModelGate:
         waiting = self.waiting()
         if waiting >= self.max_waiting:
             self.refused += 1
-            raise Busy("sturdy.busy_queue", retry_after=self.retry_after(), waiting=waiting)
+            raise Busy("limits.busy_queue", retry_after=self.retry_after(), waiting=waiting)
         if owner and sum(t.owner == owner for q in self._queues.values() for t in q) >= self.per_owner:
             self.refused += 1
-            raise Throttled("sturdy.busy_owner", retry_after=self.retry_after(), limit=self.per_owner)
+            raise Throttled("limits.busy_owner", retry_after=self.retry_after(), limit=self.per_owner)
         if address and sum(t.address == address for q in self._queues.values() for t in q) >= self.per_address:
             self.refused += 1
-            raise Throttled("sturdy.busy_address", retry_after=self.retry_after(), limit=self.per_address)
+            raise Throttled("limits.busy_address", retry_after=self.retry_after(), limit=self.per_address)
 
     def waiting(self) -> int:
         return len(self._queues[SHORT]) + len(self._queues[LONG])

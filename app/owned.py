@@ -43,7 +43,7 @@ class Entry(Generic[T]):
 class OwnedTable(Generic[T]):
     def __init__(self, *, kind: str, per_owner: int, max_items: int, ttl_s: float, max_bytes: int,
                  per_address: int | None = None) -> None:
-        self.kind = kind  # "pools", "labs": names the messages (sturdy.pools_full, sturdy.pools_expired ...)
+        self.kind = kind  # "pools", "labs": names the messages (limits.pools_full, limits.pools_expired ...)
         self.per_owner = per_owner
         self.max_items = max_items
         self.per_address = max_items if per_address is None else per_address
@@ -82,24 +82,24 @@ class OwnedTable(Generic[T]):
     # One literal catalog key per message and kind (tests/test_messages.py reads them from the source).
     def _full(self, n: int) -> Busy:
         if self.kind == "pools":
-            return Busy("sturdy.pools_full", retry_after=60, n=n)
-        return Busy("sturdy.labs_full", retry_after=60, n=n)
+            return Busy("limits.pools_full", retry_after=60, n=n)
+        return Busy("limits.labs_full", retry_after=60, n=n)
 
     def _address_full(self) -> Throttled:
         if self.kind == "pools":
-            return Throttled("sturdy.pools_address_full", retry_after=60, n=self.per_address, total=self.max_items)
-        return Throttled("sturdy.labs_address_full", retry_after=60, n=self.per_address, total=self.max_items)
+            return Throttled("limits.pools_address_full", retry_after=60, n=self.per_address, total=self.max_items)
+        return Throttled("limits.labs_address_full", retry_after=60, n=self.per_address, total=self.max_items)
 
     def _memory_full(self) -> Busy:
         mib = round(self.max_bytes / 1024**2)
         if self.kind == "pools":
-            return Busy("sturdy.pools_memory_full", retry_after=60, mib=mib)
-        return Busy("sturdy.labs_memory_full", retry_after=60, mib=mib)
+            return Busy("limits.pools_memory_full", retry_after=60, mib=mib)
+        return Busy("limits.labs_memory_full", retry_after=60, mib=mib)
 
     def _expired(self) -> Expired:
         if self.kind == "pools":
-            return Expired("sturdy.pools_expired")
-        return Expired("sturdy.labs_expired")
+            return Expired("limits.pools_expired")
+        return Expired("limits.labs_expired")
 
     def entry(self, owner: str, sid: str) -> Entry[T]:
         with self._lock:

@@ -427,16 +427,3 @@ def blocks_for_run(encoded: list[list[int]], block_size: int, salt: str | None =
         full.update((salt, tuple(ids[: (b + 1) * block_size])) for b in range(n_full))
         tails += len(ids) % block_size > 0
     return len(full) + tails
-
-
-def parse_block_size(value: str | int | None) -> int | None:
-    """``"auto"``/None -> None (chosen from the prompts), else one of ``BLOCK_SIZES``."""
-    if value in (None, "", "auto"):
-        return None
-    try:
-        size = int(value)
-    except (TypeError, ValueError):
-        size = -1
-    if size not in BLOCK_SIZES:
-        raise BadInput("err.prefix.block_size", sizes=", ".join(map(str, BLOCK_SIZES)))
-    return size

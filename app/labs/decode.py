@@ -99,7 +99,7 @@ class DecodeLab:
             raise Expired("err.session.forgotten")
         lm = self.registry.pick(stone["model"])
         if stone["model_ref"]() is not lm:
-            raise Expired("sturdy.model_changed", model=stone["model"])
+            raise Expired("limits.model_changed", model=stone["model"])
         ids = stone["ids"][: lm.max_positions - 1]
         return self._prefilled(lm, ids, Sampling(**stone["sampling"]), owner)
 

@@ -93,7 +93,7 @@ class InspectLab:
         if lm is None:  # a trained model dropped since (Settings.max_trained_models)
             raise Expired("err.classroom.model_gone", model=name)
         if ref() is not lm:  # the model this view was made with is no longer served
-            raise Expired("sturdy.model_changed", model=name)
+            raise Expired("limits.model_changed", model=name)
         return lm, self.traces.get_or_compute(key, lambda: self._compute(lm, list(ids)),
                                               expected=self.expected_bytes(lm, len(ids)))
 

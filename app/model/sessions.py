@@ -99,12 +99,12 @@ class SessionStore:
                 self._bury(oldest)
                 mine.remove(oldest)
             if len(self._live) >= self.max_sessions:
-                raise Busy("sturdy.sessions_full", retry_after=60, n=len(self._live))
+                raise Busy("limits.sessions_full", retry_after=60, n=len(self._live))
             if address and sum(a == address for a in self._address.values()) >= self.max_per_address:
-                raise Throttled("sturdy.sessions_address_full", retry_after=60, n=self.max_per_address,
+                raise Throttled("limits.sessions_address_full", retry_after=60, n=self.max_per_address,
                                 total=self.max_sessions)
             if self._bytes() >= self.max_bytes:
-                raise Busy("sturdy.sessions_memory_full", retry_after=30)
+                raise Busy("limits.sessions_memory_full", retry_after=30)
             session = DecodeSession(id=secrets.token_urlsafe(12), lm=lm, prompt_ids=list(prompt_ids),
                                     sampling=sampling, max_steps=self.max_steps)
             self._live[session.id] = session
@@ -170,9 +170,9 @@ class SessionStore:
         need = step_growth(session, n_new)
         with self._lock:
             if need > self.max_bytes:
-                raise BadInput("sturdy.session_too_big", need=_mib(need), cap=_mib(self.max_bytes))
+                raise BadInput("limits.session_too_big", need=_mib(need), cap=_mib(self.max_bytes))
             if self._bytes() + self._reserved + need > self.max_bytes:
-                raise Busy("sturdy.sessions_memory_full", retry_after=30)
+                raise Busy("limits.sessions_memory_full", retry_after=30)
             self._reserved += need
         try:
             yield

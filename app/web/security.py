@@ -190,15 +190,15 @@ class HostAndOrigin:
         headers = _headers(scope)
         host_header = headers.get(b"host", b"").decode("latin-1")
         if not self._host_ok(_host_only(host_header)):
-            return await _reply(send, 400, translate("sturdy.host_refused", _lang(scope)))
+            return await _reply(send, 400, translate("limits.host_refused", _lang(scope)))
         if scope["method"] not in SAFE_METHODS:
             origin = headers.get(b"origin", b"").decode("latin-1")
             if not origin:
                 origin = headers.get(b"referer", b"").decode("latin-1")
             if origin and not self._same_origin(origin, host_header):
-                return await _reply(send, 403, translate("sturdy.origin_refused", _lang(scope)))
+                return await _reply(send, 403, translate("limits.origin_refused", _lang(scope)))
             if headers.get(b"sec-fetch-site") == b"cross-site":
-                return await _reply(send, 403, translate("sturdy.origin_refused", _lang(scope)))
+                return await _reply(send, 403, translate("limits.origin_refused", _lang(scope)))
         return await self.app(scope, receive, send)
 
     @staticmethod

@@ -132,7 +132,7 @@ def test_while_preparing_every_request_is_answered_at_once_then_the_real_app_ser
     assert client.head("/", headers=PAGE).content == b""
     # The real app's Host and Origin rules hold from the first second (DNS rebinding, cross-site posts).
     r = client.get("/healthz", headers={"host": "evil.example", "Accept-Language": "zh"})
-    assert r.status_code == 400 and r.json()["detail"] == translate("sturdy.host_refused", "zh")
+    assert r.status_code == 400 and r.json()["detail"] == translate("limits.host_refused", "zh")
     assert client.post("/api/prefix/reset", headers={"origin": "http://evil.example"}).status_code == 403
     assert fake.events == []  # the real app was neither started nor reached
 

@@ -135,7 +135,7 @@ def test_one_address_rotating_cookies_cannot_take_every_decode_session(app, smal
     assert student.post("/api/decode/sessions", json=NEW_SESSION).status_code == 200  # not locked out
     r = TestClient(app, client=SCRIPT).post("/api/decode/sessions", json=NEW_SESSION)  # in both languages:
     zh = TestClient(app, client=SCRIPT).post("/api/decode/sessions?lang=zh", json=NEW_SESSION).json()["detail"]
-    assert zh == translate("sturdy.sessions_address_full", "zh", n=mine, total=s.max_sessions)
+    assert zh == translate("limits.sessions_address_full", "zh", n=mine, total=s.max_sessions)
     assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1 and "network address" in r.json()["detail"]
 
 
@@ -208,7 +208,7 @@ def test_one_address_rotating_cookies_cannot_fill_the_model_queue():
     finally:
         current_owner.reset(token_o)
         current_address.reset(token_a)
-    assert refused.value.status == 429 and refused.value.key == "sturdy.busy_address"
+    assert refused.value.status == 429 and refused.value.key == "limits.busy_address"
     threads.append(_wait_in_queue(gate, "student", CLASSROOM[0], outcome))  # another address still gets a place
     _wait_for(lambda: gate.waiting() == 4)
     done.set()

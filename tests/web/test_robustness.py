@@ -1,4 +1,4 @@
-"""Issue 11, "sturdy under a classroom": each probe that found a 500, a leak or a shared lab, as a test.
+"""Robustness under a classroom: each probe that once found a 500, a leak or a lab shared between browsers, as a test.
 
 Numbers in the test names follow the issue's "What probing found" list.
 """
@@ -234,9 +234,9 @@ def test_10_foreign_hosts_and_origins_are_refused(client):
     assert client.get("/api/prefix/state", headers={"origin": "http://evil.example"}).status_code == 200
     # The refusals speak the request's language, as every other message does.
     zh = client.get("/healthz?lang=zh", headers={"host": "evil.example"}).json()["detail"]
-    assert zh == translate("sturdy.host_refused", "zh") != translate("sturdy.host_refused", "en")
+    assert zh == translate("limits.host_refused", "zh") != translate("limits.host_refused", "en")
     zh = client.post("/api/prefix/reset", headers={"origin": "http://evil.example", "accept-language": "zh-CN"})
-    assert zh.json()["detail"] == translate("sturdy.origin_refused", "zh")
+    assert zh.json()["detail"] == translate("limits.origin_refused", "zh")
 
 
 def test_10_classroom_mode_accepts_the_teachers_address_not_names():
@@ -423,7 +423,7 @@ def test_every_error_is_one_sentence_in_the_documented_shape(client, state):
         ("post", "/api/decode/sessions", {"content": b" " * (limit + 1), "headers": json_type}, 413,
          translate("err.too_large", "en", n=f"{limit:,}")),
         ("post", "/api/decode/sessions", {"json": {"prompt": "The cat", "model": "builtin"}}, 503,
-         translate("sturdy.sessions_full", "en", n=0)),
+         translate("limits.sessions_full", "en", n=0)),
     ]
     state.sessions.max_sessions = 0  # only the last case gets that far
     for method, path, request, status, sentence in cases:
