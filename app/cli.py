@@ -7,6 +7,7 @@ import argparse
 import logging
 import sys
 
+from app.catalog import LOADABLE
 from app.errors import BadSetting
 from app.settings import Settings, resolve_device
 
@@ -123,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=None, help="port (default 8000)")
     serve.add_argument(
         "--model", action="append",
-        help="a model to offer: a catalog name (distilgpt2, smollm2-135m, qwen2.5-0.5b), builtin, or a local "
-             "checkpoint directory of a supported family (repeatable; default: distilgpt2 then builtin)",
+        help=f"a model to offer: a catalog name ({', '.join(LOADABLE)}), builtin, a local checkpoint directory of a "
+             f"supported family, or a .gguf file (repeatable; default: {' then '.join(Settings().models)})",
     )
     serve.add_argument("--device", choices=("cpu", "cuda"), default=None,
                        help="where the weights and captures run (default: KVSCOPE_DEVICE, else cuda when torch "
