@@ -3,7 +3,7 @@
    address is recomputed at click time from those, whatever script changed them. */
 (function () {
   "use strict";
-  document.addEventListener("click", function (e) {
+  window.kv.page("inspect", () => document.addEventListener("click", function (e) {
     const a = e.target.closest && e.target.closest("a[data-export-head]");
     const view = document.getElementById("inspect-view");
     if (!a || !view) return;
@@ -13,5 +13,5 @@
     const kind = p.get("kind") || view.dataset.kind || "weights";
     a.href = "/api/traces/" + encodeURIComponent(view.dataset.key) + "/export/head/" + encodeURIComponent(layer) +
       "/" + encodeURIComponent(head) + "." + a.dataset.exportHead + "?kind=" + encodeURIComponent(kind);
-  });
+  }));
 })();

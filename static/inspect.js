@@ -450,6 +450,10 @@
       kv.t("js.inspect.row_label", { q: S.q, token: S.labels[S.q] || "", layer: S.layer, head: S.head });
   }
 
-  document.addEventListener("DOMContentLoaded", init);
-  document.addEventListener("htmx:afterSwap", (e) => { if (e.target.id === "result") init(); });
+  // Not page.view("result", …): that also redraws after the swaps inside the result (query panels, lens), which
+  // must not fetch the heatmap again. The result is drawn when the page opens and when a new one is swapped in.
+  kv.page("inspect", () => {
+    init();
+    document.addEventListener("htmx:afterSwap", (e) => { if (e.target.id === "result") init(); });
+  });
 })();

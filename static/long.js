@@ -64,5 +64,5 @@
     });
   }
 
-  document.addEventListener("DOMContentLoaded", longForm);
+  kv.page("inspect", longForm);
 })();

@@ -491,6 +491,5 @@
     window.kvZoom = z;  // for the page's tests and benchmarks
     z.start();
   }
-  document.addEventListener("DOMContentLoaded", init);
-  document.addEventListener("htmx:afterSwap", (e) => { if (e.target.id === "result") init(); });
+  window.kv.page("inspect", (page) => page.view("zoom", init));  // Inspect past zoom_min_tokens, and /zoom/{key}
 })();

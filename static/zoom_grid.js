@@ -81,5 +81,5 @@
     paint();
     select();
   }
-  document.addEventListener("DOMContentLoaded", () => setTimeout(init, 0));
+  window.kv.page("inspect", () => setTimeout(init, 0));  // after zoom.js has made the map
 })();
