@@ -59,23 +59,25 @@ def test_head_summaries_equal_a_float64_full_softmax(traced):
 
 
 def test_a_uniform_head_has_the_textbook_values(traced):
-    """A head whose queries are 0 reads every visible key equally: per query i, distance i/2, entropy ln(i + 1),
-    weight 1/(i + 1) on token 0 (lse_i = ln(i + 1))."""
+    """A head whose queries are 0 reads every visible key equally. Query i sees c_i = min(i + 1, W) keys (W: the
+    layer's sliding window, none: i + 1): distance (c_i − 1)/2, entropy ln c_i, weight 1/c_i on token 0 while it is
+    still visible (lse_i = ln c_i)."""
     import dataclasses
 
     trace = traced
     T = trace.n_tokens
     i = torch.arange(T, dtype=torch.float64)
+    window = trace.adapter.window(0)
+    c = torch.clamp(i + 1, max=window) if window else i + 1
     tensors = dict(trace.tensors)
     tensors["blocks.0.attn.q"] = torch.zeros_like(trace.q(0))
-    tensors["blocks.0.attn.lse"] = torch.log(i + 1).float().expand_as(trace.lse(0)).clone()
+    tensors["blocks.0.attn.lse"] = torch.log(c).float().expand_as(trace.lse(0)).clone()
     flat = dataclasses.replace(trace, tensors=tensors)
-    if flat.adapter.window(0):
-        pytest.skip("a windowed layer is not uniform over every earlier key")
     got = head_summary(flat, 0, 0, chunk=4)
-    assert abs(got["distance"] - (T - 1) / 4) < 1e-6
-    assert abs(got["entropy"] - float(torch.log(i + 1).mean())) < 1e-6
-    assert abs(got["first"] - float((1 / (i[1:] + 1)).mean())) < 1e-6
+    first = torch.where(i < c, 1 / c, torch.zeros_like(c))  # token 0 visible to query i while i < W
+    assert abs(got["distance"] - float(((c - 1) / 2).mean())) < 1e-6
+    assert abs(got["entropy"] - float(torch.log(c).mean())) < 1e-6
+    assert abs(got["first"] - float(first[1:].mean())) < 1e-6
 
 
 def test_first_and_previous_token_shares_equal_the_whole_map_functions(traced):
