@@ -30,7 +30,7 @@ KV_TOL = 1e-4  # stored K/V vs a scratch prefill's (58 tokens at once vs 26 afte
 KL_TOL = 5e-5  # relative, a policy re-run by hand vs the arena's number; measured 3.7e-6 (StreamingLLM)
 
 
-def test_30_cached_decode_steps_equal_full_prefix_recompute(smol, record_property):
+def test_cached_decode_steps_equal_full_prefix_recompute(smol, record_property):
     session = DecodeSession(id="t", lm=smol, prompt_ids=smol.encode(PROMPT), sampling=Sampling(), max_steps=40)
     for _ in range(31):  # the prefill, then 30 decode steps of one token each
         session.step()

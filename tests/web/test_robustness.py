@@ -1,6 +1,6 @@
 """Robustness under a classroom: each probe that once found a 500, a leak or a lab shared between browsers, as a test.
 
-Numbers in the test names follow the issue's "What probing found" list.
+Each test is one probe of a class sharing one server (a 500, a leak, a lab another browser could reach), kept fixed.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def browser(app) -> TestClient:
 
 # --- 1. a model loaded again under the same name ------------------------------------------------------
 
-def test_1_stale_trace_keys_and_sessions_get_410_after_the_model_is_replaced(client, state, tiny):
+def test_stale_trace_keys_and_sessions_get_410_after_the_model_is_replaced(client, state, tiny):
     key = client.get("/api/trace", params={"prompt": "hello there", "model": "builtin"}).json()["key"]
     sid = client.post("/api/decode/sessions", json={"prompt": "hello", "model": "builtin"}).json()["session"]
     assert client.delete(f"/api/decode/{sid}").json()["released"]
@@ -58,7 +58,7 @@ def test_1_stale_trace_keys_and_sessions_get_410_after_the_model_is_replaced(cli
 
 # --- 2. concurrent steps on one session ---------------------------------------------------------------
 
-def test_2_concurrent_steps_never_pass_the_step_or_position_limit(state, tiny):
+def test_concurrent_steps_never_pass_the_step_or_position_limit(state, tiny):
     state.sessions.max_steps = 20
     session = state.decode.start_session(model="builtin", prompt="x" * 120, sampling=Sampling())  # 128 positions
     results: list[str] = []
@@ -83,7 +83,7 @@ def test_2_concurrent_steps_never_pass_the_step_or_position_limit(state, tiny):
 
 # --- 3. chunked bodies ----------------------------------------------------------------------------------
 
-def test_3_chunked_body_over_the_limit_is_413_like_a_declared_one(client, state):
+def test_chunked_body_over_the_limit_is_413_like_a_declared_one(client, state):
     big = b'{"prompt": "' + b"a" * (state.settings.max_body_bytes + 10) + b'"}'
 
     def chunks():
@@ -100,7 +100,7 @@ def test_3_chunked_body_over_the_limit_is_413_like_a_declared_one(client, state)
 
 # --- 4. GPT-2's end-of-text token in the prefix lab ---------------------------------------------------
 
-def test_4_prefix_lab_takes_endoftext_on_gpt2(client):
+def test_prefix_lab_takes_endoftext_on_gpt2(client):
     r = client.post("/api/prefix/run", json={"prompts": ["Hello<|endoftext|>world, again and again"],
                                              "model": "distilgpt2"})
     assert r.status_code == 200, r.text
@@ -108,7 +108,7 @@ def test_4_prefix_lab_takes_endoftext_on_gpt2(client):
 
 # --- 5 and 8. expiry by the timer, and memory --------------------------------------------------------------
 
-def test_5_expired_sessions_are_released_without_a_lookup(client, state):
+def test_expired_sessions_are_released_without_a_lookup(client, state):
     assert client.post("/api/decode/sessions", json={"prompt": "The cat", "model": "builtin"}).status_code == 200
     state.sessions.ttl_s = 0.0
     assert state.purge() >= 1  # what the janitor thread calls every purge_interval_s
@@ -116,7 +116,7 @@ def test_5_expired_sessions_are_released_without_a_lookup(client, state):
     assert client.get("/api/decode/stats").json()["sessions"] == 0
 
 
-def test_8_a_kept_trace_holds_what_the_pages_show_and_far_less(distil):
+def test_a_kept_trace_holds_what_the_pages_show_and_far_less(distil):
     ids = list(range(1000, 1200))  # 200 tokens
     full = run_traced(distil.model, distil.adapter, ids, distil.token_texts(ids))
     thin = slim(full)
@@ -130,7 +130,7 @@ def test_8_a_kept_trace_holds_what_the_pages_show_and_far_less(distil):
 
 # --- 6. the session byte cap is hard ----------------------------------------------------------------------
 
-def test_6_session_byte_cap_is_never_passed(state):
+def test_session_byte_cap_is_never_passed(state):
     state.sessions.max_bytes = 60_000
     with pytest.raises(BadInput):  # a prefill alone bigger than the whole cap: refused before it runs
         state.decode.start_session(model="distilgpt2", prompt="The cat sat on the mat and looked around",
@@ -151,7 +151,7 @@ def test_6_session_byte_cap_is_never_passed(state):
 
 # --- 7. /healthz never waits for the model ----------------------------------------------------------------
 
-def test_7_healthz_answers_while_the_model_is_busy(client, state):
+def test_healthz_answers_while_the_model_is_busy(client, state):
     held, done = threading.Event(), threading.Event()
 
     def hold():
@@ -175,7 +175,7 @@ def test_7_healthz_answers_while_the_model_is_busy(client, state):
 
 # --- 9. each browser's labs are its own --------------------------------------------------------------------
 
-def test_9_prefix_labs_are_per_browser(app):
+def test_prefix_labs_are_per_browser(app):
     a, b = browser(app), browser(app)
     assert a.post("/api/prefix/run", json={"preset": "chat", "model": "builtin"}).status_code == 200
     assert b.post("/api/prefix/reset").status_code == 200
@@ -183,7 +183,7 @@ def test_9_prefix_labs_are_per_browser(app):
     assert not b.get("/api/prefix/state").json().get("requests")
 
 
-def test_9_pools_and_sessions_belong_to_their_browser(app, state):
+def test_pools_and_sessions_belong_to_their_browser(app, state):
     a, b = browser(app), browser(app)
     pool = a.post("/api/paged/sessions", json={"model": "builtin", "num_blocks": 4, "block_size": 4}).json()["session"]
     assert not re.fullmatch(r"p\d+", pool) and len(pool) >= 16
@@ -196,7 +196,7 @@ def test_9_pools_and_sessions_belong_to_their_browser(app, state):
     assert a.post(f"/api/decode/{sid}/step").status_code == 200
 
 
-def test_9_one_browser_cannot_hold_every_session(app, state):
+def test_one_browser_cannot_hold_every_session(app, state):
     a, b = browser(app), browser(app)
     per = state.settings.max_sessions_per_browser
     sids = [a.post("/api/decode/sessions", json={"prompt": "The cat", "model": "builtin"}).json()["session"]
@@ -209,7 +209,7 @@ def test_9_one_browser_cannot_hold_every_session(app, state):
 
 # --- 10. headers, hosts and origins ---------------------------------------------------------------------------
 
-def test_10_security_headers_and_no_inline_script(client):
+def test_security_headers_and_no_inline_script(client):
     for path in ("/", "/decode", "/prefix", "/paged", "/train"):
         r = client.get(path)
         assert r.status_code == 200
@@ -223,7 +223,7 @@ def test_10_security_headers_and_no_inline_script(client):
         assert not re.search(r"\son[a-z]+=\"", r.text) and "hx-on" not in r.text, path
 
 
-def test_10_foreign_hosts_and_origins_are_refused(client):
+def test_foreign_hosts_and_origins_are_refused(client):
     assert client.get("/healthz", headers={"host": "evil.example"}).status_code == 400
     assert client.get("/healthz", headers={"host": "localhost:8000"}).status_code == 200
     r = client.post("/api/prefix/reset", headers={"origin": "http://evil.example"})
@@ -239,7 +239,7 @@ def test_10_foreign_hosts_and_origins_are_refused(client):
     assert zh.json()["detail"] == translate("limits.origin_refused", "zh")
 
 
-def test_10_classroom_mode_accepts_the_teachers_address_not_names():
+def test_classroom_mode_accepts_the_teachers_address_not_names():
     from app.web.security import HostAndOrigin, allowed_hosts
 
     mw = HostAndOrigin(None, allowed_hosts("0.0.0.0"), any_ip=True)
@@ -288,7 +288,7 @@ class _Holder:
         self.thread.join()
 
 
-def test_11_a_short_step_overtakes_queued_captures():
+def test_a_short_step_overtakes_queued_captures():
     gate = ModelGate(max_waiting=10, per_owner=10)
     order: list[str] = []
     holder = _Holder(gate)
@@ -304,7 +304,7 @@ def test_11_a_short_step_overtakes_queued_captures():
     assert order == [SHORT, LONG, LONG]
 
 
-def test_11_the_queue_is_bounded_per_server_and_per_browser():
+def test_the_queue_is_bounded_per_server_and_per_browser():
     gate = ModelGate(max_waiting=2, per_owner=1)
     holder = _Holder(gate)
     threads = [_queue(gate, LONG, [], owner="a")]
@@ -326,7 +326,7 @@ def test_11_the_queue_is_bounded_per_server_and_per_browser():
         t.join()
 
 
-def test_11_busy_reaches_the_client_with_retry_after(client, state):
+def test_busy_reaches_the_client_with_retry_after(client, state):
     state.model_lock.max_waiting = 0
     held, done = threading.Event(), threading.Event()
 
