@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 SUDO    := $(shell [ "$$(id -u)" = "0" ] || echo sudo)
 
-.PHONY: serve test lint bench venv deps test-deps chromium axe-deps lighthouse-deps lighthouse
+.PHONY: serve test numerics lint bench venv deps test-deps chromium axe-deps lighthouse-deps lighthouse
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -44,6 +44,16 @@ serve: deps
 test: test-deps chromium axe-deps
 	$(BIN)/ruff check app tests bench
 	$(BIN)/python -m pytest -q
+	$(MAKE) --no-print-directory numerics
+
+# The numerics tests again on kernels this CPU would not pick: MKL held to SSE4.2 and ATen's portable (non-SIMD)
+# kernels, so a test that holds on one BLAS only (an exact equality between two shapes or orders) fails here too,
+# not first on another machine. Short: the tests that compare numbers computed two ways.
+NUMERICS := tests/viz tests/model/test_capture.py tests/model/test_long_capture.py tests/model/test_decode.py \
+            tests/cache/test_policies.py tests/cache/test_real_cache.py tests/web/test_zoom_api.py
+numerics: test-deps
+	MKL_ENABLE_INSTRUCTIONS=SSE4_2 ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q -m "not browser" \
+	  -p no:cacheprovider $(NUMERICS)
 
 lint: test-deps
 	$(BIN)/ruff check app tests bench
