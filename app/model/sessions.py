@@ -171,10 +171,11 @@ class SessionStore:
             slot = self._slots.get(session.id) or next((sl for s, sl in self._ending.values() if s is session), None)
             if slot is None:  # ended before its forward: nothing to reserve for
                 raise Expired("err.session.ended")
-            caps = [c for c in (self.limits.max_bytes, self.limits.per_address_bytes if slot.address else None)
-                    if c is not None]
-            if caps and need > min(caps):
-                raise BadInput("limits.session_too_big", need=_mib(need), cap=_mib(min(caps)))
+            lim = self.limits
+            if lim.max_bytes is not None and need > lim.max_bytes:
+                raise BadInput("limits.session_too_big", need=_mib(need), cap=_mib(lim.max_bytes))
+            if slot.address and lim.per_address_bytes is not None and need > lim.per_address_bytes:
+                raise BadInput("limits.session_too_big_address", need=_mib(need), cap=_mib(lim.per_address_bytes))
             self._make_room(slot.owner, slot.address, items=0, nbytes=need)
             slot.reserved += need
         try:
