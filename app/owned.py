@@ -119,11 +119,15 @@ class OwnedTable(Generic[T]):
             if self.kind == "pools":
                 return Busy("limits.pools_memory_full", retry_after=wait, wait=wait, mib=mib)
             return Busy("limits.labs_memory_full", retry_after=wait, wait=wait, mib=mib)
-        if full.scope in (ADDRESS, OWNER):
-            n = lim.per_address if full.scope == ADDRESS else lim.per_owner
+        if full.scope == OWNER:  # every one of the browser's own is in use right now
             if self.kind == "pools":
-                return Throttled("limits.pools_address_full", retry_after=wait, wait=wait, n=n, total=lim.max_items)
-            return Throttled("limits.labs_address_full", retry_after=wait, wait=wait, n=n, total=lim.max_items)
+                return Throttled("limits.pools_owner_busy", retry_after=wait, wait=wait, n=lim.per_owner)
+            return Throttled("limits.labs_owner_busy", retry_after=wait, wait=wait)
+        if full.scope == ADDRESS:
+            n, total = lim.per_address, lim.max_items
+            if self.kind == "pools":
+                return Throttled("limits.pools_address_full", retry_after=wait, wait=wait, n=n, total=total)
+            return Throttled("limits.labs_address_full", retry_after=wait, wait=wait, n=n, total=total)
         if self.kind == "pools":
             return Busy("limits.pools_full", retry_after=wait, wait=wait, n=len(self._items))
         return Busy("limits.labs_full", retry_after=wait, wait=wait, n=len(self._items))

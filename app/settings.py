@@ -319,6 +319,7 @@ ZERO_MEANS = {
     "queue_max_waiting": "no request waits for the model: busy at once",
     "queue_per_browser": "no request of one browser waits for the model",
     "torch_threads": "torch's default",
+    "quota_protect_s": "only a request using an object protects it",
     "malloc_mmap_threshold_kib": "glibc's default threshold",
     "malloc_arena_max": "glibc's default number of arenas",
 }

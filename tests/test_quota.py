@@ -183,3 +183,28 @@ class QuotaMachine(RuleBasedStateMachine):
 
 QuotaMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 test_every_cap_holds_at_every_step = QuotaMachine.TestCase
+
+
+# --- every owned table (app/owned.py) ---------------------------------------------------------------------------
+
+def test_an_owned_tables_object_in_use_stays_idle_bytes_go_and_a_reclaimed_id_says_so():
+    from app.errors import Busy, Expired
+    from app.owned import OwnedTable
+
+    table: OwnedTable[object] = OwnedTable(kind="pools", ttl_s=60, protect_s=0.0,
+                                           limits=Limits(max_items=3, per_owner=2, per_address=None, max_bytes=100))
+    a, _ = table.create("a", object, nbytes=60, address=A)
+    b, _ = table.create("b", object, nbytes=30, address=B)
+    with table.entry("a", a).lock:  # a's action runs: a is in use
+        with pytest.raises(Busy) as refused:
+            table.create("c", object, nbytes=20, address="10.0.0.9")  # only a's bytes may go: A is over its share
+        assert refused.value.key == "limits.pools_memory_full" and len(table) == 2
+    table.create("c", object, nbytes=20, address="10.0.0.9")  # idle now: a goes (its address is over its share)
+    with pytest.raises(Expired) as gone:
+        table.entry("a", a)
+    assert gone.value.key == "limits.pools_reclaimed" and table.bytes() == 50
+    with table.entry("b", b).lock:  # growing: within the budget, nothing goes; past it, only over-share bytes
+        table.resize("b", b, 80)
+        with pytest.raises(Busy):  # c's address holds less than its fair share, and b itself is in use
+            table.resize("b", b, 81)
+    assert len(table) == 2 and table.bytes() == 100 and table.stats()["reclaimed"] == 1

@@ -182,10 +182,13 @@ def test_one_address_rotating_cookies_cannot_take_every_paged_pool(app, small_st
     assert mine < s.max_paged_pools
     student = TestClient(app, client=CLASSROOM)
     pool = student.post("/api/paged/sessions", json=NEW_POOL).json()["session"]
-    statuses = script_requests(app, "POST", "/api/paged/sessions", s.max_paged_pools + 1, json=NEW_POOL)
+    first = TestClient(app, client=SCRIPT).post("/api/paged/sessions", json=NEW_POOL)
+    statuses = script_requests(app, "POST", "/api/paged/sessions", s.max_paged_pools, json=NEW_POOL)
     # Each new pool reclaims the script's own least recently used one: the address keeps its share, no more.
-    assert statuses == [200] * (s.max_paged_pools + 1)
+    assert first.status_code == 200 and statuses == [200] * s.max_paged_pools
     assert len(small_state.paged_pools) == mine + 1
+    gone = ask(app, handed_out(first), "GET", f"/api/paged/sessions/{first.json()['session']}")
+    assert gone.status_code == 410 and gone.json()["detail"] == translate("limits.pools_reclaimed", "en")
     assert student.get(f"/api/paged/sessions/{pool}").status_code == 200
     assert student.post("/api/paged/sessions", json=NEW_POOL).status_code == 200
 
