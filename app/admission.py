@@ -9,8 +9,9 @@ lock that does it, with three rules a class of 40 browsers needs::
 
 - **Short work is not starved.** A decode step (tens of ms) waits for at most the forward running now
   and the steps ahead of it, never for the captures queued before it.
-- **The queue is bounded.** Beyond ``max_waiting`` waiting requests, ``per_owner`` waiting requests
-  of one browser, or ``per_address`` of all browsers at one network address, a request is refused at once
+- **The queue is bounded** (``limits``, the server's one quota: ``app/quota.py``). Beyond ``max_waiting`` waiting
+  requests, ``per_owner`` waiting requests of one browser, or ``per_address`` of all browsers at one network
+  address, a request is refused at once
   with "busy, retry in N s" (503, or 429 for one browser or address asking too much) and a Retry-After
   header, instead of piling up in the server's threads. The per-address bound is what holds against a
   script that drops its cookie: each request would be a new browser, never a new address.
@@ -34,6 +35,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 from app.errors import Busy
+from app.quota import ADDRESS, OWNER, Full, Held, Limits, Quota
 
 SHORT, LONG = "short", "long"
 CANCEL_POLL_S = 0.1  # how often a waiter with a cancel flag looks at it
@@ -64,9 +66,11 @@ class ModelGate:
 
     def __init__(self, *, max_waiting: int = 48, per_owner: int = 4, max_wait_s: float = 60.0,
                  per_address: int | None = None) -> None:
-        self.max_waiting = max_waiting
-        self.per_owner = per_owner
-        self.per_address = max_waiting if per_address is None else per_address
+        # The queue's caps (``app/quota.py``): a waiting request is always in use, so nothing is reclaimed and
+        # a request beyond a cap is refused with the queue's estimate of its wait.
+        self.limits = Limits(max_items=max_waiting, per_owner=per_owner,
+                             per_address=per_address)
+        self.quota = Quota(self.limits)
         self.max_wait_s = max_wait_s
         self._cond = threading.Condition(threading.Lock())
         self._queues: dict[str, deque[_Ticket]] = {SHORT: deque(), LONG: deque()}
@@ -153,16 +157,19 @@ class ModelGate:
         return None
 
     def _admit_or_refuse(self, owner: str, address: str) -> None:
-        waiting = self.waiting()
-        if waiting >= self.max_waiting:
+        now, wait = time.monotonic(), self.retry_after()
+        held = [Held(key=id(t), owner=t.owner, address=t.address, last_used=now, expires_at=now + wait, busy=True,
+                     frees_at=now + wait) for q in self._queues.values() for t in q]
+        try:
+            self.quota.admit(held, owner=owner, address=address, now=now)
+        except Full as full:
             self.refused += 1
-            raise Busy("limits.busy_queue", retry_after=self.retry_after(), waiting=waiting)
-        if owner and sum(t.owner == owner for q in self._queues.values() for t in q) >= self.per_owner:
-            self.refused += 1
-            raise Throttled("limits.busy_owner", retry_after=self.retry_after(), limit=self.per_owner)
-        if address and sum(t.address == address for q in self._queues.values() for t in q) >= self.per_address:
-            self.refused += 1
-            raise Throttled("limits.busy_address", retry_after=self.retry_after(), limit=self.per_address)
+            lim = self.limits
+            if full.scope == OWNER:
+                raise Throttled("limits.busy_owner", retry_after=full.retry_after, limit=lim.per_owner) from None
+            if full.scope == ADDRESS:
+                raise Throttled("limits.busy_address", retry_after=full.retry_after, limit=lim.per_address) from None
+            raise Busy("limits.busy_queue", retry_after=full.retry_after, waiting=len(held)) from None
 
     def waiting(self) -> int:
         return len(self._queues[SHORT]) + len(self._queues[LONG])
@@ -175,7 +182,8 @@ class ModelGate:
     def stats(self) -> dict:
         with self._cond:
             return {"busy": self._holder is not None, "waiting_short": len(self._queues[SHORT]),
-                    "waiting_long": len(self._queues[LONG]), "max_waiting": self.max_waiting,
-                    "per_browser": self.per_owner, "per_address": self.per_address, "served": self.served,
+                    "waiting_long": len(self._queues[LONG]), "max_waiting": self.limits.max_items,
+                    "per_browser": self.limits.per_owner, "per_address": self.limits.per_address,
+                    "served": self.served,
                     "refused": self.refused,
                     "avg_ms": {k: round(v * 1000, 1) for k, v in self.avg_s.items()}}

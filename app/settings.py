@@ -171,12 +171,18 @@ class Settings:
     # random key at every start (browsers get new ids after a restart; what they owned was in memory anyway).
     # Set one long random string on every worker when several processes serve one class. Never shown.
     secret: str = field(default="", repr=False)
-    # Fair shares (app/owned.py, app/model/sessions.py, app/admission.py): the browsers at one network address
-    # may together hold at most this fraction of each server-wide cap (decode sessions, block pools, prefix
-    # labs, requests waiting for the model), and never less than one browser's own cap. A script that drops
-    # its cookie is a new browser at every request, but not a new address. 1.0 turns the share off: a class
+    # Fair shares (app/quota.py): the browsers at one network address may together hold at most this fraction of each
+    # server-wide cap (decode sessions and their bytes, block pools, prefix labs and their bytes, requests waiting
+    # for the model, runs in the labs' lines), and never less than one browser's own cap. A script that drops its
+    # cookie is a new browser at every request, but not a new address. 1.0 turns the share off: a class
     # behind one NAT or proxy reaches the server from one address (README, Classroom mode).
     address_share: float = 0.5
+    # At any of those caps (and the byte budgets of sessions, pools and labs) the least recently used idle object is
+    # reclaimed rather than the newcomer refused (app/quota.py): the browser's own first, then its address's, then
+    # one at an address over its fair share. Another browser's object is safe while a request uses it and for this
+    # many seconds after a request last used it (making one is not using it: a script that only makes sessions
+    # protects none). Its owner is told it was closed to make room, and the page rebuilds it in one click.
+    quota_protect_s: float = 120.0
     # The capacity lab's scheduler simulator (/api/capacity/simulate) runs in a server thread and holds the GIL
     # while it runs, so every run is bounded. Checked before it starts (a 4xx naming the limit): the KV blocks it
     # models (a pool is ~170 bytes a block), the workload's requests and tokens (prompts plus outputs) and the
@@ -313,6 +319,7 @@ ZERO_MEANS = {
     "queue_max_waiting": "no request waits for the model: busy at once",
     "queue_per_browser": "no request of one browser waits for the model",
     "torch_threads": "torch's default",
+    "quota_protect_s": "only a request using an object protects it",
     "malloc_mmap_threshold_kib": "glibc's default threshold",
     "malloc_arena_max": "glibc's default number of arenas",
 }

@@ -9,7 +9,7 @@ or inside a function, a TYPE_CHECKING block included) points to its own layer or
     capacity, training        the capacity arithmetic and simulator; the trainer and its tensors' views
     cache                     blocks, pools, K/V stores, the policies
     model                     loading, adapters, capture, decode
-    base                      settings, errors, i18n, kv_bytes, memory, admission, owned, startup, catalog
+    base                      settings, errors, i18n, kv_bytes, memory, quota, admission, owned, startup, catalog
 
 ``capacity`` and ``training`` share a rank and may not import each other.
 """

@@ -48,6 +48,7 @@ from typing import Any
 
 from app.admission import LONG, ModelGate, Throttled
 from app.errors import Busy, Expired, UserError
+from app.quota import ADDRESS, Full, Held, Limits, Quota
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +103,12 @@ class LabQueue:
                  per_address: int | None = None, max_wait_s: float, max_run_s: float, cache_items: int = 0) -> None:
         self.name = name
         self.gate = gate
-        self.max_queued = max_queued
-        self.per_owner = per_owner
-        self.per_address = max_queued if per_address is None else per_address
+        self.per_owner = per_owner  # a browser's new run replaces its earlier ones beyond this (``_to_replace``)
+        # The line's caps (``app/quota.py``): a waiting run is always in use, so nothing of another browser's is
+        # reclaimed; beyond a cap a run is refused with the line's estimate of the wait.
+        self.limits = Limits(max_items=max_queued, per_owner=None,
+                             per_address=per_address)
+        self.quota = Quota(self.limits)
         self.max_wait_s = max_wait_s
         self.max_run_s = max_run_s
         self.cache_items = cache_items
@@ -235,7 +239,8 @@ class LabQueue:
     def stats(self) -> dict:
         with self._changed:
             return {"running": self._running.id if self._running else None, "queued": len(self._line),
-                    "max_queued": self.max_queued, "per_browser": self.per_owner, "per_address": self.per_address,
+                    "max_queued": self.limits.max_items, "per_browser": self.per_owner,
+                    "per_address": self.limits.per_address,
                     "ended": self.ended, "cache_hits": self.cache_hits, "cached": len(self._cache),
                     "refused": self.refused}
 
@@ -275,14 +280,18 @@ class LabQueue:
     def _admit_or_refuse(self, owner: str, address: str) -> None:
         replaced = self._to_replace(owner, keep=None)  # they leave the line if this one is admitted
         waiting = [j for j in self._line if j not in replaced]
-        # One literal catalog key per message (tests/test_messages.py reads them from the source).
-        if len(waiting) >= self.max_queued:
+        now, wait = time.monotonic(), self._retry_after()
+        held = [Held(key=j.id, owner="", address=j.address, last_used=j.queued_at, expires_at=now + wait,
+                     busy=True, frees_at=now + wait) for j in waiting]
+        try:
+            self.quota.admit(held, owner=owner, address=address, now=now)
+        except Full as full:
+            # One literal catalog key per message (tests/test_messages.py reads them from the source).
             self.refused += 1
-            raise Busy("line.full", retry_after=self._retry_after(), n=len(waiting))
-        if address and sum(j.address == address for j in waiting) >= self.per_address:
-            self.refused += 1
-            raise Throttled("line.address_full", retry_after=self._retry_after(), n=self.per_address,
-                            total=self.max_queued)
+            if full.scope == ADDRESS:
+                raise Throttled("line.address_full", retry_after=full.retry_after, n=self.limits.per_address,
+                                total=self.limits.max_items) from None
+            raise Busy("line.full", retry_after=full.retry_after, n=len(waiting)) from None
 
     def _to_replace(self, owner: str, keep: Job | None) -> list[Job]:
         """The owner's oldest jobs it leaves so that, with ``keep`` or a new one, it holds ``per_owner``. Calls

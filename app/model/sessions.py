@@ -16,16 +16,19 @@ the ender when nobody holds it, else the last ``hold`` on its way out, once the 
 
 - A session belongs to the browser that made it (its owner cookie). Another browser sees it as
   nonexistent (410), as it would a guessed id.
-- Caps: ``max_sessions`` per server (beyond it: busy, retry later) and ``max_per_owner`` per browser
-  (beyond it the browser's own least recently used session is ended; its tokens are kept so it can be rebuilt),
-  and ``max_per_address`` for all browsers at one network address (beyond it: refused, 429; nobody's session
-  is ended), so a script that mints a new owner per request cannot take the sessions of other addresses.
+- Caps (``app/quota.py``, ``limits``): sessions per server, per browser and per network address, and bytes per
+  server and per address. At a cap the least recently used idle session is reclaimed -- the browser's own
+  first, then its address's, then one at an address over its fair share -- instead of refusing the newcomer.
+  A session a request holds is never reclaimed, nor one of another browser used within ``protect_s``; its
+  owner's next request says it was closed to make room ("err.session.reclaimed") and the page rebuilds it from
+  its tokens in one click. When nothing may go: busy (503) or, for an address or a browser, 429, with the
+  seconds until the soonest session in the way expires or may go.
 - Bytes: before a prefill or a step, its growth (K/V of the new tokens plus the step's record) is reserved
-  under the store lock; if the reservation would take all sessions past ``max_bytes`` it is refused.
-  So the total never goes over the cap, even with many clicks at once.
-- Expired or deleted sessions leave a tombstone (their token ids, sampling, owner and the model they ran
-  on), so the page can say the session expired and rebuild it. ``purge`` (a timer calls it) releases expired
-  sessions; releasing drops the KV cache, so the memory returns.
+  under the store lock, after reclaiming what the quota says; if the reservation would still pass a byte cap
+  it is refused. So the total never goes over the cap, even with many clicks at once.
+- Expired, deleted or reclaimed sessions leave a tombstone (their token ids, sampling, owner, the model they
+  ran on, why they ended), so the page can say what happened and rebuild it. ``purge`` (a timer calls it)
+  releases expired sessions; releasing drops the KV cache, so the memory returns.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from app.kv_bytes import bytes_per_token, dtype_name
 from app.model.decode import DecodeSession
 from app.model.loading import LoadedModel
 from app.model.sampling import Sampling
+from app.quota import ADDRESS, BYTES, OWNER, Full, Held, Limits, Quota, request_mark, used_since
 
 
 def step_growth(session: DecodeSession, n_new: int) -> int:
@@ -62,83 +66,76 @@ def step_growth(session: DecodeSession, n_new: int) -> int:
 class _Slot:
     """A live session's lock and who is using it. ``holders`` and ``ended`` change only under the store lock."""
 
+    owner: str = ""
+    address: str = ""  # the network address of the request that made it ("" outside a request: not counted)
     lock: threading.RLock = field(default_factory=threading.RLock)
+    made_in: object = field(default_factory=request_mark)  # the request that made it
+    used: bool = False  # a request used it after the one that made it (``protect_s`` then protects it)
+    reserved: int = 0  # bytes reserved for its forward running now (``room``)
     holders: int = 0  # hold() calls in progress on this session, waiting for its lock or holding it
     ended: bool = False  # out of the table; the last holder releases its memory
     stone: dict | None = None  # its tombstone, brought up to date when the release was deferred
 
 
 class SessionStore:
-    def __init__(self, *, ttl_s: float, max_sessions: int, max_bytes: int, max_steps: int,
-                 max_per_owner: int = 3, max_per_address: int | None = None) -> None:
+    def __init__(self, *, ttl_s: float, limits: Limits, max_steps: int, protect_s: float = 0.0) -> None:
         self.ttl_s = ttl_s
-        self.max_sessions = max_sessions
-        self.max_per_owner = max_per_owner
-        self.max_per_address = max_sessions if max_per_address is None else max_per_address
-        self.max_bytes = max_bytes
+        self.limits = limits
+        self.quota = Quota(limits, protect_s=protect_s)
         self.max_steps = max_steps
         self._live: dict[str, DecodeSession] = {}
-        self._owner: dict[str, str] = {}
-        self._address: dict[str, str] = {}  # sid -> network address that made it ("" outside a request)
         self._slots: dict[str, _Slot] = {}
-        self._ending: dict[str, DecodeSession] = {}  # ended while held: their bytes still count until released
+        self._ending: dict[str, tuple[DecodeSession, _Slot]] = {}  # ended while held: bytes count until released
         self._tombstones: OrderedDict[str, dict] = OrderedDict()
-        self._reserved = 0
+        self.reclaimed = 0
         self._lock = threading.Lock()
 
     # --- life cycle ---------------------------------------------------------------------------------
     def create(self, lm: LoadedModel, prompt_ids: list[int], sampling: Sampling, *, owner: str = "",
                address: str | None = None) -> DecodeSession:
-        """A new session for ``owner``; ``address`` defaults to the current request's (``current_address``)."""
+        """A new session for ``owner``; ``address`` defaults to the current request's (``current_address``). Its
+        bytes are claimed by the prefill (``room``)."""
         address = current_address.get() if address is None else address
         with self._lock:
             self._purge_expired()
-            mine = [sid for sid, o in self._owner.items() if o == owner]
-            while len(mine) >= self.max_per_owner:
-                oldest = min(mine, key=lambda s: self._live[s].last_used)
-                self._bury(oldest)
-                mine.remove(oldest)
-            if len(self._live) >= self.max_sessions:
-                raise Busy("limits.sessions_full", retry_after=60, n=len(self._live))
-            if address and sum(a == address for a in self._address.values()) >= self.max_per_address:
-                raise Throttled("limits.sessions_address_full", retry_after=60, n=self.max_per_address,
-                                total=self.max_sessions)
-            if self._bytes() >= self.max_bytes:
-                raise Busy("limits.sessions_memory_full", retry_after=30)
+            self._make_room(owner, address, items=1, nbytes=0)
             session = DecodeSession(id=secrets.token_urlsafe(12), lm=lm, prompt_ids=list(prompt_ids),
                                     sampling=sampling, max_steps=self.max_steps)
             self._live[session.id] = session
-            self._owner[session.id] = owner
-            self._address[session.id] = address
-            self._slots[session.id] = _Slot()
+            self._slots[session.id] = _Slot(owner=owner, address=address)
             return session
 
     def get(self, sid: str, owner: str = "") -> DecodeSession:
+        """The owner's live session; touched: used, unless by the request that made it (making a session does not
+        protect it from being reclaimed, using it does)."""
         with self._lock:
             self._purge_expired()
             session = self._live.get(sid)
-            if session is None or self._owner.get(sid) != owner:
+            slot = self._slots.get(sid)
+            if session is None or slot is None or slot.owner != owner:
                 stone = self._tombstones.get(sid)
                 if stone is not None and stone["owner"] == owner:
-                    raise Expired("err.session.ended")
+                    raise _gone(stone)
                 raise Expired("err.session.unknown")
             session.last_used = time.monotonic()
+            slot.used = slot.used or used_since(slot.made_in)
             return session
 
     @contextmanager
     def hold(self, sid: str, owner: str = "") -> Iterator[DecodeSession]:
-        """The session, with its lock held: one action at a time on one session. A session ended meanwhile
-        is kept whole until the last holder leaves, and a holder that gets the lock after the end gets 410."""
+        """The session, with its lock held: one action at a time on one session. A held session is never
+        reclaimed; one ended meanwhile is kept whole until the last holder leaves, and a holder that gets the
+        lock after the end gets 410."""
         session = self.get(sid, owner)
         with self._lock:
             slot = self._slots.get(sid)
             if slot is None or self._live.get(sid) is not session:  # ended between the lookup and here
-                raise Expired("err.session.ended")
+                raise _gone(self._tombstones.get(sid))
             slot.holders += 1
         try:
             with slot.lock:
                 if slot.ended:
-                    raise Expired("err.session.ended")
+                    raise _gone(slot.stone)
                 yield session
         finally:
             with self._lock:
@@ -153,7 +150,8 @@ class SessionStore:
 
     def delete(self, sid: str, owner: str = "") -> bool:
         with self._lock:
-            if sid not in self._live or self._owner.get(sid) != owner:
+            slot = self._slots.get(sid)
+            if slot is None or slot.owner != owner:
                 return False
             self._bury(sid)
             return True
@@ -166,38 +164,82 @@ class SessionStore:
     # --- memory ---------------------------------------------------------------------------------------
     @contextmanager
     def room(self, session: DecodeSession, n_new: int) -> Iterator[None]:
-        """Reserve the bytes a forward of ``n_new`` tokens adds, or refuse before running it."""
+        """Reserve the bytes a forward of ``n_new`` tokens adds (reclaiming idle sessions as the quota says), or
+        refuse before running it."""
         need = step_growth(session, n_new)
         with self._lock:
-            if need > self.max_bytes:
-                raise BadInput("limits.session_too_big", need=_mib(need), cap=_mib(self.max_bytes))
-            if self._bytes() + self._reserved + need > self.max_bytes:
-                raise Busy("limits.sessions_memory_full", retry_after=30)
-            self._reserved += need
+            slot = self._slots.get(session.id) or next((sl for s, sl in self._ending.values() if s is session), None)
+            if slot is None:  # ended before its forward: nothing to reserve for
+                raise Expired("err.session.ended")
+            lim = self.limits
+            if lim.max_bytes is not None and need > lim.max_bytes:
+                raise BadInput("limits.session_too_big", need=_mib(need), cap=_mib(lim.max_bytes))
+            if slot.address and lim.per_address_bytes is not None and need > lim.per_address_bytes:
+                raise BadInput("limits.session_too_big_address", need=_mib(need), cap=_mib(lim.per_address_bytes))
+            self._make_room(slot.owner, slot.address, items=0, nbytes=need)
+            slot.reserved += need
         try:
             yield
         finally:
             with self._lock:
-                self._reserved -= need
+                slot.reserved -= need
 
     # --- internals --------------------------------------------------------------------------------------
-    def _bury(self, sid: str) -> None:
+    def _make_room(self, owner: str, address: str, *, items: int, nbytes: int) -> None:
+        """End what the quota says (store lock held), or raise the cap's message with the real wait."""
+        try:
+            victims = self.quota.admit(self._held(), owner=owner, address=address, items=items, nbytes=nbytes)
+        except Full as full:
+            raise self._refusal(full) from None
+        for victim in victims:
+            self.reclaimed += victim.owner != owner
+            self._bury(str(victim.key), why="reclaimed")
+
+    def _held(self) -> list[Held]:
+        """Every session as the quota sees it: live ones, and ended ones a request still holds (their bytes)."""
+        now = time.monotonic()
+        held = []
+        for sid, s in self._live.items():
+            slot = self._slots[sid]
+            held.append(Held(key=sid, owner=slot.owner, address=slot.address, last_used=s.last_used,
+                             expires_at=s.last_used + self.ttl_s, nbytes=s.nbytes() + slot.reserved,
+                             used=slot.used, busy=slot.holders > 0))
+        for sid, (s, slot) in self._ending.items():  # frees when its holder leaves
+            held.append(Held(key=("ending", sid), owner=slot.owner, address=slot.address, last_used=now,
+                             expires_at=now, nbytes=s.nbytes() + slot.reserved, busy=True))
+        return held
+
+    def _refusal(self, full: Full) -> Busy:
+        # One literal catalog key per message (tests/test_messages.py reads them from the source).
+        lim, wait = self.limits, full.retry_after
+        if full.measure == BYTES:
+            if full.scope == ADDRESS:
+                return Throttled("limits.sessions_address_memory_full", retry_after=wait, wait=wait,
+                                 mib=_mib(lim.per_address_bytes or 0))
+            return Busy("limits.sessions_memory_full", retry_after=wait, wait=wait)
+        if full.scope == OWNER:
+            return Throttled("limits.sessions_owner_busy", retry_after=wait, wait=wait, n=lim.per_owner)
+        if full.scope == ADDRESS:
+            return Throttled("limits.sessions_address_full", retry_after=wait, wait=wait, n=lim.per_address,
+                             total=lim.max_items)
+        return Busy("limits.sessions_full", retry_after=wait, wait=wait, n=len(self._live))
+
+    def _bury(self, sid: str, why: str = "ended") -> None:
         """Take a session out of the table (store lock held); release it now unless a request holds it."""
         session = self._live.pop(sid)
-        owner = self._owner.pop(sid, "")
-        self._address.pop(sid, None)
         slot = self._slots.pop(sid)
         slot.ended = True
         slot.stone = self._tombstones[session.id] = {
             "model": session.lm.name, "model_ref": weakref.ref(session.lm), "ids": session.ids,
-            "prompt_len": len(session.prompt_ids), "sampling": session.sampling.__dict__, "owner": owner,
+            "prompt_len": len(session.prompt_ids), "sampling": session.sampling.__dict__, "owner": slot.owner,
+            "why": why,
         }
         while len(self._tombstones) > 1000:
             self._tombstones.popitem(last=False)
         if slot.holders == 0:
             session.release()
         else:
-            self._ending[sid] = session
+            self._ending[sid] = (session, slot)
 
     def _release(self, session: DecodeSession, slot: _Slot) -> None:
         """The deferred end: the step that held the session may have added a token the tombstone must keep."""
@@ -216,18 +258,27 @@ class SessionStore:
         return len(expired)
 
     def _bytes(self) -> int:
-        return sum(s.nbytes() for s in (*self._live.values(), *self._ending.values()))
+        return sum(s.nbytes() for s in (*self._live.values(), *(s for s, _ in self._ending.values())))
 
     def owned_by(self, owner: str) -> int:
         with self._lock:
-            return sum(o == owner for o in self._owner.values())
+            return sum(slot.owner == owner for slot in self._slots.values())
 
     def stats(self) -> dict:
         with self._lock:
             self._purge_expired()
-            return {"sessions": len(self._live), "bytes": self._bytes(), "max_sessions": self.max_sessions,
-                    "max_per_browser": self.max_per_owner, "max_per_address": self.max_per_address,
-                    "max_bytes": self.max_bytes}
+            lim = self.limits
+            return {"sessions": len(self._live), "bytes": self._bytes(), "max_sessions": lim.max_items,
+                    "max_per_browser": lim.per_owner, "max_per_address": lim.per_address,
+                    "max_bytes": lim.max_bytes, "max_address_bytes": lim.per_address_bytes,
+                    "reclaimed": self.reclaimed}
+
+
+def _gone(stone: dict | None) -> Expired:
+    """The 410 for a session that ended: closed to make room for another, or ended (deleted, expired)."""
+    if stone is not None and stone.get("why") == "reclaimed":
+        return Expired("err.session.reclaimed")
+    return Expired("err.session.ended")
 
 
 def _mib(n: int) -> str:

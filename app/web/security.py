@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 
 from app.admission import current_address, current_owner
 from app.i18n import scope_lang, translate
+from app.quota import current_request
 
 OWNER_COOKIE = "kvscope_owner"
 _OWNER_RE = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
@@ -106,7 +107,8 @@ def client_address(scope) -> str:
 
 class OwnerCookie:
     """Reads (or mints) the browser's signed owner id; sets ``current_owner``/``scope['state']['owner']`` and
-    ``current_address``/``scope['state']['address']``.
+    ``current_address``/``scope['state']['address']``, and marks the request (``current_request``: what a
+    request made is not "used" until another request uses it).
 
     ``secret`` is the signing key: ``Settings.secret`` when set (the same on every worker), else random per
     start, so a restart hands every browser a new id (what it owned was in memory and is gone anyway).
@@ -125,7 +127,7 @@ class OwnerCookie:
             owner = secrets.token_urlsafe(18)
         address = client_address(scope)
         scope.setdefault("state", {}).update(owner=owner, address=address)
-        tokens = current_owner.set(owner), current_address.set(address)
+        tokens = current_owner.set(owner), current_address.set(address), current_request.set(object())
 
         async def send_with_cookie(message):
             if fresh and message["type"] == "http.response.start":
@@ -140,6 +142,7 @@ class OwnerCookie:
         finally:
             current_owner.reset(tokens[0])
             current_address.reset(tokens[1])
+            current_request.reset(tokens[2])
 
 
 def allowed_hosts(host: str, extra: tuple[str, ...] = ()) -> set[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -11,6 +12,7 @@ from fastapi.testclient import TestClient
 from app.errors import Busy, Expired
 from app.i18n import translate
 from app.model.sampling import Sampling
+from app.model.sessions import step_growth
 
 
 def start(client, **kw):
@@ -75,19 +77,52 @@ def test_expiry(client, state):
     assert state.sessions.stats()["bytes"] == 0
 
 
-def test_session_cap_says_busy(client, state):
-    state.sessions.max_sessions = 2
-    start(client)
-    start(client)
-    r = client.post("/api/decode/sessions", json={"prompt": "The cat"})
+def test_at_the_session_cap_a_browser_reclaims_its_own_oldest_and_another_is_told_the_real_wait(client, state):
+    """The cap is reached by one browser's sessions, each used (stepped) since it was made. That browser's next
+    session reclaims its own least recently used one (the page can rebuild it); another browser's request may
+    not take a session used within the protection window: busy, with the seconds until the soonest one leaves
+    it. (Behaviour changed with the one quota: the same browser used to be refused too.)"""
+    state.sessions.limits.max_items = 2
+    first, second = start(client)["session"], start(client)["session"]
+    for sid in (first, second):
+        assert client.post(f"/api/decode/{sid}/step").status_code == 200
+    third = start(client)["session"]
+    r = client.post(f"/api/decode/{first}/step")
+    assert r.status_code == 410 and r.json()["detail"] == translate("err.session.reclaimed", "en")
+    rebuilt = client.post(f"/api/decode/{first}/rebuild")  # one click: rebuilt from its tokens (the second goes)
+    assert rebuilt.status_code == 200
+    for sid in (third, rebuilt.json()["session"]):  # used since they were made: protected from other browsers
+        assert client.post(f"/api/decode/{sid}/step").status_code == 200
+    other = TestClient(client.app)
+    t0 = time.monotonic()
+    soonest = min(s.last_used for s in state.sessions._live.values()) + state.sessions.quota.protect_s
+    r = other.post("/api/decode/sessions", json={"prompt": "The cat"})
+    t1 = time.monotonic()
     assert r.status_code == 503 and "busy" in r.json()["detail"]
+    # The real wait, bracketed by the two clock readings around the request (not a constant).
+    assert math.ceil(soonest - t1) <= int(r.headers["retry-after"]) <= math.ceil(soonest - t0)
 
 
-def test_byte_cap_says_busy(state, tiny):
-    state.sessions.max_bytes = 1
-    state.sessions.create(tiny, [1, 2, 3], Sampling()).prefill()
-    with pytest.raises(Busy):
-        state.sessions.create(tiny, [1, 2, 3], Sampling())
+def test_at_the_byte_cap_an_idle_session_is_reclaimed_and_a_held_one_never(state, tiny):
+    store = state.sessions
+    store.quota.protect_s = 0.0  # here only "in use" protects (the window has its own tests: tests/test_quota.py)
+    first = store.create(tiny, [1, 2, 3], Sampling(), owner="a", address="10.0.0.1")
+    with store.hold(first.id, "a"), store.room(first, 3):
+        first.prefill()
+    second = store.create(tiny, [1, 2, 3], Sampling(), owner="b", address="10.0.0.2")
+    need = step_growth(second, 3)
+    store.limits.max_bytes = store.stats()["bytes"] + need - 1  # the second's prefill fits only if the first goes
+    store.limits.per_address_bytes = None
+    with store.hold(first.id, "a"), pytest.raises(Busy) as refused, store.hold(second.id, "b"), \
+            store.room(second, 3):
+        pass  # the first is in use (a step of it running): never reclaimed
+    assert refused.value.retry_after >= 1 and first.id in store._live
+    with store.hold(second.id, "b"), store.room(second, 3):
+        second.prefill()
+    assert first.id not in store._live and store.stats()["bytes"] <= store.limits.max_bytes
+    with pytest.raises(Expired) as gone:
+        store.get(first.id, "a")
+    assert gone.value.key == "err.session.reclaimed"
 
 
 def test_decode_page_renders(client):

@@ -79,3 +79,36 @@ def test_greedy_mode_turns_the_sampling_settings_off(page, live_server):
     page.select_option("#mode", "sample")
     for name in ("temperature", "top_k", "top_p", "seed"):
         assert page.locator(f"#{name}").is_enabled()
+
+
+def test_a_session_closed_to_make_room_says_so_and_one_click_rebuilds_it(browser, settings, tiny):
+    """The server's one session is reclaimed for another browser while this page's sits idle: the next Step says
+    so in a sentence, and the button beside it rebuilds the session from its tokens; stepping goes on."""
+    from app.model.sampling import Sampling
+    from app.quota import current_request
+    from tests.conftest import make_state
+    from tests.live import browser_page, serve_in_thread
+
+    state = make_state(settings.with_(max_sessions=1, max_sessions_per_browser=1, address_share=1.0), tiny)
+    state.sessions.quota.protect_s = 0.0  # idle at once: the window has its own tests (tests/test_quota.py)
+    with serve_in_thread(state) as url, browser_page(browser, viewport={"width": 1400, "height": 1000}) as page:
+        page.goto(url + "/decode")
+        page.fill("#prompt", "The cat sat on")
+        page.click("#prefill")
+        page.wait_for_function("document.body.dataset.decodeStep === '0'")
+        mine = set(state.sessions._live)
+        token = current_request.set(object())  # another browser's request, in this process
+        try:
+            state.decode.start_session(model=None, prompt="A dog", sampling=Sampling(), owner="another browser")
+        finally:
+            current_request.reset(token)
+        assert not mine & set(state.sessions._live)
+        page.click("#step")
+        rebuild = page.get_by_role("button", name="Rebuild the session from its tokens")
+        rebuild.wait_for()
+        assert "closed to make room for another" in page.inner_text("#error")
+        rebuild.click()
+        page.wait_for_function("document.getElementById('error').textContent === ''")
+        page.click("#step")
+        page.wait_for_function("document.body.dataset.decodeStep === '1'")
+        assert page.js_errors == []

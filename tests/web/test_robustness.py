@@ -131,12 +131,12 @@ def test_a_kept_trace_holds_what_the_pages_show_and_far_less(distil):
 # --- 6. the session byte cap is hard ----------------------------------------------------------------------
 
 def test_session_byte_cap_is_never_passed(state):
-    state.sessions.max_bytes = 60_000
+    state.sessions.limits.max_bytes = 60_000
     with pytest.raises(BadInput):  # a prefill alone bigger than the whole cap: refused before it runs
         state.decode.start_session(model="distilgpt2", prompt="The cat sat on the mat and looked around",
                                    sampling=Sampling())
     assert state.sessions.stats()["sessions"] == 0 and state.sessions.stats()["bytes"] == 0
-    state.sessions.max_bytes = 1_500_000  # a prefill and a few steps (each keeps its 50 257 logits)
+    state.sessions.limits.max_bytes = 1_500_000  # a prefill and a few steps (each keeps its 50 257 logits)
     s = state.decode.start_session(model="distilgpt2", prompt="The cat", sampling=Sampling())
     refused = None
     for _ in range(20):
@@ -145,7 +145,7 @@ def test_session_byte_cap_is_never_passed(state):
         except Busy as exc:
             refused = exc
             break
-        assert state.sessions.stats()["bytes"] <= state.sessions.max_bytes
+        assert state.sessions.stats()["bytes"] <= state.sessions.limits.max_bytes
     assert refused is not None and refused.retry_after
 
 
@@ -327,7 +327,7 @@ def test_the_queue_is_bounded_per_server_and_per_browser():
 
 
 def test_busy_reaches_the_client_with_retry_after(client, state):
-    state.model_lock.max_waiting = 0
+    state.model_lock.limits.max_items = 0
     held, done = threading.Event(), threading.Event()
 
     def hold():
@@ -423,9 +423,9 @@ def test_every_error_is_one_sentence_in_the_documented_shape(client, state):
         ("post", "/api/decode/sessions", {"content": b" " * (limit + 1), "headers": json_type}, 413,
          translate("err.too_large", "en", n=f"{limit:,}")),
         ("post", "/api/decode/sessions", {"json": {"prompt": "The cat", "model": "builtin"}}, 503,
-         translate("limits.sessions_full", "en", n=0)),
+         translate("limits.sessions_full", "en", n=0, wait=1)),  # nothing in the way: retry at once
     ]
-    state.sessions.max_sessions = 0  # only the last case gets that far
+    state.sessions.limits.max_items = 0  # only the last case gets that far
     for method, path, request, status, sentence in cases:
         r = client.request(method.upper(), path.format(sid=sid), **request)
         assert r.status_code == status, (path, r.text)
