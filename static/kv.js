@@ -191,8 +191,8 @@
       click: function (gd) { P.downloadImage(gd, { format: format, filename: "kvscope", scale: format === "png" ? 2 : 1 }); },
     });
     kv.PLOT_CONFIG.displayModeBar = "hover";
-    kv.PLOT_CONFIG.modeBarButtons = [[save("png", kv.t("js.classroom.png"), P.Icons.camera),
-                                      save("svg", kv.t("js.classroom.svg"), P.Icons.disk || P.Icons.camera)]];
+    kv.PLOT_CONFIG.modeBarButtons = [[save("png", kv.t("js.export.png"), P.Icons.camera),
+                                      save("svg", kv.t("js.export.svg"), P.Icons.disk || P.Icons.camera)]];
     // Keyboard: after every draw, the mode bar's buttons leave the tab order and the chart gets our own bar.
     ["newPlot", "react", "relayout", "restyle", "update"].forEach((name) => {
       const orig = P[name];

@@ -130,15 +130,6 @@ class PrefixCache:
     def pool(self) -> BlockPool:
         return self.kv.pool
 
-    @property
-    def key_store(self) -> torch.Tensor:
-        """Every block's K, block-major: (N, L, H_kv, bs, Dh), a copy (for views and checks)."""
-        return torch.stack(self.kv.key_cache, dim=1)
-
-    @property
-    def value_store(self) -> torch.Tensor:
-        return torch.stack(self.kv.value_cache, dim=1)
-
     @torch.no_grad()
     def warm_up(self) -> None:
         """One untimed forward, so the first measured request does not pay torch's first-call costs."""

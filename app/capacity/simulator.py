@@ -163,24 +163,6 @@ class Simulator:
         self.block_events: dict[int, list[tuple[_Req, int]]] = {}
         self.finish_events: dict[int, list[tuple[_Req, int]]] = {}
 
-    # --- block pool -----------------------------------------------------------------------------------
-    # The pool's state under the names the invariant checks read (tests/capacity/test_simulator.py).
-    @property
-    def ref(self) -> list[int]:
-        return self.pool.ref_cnt
-
-    @property
-    def block_hash(self) -> list:
-        return self.pool.block_hash
-
-    @property
-    def cached(self) -> dict:
-        return self.pool.cached_block_hash_to_block
-
-    @property
-    def free(self):
-        return self.pool.free_block_queue
-
     def _hits(self, q: _Req) -> list[int]:
         """get_computed_blocks: the cached full blocks at the start of the request (at most num_tokens − 1)."""
         r = q.r

@@ -91,7 +91,7 @@ class InspectLab:
         name, ids, ref = self.index[key]
         lm = self.registry.models.get(name)
         if lm is None:  # a trained model dropped since (Settings.max_trained_models)
-            raise Expired("err.classroom.model_gone", model=name)
+            raise Expired("err.model.gone", model=name)
         if ref() is not lm:  # the model this view was made with is no longer served
             raise Expired("limits.model_changed", model=name)
         return lm, self.traces.get_or_compute(key, lambda: self._compute(lm, list(ids)),

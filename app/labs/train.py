@@ -110,9 +110,9 @@ def make_spec(
     else:
         raise BadInput("err.train.source")
     if target == "builtin":
-        raise BadInput("err.classroom.never_replace")
+        raise BadInput("err.train.never_replace")
     if target not in (None, *TARGETS):
-        raise BadInput("err.classroom.target", targets=", ".join(TARGETS))
+        raise BadInput("err.train.new_target", targets=", ".join(TARGETS))
     values = {"steps": steps, "lr": lr, "batch_size": batch_size, "block_size": block_size, "seed": seed}
     bounds = limits(settings)
     for key, value in values.items():

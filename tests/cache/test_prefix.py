@@ -55,8 +55,8 @@ def test_reuse_equals_from_scratch(request, fixture, block_size):
         lo, hi = i * block_size, min((i + 1) * block_size, len(b))
         for layer in range(lm.adapter.n_layer):
             k, v = lm.adapter.layer_cache(full.cache, layer)  # (1, H, T, Dh)
-            assert torch.allclose(cache.key_store[block_id, layer, :, : hi - lo], k[0, :, lo:hi], atol=1e-5)
-            assert torch.allclose(cache.value_store[block_id, layer, :, : hi - lo], v[0, :, lo:hi], atol=1e-5)
+            assert torch.allclose(cache.kv.key_cache[layer][block_id, :, : hi - lo], k[0, :, lo:hi], atol=1e-5)
+            assert torch.allclose(cache.kv.value_cache[layer][block_id, :, : hi - lo], v[0, :, lo:hi], atol=1e-5)
 
 
 def test_partial_tail_block_is_computed_not_shared(tiny):

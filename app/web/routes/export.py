@@ -36,11 +36,11 @@ def read_trace_file(state: StateDep, key: str, fmt: str) -> Response:
     """Every captured tensor of the trace, named by its capture name (``blocks.0.attn.q`` …), plus
     ``input_ids``; ``fmt`` is ``npz`` (``numpy.load``) or ``safetensors`` (``safetensors.safe_open``)."""
     if fmt not in FORMATS:
-        raise BadInput("err.classroom.export_format", fmt=fmt, formats=", ".join(FORMATS))
+        raise BadInput("err.export.format", fmt=fmt, formats=", ".join(FORMATS))
     lm, trace = state.trace_by_key(key)
     size = export_bytes(trace)
     if size > state.settings.max_export_bytes:
-        raise BadInput("err.classroom.export_too_big", mb=size / 2**20, limit=state.settings.max_export_bytes / 2**20)
+        raise BadInput("err.export.too_big", mb=size / 2**20, limit=state.settings.max_export_bytes / 2**20)
     return _download(pack_trace(trace, fmt, model=lm.name), f"kvscope-{lm.name}-{key}.{fmt}", fmt)
 
 
@@ -49,7 +49,7 @@ def read_trace_file(state: StateDep, key: str, fmt: str) -> Response:
 def read_head_file(state: StateDep, key: str, layer: int, head: int, fmt: str, kind: str = "weights") -> Response:
     """One head's (T, Tk) matrix (``kind``: weights, masked or scores) as ``csv`` or ``json``."""
     if fmt not in ("csv", "json"):
-        raise BadInput("err.classroom.export_format", fmt=fmt, formats="csv, json")
+        raise BadInput("err.export.format", fmt=fmt, formats="csv, json")
     lm, trace = state.trace_by_key(key)
     name = f"kvscope-{lm.name}-L{layer}H{head}-{kind}.{fmt}"
     if fmt == "csv":
