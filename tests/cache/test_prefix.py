@@ -7,8 +7,9 @@ import torch
 from transformers import DynamicCache
 
 from app.cache.paged_decode import PagedSeqStore
-from app.cache.prefix import PRESETS, PrefixCache, PrefixLab, auto_block_size
+from app.cache.prefix import PRESETS, PrefixCache, auto_block_size
 from app.errors import BadInput, NotFound
+from app.labs.prefix import PrefixLab
 from app.viz.prefix import common_prefix_len
 
 SYSTEM = "you are a kind helper. answer in one short line and keep it plain.\n"
