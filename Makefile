@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 SUDO    := $(shell [ "$$(id -u)" = "0" ] || echo sudo)
 
-.PHONY: serve test numerics lint bench venv deps test-deps chromium axe-deps lighthouse-deps lighthouse
+.PHONY: serve test numerics lint bench settings-doc venv deps test-deps chromium axe-deps lighthouse-deps lighthouse
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -69,3 +69,7 @@ lighthouse-deps: chromium
 
 lighthouse: test-deps lighthouse-deps
 	$(BIN)/python bench/lighthouse.py
+
+## Regenerate docs/settings.md from Settings (tests/test_settings_doc.py fails when it is stale).
+settings-doc:
+	$(BIN)/python -m app.cli settings-doc --out docs/settings.md

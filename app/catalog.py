@@ -156,12 +156,6 @@ def sizes(c: ModelConfig, *, dtype: str = "bf16", scales: str = "head-token", bl
             "attention": c.attention}
 
 
-def sequence_bytes(c: ModelConfig, tokens: int, **shape) -> float:
-    """KV bytes one sequence of ``tokens`` holds, layer by layer (a sliding-window layer at most its window)."""
-    layer = sizes(c, **shape)["layer_bytes"]
-    return sum(tokens_held(c.window(i), tokens) * layer for i in range(c.n_layer))
-
-
 # --- the catalog ---------------------------------------------------------------------------------------------
 
 GEMMA3_270M_WINDOWS = tuple(None if (i + 1) % 6 == 0 else 512 for i in range(18))

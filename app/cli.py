@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from app.catalog import LOADABLE
 from app.errors import BadSetting
@@ -72,7 +73,6 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 def cmd_trace(args: argparse.Namespace) -> int:
     """Run one prompt through a configured model and write every captured tensor to a file."""
-    from pathlib import Path
 
     from app.errors import UserError
     from app.model.capture import run_traced
@@ -116,6 +116,18 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_settings_doc(args: argparse.Namespace) -> int:
+    from app.settings_doc import render
+
+    text = render()
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvscope", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -141,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
                             "(default: the first of KVSCOPE_MODELS that loads)")
     trace.add_argument("--out", required=True, help="output file, ending in .npz or .safetensors")
     trace.set_defaults(func=cmd_trace)
+    doc = sub.add_parser("settings-doc", help="print docs/settings.md: every KVSCOPE_* variable, from Settings")
+    doc.add_argument("--out", default=None, help="write it to this file instead (docs/settings.md)")
+    doc.set_defaults(func=cmd_settings_doc)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -98,6 +98,7 @@ class Settings:
     # (all of them on request).
     inspect_max_grid_size: int = 128
     inspect_query_rows: int = 48
+    # --- The model gate and expiry (app/admission.py, app/state.py) ---------------------------------------------------
     # Admission control for model work (app/admission.py): requests waiting for the model at once,
     # per browser, and the longest wait before "busy, retry in N s".
     queue_max_waiting: int = 48
@@ -105,10 +106,19 @@ class Settings:
     queue_max_wait_s: float = 60.0
     # How often expired sessions, pools and labs are released.
     purge_interval_s: float = 15.0
+    # --- Compression arena (/arena, app/labs/arena.py) ----------------------------------------------------------------
     # The compression arena (/arena): every policy decodes the prompt twice, so a run costs about
     # 2 · (policies + 1) · (prefill + steps) forwards; these bound it. Runs wait in the lab's line (below).
     arena_max_prompt_tokens: int = 512
     arena_max_steps: int = 64
+    # Seconds one arena run may take once it has started (its forwards, and its waits for the model between
+    # them); then it stops and says so.
+    arena_max_s: float = 300.0
+    # Finished arena results kept for identical requests (same model, prompt, budget, policies, steps): the
+    # same request again is answered at once, with no model work. Least recently used dropped first; a result
+    # is about 25 KB (the built-in model, 16 steps) to 1 MB (SmolLM2, 512 tokens, 64 steps). At least 1.
+    arena_cache_runs: int = 32
+    # --- Speculative decoding (/speculative, app/labs/speculative.py) -------------------------------------------------
     # The speculative-decoding lab (/speculative): a run decodes the prompt twice (speculatively and plainly, for
     # the speed-up and the lossless check), each round costs γ draft forwards and one target forward. One run
     # at a time (the model gate). Temperature bounds apply to sampled runs.
@@ -122,13 +132,7 @@ class Settings:
     # tokens, ~45 MiB of K/V for SmolLM2-135M in fp32).
     roofline_max_context: int = 1024
     roofline_max_batch: int = 16
-    # Seconds one arena run may take once it has started (its forwards, and its waits for the model between
-    # them); then it stops and says so.
-    arena_max_s: float = 300.0
-    # Finished arena results kept for identical requests (same model, prompt, budget, policies, steps): the
-    # same request again is answered at once, with no model work. Least recently used dropped first; a result
-    # is about 25 KB (the built-in model, 16 steps) to 1 MB (SmolLM2, 512 tokens, 64 steps). At least 1.
-    arena_cache_runs: int = 32
+    # --- The labs' lines (app/labs/queue.py) --------------------------------------------------------------------------
     # The labs' lines (app/labs/queue.py: arena runs, training runs): runs wait their turn, one at a time per lab,
     # each browser seeing its place. At most this many wait in each line (then "busy"), one per browser (a
     # browser's new run replaces its own earlier one); the browsers at one address may fill ``address_share``
@@ -151,8 +155,12 @@ class Settings:
     train_max_batch_size: int = 64
     train_min_lr: float = 1e-5
     train_max_lr: float = 0.1
+    # --- Downloads and ablation (app/labs/export.py, app/labs/explain.py) ---------------------------------------------
     # Largest trace a download (.npz / .safetensors) may pack, in bytes of tensor data.
     max_export_bytes: int = 512 * 1024**2
+    # Inspect's head ablation: the characters of the list of heads it reads ("layer.head, ..."); the rest is ignored.
+    explain_max_heads_chars: int = 400
+    # --- Process: threads, device, memory, cookies, fair shares -------------------------------------------------------
     # Torch threads for the model (0 = torch's default).
     torch_threads: int = 0
     # Where the weights and the captures run: "cpu", "cuda" (or "cuda:N"); empty: cuda when torch sees a GPU, else
@@ -175,7 +183,7 @@ class Settings:
     # server-wide cap (decode sessions and their bytes, block pools, prefix labs and their bytes, requests waiting
     # for the model, runs in the labs' lines), and never less than one browser's own cap. A script that drops its
     # cookie is a new browser at every request, but not a new address. 1.0 turns the share off: a class
-    # behind one NAT or proxy reaches the server from one address (README, Classroom mode).
+    # behind one NAT or proxy reaches the server from one address (docs/operating.md, Running a class).
     address_share: float = 0.5
     # At any of those caps (and the byte budgets of sessions, pools and labs) the least recently used idle object is
     # reclaimed rather than the newcomer refused (app/quota.py): the browser's own first, then its address's, then
@@ -183,6 +191,7 @@ class Settings:
     # many seconds after a request last used it (making one is not using it: a script that only makes sessions
     # protects none). Its owner is told it was closed to make room, and the page rebuilds it in one click.
     quota_protect_s: float = 120.0
+    # --- Capacity lab (/capacity, app/labs/capacity.py) ---------------------------------------------------------------
     # The capacity lab's scheduler simulator (/api/capacity/simulate) runs in a server thread and holds the GIL
     # while it runs, so every run is bounded. Checked before it starts (a 4xx naming the limit): the KV blocks it
     # models (a pool is ~170 bytes a block), the workload's requests and tokens (prompts plus outputs) and the
@@ -204,6 +213,7 @@ class Settings:
     capacity_check_max_block_size: int = 16
     capacity_check_max_seqs: int = 12
 
+    # --- Long prompts and the deep zoom (app/labs/long.py, app/labs/zoom.py) ------------------------------------------
     # Long prompts (app/model/store.py). A trace keeps q, k, v and each query row's log-sum-exp of every layer and
     # computes attention weights from them when a view asks (never T × T for all heads): ~31 KB a token on
     # SmolLM2-135M, 0.92 GiB at 8 192 tokens. A prompt longer than ``max_context_tokens`` (or than the model's own
@@ -285,21 +295,28 @@ def var(name: str) -> str:
     return f"KVSCOPE_{name.upper()}"
 
 
-# Each lab's limits (every one a field above, read from its KVSCOPE_* variable). The labs (app/labs/) read their
-# own group; the lower layers they call take the numbers as arguments.
+# What each lab reads: its limits object (``app/labs/limits.py``: ``XLimits.of(settings)``) has exactly these fields,
+# so a lab reads its group and nothing else (``tests/test_settings.py``). A setting two pages show (the prompt's
+# characters, the context's tokens, the sessions' time-to-live) is in each of their groups; the lower layers a lab
+# calls take the numbers as arguments. ``lines``: the labs' lines, built by ``app/state.py``.
 GROUPS: dict[str, tuple[str, ...]] = {
-    "inspect": ("max_prompt_chars", "full_logits_max_tokens", "inspect_max_grid_size", "inspect_query_rows",
-                "max_context_tokens", "full_trace_max_tokens", "long_max_chars", "long_upload_bytes",
-                "long_capture_max_s", "zoom_min_tokens", "zoom_cache_bytes"),
+    "inspect": ("max_prompt_chars", "full_logits_max_tokens", "full_trace_max_tokens", "inspect_max_grid_size",
+                "inspect_query_rows", "max_context_tokens", "trace_cache_bytes", "trace_keep_one_bytes",
+                "zoom_min_tokens", "long_max_chars", "long_upload_bytes"),
+    "long": ("max_context_tokens", "full_trace_max_tokens", "long_max_chars", "long_upload_bytes", "long_capture_max_s",
+             "zoom_min_tokens"),
+    "zoom": ("zoom_cache_bytes",),
+    "explain": ("explain_max_heads_chars",),
+    "export": ("max_export_bytes",),
     "decode": ("session_ttl_s", "max_sessions", "max_sessions_per_browser", "session_cache_bytes", "max_decode_steps",
-               "decode_max_cache_rows"),
-    "paged": ("max_paged_pools", "max_paged_pools_per_browser", "paged_cache_bytes", "paged_max_blocks",
-              "paged_max_block_size", "paged_max_prompt_chars", "paged_max_prompt_tokens", "paged_max_new_tokens",
-              "paged_max_bench_steps", "paged_max_window"),
-    "prefix": ("max_prefix_labs", "prefix_cache_bytes", "prefix_default_blocks", "prefix_max_blocks",
+               "decode_max_cache_rows", "max_prompt_chars", "long_max_chars", "max_context_tokens"),
+    "paged": ("session_ttl_s", "max_paged_pools", "max_paged_pools_per_browser", "paged_cache_bytes",
+              "paged_max_blocks", "paged_max_block_size", "paged_max_prompt_chars", "paged_max_prompt_tokens",
+              "paged_max_new_tokens", "paged_max_bench_steps", "paged_max_window"),
+    "prefix": ("session_ttl_s", "max_prefix_labs", "prefix_cache_bytes", "prefix_default_blocks", "prefix_max_blocks",
                "prefix_max_store_mib", "prefix_max_prompts", "prefix_max_prompt_chars", "prefix_max_salt_chars",
                "prefix_max_requests_kept"),
-    "arena": ("arena_max_prompt_tokens", "arena_max_steps", "arena_max_s", "arena_cache_runs"),
+    "arena": ("max_prompt_chars", "arena_max_prompt_tokens", "arena_max_steps", "arena_max_s", "arena_cache_runs"),
     "speculative": ("spec_max_gamma", "spec_max_new_tokens", "spec_max_prompt_tokens", "spec_min_temperature",
                     "spec_max_temperature", "roofline_max_context", "roofline_max_batch"),
     "train": ("train_max_s", "max_trained_models", "train_min_text_chars", "train_max_text_chars", "train_max_steps",

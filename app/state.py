@@ -28,16 +28,18 @@ arena              the arena's line: waiting   each run the browsers that      a
 training           the Training lab and its    a run: the browser that         the line as the arena's; the run
                    line (one run at a time,    started it; the running one is  pages show: until the next starts
                    the others wait in line)    shown to everyone
-long_line          long captures' line (one    the browsers that asked for it  a run: until it ends or is stopped;
+long.line          long captures' line (one    the browsers that asked for it  a run: until it ends or is stopped;
                    at a time, progress by      (the same tokens: one run)      its trace then lives in ``traces``
                    layer, Stop)
 zoom               the zoom's pooled bases,    shared, by trace key            LRU within ``zoom_cache_bytes``
                    per head (app/labs/zoom.py)
 =================  ==========================  ==============================  ==================================
 
-The labs (``app/labs/``), one per page, each built here on the pieces above: ``inspect`` (registry, gate,
-traces), ``decode`` (sessions), ``prefix`` (prefix_labs), ``paged`` (paged_pools), ``heads`` (head_surveys),
-``arena``, ``training``, ``capacity`` (registry, gate, settings), ``lesson`` (the heads and inspect labs).
+The labs (``app/labs/``), one typed object per page or panel, each built here on the pieces above and its own
+limits (``XLimits.of(settings)``: its group of ``Settings.GROUPS``): ``inspect`` (registry, gate, traces),
+``decode`` (sessions), ``prefix`` (prefix_labs), ``paged`` (paged_pools), ``heads`` (head_surveys), ``arena``,
+``training``, ``capacity`` (registry, gate), ``lesson`` (the heads and inspect labs), and on Inspect's traces:
+``long`` (its line), ``zoom``, ``explain`` (gate), ``export``.
 
 A browser is its ``kvscope_owner`` cookie (``app/web/security.py``: an id the server minted and signed). Besides
 each browser's own cap, the browsers at one network address share at most ``address_share`` of each server-wide
@@ -55,18 +57,20 @@ from dataclasses import dataclass, field
 
 from app.admission import ModelGate
 from app.cache.paged_decode import PagedEngine
-from app.cache.prefix import PrefixLab
-from app.labs.arena import ArenaLab
-from app.labs.capacity import CapacityLab
-from app.labs.decode import DecodeLab
+from app.labs.arena import ArenaLab, ArenaLimits
+from app.labs.capacity import CapacityLab, CapacityLimits
+from app.labs.decode import DecodeLab, DecodeLimits
+from app.labs.explain import ExplainLab, ExplainLimits
+from app.labs.export import ExportLab, ExportLimits
 from app.labs.heads import HeadsLab, SurveyCache
-from app.labs.inspect import InspectLab
+from app.labs.inspect import InspectLab, InspectLimits
 from app.labs.lesson import LessonLab
-from app.labs.paged import PagedLab
-from app.labs.prefix import PrefixLabs
+from app.labs.long import LongLab, LongLimits
+from app.labs.paged import PagedLab, PagedLimits
+from app.labs.prefix import PrefixLab, PrefixLabs, PrefixLimits
 from app.labs.queue import LabQueue
-from app.labs.train import TrainingLab
-from app.labs.zoom import ZoomLab
+from app.labs.train import TrainingLab, TrainLimits
+from app.labs.zoom import ZoomLab, ZoomLimits
 from app.memory import page_in, release_free_memory, tune_allocators
 from app.model.loading import LoadedModel, ModelRegistry, load_registry, place
 from app.model.sessions import SessionStore
@@ -115,8 +119,10 @@ class AppState:
     training: TrainingLab = field(init=False)
     capacity: CapacityLab = field(init=False)
     lesson: LessonLab = field(init=False)
-    long_line: LabQueue = field(init=False)
+    long: LongLab = field(init=False)
     zoom: ZoomLab = field(init=False)
+    explain: ExplainLab = field(init=False)
+    export: ExportLab = field(init=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _janitor: threading.Thread | None = field(default=None, repr=False)
 
@@ -146,20 +152,27 @@ class AppState:
                                  max_wait_s=s.queue_max_wait_s, per_address=gate_limits.per_address),
             head_surveys=SurveyCache(),
         )
+        # Each lab gets its own limits (``XLimits.of``: its group in ``Settings.GROUPS``), never the whole Settings.
         gate = state.model_lock
-        state.inspect = InspectLab(registry=registry, gate=gate, traces=state.traces, settings=s)
-        state.decode = DecodeLab(registry=registry, sessions=state.sessions, gate=gate, settings=s)
-        state.prefix = PrefixLabs(registry=registry, gate=gate, labs=state.prefix_labs, settings=s)
-        state.paged = PagedLab(registry=registry, gate=gate, pools=state.paged_pools, settings=s)
+        state.inspect = InspectLab(registry=registry, gate=gate, traces=state.traces, limits=InspectLimits.of(s))
+        state.decode = DecodeLab(registry=registry, sessions=state.sessions, gate=gate, limits=DecodeLimits.of(s))
+        state.prefix = PrefixLabs(registry=registry, gate=gate, labs=state.prefix_labs, limits=PrefixLimits.of(s))
+        state.paged = PagedLab(registry=registry, gate=gate, pools=state.paged_pools, limits=PagedLimits.of(s))
         state.heads = HeadsLab(registry=registry, gate=gate, surveys=state.head_surveys)
-        state.arena = ArenaLab(registry=registry, settings=s,
-                               line=state.lab_queue("arena", max_run_s=s.arena_max_s, cache_items=s.arena_cache_runs))
-        state.training = TrainingLab(registry=registry, settings=s,
-                                     line=state.lab_queue("train", max_run_s=s.train_max_s))
-        state.capacity = CapacityLab(registry=registry, gate=gate, settings=s)
+        arena = ArenaLimits.of(s)
+        state.arena = ArenaLab(registry=registry, limits=arena, line=state.lab_queue(
+            "arena", max_run_s=arena.arena_max_s, cache_items=arena.arena_cache_runs))
+        train = TrainLimits.of(s)
+        state.training = TrainingLab(registry=registry, limits=train, home=s.home,
+                                     line=state.lab_queue("train", max_run_s=train.train_max_s))
+        state.capacity = CapacityLab(registry=registry, gate=gate, limits=CapacityLimits.of(s))
         state.lesson = LessonLab(heads=state.heads, inspect=state.inspect)
-        state.long_line = state.lab_queue("long", max_run_s=s.long_capture_max_s)
-        state.zoom = ZoomLab(s.zoom_cache_bytes)
+        long = LongLimits.of(s)
+        state.long = LongLab(inspect=state.inspect, limits=long,
+                             line=state.lab_queue("long", max_run_s=long.long_capture_max_s))
+        state.zoom = ZoomLab(inspect=state.inspect, limits=ZoomLimits.of(s))
+        state.explain = ExplainLab(inspect=state.inspect, gate=gate, limits=ExplainLimits.of(s))
+        state.export = ExportLab(inspect=state.inspect, limits=ExportLimits.of(s))
         return state
 
     def lab_queue(self, name: str, *, max_run_s: float, cache_items: int = 0) -> LabQueue:
@@ -224,7 +237,7 @@ class AppState:
         next piece."""
         self.arena.line.close()
         self.training.line.close()
-        self.long_line.close()
+        self.long.line.close()
 
     def stop_janitor(self) -> None:
         self._stop.set()

@@ -4,8 +4,8 @@
     .venv/bin/python bench/bench_class.py --quick    # 10 browsers
 
 The real app (uvicorn, default settings but one: the whole class comes from 127.0.0.1, so the per-address share is
-off, as README's Classroom mode says for a class behind one NAT) runs the built-in model in its own process. Each
-simulated browser has its own cookie jar.
+off, as docs/operating.md's Running a class says for a class behind one NAT) runs the built-in model in its own
+process. Each simulated browser has its own cookie jar.
 
 1. Quiet: one browser decodes alone (3 sessions × 20 steps, 50 ms apart): its step latencies.
 2. The class: N browsers press Run at once, each with its own budget (N different runs of the arena's default:

@@ -64,7 +64,7 @@ def serve(model: str, port: int) -> None:
     setup_torch()
     lm = load_builtin(OUT / "kvhome") if model == "builtin" else load_model()
     # Every simulated browser comes from 127.0.0.1, like a class behind one NAT: the per-address share is turned off
-    # (README, Classroom mode) so the run measures the server's own caps, as before there was one.
+    # (docs/operating.md, Running a class) so the run measures the server's own caps, as before there was one.
     settings = Settings(models=(lm.name,), home=OUT / "kvhome", address_share=1.0)
     state = AppState.create(settings, ModelRegistry(models={lm.name: lm}, default=lm.name, failures={}))
     uvicorn.run(create_app(state=state), host="127.0.0.1", port=port, log_level="warning",

@@ -33,7 +33,7 @@ window.kv.page("decode", () => {
       show(v);
       const u = v.unknown, note = $("unk-note");  // characters the model cannot represent: say why
       note.hidden = !u;
-      if (u) note.textContent = kv.t(u.builtin ? "js.classroom.unknown_builtin" : "js.classroom.unknown_other",
+      if (u) note.textContent = kv.t(u.builtin ? "js.tokens.unknown_builtin" : "js.tokens.unknown_other",
                                      { n: u.count, chars: u.chars, zh: u.zh_chars });
     } catch (e) { /* message shown */ } finally { setBusy(false); status(""); }
   }

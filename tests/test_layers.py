@@ -87,3 +87,56 @@ def test_the_scan_catches_an_upward_import(tmp_path):
     assert found == ["app.state", "app.startup"]
     assert RANKS[layer(found[0])] > RANKS["model"] and RANKS[layer(found[0])] > RANKS["labs"]
     assert RANKS[layer("app.training.trainer")] == RANKS[layer("app.capacity.simulator")]  # siblings: refused
+
+
+# Modules of app/labs/ that are a lab's helpers, not a lab: the limits, the lines and how a run in one is shown.
+LAB_HELPERS = {"limits", "queue", "lines"}
+# Typed on its own branch (issue 29): remove once merged, and the test below covers it too.
+TYPED_ELSEWHERE = {"speculative"}
+
+
+def lab_classes() -> dict[str, type]:
+    """The labs AppState holds (its fields made in ``create``, not handed in) whose type is a class of ``app/labs/``:
+    field name -> class."""
+    import dataclasses
+    import typing
+
+    from app.state import AppState
+
+    hints = typing.get_type_hints(AppState)
+    made = {f.name for f in dataclasses.fields(AppState) if not f.init}
+    return {name: cls for name, cls in hints.items()
+            if name in made and isinstance(cls, type) and cls.__module__.startswith("app.labs.")}
+
+
+def test_every_lab_is_a_typed_object_built_by_the_state_and_reached_by_one_dependency():
+    """Each lab module defines a class that ``AppState`` holds (made in ``AppState.create``) and that ``deps.py``
+    hands to the routes through one ``Annotated`` alias; no lab function takes the untyped state."""
+    import typing
+
+    import app.web.deps as deps
+    from app.labs.limits import Limits
+    from app.model.loading import ModelRegistry
+    from app.settings import Settings
+    from app.state import AppState
+
+    labs = lab_classes()
+    modules = {p.stem for p in (ROOT / "labs").glob("*.py")} - {"__init__"} - LAB_HELPERS - TYPED_ELSEWHERE
+    assert modules <= {cls.__module__.rsplit(".", 1)[1] for cls in labs.values()}
+    aliases = [typing.get_args(v)[0] for v in vars(deps).values() if typing.get_origin(v) is typing.Annotated]
+    for cls in labs.values():
+        assert aliases.count(cls) == 1, f"{cls.__name__}: one dependency in app/web/deps.py"
+    state = AppState.create(Settings(), ModelRegistry(models={}, default="", failures={}))
+    for name, cls in labs.items():
+        lab = getattr(state, name)
+        assert isinstance(lab, cls)
+        assert not hasattr(lab, "settings"), f"{cls.__name__} holds the whole Settings: give it its Limits"
+        limits = getattr(lab, "limits", None)
+        assert limits is None or isinstance(limits, Limits), name
+    for path in sorted((ROOT / "labs").glob("*.py")):
+        if path.stem in TYPED_ELSEWHERE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                args = [a.arg for a in node.args.args + node.args.kwonlyargs]
+                assert "state" not in args, f"{path.name}:{node.lineno} {node.name} takes the untyped state"

@@ -1,4 +1,5 @@
-"""Every memory budget Settings declares, plus the models the default settings load, fits the laptop the README names.
+"""Every memory budget Settings declares, plus the models the default settings load, fits the laptop that
+docs/operating.md names.
 
 The budgets are found from the Settings fields themselves (every ``*_bytes`` field), so a budget added later is
 counted without touching this file. Each is counted at its full size and once, a request body and a download as
@@ -23,8 +24,9 @@ from app.model.builtin import build_char_tokenizer, builtin_vocabulary, tiny_con
 from app.settings import Settings
 
 GiB, MiB = 1024**3, 1024**2
-LAPTOP = 4 * GiB  # README, "How memory is bounded": the server fits a 4 GiB laptop
-# Python, torch and the app with no model loaded: README's ~750 MB RSS with DistilGPT-2 less its ~330 MB of weights.
+LAPTOP = 4 * GiB  # docs/operating.md, "How memory is bounded": the server fits a 4 GiB laptop
+# Python, torch and the app with no model loaded: docs/operating.md's ~750 MB RSS with DistilGPT-2 less its ~330 MB
+# of weights.
 RUNTIME = 450 * MiB
 FLOAT32 = 4  # app/model/loading.py loads every checkpoint in float32
 
@@ -88,7 +90,7 @@ def held(s: Settings) -> int:
 
 def test_every_memory_budget_and_the_default_models_fit_a_4_gib_laptop():
     s = Settings()
-    # The README's list of what is bounded is found by the derivation (a check that the derivation looks).
+    # docs/operating.md's list of what is bounded is found by the derivation (a check that the derivation looks).
     assert {"trace_cache_bytes", "trace_keep_one_bytes", "session_cache_bytes", "paged_cache_bytes",
             "prefix_cache_bytes", "max_export_bytes", "max_body_bytes"} <= budgets(s).keys()
     assert held(s) <= LAPTOP, f"{held(s) / GiB:.2f} GiB: {budgets(s)}, models {model_bytes(s) / MiB:.0f} MiB"

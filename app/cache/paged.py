@@ -275,11 +275,6 @@ class PagedKVCache:
             table += self._take_free_blocks(blocks_needed(n + n_new, self.block_size) - len(table))
         self.num_tokens[seq_id] = n + n_new
 
-    def append_slot(self, seq_id: int) -> tuple[int, int]:
-        """Reserve the slot of the sequence's next token; returns (physical block id, offset in block)."""
-        self.append_slots(seq_id, 1)
-        return self.slot(seq_id, self.num_tokens[seq_id] - 1)
-
     def fork(self, parent_id: int, child_id: int) -> list[int]:
         """The child shares every block of the parent (ref_cnt + 1 each); nothing is copied yet."""
         if child_id in self.block_tables:

@@ -17,16 +17,14 @@ request's last blocks are evicted before its first ones.
 At least one token is always computed (its logits are the next-token prediction), so a prompt that is
 entirely cached still recomputes its last block, as in vLLM.
 
-``PrefixLab`` is the bounded object the prefix-cache lab keeps for each browser (``app/labs/prefix.py``): one
-cache (capacity in blocks), and at most ``PrefixLimits.max_requests_kept`` request records. Callers hold the
-lab's own lock around every method, and the model gate around every method that runs the model.
+The prefix-cache lab (``app/labs/prefix.py``) keeps one ``PrefixCache`` per browser, with its request records, and
+picks the prompts (``PRESETS``, ``timestamp_prompts``) and block sizes (``auto_block_size``, ``blocks_for_run``)
+from here.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -42,35 +40,15 @@ from app.cache.blocks import (
 )
 from app.cache.paged import PagedKVCache
 from app.cache.store import FloatKVStore, PagedSeqStore
-from app.errors import BadInput, NotFound
+from app.errors import BadInput
 from app.model.loading import LoadedModel
-from app.model.prompts import encode_prompt
 from app.settings import Settings
 
 DEFAULT_BLOCK_SIZE = 16
+DEFAULT_BLOCKS = Settings().prefix_default_blocks
 BLOCK_SIZES = (4, 8, 16, 32)
 # "auto" block size: the largest size that still gives the shortest prompt this many full blocks.
 AUTO_MIN_FULL_BLOCKS = 4
-
-
-@dataclass(frozen=True)
-class PrefixLimits:
-    """One lab's bounds: the ``prefix_*`` settings (``app/settings.py`` says what each means)."""
-
-    default_blocks: int
-    max_blocks: int
-    max_store_mib: int  # K and V of all blocks together, MiB (within prefix_cache_bytes)
-    max_prompts: int
-    max_prompt_chars: int
-    max_salt_chars: int
-    max_requests_kept: int
-
-    @classmethod
-    def of(cls, settings: Settings) -> PrefixLimits:
-        return cls(**{name: getattr(settings, f"prefix_{name}") for name in cls.__dataclass_fields__})
-
-
-DEFAULT_LIMITS = PrefixLimits.of(Settings())
 
 
 @dataclass
@@ -119,7 +97,7 @@ class PrefixCache:
     """
 
     def __init__(self, lm: LoadedModel, *, block_size: int = DEFAULT_BLOCK_SIZE,
-                 num_blocks: int = DEFAULT_LIMITS.default_blocks):
+                 num_blocks: int = DEFAULT_BLOCKS):
         a = lm.adapter
         self.lm = lm
         self.block_size = block_size
@@ -129,15 +107,6 @@ class PrefixCache:
     @property
     def pool(self) -> BlockPool:
         return self.kv.pool
-
-    @property
-    def key_store(self) -> torch.Tensor:
-        """Every block's K, block-major: (N, L, H_kv, bs, Dh), a copy (for views and checks)."""
-        return torch.stack(self.kv.key_cache, dim=1)
-
-    @property
-    def value_store(self) -> torch.Tensor:
-        return torch.stack(self.kv.value_cache, dim=1)
 
     @torch.no_grad()
     def warm_up(self) -> None:
@@ -266,155 +235,6 @@ def auto_block_size(token_counts: list[int]) -> int:
         if shortest // size >= AUTO_MIN_FULL_BLOCKS:
             return size
     return 4
-
-
-@dataclass
-class LabCounts:
-    requests: int = 0
-    requests_hit: int = 0  # requests that reused at least one block
-    tokens: int = 0
-    hit_tokens: int = 0
-
-    def add(self, req: PrefixRequest) -> None:
-        self.requests += 1
-        self.requests_hit += req.num_hit_blocks > 0
-        self.tokens += req.num_tokens
-        self.hit_tokens += req.num_hit_tokens
-
-
-class PrefixLab:
-    """What the prefix-cache page keeps on the server (bounded: one cache, a few request records)."""
-
-    def __init__(self, limits: PrefixLimits = DEFAULT_LIMITS) -> None:
-        self.limits = limits
-        self.cache: PrefixCache | None = None
-        self.requests: OrderedDict[int, PrefixRequest] = OrderedDict()
-        self.next_id = 1
-        self.totals = LabCounts()
-        self.last_run: list[int] = []
-        self.notes: list[tuple[str, dict]] = []  # (catalog key, parameters)
-        self.timestamp_runs = 0  # the timestamp preset's clock
-        # Called with a new cache's bytes before it is allocated; raises if the server's labs have no room.
-        self.admit: Callable[[int], None] | None = None
-
-    @property
-    def running(self) -> list[PrefixRequest]:
-        return [r for r in self.requests.values() if r.status == "running"]
-
-    def configure(self, lm: LoadedModel, block_size: int, num_blocks: int) -> None:
-        """Use this model, block size and capacity; any change starts an empty cache."""
-        if block_size not in BLOCK_SIZES:
-            raise BadInput("err.block_size", sizes=", ".join(map(str, BLOCK_SIZES)))
-        limits = self.limits
-        if not 1 <= num_blocks <= limits.max_blocks:
-            raise BadInput("err.prefix.capacity", n=limits.max_blocks)
-        store = num_blocks * PrefixCache.page_bytes_for(lm, block_size)
-        if store > limits.max_store_mib * 1024**2:
-            raise BadInput("err.prefix.store", n=num_blocks, size=block_size, model=lm.name,
-                           mib=f"{store / 1024**2:.0f}", limit=limits.max_store_mib)
-        c = self.cache
-        # ``c.lm is lm``: a model loaded again under the same name has other weights; its cache starts empty.
-        if c and c.lm is lm and (c.block_size, c.pool.num_blocks) == (block_size, num_blocks):
-            return
-        if self.admit is not None:
-            self.admit(store)
-        note = ("prefix.note.new_cache", {"model": lm.name, "size": block_size, "n": num_blocks, "old_model": c.lm.name,
-                                          "old_size": c.block_size, "old_n": c.pool.num_blocks}) if c else None
-        self.reset()
-        self.cache = PrefixCache(lm, block_size=block_size, num_blocks=num_blocks)
-        self.cache.warm_up()
-        if note:
-            self.notes.append(note)
-
-    def reset(self) -> None:
-        """Drop the cache and every record."""
-        self.cache = None
-        self.requests.clear()
-        self.totals = LabCounts()
-        self.last_run = []
-        self.notes = []
-
-    def run(self, lm: LoadedModel, prompts: list[tuple[str, str]], *, block_size: int | None,
-            num_blocks: int | None = None, salt: str | None = None) -> list[PrefixRequest]:
-        """Finish the previous run's requests, then prefill ``prompts`` ((group, text) pairs) in order.
-        Requests of one run stay running together, so their shared blocks show ref counts > 1.
-        ``num_blocks`` None: the default capacity, grown to fit the run."""
-        limits = self.limits
-        chosen = num_blocks is not None and num_blocks != limits.default_blocks
-        num_blocks = limits.default_blocks if num_blocks is None else num_blocks
-        if not prompts:
-            raise BadInput("err.prefix.no_prompts")
-        if len(prompts) > limits.max_prompts:
-            raise BadInput("err.prefix.too_many", n=limits.max_prompts)
-        if salt is not None and len(salt) > limits.max_salt_chars:
-            raise BadInput("err.prefix.salt", n=limits.max_salt_chars)
-        encoded = [encode_prompt(lm, text, max_chars=limits.max_prompt_chars) for _, text in prompts]
-        unk = lm.tokenizer.unk_token_id
-        if unk is not None and any(unk in ids for ids in encoded):
-            # GPT-2's unknown id is its end-of-text id, and its byte-level BPE knows every character:
-            # refuse only when some character really maps to the unknown token.
-            bad = _unknown_chars(lm, [t for _, t in prompts])
-            if bad:
-                raise BadInput("err.prefix.unknown_chars", model=lm.name, chars=bad)
-        self.notes = []
-        block_size = block_size or auto_block_size([len(ids) for ids in encoded])
-        # The run's requests stay running together, so all their blocks must fit at once. The default capacity
-        # grows to fit a run (and says so) rather than failing halfway; a capacity the user chose is kept, so
-        # a student can still watch a too-small cache run full.
-        need = blocks_for_run(encoded, block_size, salt or None)
-        if need > num_blocks and not chosen:
-            if need > limits.max_blocks:
-                raise BadInput("err.prefix.run_too_big", n=len(encoded), need=need, size=block_size,
-                               limit=limits.max_blocks)
-            grown = [("prefix.note.grown", {"n": len(encoded), "need": need, "size": block_size, "chosen": num_blocks})]
-            num_blocks = need
-        else:
-            grown = []
-        self.configure(lm, block_size, num_blocks)
-        self.notes.extend(grown)
-        assert self.cache is not None
-        for req in self.running:
-            self.cache.free(req)
-        self.last_run = []
-        out = []
-        for (group, text), ids in zip(prompts, encoded, strict=True):
-            req = self.cache.prefill(ids, request_id=self.next_id, group=group, text=text, salt=salt or None)
-            self.next_id += 1
-            self.requests[req.request_id] = req
-            self.totals.add(req)
-            self.last_run.append(req.request_id)
-            out.append(req)
-        self._trim()
-        return out
-
-    def _trim(self) -> None:
-        while len(self.requests) > self.limits.max_requests_kept:
-            oldest = next((rid for rid, r in self.requests.items() if r.status != "running"), None)
-            if oldest is None:
-                break
-            del self.requests[oldest]
-
-    def finish(self, request_id: int | None = None, *, reason: str = "finished") -> list[PrefixRequest]:
-        """End one running request (or all of them): its blocks lose a reference, tail first."""
-        if reason not in ("finished", "cancelled"):
-            raise BadInput("err.prefix.reason")
-        if self.cache is None:
-            return []
-        if request_id is None:
-            targets = self.running
-        elif request_id in self.requests:
-            targets = [self.requests[request_id]]
-        else:
-            raise NotFound("err.prefix.no_request", id=request_id, n=self.limits.max_requests_kept)
-        for req in targets:
-            self.cache.free(req, reason=reason)
-        return targets
-
-
-def _unknown_chars(lm: LoadedModel, texts: list[str]) -> str:
-    unk = lm.tokenizer.unk_token_id
-    bad = sorted({ch for t in texts for ch in set(t) if lm.encode(ch) == [unk]})
-    return " ".join(repr(c) for c in bad[:20])
 
 
 def blocks_for_run(encoded: list[list[int]], block_size: int, salt: str | None = None) -> int:

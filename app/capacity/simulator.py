@@ -163,24 +163,6 @@ class Simulator:
         self.block_events: dict[int, list[tuple[_Req, int]]] = {}
         self.finish_events: dict[int, list[tuple[_Req, int]]] = {}
 
-    # --- block pool -----------------------------------------------------------------------------------
-    # The pool's state under the names the invariant checks read (tests/capacity/test_simulator.py).
-    @property
-    def ref(self) -> list[int]:
-        return self.pool.ref_cnt
-
-    @property
-    def block_hash(self) -> list:
-        return self.pool.block_hash
-
-    @property
-    def cached(self) -> dict:
-        return self.pool.cached_block_hash_to_block
-
-    @property
-    def free(self):
-        return self.pool.free_block_queue
-
     def _hits(self, q: _Req) -> list[int]:
         """get_computed_blocks: the cached full blocks at the start of the request (at most num_tokens − 1)."""
         r = q.r
@@ -309,22 +291,47 @@ class Simulator:
                 done.append(q)
 
     def step(self) -> StepRecord:
-        """Schedule (running first, then waiting) and run one step.
+        """Schedule (running first, then waiting) and run one step, in four phases:
+
+            _schedule_running   each running request in order: a decode token, or a chunk of its prompt; a request
+                                that needs a block it cannot get preempts the last running one
+            _admit_waiting      (only in a step that preempted nobody) waiting requests while budget, sequences
+                                and blocks allow, their prefix hits first
+            _finish             the step's time from its cost; first tokens; finished requests freed
+            _lazify_decoding    requests now only decoding leave the per-step loop until their next event
 
         A scheduled request is advanced as soon as it is scheduled: nothing later in the same schedule reads its
         token counts, except prefix hits on blocks it fills this step, which vLLM allows too (it hashes blocks
         when it allocates them). Blocks of requests that finish are freed after the whole schedule, as in vLLM.
         """
+        s = len(self.steps)
+        sched: list[tuple[int, int]] | None = [] if s < self.keep_scheduled else None  # (request id, tokens)
+        preempted: list[int] = []
+        admitted: list[int] = []
+        first: list[_Req] = []  # requests whose first token this step samples
+        done: list[_Req] = []  # requests whose last token this step samples
+        # The counters travel as arguments and results (no object a step: this is the simulator's hottest path).
+        budget, prefill, decode, kv_read, nsched = self._schedule_running(s, sched, preempted, first, done)
+        if not preempted and self.waiting:
+            prefill, kv_read, nsched = self._admit_waiting(budget, sched, admitted, first, done, prefill, kv_read,
+                                                           nsched)
+        start, duration, finished = self._finish(s, first, done, prefill, decode, kv_read, nsched + decode)
+        self._lazify_decoding(s)
+        rec = StepRecord(s, start, duration, prefill, decode, len(self.running), len(self.waiting),
+                         self.pool.num_used_blocks, admitted, preempted, finished)
+        rec.scheduled = sched
+        self.steps.append(rec)
+        if self.on_step:
+            self.on_step(self, rec)
+        return rec
+
+    def _schedule_running(self, s: int, sched: list[tuple[int, int]] | None, preempted: list[int],
+                          first: list[_Req], done: list[_Req]) -> tuple[int, int, int, int, int]:
+        """(budget left, prefill tokens, decode tokens, KV tokens read, requests given prompt tokens)."""
         cfg = self.cfg
         bs = cfg.block_size
         caching = cfg.prefix_caching
         budget = cfg.max_num_batched_tokens
-        s = len(self.steps)
-        sched: list[tuple[int, int]] | None = [] if s < self.keep_scheduled else None
-        preempted: list[int] = []
-        admitted: list[int] = []
-        first: list[_Req] = []
-        done: list[_Req] = []
         prefill = decode = kv_read = nsched = 0
         running = self.running
         free = self.pool.free_block_queue
@@ -411,45 +418,61 @@ class Simulator:
         if self.n_lazy:  # every lazy request still running decoded one token
             decode += self.n_lazy
             kv_read += self.lazy_sumc + self.n_lazy
-        if not preempted:
-            waiting = self.waiting
-            while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
-                q = waiting[0]
-                cached_at_most = _shared_blocks(q.r, bs) if caching else 0
-                if blocks_needed(min(q.num_tokens, budget), bs) - cached_at_most > len(free):
-                    break  # it cannot fit, however many of its blocks are cached (a cheap test: it waits a lot)
-                hits = self._hits(q) if caching and q.num_computed == 0 else []
-                hit_tokens = len(hits) * bs
-                n = q.num_tokens - hit_tokens
-                if n > budget:
-                    if not cfg.chunked_prefill:
-                        break
-                    n = budget
-                q.num_computed = hit_tokens
-                if not self._allocate(q, n, hits):
-                    q.num_computed = 0
+        return budget, prefill, decode, kv_read, nsched
+
+    def _admit_waiting(self, budget: int, sched: list[tuple[int, int]] | None, admitted: list[int],
+                       first: list[_Req], done: list[_Req], prefill: int, kv_read: int, nsched: int
+                       ) -> tuple[int, int, int]:
+        """(prefill tokens, KV tokens read, requests given prompt tokens), the admitted ones' added."""
+        cfg = self.cfg
+        bs = cfg.block_size
+        caching = cfg.prefix_caching
+        running = self.running
+        free = self.pool.free_block_queue
+        waiting = self.waiting
+        while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+            q = waiting[0]
+            cached_at_most = _shared_blocks(q.r, bs) if caching else 0
+            if blocks_needed(min(q.num_tokens, budget), bs) - cached_at_most > len(free):
+                break  # it cannot fit, however many of its blocks are cached (a cheap test: it waits a lot)
+            hits = self._hits(q) if caching and q.num_computed == 0 else []
+            hit_tokens = len(hits) * bs
+            n = q.num_tokens - hit_tokens
+            if n > budget:
+                if not cfg.chunked_prefill:
                     break
-                waiting.popleft()
-                if caching:
-                    self.prefix_cache_queries += q.num_tokens
-                    self.prefix_cache_hits += hit_tokens
-                q.hit_tokens += hit_tokens
-                q.num_hashed = len(hits)
-                q.status = RUNNING
-                q.admitted_at = self._admissions
-                self._admissions += 1
-                running.append(q)
-                self.active.append(q)
-                admitted.append(q.r.rid)
-                budget -= n
-                kv_read += hit_tokens + n
-                nsched += 1
-                prefill += n
-                if sched is not None:
-                    sched.append((q.r.rid, n))
-                self._computed(q, hit_tokens + n, first, done)
+                n = budget
+            q.num_computed = hit_tokens
+            if not self._allocate(q, n, hits):
+                q.num_computed = 0
+                break
+            waiting.popleft()
+            if caching:
+                self.prefix_cache_queries += q.num_tokens
+                self.prefix_cache_hits += hit_tokens
+            q.hit_tokens += hit_tokens
+            q.num_hashed = len(hits)
+            q.status = RUNNING
+            q.admitted_at = self._admissions
+            self._admissions += 1
+            running.append(q)
+            self.active.append(q)
+            admitted.append(q.r.rid)
+            budget -= n
+            kv_read += hit_tokens + n
+            nsched += 1
+            prefill += n
+            if sched is not None:
+                sched.append((q.r.rid, n))
+            self._computed(q, hit_tokens + n, first, done)
+        return prefill, kv_read, nsched
+
+    def _finish(self, s: int, first: list[_Req], done: list[_Req], prefill: int, decode: int, kv_read: int,
+                nsched: int) -> tuple[float, float, list[int]]:
+        """The step's start and duration (its cost), its first tokens' time, and the requests it finished (freed,
+        in admission order): (start, duration, finished ids)."""
+        running = self.running
         start = self.now
-        nsched += decode
         duration = self.cost(prefill, decode, kv_read, nsched) if nsched else 0.0
         self.now = end = start + duration
         for q in first:
@@ -469,6 +492,9 @@ class Simulator:
             running.remove(q)
             if q in self.active:
                 self.active.remove(q)
+        return start, duration, finished
+
+    def _lazify_decoding(self, s: int) -> None:
         self.lazy_sumc += self.n_lazy  # every lazy request gained a token
         if self.lazy and s + 1 >= self.keep_scheduled and self.active:
             keep = []
@@ -478,13 +504,6 @@ class Simulator:
                 else:
                     keep.append(q)
             self.active = keep
-        rec = StepRecord(s, start, duration, prefill, decode, len(running), len(self.waiting),
-                         self.pool.num_used_blocks, admitted, preempted, finished)
-        rec.scheduled = sched
-        self.steps.append(rec)
-        if self.on_step:
-            self.on_step(self, rec)
-        return rec
 
     def run(self, stop: Callable[[Simulator], str | None] | None = None) -> Simulator:
         """Step until every request has finished, or until ``stop`` (asked after every step: a deadline, a step

@@ -18,27 +18,38 @@ The work is ``app.cache.arena.run_prepared`` with the lab's pace: one forward pe
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 from app.cache.arena import ArenaRequest, prepare, run_prepared
 from app.cache.policies import POLICIES, available
+from app.labs.limits import Limits
 from app.labs.queue import Job, LabQueue
 from app.model.loading import LoadedModel, ModelRegistry
-from app.settings import Settings
 from app.viz.arena import arena_view
 
 DEFAULT_POLICIES = ("window", "streaming", "streaming-norerope", "h2o", "snapkv", "kivi", "int8-head", "int4-head")
 
 
+@dataclass(frozen=True)
+class ArenaLimits(Limits):
+    GROUP = "arena"
+    max_prompt_chars: int
+    arena_max_prompt_tokens: int
+    arena_max_steps: int
+    arena_max_s: float
+    arena_cache_runs: int
+
+
 class ArenaLab:
-    def __init__(self, *, registry: ModelRegistry, line: LabQueue, settings: Settings) -> None:
+    def __init__(self, *, registry: ModelRegistry, line: LabQueue, limits: ArenaLimits) -> None:
         self.registry = registry
         self.line = line
-        self.settings = settings
+        self.limits = limits
 
     def prepare(self, *, model: str | None, source: str, prompt: str | None, steps: int, budget_kind: str,
                 budget: float, policies: list[str]) -> tuple[LoadedModel, ArenaRequest]:
         lm = self.registry.pick(model)
-        s = self.settings
+        s = self.limits
         req = prepare(lm, source=source, prompt=prompt, steps=steps, budget_kind=budget_kind, budget_value=budget,
                       policies=policies, max_prompt_tokens=s.arena_max_prompt_tokens, max_steps=s.arena_max_steps,
                       max_chars=s.max_prompt_chars)
@@ -69,4 +80,4 @@ class ArenaLab:
 
     def page(self, lm: LoadedModel) -> dict:
         """What the form offers: every policy, those that apply to this model, the limits."""
-        return {"all_policies": POLICIES, "applicable": available(lm.adapter), "limits": self.settings}
+        return {"all_policies": POLICIES, "applicable": available(lm.adapter), "limits": self.limits}

@@ -14,6 +14,7 @@ choices into their inputs, bounds them and assembles the view.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 from app import catalog
 from app.admission import ModelGate
@@ -22,20 +23,35 @@ from app.capacity.bounds import SimLimits, run_bounded, stopped_view
 from app.capacity.calculator import WEIGHT_BYTES, CalcInput, calculate
 from app.capacity.simulator import SimConfig, parse_requests, synthetic_workload
 from app.errors import BadInput
-from app.labs.limits import in_range
+from app.labs.limits import Limits, in_range
 from app.model.loading import ModelRegistry
-from app.settings import Settings
 from app.viz.capacity import simulation_view
 
 LOADED = "loaded:"  # a model choice naming a model this server runs
 DEFAULT_MEASURED_BLOCKS = 512  # the measured cost's pool when the form leaves it empty (a served model is small)
 
 
+@dataclass(frozen=True)
+class CapacityLimits(Limits):
+    GROUP = "capacity"
+    capacity_sim_max_blocks: int
+    capacity_sim_max_requests: int
+    capacity_sim_max_tokens: int
+    capacity_sim_max_steps: int
+    capacity_sim_max_s: float
+    capacity_check_max_requests: int
+    capacity_check_max_prompt: int
+    capacity_check_max_output: int
+    capacity_check_max_blocks: int
+    capacity_check_max_block_size: int
+    capacity_check_max_seqs: int
+
+
 class CapacityLab:
-    def __init__(self, *, registry: ModelRegistry, gate: ModelGate, settings: Settings) -> None:
+    def __init__(self, *, registry: ModelRegistry, gate: ModelGate, limits: CapacityLimits) -> None:
         self.registry = registry
         self.gate = gate
-        self.settings = settings
+        self.limits = limits
 
     def model_config(self, model: str, config_json: str | None = None, custom: dict | None = None
                      ) -> catalog.ModelConfig:
@@ -57,13 +73,13 @@ class CapacityLab:
     def page(self) -> dict:
         return {"models": [m.view() for m in catalog.CATALOG.values()],
                 "loaded": [{"key": f"{LOADED}{name}", "name": name} for name in self.registry.names],
-                "gpus": [g.__dict__ for g in stepcost.GPUS.values()]}
+                "gpus": [g.__dict__ for g in stepcost.GPUS.values()], "limits": self.limits}
 
     def models(self) -> dict:
         """The catalog of real configs, the models this server runs, and the GPUs the roofline knows."""
         loaded = [catalog.from_adapter(n, self.registry.pick(n).adapter).view() for n in self.registry.names]
         return {"catalog": [m.view() for m in catalog.CATALOG.values()], "loaded": loaded,
-                "gpus": [g.__dict__ for g in stepcost.GPUS.values()]}
+                "gpus": [g.__dict__ for g in stepcost.GPUS.values()], "limits": self.limits}
 
     def calculate(self, *, model: str, config_json: str | None = None, custom: dict | None = None,
                   **inputs) -> dict:
@@ -81,13 +97,13 @@ class CapacityLab:
         """Continuous batching as vLLM schedules it; refused before it starts when too big, stopped at the step or
         time limit or when ``cancel`` is set (the view says so and shows what ran)."""
         if workload == "list":
-            requests = parse_requests(requests_text or "", self.settings.capacity_sim_max_requests)
+            requests = parse_requests(requests_text or "", self.limits.capacity_sim_max_requests)
         else:
             requests = synthetic_workload(n=n, rate=rate, prompt_min=prompt_min,
                                           prompt_max=max(prompt_min, prompt_max), output_min=output_min,
                                           output_max=max(output_min, output_max),
                                           shared_prefix_fraction=shared_prefix_fraction, prefix_len=prefix_len,
-                                          seed=seed, max_requests=self.settings.capacity_sim_max_requests)
+                                          seed=seed, max_requests=self.limits.capacity_sim_max_requests)
         config = self.model_config(model, config_json, custom)
         if gpu not in stepcost.GPUS:
             raise BadInput("err.capacity.gpu", gpu=gpu, known=", ".join(stepcost.GPUS))
@@ -117,7 +133,7 @@ class CapacityLab:
             raise BadInput("err.capacity.no_kv_memory_tp", model=config.name, gpu=card.name, tp=fit["tp"])
         cfg = SimConfig(num_blocks=blocks, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
                         max_num_seqs=max_num_seqs, chunked_prefill=chunked_prefill, prefix_caching=prefix_caching)
-        limits = SimLimits.from_settings(self.settings)
+        limits = SimLimits.from_settings(self.limits)
         sim = run_bounded(cfg, requests, step_cost, limits=limits, cancel=cancel)
         view = simulation_view(sim, cost=cost_info)
         view["stopped"] = stopped_view(sim, limits)
@@ -128,7 +144,7 @@ class CapacityLab:
     def check(self, *, model: str | None, num_blocks: int, block_size: int, max_num_seqs: int,
               requests_text: str) -> dict:
         """The same requests and budgets through the simulator and the real paged engine, step by step."""
-        s = self.settings
+        s = self.limits
         lm = self.registry.pick(model)
         in_range("num_blocks", num_blocks, 1, s.capacity_check_max_blocks)
         sizes = s.block_sizes(s.capacity_check_max_block_size)

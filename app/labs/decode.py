@@ -9,31 +9,51 @@ work (served before queued captures), a prefill or a check is long work.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from app.admission import ModelGate
 from app.errors import BadInput, Expired
+from app.labs.limits import Limits
 from app.model.decode import DecodeSession, Step
 from app.model.loading import LoadedModel, ModelRegistry
 from app.model.prompts import encode_prompt
 from app.model.sampling import Sampling
 from app.model.sessions import SessionStore
-from app.settings import Settings
 from app.viz.decode import cache_rows, step_view
 from app.viz.tokens import unknown_note
 
 
+@dataclass(frozen=True)
+class DecodeLimits(Limits):
+    """The sessions' caps (shown on the page; the store enforces them), the prompt's characters and tokens (a
+    long prompt decodes too) and the cache rows one request reads."""
+
+    GROUP = "decode"
+    session_ttl_s: float
+    max_sessions: int
+    max_sessions_per_browser: int
+    session_cache_bytes: int
+    max_decode_steps: int
+    decode_max_cache_rows: int
+    max_prompt_chars: int
+    long_max_chars: int
+    max_context_tokens: int
+
+
 class DecodeLab:
     def __init__(self, *, registry: ModelRegistry, sessions: SessionStore, gate: ModelGate,
-                 settings: Settings) -> None:
+                 limits: DecodeLimits) -> None:
         self.registry = registry
         self.sessions = sessions
         self.gate = gate
-        self.settings = settings
+        self.limits = limits
 
     # --- what the routes call: plain data out -----------------------------------------------------------
     def page(self, *, model: str | None, prompt: str, chat: bool) -> dict:
         """The page's context: the prompt, the model and whether it has a chat template."""
         lm = self.registry.pick(model)
-        return {"prompt": prompt, "model_name": lm.name, "chat_template": lm.has_chat_template, "chat": chat}
+        return {"prompt": prompt, "model_name": lm.name, "chat_template": lm.has_chat_template, "chat": chat,
+                "limits": self.limits}
 
     def start(self, *, model: str | None, prompt: str | None, sampling: Sampling, owner: str = "",
               chat: bool = False) -> dict:
@@ -57,7 +77,7 @@ class DecodeLab:
     def cache_rows(self, sid: str, owner: str, layer: int, head: int, last: int) -> dict:
         """The newest ``last`` cached K/V rows of one head (at least 1, at most ``decode_max_cache_rows``)."""
         with self.sessions.hold(sid, owner) as session:
-            return cache_rows(session, layer, head, max(1, min(last, self.settings.decode_max_cache_rows)))
+            return cache_rows(session, layer, head, max(1, min(last, self.limits.decode_max_cache_rows)))
 
     def close(self, sid: str, owner: str = "") -> dict:
         return {"released": self.sessions.delete(sid, owner)}
@@ -83,7 +103,7 @@ class DecodeLab:
     def start_session(self, *, model: str | None, prompt: str | None, sampling: Sampling, owner: str = "",
                       chat: bool = False) -> DecodeSession:
         lm = self.registry.pick(model)
-        st = self.settings
+        st = self.limits
         # A long prompt decodes too (the step's attention row then spans thousands of cached positions): the long
         # prompts' limits (characters, then ``max_context_tokens``); its cache's bytes are checked against the
         # sessions' budget before the prefill runs (``SessionStore.room``).

@@ -16,15 +16,16 @@ from __future__ import annotations
 import hashlib
 import weakref
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from app.admission import ModelGate
 from app.errors import Expired
+from app.labs.limits import Limits
 from app.model.capture import run_traced
 from app.model.loading import LoadedModel, ModelRegistry
 from app.model.prompts import encode_prompt
 from app.model.store import LENS_POSITIONS, TraceStore, check_trace_fits, shape_only, slim, tail_only, trace_bytes
 from app.model.trace import Trace
-from app.settings import Settings
 from app.viz.attention import arithmetic, embedding_rows, grid_thumbnails, head_matrix
 from app.viz.inspect import inspect_view, query_view
 from app.viz.models import model_card
@@ -33,12 +34,30 @@ from app.viz.tokens import honest_texts
 INDEX_KEYS = 10_000  # newest trace keys remembered (a key is ~100 bytes; an older link recomputes nothing: 410)
 
 
+@dataclass(frozen=True)
+class InspectLimits(Limits):
+    """The prompt form's and the captures' bounds; the long prompts' form on the same page shows its own."""
+
+    GROUP = "inspect"
+    max_prompt_chars: int
+    full_logits_max_tokens: int
+    full_trace_max_tokens: int
+    inspect_max_grid_size: int
+    inspect_query_rows: int
+    max_context_tokens: int
+    trace_cache_bytes: int
+    trace_keep_one_bytes: int
+    zoom_min_tokens: int
+    long_max_chars: int
+    long_upload_bytes: int
+
+
 class InspectLab:
-    def __init__(self, *, registry: ModelRegistry, gate: ModelGate, traces: TraceStore, settings: Settings) -> None:
+    def __init__(self, *, registry: ModelRegistry, gate: ModelGate, traces: TraceStore, limits: InspectLimits) -> None:
         self.registry = registry
         self.gate = gate
         self.traces = traces
-        self.settings = settings
+        self.limits = limits
         # trace key -> (model name, token ids, the model object it ran on): small, so it outlives the traces
         # themselves and lets an evicted trace be recomputed from a page's link.
         self.index: OrderedDict[str, tuple[str, tuple[int, ...], weakref.ref]] = OrderedDict()
@@ -54,13 +73,13 @@ class InspectLab:
         return digest
 
     def _compute(self, lm: LoadedModel, ids: list[int]) -> Trace:
-        long = len(ids) > self.settings.full_trace_max_tokens
+        long = len(ids) > self.limits.full_trace_max_tokens
         with self.gate:
             # Token texts as the pages show them: a byte piece of a multi-byte character by its byte values. What
             # ``slim`` drops is not held while the forward runs: activations by shape only, no copy of K/V in a cache,
             # a long prompt's per-position activations cut to its last positions as they are hooked.
             return slim(run_traced(lm.model, lm.adapter, ids, honest_texts(lm, ids), keep_cache=False,
-                                   all_logits=len(ids) <= self.settings.full_logits_max_tokens,
+                                   all_logits=len(ids) <= self.limits.full_logits_max_tokens,
                                    shape_only=shape_only, tail_only=tail_only if long else None,
                                    tail=LENS_POSITIONS if long else 0))
 
@@ -74,13 +93,13 @@ class InspectLab:
 
     def expected_bytes(self, lm: LoadedModel, n_tokens: int) -> int:
         """What the trace of ``n_tokens`` will hold once kept (``trace_bytes``); room is made before its forward."""
-        return trace_bytes(lm.adapter, n_tokens, full=n_tokens <= self.settings.full_trace_max_tokens)
+        return trace_bytes(lm.adapter, n_tokens, full=n_tokens <= self.limits.full_trace_max_tokens)
 
     def trace_prompt(self, model: str | None, prompt: str | None, *, chat: bool = False
                      ) -> tuple[LoadedModel, str, Trace]:
         lm = self.registry.pick(model)
-        ids = encode_prompt(lm, prompt, max_chars=self.settings.max_prompt_chars, chat=chat)
-        check_trace_fits(lm.adapter, len(ids), self.settings)
+        ids = encode_prompt(lm, prompt, max_chars=self.limits.max_prompt_chars, chat=chat)
+        check_trace_fits(lm.adapter, len(ids), self.limits)
         key = self._key(lm, ids)
         return lm, key, self.traces.get_or_compute(key, lambda: self._compute(lm, ids),
                                                    expected=self.expected_bytes(lm, len(ids)))
@@ -91,7 +110,7 @@ class InspectLab:
         name, ids, ref = self.index[key]
         lm = self.registry.models.get(name)
         if lm is None:  # a trained model dropped since (Settings.max_trained_models)
-            raise Expired("err.classroom.model_gone", model=name)
+            raise Expired("err.model.gone", model=name)
         if ref() is not lm:  # the model this view was made with is no longer served
             raise Expired("limits.model_changed", model=name)
         return lm, self.traces.get_or_compute(key, lambda: self._compute(lm, list(ids)),
@@ -106,7 +125,7 @@ class InspectLab:
         if prompt is not None:
             lm, key, trace = self.trace_prompt(model, prompt, chat=chat)
             view = inspect_view(lm, key, trace, layer=layer, head=head, q=q, kind=kind, prompt=prompt)
-        return {"view": view, "prompt": prompt or "", "card": model_card(lm), "chat": chat}
+        return {"view": view, "prompt": prompt or "", "card": model_card(lm), "chat": chat, "limits": self.limits}
 
     def trace_view(self, *, model: str | None, prompt: str, chat: bool) -> dict:
         lm, key, trace = self.trace_prompt(model, prompt, chat=chat)
@@ -115,7 +134,7 @@ class InspectLab:
     def grid(self, key: str, size: int) -> dict:
         """Every layer × head as a small image of ``size`` pixels a side (4 to ``inspect_max_grid_size``)."""
         _, trace = self.trace_by_key(key)
-        return grid_thumbnails(trace, size=max(4, min(size, self.settings.inspect_max_grid_size)))
+        return grid_thumbnails(trace, size=max(4, min(size, self.limits.inspect_max_grid_size)))
 
     def attention(self, key: str, layer: int, head: int, kind: str):
         _, trace = self.trace_by_key(key)
@@ -133,7 +152,7 @@ class InspectLab:
         """The embedding and arithmetic panels of one (layer, head, query token)."""
         lm, trace = self.trace_by_key(key)
         qv = query_view(trace, layer=layer, head=head, q=q,
-                        limit=None if all_rows else self.settings.inspect_query_rows)
+                        limit=None if all_rows else self.limits.inspect_query_rows)
         return {"qv": qv, "key": key, "card": model_card(lm)}
 
     def embedding_panel(self, key: str, pos: int) -> dict:

@@ -1,8 +1,34 @@
-"""Checks the labs make against their limits (``Settings``): one message for a number out of its range."""
+"""A lab's limits and the checks it makes against them.
+
+    Limits.of(settings)          a lab's limits: a frozen dataclass whose fields are its group's settings
+                                 (``Settings.GROUPS[GROUP]``), under the settings' own names, read from that group
+                                 and nothing else (``tests/test_settings.py``: the fields are the group)
+    in_range(name, value, lo, hi)   one message for a number out of its range
+"""
 
 from __future__ import annotations
 
+from dataclasses import fields
+from typing import ClassVar, Self
+
 from app.errors import BadInput
+from app.settings import Settings
+
+
+class Limits:
+    """Base of every lab's limits (``InspectLimits``, ``PagedLimits`` …): a lab holds its limits, never the whole
+    ``Settings``, so its group in ``Settings.GROUPS`` is exactly what it reads."""
+
+    GROUP: ClassVar[str]
+
+    @classmethod
+    def of(cls, settings: Settings) -> Self:
+        group = settings.group(cls.GROUP)
+        return cls(**{f.name: group[f.name] for f in fields(cls)})  # type: ignore[arg-type]
+
+    def block_sizes(self, largest: int) -> tuple[int, ...]:
+        """1, 2, 4 … up to ``largest``: the block sizes a lab offers (``Settings.block_sizes``)."""
+        return tuple(1 << k for k in range(largest.bit_length()) if 1 << k <= largest)
 
 
 def in_range(name: str, value: float, low: float, high: float) -> None:

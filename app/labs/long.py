@@ -1,12 +1,15 @@
 """Long prompts on Inspect: a text (pasted, a .txt file, or the built-in long one) captured in its own line.
 
-    prepare(state, model, text, builtin)   the model and the token ids; over a limit -> BadInput naming it, before
-                                           anything waits
-    submit(state, lm, ids, owner, address) into ``state.long_line`` (``app/labs/queue.py``): one long capture runs
-                                           at a time, the others wait their turn; the same tokens already waiting
-                                           or running are joined
-    layer_progress(adapter, pace)          a context manager: a forward hook per hook point reports "layer n of L"
-                                           and stops the forward (``Stopped``) once the job is stopped
+``LongLab`` holds the Inspect lab (whose traces it fills), its own line (``app/labs/queue.py``) and its limits
+(``Settings.long_*``, ``max_context_tokens``).
+
+    prepare(model, text, builtin)    the model and the token ids; over a limit -> BadInput naming it, before
+                                     anything waits
+    submit(lm, ids, owner, address)  into ``line``: one long capture runs at a time, the others wait their turn; the
+                                     same tokens already waiting or running are joined
+    limits_view(model)               the limits the page's form shows
+    layer_progress(adapter, pace)    a context manager: a forward hook per hook point reports "layer n of L" and
+                                     stops the forward (``Stopped``) once the job is stopped
 
 Memory: the line runs one capture at a time, and before it starts it lets go of kept traces if they and the new
 one would pass the trace budget (``max(trace_cache_bytes, trace_keep_one_bytes)``); the new trace's size is the
@@ -19,11 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from app.errors import BadInput
 from app.i18n import translate
-from app.labs.queue import GatedPace, Job
+from app.labs.inspect import InspectLab
+from app.labs.limits import Limits
+from app.labs.queue import GatedPace, Job, LabQueue
 from app.model.adapters import ModelAdapter
 from app.model.loading import LoadedModel
 from app.model.prompts import encode_prompt
@@ -35,24 +41,6 @@ LONG_TEXT_PATH = Path(__file__).resolve().parents[1] / "model" / "long_reader.tx
 def long_text() -> str:
     """The built-in long text: an essay written for KVScope on how a reader keeps context (~8 000 SmolLM2 tokens)."""
     return LONG_TEXT_PATH.read_text(encoding="utf-8")
-
-
-def token_limit(state, lm: LoadedModel) -> int:
-    return min(state.settings.max_context_tokens, lm.max_positions)
-
-
-def prepare(state, *, model: str | None, text: str | None, builtin: bool = False) -> tuple[LoadedModel, list[int]]:
-    s = state.settings
-    lm = state.model(model)
-    limit = token_limit(state, lm)
-    if builtin:  # the project's own text, cut to what the model reads
-        return lm, lm.encode(long_text())[:limit]
-    if text is not None and len(text.encode("utf-8")) > s.long_upload_bytes:
-        raise BadInput("err.long.bytes", n=f"{len(text.encode('utf-8')):,}", limit=f"{s.long_upload_bytes:,}")
-    ids = encode_prompt(lm, text, max_chars=s.long_max_chars)
-    if len(ids) > limit:
-        raise BadInput("err.long.tokens", n=f"{len(ids):,}", model=lm.name, limit=f"{limit:,}")
-    return lm, ids
 
 
 @contextmanager
@@ -84,23 +72,9 @@ def layer_progress(adapter: ModelAdapter, pace: GatedPace) -> Iterator[None]:
             h.remove()
 
 
-def expected_bytes(lm: LoadedModel, n_tokens: int, settings) -> int:
+def expected_bytes(lm: LoadedModel, n_tokens: int, full_trace_max_tokens: int) -> int:
     """What the trace of ``n_tokens`` will hold once kept (``trace_bytes``, from the model's sizes)."""
-    return trace_bytes(lm.adapter, n_tokens, full=n_tokens <= settings.full_trace_max_tokens)
-
-
-def submit(state, lm: LoadedModel, ids: list[int], *, owner: str, address: str) -> Job:
-    key = state.trace_key(lm, ids)
-
-    def work(pace: GatedPace) -> dict:
-        # the store drops older traces first if this one needs the room
-        with pace.piece(), layer_progress(lm.adapter, pace):
-            trace = state.traces.get_or_compute(key, lambda: state.compute_trace(lm, ids),
-                                                expected=expected_bytes(lm, len(ids), state.settings))
-        return {"key": key, "n_tokens": trace.n_tokens, "url": f"/zoom/{key}"}
-
-    return state.long_line.submit(work, key=f"long:{key}", units=lm.adapter.n_layer, rate_key=lm.name, owner=owner,
-                                  address=address, follow=True, keep_alive=lm)
+    return trace_bytes(lm.adapter, n_tokens, full=n_tokens <= full_trace_max_tokens)
 
 
 def progress_text(progress: dict, lang: str) -> str:
@@ -108,8 +82,59 @@ def progress_text(progress: dict, lang: str) -> str:
     return translate("long.progress", lang, layer=progress["layer"], layers=progress["layers"])
 
 
-def limits(state, model: str | None) -> dict:
-    s = state.settings
-    lm = state.model(model)
-    return {"model": lm.name, "max_tokens": token_limit(state, lm), "max_chars": s.long_max_chars,
-            "max_bytes": s.long_upload_bytes, "zoom_min_tokens": s.zoom_min_tokens}
+@dataclass(frozen=True)
+class LongLimits(Limits):
+    GROUP = "long"
+    max_context_tokens: int
+    full_trace_max_tokens: int
+    long_max_chars: int
+    long_upload_bytes: int
+    long_capture_max_s: float
+    zoom_min_tokens: int
+
+
+class LongLab:
+    def __init__(self, *, inspect: InspectLab, line: LabQueue, limits: LongLimits) -> None:
+        self.inspect = inspect
+        self.line = line
+        self.limits = limits
+
+    def token_limit(self, lm: LoadedModel) -> int:
+        return min(self.limits.max_context_tokens, lm.max_positions)
+
+    def prepare(self, *, model: str | None, text: str | None, builtin: bool = False) -> tuple[LoadedModel, list[int]]:
+        lim = self.limits
+        lm = self.inspect.registry.pick(model)
+        limit = self.token_limit(lm)
+        if builtin:  # the project's own text, cut to what the model reads
+            return lm, lm.encode(long_text())[:limit]
+        if text is not None and len(text.encode("utf-8")) > lim.long_upload_bytes:
+            raise BadInput("err.long.bytes", n=f"{len(text.encode('utf-8')):,}", limit=f"{lim.long_upload_bytes:,}")
+        ids = encode_prompt(lm, text, max_chars=lim.long_max_chars)
+        if len(ids) > limit:
+            raise BadInput("err.long.tokens", n=f"{len(ids):,}", model=lm.name, limit=f"{limit:,}")
+        return lm, ids
+
+    def submit(self, lm: LoadedModel, ids: list[int], *, owner: str, address: str) -> Job:
+        inspect = self.inspect
+        key = inspect.trace_key(lm, ids)
+        expected = expected_bytes(lm, len(ids), self.limits.full_trace_max_tokens)
+
+        def work(pace: GatedPace) -> dict:
+            # the store drops older traces first if this one needs the room
+            with pace.piece(), layer_progress(lm.adapter, pace):
+                trace = inspect.traces.get_or_compute(key, lambda: inspect.compute_trace(lm, ids), expected=expected)
+            return {"key": key, "n_tokens": trace.n_tokens, "url": f"/zoom/{key}"}
+
+        return self.line.submit(work, key=f"long:{key}", units=lm.adapter.n_layer, rate_key=lm.name, owner=owner,
+                                address=address, follow=True, keep_alive=lm)
+
+    def stop(self, job_id: str, owner: str) -> bool:
+        return self.line.stop(job_id, owner)
+
+    def limits_view(self, model: str | None) -> dict:
+        """The long prompts' limits for ``model``: its tokens, the characters, a file's bytes, where the zoom starts."""
+        lim = self.limits
+        lm = self.inspect.registry.pick(model)
+        return {"model": lm.name, "max_tokens": self.token_limit(lm), "max_chars": lim.long_max_chars,
+                "max_bytes": lim.long_upload_bytes, "zoom_min_tokens": lim.zoom_min_tokens}

@@ -10,6 +10,7 @@ clicks cannot interleave. The engine itself is ``app/cache/paged_decode.py``'s; 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 from app.admission import LONG, SHORT, ModelGate
@@ -17,11 +18,10 @@ from app.cache.paged_decode import PagedEngine
 from app.cache.verify import run_bench
 from app.errors import BadInput
 from app.kv_bytes import dtype_name, page_bytes
-from app.labs.limits import in_range
+from app.labs.limits import Limits, in_range
 from app.model.loading import LoadedModel, ModelRegistry
 from app.model.prompts import encode_prompt
 from app.owned import OwnedTable
-from app.settings import Settings
 from app.viz.models import model_card
 from app.viz.paged import bench_view, engine_view
 
@@ -29,18 +29,36 @@ Action = Literal["fork", "finish", "cancel", "preempt"]  # what a sequence's but
 MIN_BLOCKS = 2  # a pool of one block cannot show a second sequence sharing or waiting
 
 
+@dataclass(frozen=True)
+class PagedLimits(Limits):
+    """The pools' caps (shown on the page; the owned table enforces them) and one pool's, request's and bench's."""
+
+    GROUP = "paged"
+    session_ttl_s: float
+    max_paged_pools: int
+    max_paged_pools_per_browser: int
+    paged_cache_bytes: int
+    paged_max_blocks: int
+    paged_max_block_size: int
+    paged_max_prompt_chars: int
+    paged_max_prompt_tokens: int
+    paged_max_new_tokens: int
+    paged_max_bench_steps: int
+    paged_max_window: int
+
+
 class PagedLab:
     def __init__(self, *, registry: ModelRegistry, gate: ModelGate, pools: OwnedTable[PagedEngine],
-                 settings: Settings) -> None:
+                 limits: PagedLimits) -> None:
         self.registry = registry
         self.gate = gate
         self.pools = pools
-        self.settings = settings
-        self.block_sizes = settings.block_sizes(settings.paged_max_block_size)
+        self.limits = limits
+        self.block_sizes = limits.block_sizes(limits.paged_max_block_size)
 
     # --- checks ---------------------------------------------------------------------------------------------
     def check_pool(self, num_blocks: int, block_size: int) -> None:
-        s = self.settings
+        s = self.limits
         in_range("num_blocks", num_blocks, MIN_BLOCKS, s.paged_max_blocks)
         self.check_block_size(block_size)
 
@@ -49,7 +67,7 @@ class PagedLab:
             raise BadInput("err.block_size", sizes=", ".join(map(str, self.block_sizes)))
 
     def prompt_ids(self, lm: LoadedModel, prompt: str | None) -> list[int]:
-        s = self.settings
+        s = self.limits
         ids = encode_prompt(lm, prompt, max_chars=s.paged_max_prompt_chars, reserve=s.paged_max_bench_steps + 8)
         if len(ids) > s.paged_max_prompt_tokens:
             raise BadInput("err.paged.prompt_tokens", limit=s.paged_max_prompt_tokens, n=len(ids))
@@ -88,7 +106,7 @@ class PagedLab:
 
     def add(self, owner: str, sid: str, lang: str, *, prompt: str, max_new: int) -> dict:
         """A new request: prefilled into the pool if its blocks fit, otherwise it waits."""
-        in_range("max_new", max_new, 1, self.settings.paged_max_new_tokens)
+        in_range("max_new", max_new, 1, self.limits.paged_max_new_tokens)
         return self.act(owner, sid, lang, lambda engine: engine.add(self.prompt_ids(engine.lm, prompt), max_new))
 
     def step(self, owner: str, sid: str, lang: str) -> dict:
@@ -106,7 +124,7 @@ class PagedLab:
     def bench(self, *, prompt: str | None, model: str | None, steps: int, block_size: int, window: int,
               lang: str) -> dict:
         """Full recompute vs contiguous vs paged vs quantized vs window, step by step."""
-        s = self.settings
+        s = self.limits
         lm = self.registry.pick(model)
         in_range("steps", steps, 1, s.paged_max_bench_steps)
         in_range("window", window, 1, s.paged_max_window)
@@ -116,5 +134,5 @@ class PagedLab:
                           lang)
 
     def page(self, model: str | None) -> dict:
-        return {"card": model_card(self.registry.pick(model)), "block_sizes": self.block_sizes}
+        return {"card": model_card(self.registry.pick(model)), "block_sizes": self.block_sizes, "limits": self.limits}
 

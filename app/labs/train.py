@@ -41,6 +41,7 @@ from transformers import GPT2LMHeadModel
 
 from app.errors import BadInput
 from app.i18n import translate
+from app.labs.limits import Limits
 from app.labs.lines import line_view
 from app.labs.queue import CANCELLED, RUNNING, GatedPace, Job, LabQueue, Stopped
 from app.model.builtin import N_POSITIONS, article_corpus_text, build_char_tokenizer, save_checkpoint, tiny_config
@@ -63,10 +64,23 @@ EQUIVALENCE_NEW_TOKENS = 8
 ACTIVE = ("running", "stopping", "publishing")
 
 
-def limits(settings: Settings) -> dict[str, tuple[float, float]]:
-    """(low, high) inclusive bounds of each editable hyper-parameter: the settings', the model's positions, torch's
-    seeds."""
-    s = settings
+@dataclass(frozen=True)
+class TrainLimits(Limits):
+    GROUP = "train"
+    train_max_s: float
+    max_trained_models: int
+    train_min_text_chars: int
+    train_max_text_chars: int
+    train_max_steps: int
+    train_max_batch_size: int
+    train_min_lr: float
+    train_max_lr: float
+
+
+def bounds(lim: TrainLimits) -> dict[str, tuple[float, float]]:
+    """(low, high) inclusive bounds of each editable hyper-parameter: the lab's limits, the model's positions,
+    torch's seeds."""
+    s = lim
     return {
         "steps": (1, s.train_max_steps),
         "lr": (s.train_min_lr, s.train_max_lr),
@@ -94,29 +108,29 @@ def make_spec(
     block_size: int = ARTICLE_CONFIG.block_size,
     seed: int = ARTICLE_CONFIG.seed,
     target: str | None = None,
-    settings: Settings | None = None,
+    limits: TrainLimits | None = None,
 ) -> JobSpec:
-    """Validate what a user sent against ``settings``' limits (None: the defaults); every problem becomes one
+    """Validate what a user sent against the lab's limits (None: the defaults); every problem becomes one
     ``BadInput`` message."""
-    settings = settings or Settings()
+    lim = limits or TrainLimits.of(Settings())
     if source == "builtin":
         text = article_corpus_text()
     elif source == "text":
         text = (text or "").replace("\r\n", "\n")
-        if len(text.strip()) < settings.train_min_text_chars:
-            raise BadInput("err.train.text_short", n=settings.train_min_text_chars)
-        if len(text) > settings.train_max_text_chars:
-            raise BadInput("err.train.text_long", n=f"{len(text):,}", limit=f"{settings.train_max_text_chars:,}")
+        if len(text.strip()) < lim.train_min_text_chars:
+            raise BadInput("err.train.text_short", n=lim.train_min_text_chars)
+        if len(text) > lim.train_max_text_chars:
+            raise BadInput("err.train.text_long", n=f"{len(text):,}", limit=f"{lim.train_max_text_chars:,}")
     else:
         raise BadInput("err.train.source")
     if target == "builtin":
-        raise BadInput("err.classroom.never_replace")
+        raise BadInput("err.train.never_replace")
     if target not in (None, *TARGETS):
-        raise BadInput("err.classroom.target", targets=", ".join(TARGETS))
+        raise BadInput("err.train.new_target", targets=", ".join(TARGETS))
     values = {"steps": steps, "lr": lr, "batch_size": batch_size, "block_size": block_size, "seed": seed}
-    bounds = limits(settings)
+    ranges = bounds(lim)
     for key, value in values.items():
-        lo, hi = bounds[key]
+        lo, hi = ranges[key]
         if not (lo <= value <= hi):
             raise BadInput("err.train.range", name=key, lo=f"{lo:g}", hi=f"{hi:g}", value=f"{value:g}")
     config = replace(ARTICLE_CONFIG, steps=int(steps), lr=float(lr), batch_size=int(batch_size),
@@ -168,11 +182,10 @@ class TrainingLab:
     last is the one every page shows (``job``).
     """
 
-    def __init__(self, *, registry: ModelRegistry, line: LabQueue, settings: Settings, home: Path | None = None
-                 ) -> None:
+    def __init__(self, *, registry: ModelRegistry, line: LabQueue, limits: TrainLimits, home: Path) -> None:
         self.registry = registry
-        self.settings = settings
-        self.home = Path(home or settings.home)  # trained models go to trained_root(home)
+        self.limits = limits
+        self.home = Path(home)  # trained models go to trained_root(home)
         self.line = line
         self._preview: TrainingJob | None = None
         self._lock = threading.Lock()  # job ids, the preview, and each job's status changes
@@ -187,7 +200,7 @@ class TrainingLab:
     # --- commands -------------------------------------------------------------------------------
     def spec(self, **form) -> JobSpec:
         """What a user sent, checked against this lab's limits."""
-        return make_spec(**form, settings=self.settings)
+        return make_spec(**form, limits=self.limits)
 
     def submit(self, spec: JobSpec, *, owner: str = "", address: str = "", follow: bool = False) -> Job:
         """A new run into the line (``follow``: the caller follows it and releases it, see ``LabQueue``)."""
@@ -210,7 +223,7 @@ class TrainingLab:
             if job is None or job.status != "stopped":
                 raise BadInput("err.train.no_resume")
             if steps is not None:
-                lo, hi = limits(self.settings)["steps"]
+                lo, hi = bounds(self.limits)["steps"]
                 if not (max(lo, job.next_step + 1) <= steps <= hi):
                     raise BadInput("err.train.resume_steps", lo=job.next_step + 1, hi=f"{hi:g}")
                 job.spec = replace(job.spec, config=replace(job.spec.config, steps=int(steps)))
@@ -321,9 +334,10 @@ class TrainingLab:
     def page(self, lang: str, owner: str = "") -> dict:
         """Everything the page shows when it opens."""
         return {"status": self.status_view(lang, owner), "parameters": self.parameters(), "step": self.step(),
-                "memory": self.memory(), "defaults": ARTICLE_CONFIG, "limits": limits(self.settings),
-                "corpus_chars": len(article_corpus_text()), "min_chars": self.settings.train_min_text_chars,
-                "max_chars": self.settings.train_max_text_chars, "article_max_diff": ARTICLE_MAX_DIFF}
+                "memory": self.memory(), "defaults": ARTICLE_CONFIG, "limits": bounds(self.limits),
+                "corpus_chars": len(article_corpus_text()), "min_chars": self.limits.train_min_text_chars,
+                "max_chars": self.limits.train_max_text_chars, "article_max_diff": ARTICLE_MAX_DIFF,
+                "max_trained_models": self.limits.max_trained_models}
 
     def result(self, lang: str, owner: str = "") -> dict:
         """The memory and cached-vs-full panels (shown when a run finishes)."""
@@ -409,7 +423,7 @@ class TrainingLab:
         """Add ``lm`` next to the served models (never in place of one); drop the oldest trained ones beyond
         the setting. Returns the names dropped. The caller holds the model gate."""
         self.registry.models[lm.name] = lm
-        return prune_trained(self.registry, self.home, keep=max(1, self.settings.max_trained_models))
+        return prune_trained(self.registry, self.home, keep=max(1, self.limits.max_trained_models))
 
 
 def failure_key(exc: BaseException) -> str:

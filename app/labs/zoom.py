@@ -1,18 +1,20 @@
 """The deep-zoom heatmap as the server runs it: a trace found by key, one head's pyramid kept, tiles and cells read.
 
-    meta(state, key)                                  T, levels, tile size, the layers and heads, every token's text
-    tile(state, key, layer, head, level, row, col, pool)   one pooled tile (float32, row-major) and its shape
-    cell(state, key, layer, head, q, k)               one exact weight and the two tokens
-    head_grid(state, key, layer)                      that layer's heads summarised (the grid of heads, one row)
-    top(state, key, layer, head, q)                   the keys query q reads most, with their tokens
+``ZoomLab`` reads the traces the Inspect lab keeps (``InspectLab.trace_by_key``: 410 once the key is unknown,
+recomputed if only evicted) and holds its limits (``Settings.zoom_*``).
 
-Traces are found as every ``/api/traces/{key}/...`` route finds them (``AppState.trace_by_key``: 410 once the key
-is unknown, recomputed if only evicted). ``ZoomLab`` keeps each head's pooled base (``app/viz/zoom.py``), least
-recently used dropped first within ``Settings.zoom_cache_bytes``; a base holds numbers only, never the trace, so
-the trace store's budget and time-to-live still decide how long a trace lives. It also keeps each layer's head
-summaries (``app/viz/summaries.py``: 3 numbers a head) once computed: a layer is O(heads · T²) exact weights
-streamed (seconds at 8 192 tokens), so the page asks for the grid one layer at a time, showing which layer it is
-at, and asks again for nothing it has.
+    meta(key)                                  T, levels, tile size, the layers and heads, every token's text
+    tile(key, layer, head, level, row, col, pool)   one pooled tile (float32, row-major) and its shape
+    cell(key, layer, head, q, k)               one exact weight and the two tokens
+    head_grid(key, layer)                      that layer's heads summarised (the grid of heads, one row)
+    top(key, layer, head, q)                   the keys query q reads most, with their tokens
+
+It keeps each head's pooled base (``app/viz/zoom.py``), least recently used dropped first within
+``Settings.zoom_cache_bytes``; a base holds numbers only, never the trace, so the trace store's budget and
+time-to-live still decide how long a trace lives. It also keeps each layer's head summaries
+(``app/viz/summaries.py``: 3 numbers a head) once computed: a layer is O(heads · T²) exact weights streamed (seconds
+at 8 192 tokens), so the page asks for the grid one layer at a time, showing which layer it is at, and asks again
+for nothing it has.
 """
 
 from __future__ import annotations
@@ -20,13 +22,17 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 
 from app.errors import BadInput
+from app.labs.inspect import InspectLab
+from app.labs.limits import Limits
 from app.model.trace import Trace
 from app.viz import summaries
 from app.viz.attention import check_indexes
+from app.viz.models import model_card
 from app.viz.tokens import visible
 from app.viz.zoom import POOLS, TILE, HeadPyramid, check_pool, tiles_per_side
 
@@ -35,12 +41,20 @@ GRID_ROWS = 4096  # layers' summaries kept (a few hundred bytes each: far inside
 TOP_KEYS = 8  # the keys a query reads most, listed under the map
 
 
+@dataclass(frozen=True)
+class ZoomLimits(Limits):
+    GROUP = "zoom"
+    zoom_cache_bytes: int  # the pooled bases and coarse levels of every head kept
+
+
 class ZoomLab:
     """Pyramids by (trace key, layer, head); one lock per pyramid so concurrent tiles of one head make its base
     once."""
 
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
+    def __init__(self, *, inspect: InspectLab, limits: ZoomLimits) -> None:
+        self.inspect = inspect
+        self.limits = limits
+        self.max_bytes = limits.zoom_cache_bytes
         self._items: OrderedDict[tuple[str, int, int], tuple[HeadPyramid, threading.Lock]] = OrderedDict()
         self._lock = threading.Lock()
         self._grid: OrderedDict[tuple[str, int], dict[str, list[float]]] = OrderedDict()  # (key, layer) -> measures
@@ -80,61 +94,63 @@ class ZoomLab:
             self._items.clear()
             self._grid.clear()
 
+    # --- what the routes call ----------------------------------------------------------------------------
+    def meta(self, key: str) -> dict:
+        """What the canvas needs first: T, the pyramid's levels and tiles per side, the layers, heads and tokens."""
+        lm, trace = self.inspect.trace_by_key(key)
+        n = max(trace.n_tokens, trace.total_length)
+        pyr = HeadPyramid(trace.n_tokens, trace.total_length)
+        return {"key": key, "model": lm.name, "rows": trace.n_tokens, "cols": trace.total_length,
+                "past": trace.past_length, "tile": TILE, "levels": pyr.levels, "pools": list(POOLS),
+                "tiles": [tiles_per_side(n, level) for level in range(pyr.levels)],
+                "layers": trace.adapter.n_layer, "heads": trace.adapter.n_head,
+                "tokens": [visible(t) for t in trace.token_texts],
+                "preview": " ".join("".join(trace.token_texts[:PREVIEW_TOKENS]).split())}
 
-def meta(state, key: str) -> dict:
-    lm, trace = state.trace_by_key(key)
-    n = max(trace.n_tokens, trace.total_length)
-    pyr = HeadPyramid(trace.n_tokens, trace.total_length)
-    return {"key": key, "model": lm.name, "rows": trace.n_tokens, "cols": trace.total_length,
-            "past": trace.past_length, "tile": TILE, "levels": pyr.levels, "pools": list(POOLS),
-            "tiles": [tiles_per_side(n, level) for level in range(pyr.levels)],
-            "layers": trace.adapter.n_layer, "heads": trace.adapter.n_head,
-            "tokens": [visible(t) for t in trace.token_texts],
-            "preview": " ".join("".join(trace.token_texts[:PREVIEW_TOKENS]).split())}
+    def page(self, key: str) -> dict:
+        """The long prompt's page: its metadata and its model's card."""
+        meta = self.meta(key)
+        return {"meta": meta, "card": model_card(self.inspect.registry.get(meta["model"])), "key": key}
 
+    def tile(self, key: str, *, layer: int, head: int, level: int, row: int, col: int, pool: str) -> torch.Tensor:
+        """Tile (row, col) of ``level`` of one head's map, pooled by ``pool``: (r, c) float32."""
+        check_pool(pool)
+        _, trace = self.inspect.trace_by_key(key)
+        check_indexes(trace, layer=layer, head=head)
+        pyr, lock = self.pyramid(key, trace, layer, head)
+        with lock:
+            out = pyr.tile(lambda rows, cols: trace.attention_block(layer, head, rows, cols), level, row, col, pool)
+        self.trim()
+        return out
 
-def tile(state, key: str, *, layer: int, head: int, level: int, row: int, col: int, pool: str) -> torch.Tensor:
-    """Tile (row, col) of ``level`` of one head's map, pooled by ``pool``: (r, c) float32."""
-    check_pool(pool)
-    _, trace = state.trace_by_key(key)
-    check_indexes(trace, layer=layer, head=head)
-    pyr, lock = state.zoom.pyramid(key, trace, layer, head)
-    with lock:
-        out = pyr.tile(lambda rows, cols: trace.attention_block(layer, head, rows, cols), level, row, col, pool)
-    state.zoom.trim()
-    return out
+    def cell(self, key: str, *, layer: int, head: int, q: int, k: int) -> dict:
+        """One exact weight (query position ``q`` among the new tokens, key position ``k`` among all) and its tokens."""
+        _, trace = self.inspect.trace_by_key(key)
+        check_indexes(trace, layer=layer, head=head, pos=q)
+        if not 0 <= k < trace.total_length:
+            raise BadInput("err.zoom.key", k=k, last=trace.total_length - 1)
+        w = trace.attention_block(layer, head, slice(q, q + 1), slice(k, k + 1))[0, 0].item()
+        texts = trace.token_texts  # a decode step's trace holds its new tokens' texts only
+        key_text = texts[k - trace.past_length] if k >= trace.past_length else None
+        return {"layer": layer, "head": head, "q": q, "k": k, "weight": w,
+                "allowed": k <= trace.past_length + q,
+                "query_token": visible(texts[q]), "key_token": visible(key_text) if key_text is not None else None}
 
+    def head_grid(self, key: str, *, layer: int) -> dict:
+        """Layer ``layer``'s row of the grid of heads: each head's share on the first token, mean attention distance
+        (tokens) and entropy (nats), from every exact weight (``summaries.head_summary``, float64 sums)."""
+        _, trace = self.inspect.trace_by_key(key)
+        check_indexes(trace, layer=layer)
 
-def cell(state, key: str, *, layer: int, head: int, q: int, k: int) -> dict:
-    """One exact weight (query position ``q`` among the new tokens, key position ``k`` among all) and its tokens."""
-    _, trace = state.trace_by_key(key)
-    check_indexes(trace, layer=layer, head=head, pos=q)
-    if not 0 <= k < trace.total_length:
-        raise BadInput("err.zoom.key", k=k, last=trace.total_length - 1)
-    w = trace.attention_block(layer, head, slice(q, q + 1), slice(k, k + 1))[0, 0].item()
-    texts = trace.token_texts  # a decode step's trace holds its new tokens' texts only
-    key_text = texts[k - trace.past_length] if k >= trace.past_length else None
-    return {"layer": layer, "head": head, "q": q, "k": k, "weight": w,
-            "allowed": k <= trace.past_length + q,
-            "query_token": visible(texts[q]), "key_token": visible(key_text) if key_text is not None else None}
+        def make() -> dict[str, list[float]]:
+            rows = [summaries.head_summary(trace, layer, h) for h in range(trace.adapter.n_head)]
+            return {m: [None if math.isnan(r[m]) else r[m] for r in rows] for m in summaries.MEASURES}
 
+        return {"layer": layer, "layers": trace.adapter.n_layer} | self.grid_row(key, layer, make)
 
-def head_grid(state, key: str, *, layer: int) -> dict:
-    """Layer ``layer``'s row of the grid of heads: each head's share on the first token, mean attention distance
-    (tokens) and entropy (nats), from every exact weight (``summaries.head_summary``, float64 sums)."""
-    _, trace = state.trace_by_key(key)
-    check_indexes(trace, layer=layer)
-
-    def make() -> dict[str, list[float]]:
-        rows = [summaries.head_summary(trace, layer, h) for h in range(trace.adapter.n_head)]
-        return {m: [None if math.isnan(r[m]) else r[m] for r in rows] for m in summaries.MEASURES}
-
-    return {"layer": layer, "layers": trace.adapter.n_layer} | state.zoom.grid_row(key, layer, make)
-
-
-def top(state, key: str, *, layer: int, head: int, q: int) -> dict:
-    """The ``TOP_KEYS`` keys query ``q`` reads most in one head: position, token text, exact weight."""
-    _, trace = state.trace_by_key(key)
-    check_indexes(trace, layer=layer, head=head, pos=q)
-    return {"layer": layer, "head": head, "q": q, "query_token": visible(trace.token_texts[q]),
-            "keys": summaries.top_keys(trace, layer, head, q, TOP_KEYS)}
+    def top(self, key: str, *, layer: int, head: int, q: int) -> dict:
+        """The ``TOP_KEYS`` keys query ``q`` reads most in one head: position, token text, exact weight."""
+        _, trace = self.inspect.trace_by_key(key)
+        check_indexes(trace, layer=layer, head=head, pos=q)
+        return {"layer": layer, "head": head, "q": q, "query_token": visible(trace.token_texts[q]),
+                "keys": summaries.top_keys(trace, layer, head, q, TOP_KEYS)}

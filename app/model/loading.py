@@ -210,10 +210,6 @@ def load_catalog(name: str, cache_dir: str | None = None) -> LoadedModel:
             raise ModelUnavailable("err.model.download_failed", model=entry.name, why=str(exc)) from None
 
 
-def load_distilgpt2(cache_dir: str | None = None) -> LoadedModel:
-    return load_catalog("distilgpt2", cache_dir)
-
-
 def load_builtin(home: Path, train: TrainFn | None = None) -> LoadedModel:
     """The built-in model; ``train`` (``app.training.builtin.train_builtin``) trains it when neither the cache nor
     the shipped checkpoint matches its recipe."""
@@ -257,6 +253,9 @@ def load_spec(spec: str, home: Path, hf_cache: str | None = None, *, train_built
         raise ModelUnavailable("err.model.not_loadable", spec=spec, why=str(exc)) from None
 
 
+NOTICE_MODEL = "distilgpt2"  # the catalog model the notice's download command fetches
+
+
 @dataclass
 class ModelRegistry:
     """The models this server runs, loaded once at start-up."""
@@ -291,8 +290,10 @@ class ModelRegistry:
         return list(self.models)
 
     @property
-    def distilgpt2_missing(self) -> bool:
-        return "distilgpt2" in self.failures
+    def download_notice(self) -> str | None:
+        """The model the page's notice offers to fetch (``notice.download_cmd``), when it was asked for and could not
+        be loaded; else None."""
+        return NOTICE_MODEL if NOTICE_MODEL in self.failures else None
 
 
 def load_registry(specs: tuple[str, ...], home: Path, hf_cache: str | None = None, *,

@@ -78,7 +78,7 @@ def pack_trace(trace: Trace, fmt: str, *, model: str) -> bytes:
         buf = io.BytesIO()
         np.savez(buf, **arrays)
         return buf.getvalue()
-    raise BadInput("err.classroom.export_format", fmt=fmt, formats=", ".join(FORMATS))
+    raise BadInput("err.export.format", fmt=fmt, formats=", ".join(FORMATS))
 
 
 def entry_names(blob: bytes, fmt: str) -> list[str]:
@@ -89,14 +89,14 @@ def entry_names(blob: bytes, fmt: str) -> list[str]:
     if fmt == "safetensors":  # 8 bytes of header length (little-endian), then a JSON header naming each tensor
         size = int.from_bytes(blob[:8], "little")
         return [name for name in json.loads(blob[8 : 8 + size]) if name != "__metadata__"]
-    raise BadInput("err.classroom.export_format", fmt=fmt, formats=", ".join(FORMATS))
+    raise BadInput("err.export.format", fmt=fmt, formats=", ".join(FORMATS))
 
 
 def head_values(trace: Trace, layer: int, head: int, kind: str = "weights") -> torch.Tensor:
     """One head's (T, Tk) matrix exactly as Inspect draws it: softmax weights, or masked / raw scores, all
     computed from the captured Q and K."""
     if kind not in KINDS:
-        raise BadInput("err.classroom.export_kind", kind=kind, kinds=", ".join(KINDS))
+        raise BadInput("err.export.kind", kind=kind, kinds=", ".join(KINDS))
     check_indexes(trace, layer=layer, head=head)
     if kind == "weights":
         return trace.attention_rows(layer, heads=slice(head, head + 1))[0]

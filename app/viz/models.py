@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from app.catalog import from_adapter, sizes
 from app.kv_bytes import dtype_name
-from app.model.loading import LoadedModel
+from app.model.loading import LoadedModel, ModelRegistry
 
 
 def is_char_level(lm: LoadedModel) -> bool:
@@ -46,3 +46,14 @@ def model_card(lm: LoadedModel) -> dict:
         # Set for weights read from a GGUF file ("Q4_1"): the badge says they were dequantized to fp32.
         "quantization": lm.meta.get("quantization", ""),
     }
+
+
+def site_view(registry: ModelRegistry, lang: str) -> dict:
+    """What every page's frame shows: the served models (each form's model menu) and, when the model the notice
+    offers to fetch could not be loaded, why (``notice``: the reason in ``lang``, the model served instead)."""
+    missing = registry.download_notice
+    notice = None
+    if missing:
+        notice = {"builtin": registry.get(None).is_builtin, "reason": registry.reason(missing, lang),
+                  "model": registry.default}
+    return {"models": registry.names, "notice": notice}

@@ -6,10 +6,23 @@ changes the pool.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, Protocol
+
 from app.cache.blocks import BlockPool
-from app.cache.prefix import PRESETS, PrefixLab, PrefixRequest, auto_block_size
+from app.cache.prefix import PRESETS, PrefixCache, PrefixRequest, auto_block_size
 from app.i18n import DEFAULT_LANG, translate
 from app.viz.tokens import honest_text, honest_texts, visible
+
+
+class PrefixLabState(Protocol):
+    """What a view reads of one browser's prefix lab (``app.labs.prefix.PrefixLab``)."""
+
+    cache: PrefixCache | None
+    requests: Mapping[int, PrefixRequest]
+    totals: Any
+    last_run: list[int]
+    notes: list[tuple[str, dict]]
 
 
 def short_hash(h: str | None, n: int = 6) -> str:
@@ -139,7 +152,7 @@ def request_row(req: PrefixRequest, token_text) -> dict:
     }
 
 
-def lab_view(lab: PrefixLab, lang: str = DEFAULT_LANG) -> dict:
+def lab_view(lab: PrefixLabState, lang: str = DEFAULT_LANG) -> dict:
     """Everything the page and the JSON API show about the lab's current state."""
     cache = lab.cache
     notes = [translate(key, lang, **params) for key, params in lab.notes]

@@ -11,12 +11,16 @@ from app.admission import ModelGate
 from app.labs.arena import ArenaLab
 from app.labs.capacity import CapacityLab
 from app.labs.decode import DecodeLab
+from app.labs.explain import ExplainLab
+from app.labs.export import ExportLab
 from app.labs.heads import HeadsLab
 from app.labs.inspect import InspectLab
 from app.labs.lesson import LessonLab
+from app.labs.long import LongLab
 from app.labs.paged import PagedLab
 from app.labs.prefix import PrefixLabs
 from app.labs.train import TrainingLab
+from app.labs.zoom import ZoomLab
 from app.model.sessions import SessionStore
 from app.state import AppState
 
@@ -81,6 +85,22 @@ async def get_lesson(request: Request) -> LessonLab:
     return request.app.state.kv.lesson
 
 
+async def get_long(request: Request) -> LongLab:
+    return request.app.state.kv.long
+
+
+async def get_zoom(request: Request) -> ZoomLab:
+    return request.app.state.kv.zoom
+
+
+async def get_explain(request: Request) -> ExplainLab:
+    return request.app.state.kv.explain
+
+
+async def get_export(request: Request) -> ExportLab:
+    return request.app.state.kv.export
+
+
 StateDep = Annotated[AppState, Depends(get_state)]
 OwnerDep = Annotated[str, Depends(get_owner)]
 AddressDep = Annotated[str, Depends(get_address)]
@@ -95,6 +115,10 @@ ArenaDep = Annotated[ArenaLab, Depends(get_arena)]
 TrainingDep = Annotated[TrainingLab, Depends(get_training)]
 CapacityDep = Annotated[CapacityLab, Depends(get_capacity)]
 LessonDep = Annotated[LessonLab, Depends(get_lesson)]
+LongDep = Annotated[LongLab, Depends(get_long)]
+ZoomDep = Annotated[ZoomLab, Depends(get_zoom)]
+ExplainDep = Annotated[ExplainLab, Depends(get_explain)]
+ExportDep = Annotated[ExportLab, Depends(get_export)]
 
 
 def is_htmx(request: Request) -> bool:

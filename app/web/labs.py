@@ -16,16 +16,21 @@ from typing import Any
 from starlette.requests import Request
 
 from app.labs.lines import line_view
-from app.labs.queue import QUEUED, RUNNING, Job, LabQueue
+from app.labs.queue import DONE, QUEUED, RUNNING, Job, LabQueue
 from app.web.cancel import FollowResponse, run_until_disconnected
 from app.web.render import request_lang
 
 
 def follow_job(request: Request, lab: LabQueue, job: Job, owner: str,
-               progress_text: Callable[[dict, str], str]) -> FollowResponse:
+               progress_text: Callable[[dict, str], str], *, with_result: bool = False) -> FollowResponse:
+    """``with_result``: the ``done`` line carries the run's ``result`` (a small one: the long capture's key)."""
     lang = request_lang(request)
-    return FollowResponse(lambda: line_view(lab, lab.snapshot(job, owner), lang, progress_text),
-                          is_last=lambda line: line["event"] not in (QUEUED, RUNNING),
+
+    def look() -> dict:
+        event = line_view(lab, lab.snapshot(job, owner), lang, progress_text)
+        return event | {"result": job.result} if with_result and event["event"] == DONE else event
+
+    return FollowResponse(look, is_last=lambda line: line["event"] not in (QUEUED, RUNNING),
                           on_close=lambda: lab.release(job, owner))
 
 

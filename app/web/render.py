@@ -98,12 +98,13 @@ def render(request: Request, template: str, status_code: int = 200, headers: dic
     context.setdefault("html_lang", html_lang(lang))
     context.setdefault("languages", [(code, catalog(code).get("lang.name", code)) for code in available_languages()])
     context.setdefault("js_strings", {**js_strings(lang), **{k: translator(lang)(k) for k in script_keys}})
-    state = request.app.state.kv
-    context.setdefault("state", state)
-    context.setdefault("settings", state.settings)  # the limits a page's form offers (one bound, one place)
-    if "card" not in context:
-        from app.viz.models import model_card
+    # Templates get views, never the state or the settings: ``site`` (the served models, the notice), and what the
+    # route passed (a page's ``limits`` come from its lab: one bound, one place).
+    from app.viz.models import model_card, site_view
 
+    registry = request.app.state.kv.registry
+    context.setdefault("site", site_view(registry, lang))
+    if "card" not in context:
         name = request.query_params.get("model")
-        context["card"] = model_card(state.registry.models.get(name) or state.registry.get(None))
+        context["card"] = model_card(registry.models.get(name) or registry.get(None))
     return TEMPLATES.TemplateResponse(request, template, context, status_code=status_code, headers=headers)

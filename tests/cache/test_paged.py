@@ -14,6 +14,12 @@ def small_pool(num_blocks: int = 6, block_size: int = 4) -> PagedKVCache:
     return PagedKVCache(num_blocks=num_blocks, block_size=block_size, n_layer=2, n_kv_head=2, head_dim=3)
 
 
+def append_slot(pool: PagedKVCache, seq_id: int) -> tuple[int, int]:
+    """Reserve the slot of the sequence's next token: (physical block id, offset in block)."""
+    pool.append_slots(seq_id, 1)
+    return pool.slot(seq_id, pool.num_tokens[seq_id] - 1)
+
+
 def kv(value: float, t: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     k = torch.full((2, t, 3), value)  # (H, T, Dh)
     return k, -k
@@ -32,10 +38,10 @@ def test_a_sequence_lives_and_dies_in_the_pool():
     pool.write_kv(0, 0, 0, *kv(1.0, 6))
 
     # 2. Append: tokens 6 and 7 fill block 1; token 8 crosses the boundary and gets block 2.
-    assert pool.append_slot(0) == (1, 2)
-    assert pool.append_slot(0) == (1, 3)
+    assert append_slot(pool, 0) == (1, 2)
+    assert append_slot(pool, 0) == (1, 3)
     assert pool.blocks_to_append(0) == 1
-    assert pool.append_slot(0) == (2, 0)
+    assert append_slot(pool, 0) == (2, 0)
     assert pool.block_tables[0] == [0, 1, 2] and pool.tail_waste(0) == 3
     pool.write_kv(0, 0, 6, *kv(2.0, 3))
     keys, values = pool.gather_kv(0, 0)
@@ -69,7 +75,7 @@ def test_fork_then_write_copies_only_the_tail_block():
 
     # The child's next slot: its tail is shared, so block 1 is copied into a fresh block (copy-on-write).
     assert pool.blocks_to_append(1) == 1
-    block, offset = pool.append_slot(1)
+    block, offset = append_slot(pool, 1)
     assert (block, offset) == (2, 2)
     assert pool.block_tables[1] == [0, 2] and pool.block_tables[0] == [0, 1]
     assert [pool.blocks[i].ref_cnt for i in (0, 1, 2)] == [2, 1, 1]
@@ -84,7 +90,7 @@ def test_fork_then_write_copies_only_the_tail_block():
 
     # The parent now owns its tail alone: it writes in place, no second copy.
     assert pool.blocks_to_append(0) == 0
-    assert pool.append_slot(0) == (1, 2)
+    assert append_slot(pool, 0) == (1, 2)
     assert pool.cow_copies == 1
 
     # Cancel the child: only its private block is freed; the shared block 0 stays for the parent.
@@ -100,12 +106,12 @@ def test_pool_exhausted_changes_nothing():
     assert (exc.value.needed, exc.value.free) == (2, 1)
     assert pool.block_tables.get(1) is None and pool.num_free_blocks == 1
 
-    pool.append_slot(0)  # token 8 takes the last block
+    append_slot(pool, 0)  # token 8 takes the last block
     for _ in range(3):
-        pool.append_slot(0)  # fills it
+        append_slot(pool, 0)  # fills it
     before = (list(pool.block_tables[0]), pool.num_tokens[0], [b.ref_cnt for b in pool.blocks])
     with pytest.raises(PoolExhausted):
-        pool.append_slot(0)
+        append_slot(pool, 0)
     assert (pool.block_tables[0], pool.num_tokens[0], [b.ref_cnt for b in pool.blocks]) == before
 
 

@@ -1,4 +1,4 @@
-"""PagedEngine's scheduling: the admission-stall preempt fix (issue 13) and the automatic, vLLM-like policy."""
+"""PagedEngine's scheduling: preempting a running sequence when admission stalls and the automatic, vLLM-like policy."""
 
 from __future__ import annotations
 

@@ -11,9 +11,14 @@ from transformers import DynamicCache
 from app.cache.paged_decode import FloatKVStore, forward_through
 from app.cache.policies import EVICTING, available, bytes_held, kept_positions, make_store
 from app.cache.policies.h2o import H2OStore
-from app.cache.policies.kivi import KIVIStore, dequantize_groups, quantize_groups, unpack2
+from app.cache.policies.kivi import KIVIStore, dequantize_groups, quantize_groups
 from app.cache.policies.snapkv import SnapKVStore
 from app.cache.policies.streaming import StreamingLLMStore
+
+
+def unpack2(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``kivi.pack2``: four 2-bit codes per byte -> one code per element."""
+    return torch.stack([(packed >> s) & 3 for s in (0, 2, 4, 6)], dim=-1).flatten(-2)
 
 
 @pytest.fixture(params=["tiny", "llama", "qwen2", "qwen3", "gemma3"])

@@ -7,8 +7,9 @@ import torch
 from transformers import DynamicCache
 
 from app.cache.paged_decode import PagedSeqStore
-from app.cache.prefix import PRESETS, PrefixCache, PrefixLab, auto_block_size
+from app.cache.prefix import PRESETS, PrefixCache, auto_block_size
 from app.errors import BadInput, NotFound
+from app.labs.prefix import PrefixLab
 from app.viz.prefix import common_prefix_len
 
 SYSTEM = "you are a kind helper. answer in one short line and keep it plain.\n"
@@ -55,8 +56,8 @@ def test_reuse_equals_from_scratch(request, fixture, block_size):
         lo, hi = i * block_size, min((i + 1) * block_size, len(b))
         for layer in range(lm.adapter.n_layer):
             k, v = lm.adapter.layer_cache(full.cache, layer)  # (1, H, T, Dh)
-            assert torch.allclose(cache.key_store[block_id, layer, :, : hi - lo], k[0, :, lo:hi], atol=1e-5)
-            assert torch.allclose(cache.value_store[block_id, layer, :, : hi - lo], v[0, :, lo:hi], atol=1e-5)
+            assert torch.allclose(cache.kv.key_cache[layer][block_id, :, : hi - lo], k[0, :, lo:hi], atol=1e-5)
+            assert torch.allclose(cache.kv.value_cache[layer][block_id, :, : hi - lo], v[0, :, lo:hi], atol=1e-5)
 
 
 def test_partial_tail_block_is_computed_not_shared(tiny):

@@ -95,8 +95,8 @@ def test_prefix_reuse_equals_a_scratch_prefill(smol, record_property):
         lo, hi = i * 16, min((i + 1) * 16, len(second))
         for layer in range(smol.adapter.n_layer):
             k, v = smol.adapter.layer_cache(scratch.cache, layer)  # (1, H_kv, T, Dh)
-            worst = max(worst, float((cache.key_store[block_id, layer, :, : hi - lo] - k[0, :, lo:hi]).abs().max()),
-                        float((cache.value_store[block_id, layer, :, : hi - lo] - v[0, :, lo:hi]).abs().max()))
+            worst = max(worst, float((cache.kv.key_cache[layer][block_id, :, : hi - lo] - k[0, :, lo:hi]).abs().max()),
+                        float((cache.kv.value_cache[layer][block_id, :, : hi - lo] - v[0, :, lo:hi]).abs().max()))
     record_property("max_abs_dkv", worst)
     assert worst <= KV_TOL, worst
 

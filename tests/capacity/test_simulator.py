@@ -19,8 +19,8 @@ def check_invariants(sim: Simulator, rec) -> None:
     assert len(sim.running) <= cfg.max_num_seqs
     held = Counter(b for q in sim.running for b in q.blocks)
     for b in range(cfg.num_blocks):  # ref counts = block-table references; free exactly when unreferenced
-        assert sim.ref[b] == held.get(b, 0)
-        assert (sim.ref[b] == 0) == (b in sim.free)
+        assert sim.pool.ref_cnt[b] == held.get(b, 0)
+        assert (sim.pool.ref_cnt[b] == 0) == (b in sim.pool.free_block_queue)
     for q in sim.reqs:
         if q.status != 1:  # waiting or finished: no blocks held
             assert q.blocks == [] and q.slots == 0
@@ -28,9 +28,9 @@ def check_invariants(sim: Simulator, rec) -> None:
             assert len(q.blocks) * cfg.block_size >= q.num_computed
     if rec.preempted:
         assert rec.admitted == []  # vLLM admits nobody in a step that preempted
-    for b, h in enumerate(sim.block_hash):
+    for b, h in enumerate(sim.pool.block_hash):
         if h is not None:
-            assert sim.cached.get(h) == b
+            assert sim.pool.cached_block_hash_to_block.get(h) == b
 
 
 def test_a_decode_step_per_token_and_finish_frees_blocks():
@@ -127,8 +127,9 @@ def _outcome(sim: Simulator) -> tuple:
     steps = [(r.start, r.duration, r.prefill_tokens, r.decode_tokens, r.running, r.waiting, r.blocks_used,
               r.admitted, r.preempted, r.finished, r.scheduled) for r in sim.steps]
     reqs = [(q.r.rid, q.first_token, q.finish, q.preemptions, q.hit_tokens, q.num_output) for q in sim.reqs]
-    return (steps, reqs, list(sim.free), dict(sim.cached), sim.num_preemptions, sim.prefix_cache_hits,
-            sim.prefix_cache_queries)
+    pool = sim.pool
+    return (steps, reqs, list(pool.free_block_queue), dict(pool.cached_block_hash_to_block), sim.num_preemptions,
+            sim.prefix_cache_hits, sim.prefix_cache_queries)
 
 
 def kv_cost(prefill: int, decode: int, kv_read: int, n: int) -> float:

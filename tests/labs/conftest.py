@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from app.labs.train import TrainingLab
+from app.labs.train import TrainingLab, TrainLimits
 from app.model.loading import ModelRegistry
 from app.settings import Settings
 from app.state import AppState
@@ -20,7 +20,7 @@ def lab_state(tiny, tmp_path) -> AppState:
 
 @pytest.fixture
 def lab(lab_state, tmp_path):
-    lab = TrainingLab(registry=lab_state.registry, settings=lab_state.settings, home=tmp_path,
+    lab = TrainingLab(registry=lab_state.registry, limits=TrainLimits.of(lab_state.settings), home=tmp_path,
                       line=lab_state.lab_queue("train", max_run_s=lab_state.settings.train_max_s))
     yield lab
     stop_and_wait(lab)

@@ -7,7 +7,7 @@ import torch
 from safetensors import safe_open
 
 from app.errors import BadInput
-from app.labs.train import TrainingJob, make_spec
+from app.labs.train import TrainingJob, TrainLimits, make_spec
 from app.model.builtin import article_corpus_text
 from app.settings import Settings
 from app.training.builtin import ARTICLE_CONFIG, train_tiny
@@ -174,11 +174,11 @@ def test_bounds_are_checked_with_a_message():
     spec = make_spec(source="text", text="ab\r\n" * 40)
     assert spec.text == "ab\n" * 40 and spec.config.steps == 301
     # The bounds are the settings': a server that allows more steps takes them, one that allows less refuses.
-    assert make_spec(steps=3000, settings=Settings(train_max_steps=5000)).config.steps == 3000
+    assert make_spec(steps=3000, limits=TrainLimits.of(Settings(train_max_steps=5000))).config.steps == 3000
     with pytest.raises(BadInput, match="steps"):
-        make_spec(steps=200, settings=Settings(train_max_steps=100))
+        make_spec(steps=200, limits=TrainLimits.of(Settings(train_max_steps=100)))
     with pytest.raises(BadInput, match="at least"):
-        make_spec(source="text", text="x" * 70, settings=Settings(train_min_text_chars=100))
+        make_spec(source="text", text="x" * 70, limits=TrainLimits.of(Settings(train_min_text_chars=100)))
 
 
 def test_trains_on_a_pasted_text(lab, lab_state):

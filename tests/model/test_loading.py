@@ -12,7 +12,7 @@ def test_offline_start_falls_back_to_builtin(monkeypatch, tmp_path, kv_home, tin
     reg = load_registry(("distilgpt2", "builtin"), kv_home, hf_cache=str(tmp_path / "empty-hf-cache"))
     assert reg.names == ["builtin"]
     assert reg.default == "builtin"
-    assert reg.distilgpt2_missing
+    assert reg.download_notice == "distilgpt2"
     assert "cannot be reached" in reg.failures["distilgpt2"]
 
 

@@ -1,4 +1,4 @@
-"""Accessibility, keyboard and phone, in real headless Chromium (issue 12).
+"""Accessibility, keyboard and phone, in real headless Chromium.
 
 One module, one live server, one browser context per viewport:
 

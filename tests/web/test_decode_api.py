@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from app.errors import Busy, Expired
 from app.i18n import translate
+from app.labs.decode import DecodeLimits
 from app.model.sampling import Sampling
 from app.model.sessions import step_growth
 
@@ -201,7 +202,8 @@ def test_a_session_ended_while_held_is_released_by_its_last_holder(state, tiny):
 
 def test_a_long_prompt_prefills_up_to_the_long_limits_and_no_further(client, state, monkeypatch):
     text = "The cat sat on the mat. " * 40  # 960 characters, ~250 tokens
-    monkeypatch.setattr(state.decode, "settings", state.settings.with_(max_prompt_chars=100, max_context_tokens=400))
+    monkeypatch.setattr(state.decode, "limits",
+                        DecodeLimits.of(state.settings.with_(max_prompt_chars=100, max_context_tokens=400)))
     v = start(client, prompt=text)  # past the short prompts' characters: the long prompts' limits hold
     assert v["cache_len"] == v["prompt_len"] > 200 and v["attention"]["shape"][-1] == v["cache_len"]
     r = client.post("/api/decode/sessions", json={"prompt": text * 2})

@@ -1,4 +1,4 @@
-"""What a new user met on a first visit (issue 13), each pinned down."""
+"""What a new user met on a first visit, each pinned down."""
 
 from __future__ import annotations
 

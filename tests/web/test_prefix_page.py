@@ -130,7 +130,7 @@ def test_lab_state_stays_bounded(client, state):
     for _ in range(10):
         client.post("/api/prefix/run", json={"preset": "chat", "model": "builtin"})
     (lab,) = [e.obj for e in state.prefix_labs._items.values()]
-    assert len(lab.requests) <= lab.limits.max_requests_kept
+    assert len(lab.requests) <= lab.limits.prefix_max_requests_kept
 
 
 @pytest.mark.browser

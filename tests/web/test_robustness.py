@@ -35,7 +35,7 @@ def browser(app) -> TestClient:
     return TestClient(app)
 
 
-# --- 1. a model loaded again under the same name ------------------------------------------------------
+# --- a model loaded again under the same name ------------------------------------------------------
 
 def test_stale_trace_keys_and_sessions_get_410_after_the_model_is_replaced(client, state, tiny):
     key = client.get("/api/trace", params={"prompt": "hello there", "model": "builtin"}).json()["key"]
@@ -56,7 +56,7 @@ def test_stale_trace_keys_and_sessions_get_410_after_the_model_is_replaced(clien
         state.registry.models["builtin"] = tiny
 
 
-# --- 2. concurrent steps on one session ---------------------------------------------------------------
+# --- concurrent steps on one session ---------------------------------------------------------------
 
 def test_concurrent_steps_never_pass_the_step_or_position_limit(state, tiny):
     state.sessions.max_steps = 20
@@ -81,7 +81,7 @@ def test_concurrent_steps_never_pass_the_step_or_position_limit(state, tiny):
     assert results.count("ok") == len(session.steps) - 1 and "done" in results
 
 
-# --- 3. chunked bodies ----------------------------------------------------------------------------------
+# --- chunked bodies ----------------------------------------------------------------------------------
 
 def test_chunked_body_over_the_limit_is_413_like_a_declared_one(client, state):
     big = b'{"prompt": "' + b"a" * (state.settings.max_body_bytes + 10) + b'"}'
@@ -98,7 +98,7 @@ def test_chunked_body_over_the_limit_is_413_like_a_declared_one(client, state):
     assert r.status_code == 200
 
 
-# --- 4. GPT-2's end-of-text token in the prefix lab ---------------------------------------------------
+# --- GPT-2's end-of-text token in the prefix lab ---------------------------------------------------
 
 def test_prefix_lab_takes_endoftext_on_gpt2(client):
     r = client.post("/api/prefix/run", json={"prompts": ["Hello<|endoftext|>world, again and again"],
@@ -106,7 +106,7 @@ def test_prefix_lab_takes_endoftext_on_gpt2(client):
     assert r.status_code == 200, r.text
 
 
-# --- 5 and 8. expiry by the timer, and memory --------------------------------------------------------------
+# --- expiry by the timer, and memory --------------------------------------------------------------
 
 def test_expired_sessions_are_released_without_a_lookup(client, state):
     assert client.post("/api/decode/sessions", json={"prompt": "The cat", "model": "builtin"}).status_code == 200
@@ -128,7 +128,7 @@ def test_a_kept_trace_holds_what_the_pages_show_and_far_less(distil):
     assert (thin["probs"] == full["probs"]).all()
 
 
-# --- 6. the session byte cap is hard ----------------------------------------------------------------------
+# --- the session byte cap is hard ----------------------------------------------------------------------
 
 def test_session_byte_cap_is_never_passed(state):
     state.sessions.limits.max_bytes = 60_000
@@ -149,7 +149,7 @@ def test_session_byte_cap_is_never_passed(state):
     assert refused is not None and refused.retry_after
 
 
-# --- 7. /healthz never waits for the model ----------------------------------------------------------------
+# --- /healthz never waits for the model ----------------------------------------------------------------
 
 def test_healthz_answers_while_the_model_is_busy(client, state):
     held, done = threading.Event(), threading.Event()
@@ -173,7 +173,7 @@ def test_healthz_answers_while_the_model_is_busy(client, state):
         t.join()
 
 
-# --- 9. each browser's labs are its own --------------------------------------------------------------------
+# --- each browser's labs are its own --------------------------------------------------------------------
 
 def test_prefix_labs_are_per_browser(app):
     a, b = browser(app), browser(app)
@@ -207,7 +207,7 @@ def test_one_browser_cannot_hold_every_session(app, state):
     assert b.post("/api/decode/sessions", json={"prompt": "The cat", "model": "builtin"}).status_code == 200
 
 
-# --- 10. headers, hosts and origins ---------------------------------------------------------------------------
+# --- headers, hosts and origins ---------------------------------------------------------------------------
 
 def test_security_headers_and_no_inline_script(client):
     for path in ("/", "/decode", "/prefix", "/paged", "/train"):
@@ -246,7 +246,7 @@ def test_classroom_mode_accepts_the_teachers_address_not_names():
     assert mw._host_ok("192.168.1.20") and mw._host_ok("localhost") and not mw._host_ok("rebind.evil.example")
 
 
-# --- 11. admission control: short work first, a bounded queue ----------------------------------------------------
+# --- admission control: short work first, a bounded queue ----------------------------------------------------
 
 def _queue(gate: ModelGate, kind: str, order: list[str], owner: str = "") -> threading.Thread:
     def run():

@@ -204,16 +204,16 @@ def test_two_long_captures_take_turns_within_the_budget(settings, distil):
     st.traces.get_or_compute = watching
     st.model_lock.acquire()  # hold the model: the first job waits at its gate, the second in the line
     try:
-        a = long_lab.submit(st, lm, distil.encode(PROMPT), owner="a", address="1")
-        b = long_lab.submit(st, lm, distil.encode("And now " + PROMPT), owner="b", address="2")
-        assert st.long_line.snapshot(b, "b")["event"] == QUEUED
-        assert st.long_line.snapshot(b, "b")["place"] == 1
+        a = st.long.submit(lm, distil.encode(PROMPT), owner="a", address="1")
+        b = st.long.submit(lm, distil.encode("And now " + PROMPT), owner="b", address="2")
+        assert st.long.line.snapshot(b, "b")["event"] == QUEUED
+        assert st.long.line.snapshot(b, "b")["place"] == 1
     finally:
         st.model_lock.release()
-    ra = st.long_line.wait(a, "a")
-    rb = st.long_line.wait(b, "b")
+    ra = st.long.line.wait(a, "a")
+    rb = st.long.line.wait(b, "b")
     assert ra["key"] != rb["key"]
-    expected = long_lab.expected_bytes(lm, len(distil.encode("And now " + PROMPT)), st.settings)
+    expected = long_lab.expected_bytes(lm, len(distil.encode("And now " + PROMPT)), st.settings.full_trace_max_tokens)
     assert len(seen_bytes) == 2 and all(held + expected <= budget for held in seen_bytes)
     assert st.traces.bytes <= budget and len(st.traces) == 1
     st.stop_labs()
@@ -243,14 +243,14 @@ def test_stop_during_a_long_capture_ends_it_and_keeps_nothing(settings, distil):
     lm = st.model("distilgpt2")
     holder: dict = {}
     second_layer = next(p for p in lm.adapter.hook_points() if p.name.startswith("blocks.1."))
-    hook = second_layer.module.register_forward_pre_hook(lambda *_: st.long_line.stop(holder["job"].id, "a"))
+    hook = second_layer.module.register_forward_pre_hook(lambda *_: st.long.line.stop(holder["job"].id, "a"))
     try:
         st.model_lock.acquire()  # the job waits at the gate until its id is known here
         try:
-            holder["job"] = long_lab.submit(st, lm, distil.encode(PROMPT), owner="a", address="1")
+            holder["job"] = st.long.submit(lm, distil.encode(PROMPT), owner="a", address="1")
         finally:
             st.model_lock.release()
-        assert st.long_line.wait_idle(60)
+        assert st.long.line.wait_idle(60)
     finally:
         hook.remove()
     job = holder["job"]

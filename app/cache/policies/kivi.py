@@ -43,10 +43,6 @@ def pack2(codes: torch.Tensor) -> torch.Tensor:
     return c[..., 0] | (c[..., 1] << 2) | (c[..., 2] << 4) | (c[..., 3] << 6)
 
 
-def unpack2(packed: torch.Tensor) -> torch.Tensor:
-    return torch.stack([(packed >> s) & 3 for s in (0, 2, 4, 6)], dim=-1).flatten(-2)
-
-
 class KIVIStore:
     """2-bit KIVI cache (the KV-store protocol); every token is kept, in fewer bits."""
 

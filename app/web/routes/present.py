@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import RedirectResponse
 
 from app.errors import NotFound
@@ -17,14 +17,6 @@ from app.web.routes.lang import COOKIE_MAX_AGE_S, safe_next
 router = APIRouter(include_in_schema=False)
 
 PRESENT_COOKIE = "kvscope_present"
-
-
-def is_present(request: Request) -> bool:
-    """Presenter mode for this request: the ``present`` query parameter if given, else the cookie."""
-    flag = request.query_params.get("present")
-    if flag is not None:
-        return flag == "1"
-    return request.cookies.get(PRESENT_COOKIE) == "1"
 
 
 def _without_present(target: str) -> str:
@@ -36,7 +28,7 @@ def _without_present(target: str) -> str:
 @router.get("/present/{switch}")
 def switch_presenter_mode(switch: str, next: str = "/"):
     if switch not in ("on", "off"):
-        raise NotFound("err.classroom.present_switch")
+        raise NotFound("err.present.switch")
     response = RedirectResponse(_without_present(safe_next(next)), status_code=303)
     if switch == "on":
         response.set_cookie(PRESENT_COOKIE, "1", max_age=COOKIE_MAX_AGE_S, path="/", samesite="lax")

@@ -1,6 +1,6 @@
 """The deep-zoom heatmap and long prompts: /zoom/{key} (the page), its tiles, cells and metadata, and the long
-capture (followed live, with Stop). Each route parses, calls one function of ``app/labs/zoom.py`` or
-``app/labs/long.py``, and answers."""
+capture (followed live, with Stop). Each route parses, calls one method of ``ZoomLab`` (``app/labs/zoom.py``) or
+``LongLab`` (``app/labs/long.py``), and answers."""
 
 from __future__ import annotations
 
@@ -8,15 +8,12 @@ import anyio.to_thread
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
-from app.labs import long as long_lab
-from app.labs import zoom as lab
-from app.labs.lines import line_view
-from app.labs.queue import QUEUED, RUNNING
-from app.viz.models import model_card
+from app.labs.long import long_text, progress_text
 from app.web.cancel import FollowResponse
-from app.web.deps import AddressDep, OwnerDep, StateDep
+from app.web.deps import AddressDep, LongDep, OwnerDep, ZoomDep
+from app.web.labs import follow_job
 from app.web.openapi import Body, errors
-from app.web.render import render, request_lang
+from app.web.render import render
 
 router = APIRouter()
 
@@ -33,28 +30,26 @@ class LongCapture(Body):
 
 
 @router.get("/zoom/{key}", include_in_schema=False)
-def read_zoom_page(request: Request, state: StateDep, key: str):
+def read_zoom_page(request: Request, lab: ZoomDep, key: str):
     """A long prompt's page: one head as the deep-zoom canvas (the view itself lives in the URL's query)."""
-    meta = lab.meta(state, key)
-    lm = state.model(meta["model"])
-    return render(request, "zoom.html", page="inspect", meta=meta, card=model_card(lm), key=key)
+    return render(request, "zoom.html", page="inspect", **lab.page(key))
 
 
 @router.get("/api/traces/{key}/zoom", tags=["inspect"], responses=errors(410, 422, 429, 503))
-def read_zoom_meta(state: StateDep, key: str) -> dict:
+def read_zoom_meta(lab: ZoomDep, key: str) -> dict:
     """What the zoom canvas needs first: T (rows, cols), the pyramid's levels and tiles per side, the tile size,
     the layers and heads, and every token's text (whitespace made visible)."""
-    return lab.meta(state, key)
+    return lab.meta(key)
 
 
 @router.get("/api/traces/{key}/zoom/{layer}/{head}/{level}/{row}/{col}", tags=["inspect"],
             responses=errors(410, 422, 429, 503), response_class=Response)
-def read_zoom_tile(state: StateDep, key: str, layer: int, head: int, level: int, row: int, col: int,
+def read_zoom_tile(lab: ZoomDep, key: str, layer: int, head: int, level: int, row: int, col: int,
                    pool: str = "max") -> Response:
     """One tile of one head's pyramid (``app/viz/zoom.py``): ``r × c`` little-endian float32, row-major (r, c in
     the ``X-Tile-Rows`` / ``X-Tile-Cols`` headers, at most 256, less on the edges). ``pool``: max or mean of the
     exact weights each cell covers; the deepest level's cells are the exact weights."""
-    tile = lab.tile(state, key, layer=layer, head=head, level=level, row=row, col=col, pool=pool)
+    tile = lab.tile(key, layer=layer, head=head, level=level, row=row, col=col, pool=pool)
     r, c = tile.shape
     return Response(tile.contiguous().numpy().astype("<f4").tobytes(), media_type="application/octet-stream",
                     headers={"X-Tile-Rows": str(r), "X-Tile-Cols": str(c), "Cache-Control": TILE_CACHE,
@@ -62,29 +57,29 @@ def read_zoom_tile(state: StateDep, key: str, layer: int, head: int, level: int,
 
 
 @router.get("/api/traces/{key}/zoom/{layer}/{head}/cell", tags=["inspect"], responses=errors(410, 422, 429, 503))
-def read_zoom_cell(state: StateDep, key: str, layer: int, head: int, q: int = Query(...), k: int = Query(...)) -> dict:
+def read_zoom_cell(lab: ZoomDep, key: str, layer: int, head: int, q: int = Query(...), k: int = Query(...)) -> dict:
     """One exact weight: query position ``q``, key position ``k``, both tokens' texts, and whether the causal mask
     lets q read k (a weight of 0 where it does not)."""
-    return lab.cell(state, key, layer=layer, head=head, q=q, k=k)
+    return lab.cell(key, layer=layer, head=head, q=q, k=k)
 
 
 @router.get("/api/traces/{key}/heads/{layer}", tags=["inspect"], responses=errors(410, 422, 429, 503))
-def read_head_grid(state: StateDep, key: str, layer: int) -> dict:
+def read_head_grid(lab: ZoomDep, key: str, layer: int) -> dict:
     """One layer's row of the grid of heads, over the whole context: ``first`` (mean weight on token 0 over the
     queries after it), ``distance`` (mean Σ_j w_ij · (i − j), tokens) and ``entropy`` (mean −Σ_j w_ij ln w_ij,
     nats), one number per head. A layer streams every exact weight of its heads (seconds at 8 192 tokens): the page
     asks layer by layer; a layer asked before is answered from the zoom lab's cache."""
-    return lab.head_grid(state, key, layer=layer)
+    return lab.head_grid(key, layer=layer)
 
 
 @router.get("/api/traces/{key}/zoom/{layer}/{head}/top", tags=["inspect"], responses=errors(410, 422, 429, 503))
-def read_top_keys(state: StateDep, key: str, layer: int, head: int, q: int = Query(...)) -> dict:
+def read_top_keys(lab: ZoomDep, key: str, layer: int, head: int, q: int = Query(...)) -> dict:
     """The keys query ``q`` reads most in one head (at most 8): position, token text and exact weight each."""
-    return lab.top(state, key, layer=layer, head=head, q=q)
+    return lab.top(key, layer=layer, head=head, q=q)
 
 
 @router.post(LONG_CAPTURE_PATH, tags=["inspect"], response_class=FollowResponse, responses=errors(413, 422, 429, 503))
-async def follow_long_capture(request: Request, state: StateDep, owner: OwnerDep, address: AddressDep,
+async def follow_long_capture(request: Request, lab: LongDep, owner: OwnerDep, address: AddressDep,
                               body: LongCapture) -> FollowResponse:
     """Capture a long prompt (``prompt``, or ``builtin``: the project's long text), followed live: one JSON line per
     change (``application/x-ndjson``): ``queued`` (``place`` in line), ``running`` (``progress``: layer n of
@@ -92,26 +87,19 @@ async def follow_long_capture(request: Request, state: StateDep, owner: OwnerDep
     or ``stopped``. Long captures run one at a time. Closing the connection, or Stop, stops it and frees what it
     had captured."""
     lm, ids = await anyio.to_thread.run_sync(
-        lambda: long_lab.prepare(state, model=body.model, text=body.prompt, builtin=body.builtin))
-    job = long_lab.submit(state, lm, ids, owner=owner, address=address)
-    lang, line = request_lang(request), state.long_line
-
-    def look() -> dict:
-        event = line_view(line, line.snapshot(job, owner), lang, long_lab.progress_text)
-        return event | {"result": job.result} if event["event"] == "done" else event
-
-    return FollowResponse(look, is_last=lambda e: e["event"] not in (QUEUED, RUNNING),
-                          on_close=lambda: line.release(job, owner))
+        lambda: lab.prepare(model=body.model, text=body.prompt, builtin=body.builtin))
+    job = lab.submit(lm, ids, owner=owner, address=address)
+    return follow_job(request, lab.line, job, owner, progress_text, with_result=True)
 
 
 @router.delete(LONG_CAPTURE_PATH + "/{job_id}", tags=["inspect"])
-def stop_long_capture(state: StateDep, owner: OwnerDep, job_id: str = Path(...)) -> dict:
+def stop_long_capture(lab: LongDep, owner: OwnerDep, job_id: str = Path(...)) -> dict:
     """Stop: this browser leaves the capture; one nobody else asked for stops at its next layer and frees what it
     had captured. ``stopped`` is false for an unknown, finished or other browser's capture."""
-    return {"stopped": state.long_line.stop(job_id, owner)}
+    return {"stopped": lab.stop(job_id, owner)}
 
 
 @router.get("/api/long/text", tags=["inspect"])
-def read_long_text(state: StateDep, model: str | None = None) -> dict:
+def read_long_text(lab: LongDep, model: str | None = None) -> dict:
     """The built-in long text and the limits of long prompts (tokens for ``model``, characters, file bytes)."""
-    return long_lab.limits(state, model) | {"text": long_lab.long_text()}
+    return lab.limits_view(model) | {"text": long_text()}
