@@ -300,7 +300,7 @@ def test_the_shares_the_server_is_built_with(state):
                                                          s.address_share)
     assert state.prefix_labs.limits.per_address == share(s.max_prefix_labs, 1, s.address_share)
     assert state.model_lock.limits.per_address == share(s.queue_max_waiting, s.queue_per_browser, s.address_share)
-    assert state.long_line.limits.per_address == share(s.lab_queue_max, s.lab_jobs_per_browser, s.address_share)
+    assert state.long.line.limits.per_address == share(s.lab_queue_max, s.lab_jobs_per_browser, s.address_share)
     assert state.sessions.quota.protect_s == state.paged_pools.quota.protect_s == s.quota_protect_s
     # Never below one browser's own cap, however small the share.
     tiny_share = make_state(s.with_(address_share=0.01), *state.registry.models.values())
