@@ -115,7 +115,14 @@ class InspectLab:
     def grid(self, key: str, size: int) -> dict:
         """Every layer × head as a small image of ``size`` pixels a side (4 to ``inspect_max_grid_size``)."""
         _, trace = self.trace_by_key(key)
-        return grid_thumbnails(trace, size=max(4, min(size, self.settings.inspect_max_grid_size)))
+        size = max(4, min(size, self.settings.inspect_max_grid_size))
+        # Kept with the trace (the last size asked for, a few hundred KB at most): every browser that opens the
+        # same link, and every reload, reads it instead of recomputing all the heads' weights. Two requests at
+        # once may both compute it; they compute the same view.
+        kept = trace.meta.get("grid")
+        if kept is None or kept[0] != size:
+            kept = trace.meta["grid"] = (size, grid_thumbnails(trace, size=size))
+        return kept[1]
 
     def attention(self, key: str, layer: int, head: int, kind: str):
         _, trace = self.trace_by_key(key)
