@@ -30,6 +30,10 @@ def b64_u8(t: torch.Tensor) -> str:
     return base64.b64encode(t.to(torch.uint8).contiguous().numpy().tobytes()).decode()
 
 
+def b64_i32(t: torch.Tensor) -> str:
+    return base64.b64encode(t.to(torch.int32).contiguous().numpy().astype("<i4").tobytes()).decode()
+
+
 def check_indexes(trace: Trace, *, layer: int | None = None, head: int | None = None, pos: int | None = None) -> None:
     a = trace.adapter
     if layer is not None and not 0 <= layer < a.n_layer:
