@@ -106,7 +106,8 @@ class InspectLab:
         if prompt is not None:
             lm, key, trace = self.trace_prompt(model, prompt, chat=chat)
             view = inspect_view(lm, key, trace, layer=layer, head=head, q=q, kind=kind, prompt=prompt)
-        return {"view": view, "prompt": prompt or "", "card": model_card(lm), "chat": chat}
+        card = view["model"] if view is not None else model_card(lm)  # the view's own card: made once per page
+        return {"view": view, "prompt": prompt or "", "card": card, "chat": chat}
 
     def trace_view(self, *, model: str | None, prompt: str, chat: bool) -> dict:
         lm, key, trace = self.trace_prompt(model, prompt, chat=chat)
