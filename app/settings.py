@@ -63,6 +63,9 @@ class Settings:
     max_decode_steps: int = 256
     # Most cached K/V rows one request of the cache panel reads (the newest ones).
     decode_max_cache_rows: int = 256
+    # Most columns a step's attention row is pooled to (the page sends its plot's width in pixels; a longer
+    # context is max-pooled server-side to that many columns, so a step's view stays small at any length).
+    decode_max_row_width: int = 2048
     # --- Paged-cache lab (/paged, app/labs/paged.py) ----------------------------------------------------------
     # Block pools per server and per browser, and the memory all pools may hold.
     max_paged_pools: int = 24
@@ -309,7 +312,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "explain": ("explain_max_heads_chars",),
     "export": ("max_export_bytes",),
     "decode": ("session_ttl_s", "max_sessions", "max_sessions_per_browser", "session_cache_bytes", "max_decode_steps",
-               "decode_max_cache_rows", "max_prompt_chars", "long_max_chars", "max_context_tokens"),
+               "decode_max_cache_rows", "decode_max_row_width", "max_prompt_chars", "long_max_chars",
+               "max_context_tokens"),
     "paged": ("session_ttl_s", "max_paged_pools", "max_paged_pools_per_browser", "paged_cache_bytes",
               "paged_max_blocks", "paged_max_block_size", "paged_max_prompt_chars", "paged_max_prompt_tokens",
               "paged_max_new_tokens", "paged_max_bench_steps", "paged_max_window"),

@@ -73,10 +73,11 @@ def load_model():
     return load_random(target, name="distilgpt2", source="DistilGPT-2-shaped model with random weights (bench)")
 
 
-def prompt_of(lm, n_tokens: int) -> tuple[str, list[int]]:
-    """A prompt of exactly ``n_tokens`` tokens, cut from ENGLISH repeated; re-encoding gives the same ids."""
-    ids = lm.encode(ENGLISH * (n_tokens // 100 + 3))
-    for start in range(0, 200):
+def prompt_of(lm, n_tokens: int, skip: int = 0) -> tuple[str, list[int]]:
+    """A prompt of exactly ``n_tokens`` tokens, cut from ENGLISH repeated from token ``skip`` on (another ``skip``:
+    another prompt, so a server has no trace of it yet); re-encoding gives the same ids."""
+    ids = lm.encode(ENGLISH * (n_tokens // 100 + 3 + skip // 100))
+    for start in range(skip, skip + 200):
         text = lm.tokenizer.decode(ids[start:start + n_tokens], clean_up_tokenization_spaces=False)
         again = lm.encode(text)
         if len(again) == n_tokens:

@@ -6,6 +6,11 @@ window.kv.page("decode", () => {
   let verifyChain = Promise.resolve();
   let running = false;
 
+  /* What a step's view carries: the selected layer's row, pooled by the server to the plot's width in pixels (a
+     long context's row would be every layer × head × position: 8.7 MB of JSON at 6 000 tokens). */
+  const plotColumns = () => Math.max(200, ($("attn-heatmap").clientWidth || 900) - 80);
+  const viewWanted = () => ({ layer: +$("attn-layer").value || 0, width: plotColumns() });
+
   function setBusy(busy) {
     $("prefill").disabled = busy;
     $("step").disabled = busy || !S || S.last.done;
@@ -25,6 +30,7 @@ window.kv.page("decode", () => {
         prompt: $("prompt").value, model: $("model").value, mode: $("mode").value,
         temperature: +$("temperature").value, top_k: +$("top_k").value, top_p: +$("top_p").value, seed: +$("seed").value,
         chat: !!($("chat") && $("chat").checked),  // offered only for a model with a chat template
+        width: plotColumns(),  // layer 0: the selects are filled for this model once it answers
       });
       S = { id: v.session, last: v, steps: [], rows: [] };
       $("studio").hidden = false;
@@ -41,7 +47,7 @@ window.kv.page("decode", () => {
   async function step() {
     if (!S) return null;
     try {
-      const v = await kv.postJSON(`/api/decode/${S.id}/step`);
+      const v = await kv.postJSON(`/api/decode/${S.id}/step`, viewWanted());
       S.last = v;
       show(v);
       return v;
@@ -82,7 +88,7 @@ window.kv.page("decode", () => {
     const old = S.id;
     b.addEventListener("click", async () => {
       try {
-        const v = await kv.postJSON(`/api/decode/${old}/rebuild`);
+        const v = await kv.postJSON(`/api/decode/${old}/rebuild`, viewWanted());
         S = { id: v.session, last: v, steps: [], rows: [] };
         $("equiv").querySelector("tbody").textContent = "";
         area.textContent = "";
@@ -156,34 +162,30 @@ window.kv.page("decode", () => {
     document.body.dataset.decodeStep = String(v.index);
   }
 
+  /* The selected layer's row as the server pooled it: column c is the largest weight of positions c·f … c·f+f−1
+     (f = 1 up to the plot's width: every position its own column), with the position of that maximum. */
   async function drawAttention(v) {
     await kv.plotly();
-    const L = v.attention.layers, H = v.attention.heads, T = v.cache_len;
-    const data = kv.b64ToF32(v.attention.data);
-    const layer = +$("attn-layer").value || 0;
-    // More cached positions than the plot has pixels (a long prompt): max-pooled into one column per ~pixel, so a
-    // sharp weight anywhere stays visible; hover names the columns' positions and where the max is (that cell's
-    // exact weight). Up to the plot's width, every position is its own column.
-    const cols = Math.max(200, ($("attn-heatmap").clientWidth || 900) - 80), f = Math.ceil(T / cols);
+    const A = v.attention, H = A.heads, T = A.tokens, n = A.columns, f = A.pool, layer = A.layer;
+    const data = kv.b64ToF32(A.data), at = new Int32Array(kv.b64ToBytes(A.at).buffer);
     const z = [], custom = [];
     for (let h = 0; h < H; h++) {
-      const row = data.subarray((layer * H + h) * T, (layer * H + h + 1) * T);
-      if (f === 1) { z.push(Array.from(row)); continue; }
-      const zr = [], cr = [];
-      for (let a = 0; a < T; a += f) {
-        let best = a;
-        for (let j = a + 1; j < Math.min(T, a + f); j++) if (row[j] > row[best]) best = j;
-        zr.push(row[best]); cr.push([a, Math.min(T, a + f) - 1, best]);
-      }
-      z.push(zr); custom.push(cr);
+      z.push(Array.from(data.subarray(h * n, (h + 1) * n)));
+      const cr = [];
+      for (let c = 0; c < n; c++) cr.push([c * f, Math.min(T, (c + 1) * f) - 1, at[h * n + c]]);
+      custom.push(cr);
     }
-    const x = f === 1 ? [...Array(T).keys()] : custom[0].map((c) => c[0]);
+    const x = [...Array(n).keys()].map((c) => c * f);
+    S.attn = { layer, custom };
+    cellWanted = "";
+    $("attn-cell").textContent = cellHint;  // a new row: the last hovered cell's weight was another step's
     $("attn-shape").textContent = kv.t("js.decode.attn_shape", { layer, heads: H, tokens: T }) +
       (f > 1 ? " · " + kv.t("js.decode.attn_pooled", { f }) : "");
     document.body.dataset.decodeAttnPool = String(f);
-    Plotly.react("attn-heatmap", [{
+    const box = $("attn-heatmap");
+    await Plotly.react(box, [{
       type: "heatmap", z, colorscale: kv.WEIGHT_SCALE, zmin: 0, zmax: 1,
-      x, y: [...Array(H).keys()], customdata: f > 1 ? custom : undefined,
+      x, y: [...Array(H).keys()], customdata: custom,
       hovertemplate: (f === 1 ? kv.t("js.decode.hover_attn", { h: "%{y}", p: "%{x}" }) + "<br>" + kv.t("js.kind.weights") +
         " = %{z:.6f}" : kv.t("js.decode.hover_attn_pooled", { h: "%{y}", a: "%{customdata[0]}", b: "%{customdata[1]}", p: "%{customdata[2]}", w: "%{z:.6f}" })) + "<extra></extra>",
       colorbar: { title: { text: kv.t("js.kind.weights") } },
@@ -192,6 +194,37 @@ window.kv.page("decode", () => {
       xaxis: { title: { text: kv.t("js.decode.axis_position_key") } },
       yaxis: { title: { text: kv.t("js.decode.axis_head") }, autorange: "reversed", dtick: 1 },
     }, kv.PLOT_CONFIG);
+    if (!box.dataset.hoverBound) {  // once per plot: Plotly keeps its handlers across react()
+      box.dataset.hoverBound = "1";
+      box.on("plotly_hover", (e) => { const p = e.points && e.points[0]; if (p) showCell(p.y, p.pointNumber[1]); });
+    }
+  }
+
+  /* The hovered column's largest weight, exact, with its key's token: asked of the server (the cell endpoint), the
+     newest request winning. */
+  let cellWanted = "";
+  const cellHint = $("attn-cell").textContent;
+  async function showCell(head, col) {
+    if (!S || !S.attn || !S.attn.custom[head] || !S.attn.custom[head][col]) return;
+    const pos = S.attn.custom[head][col][2], layer = S.attn.layer;
+    const url = `/api/decode/${S.id}/cell/${layer}/${head}/${pos}`;
+    if (url === cellWanted) return;
+    cellWanted = url;
+    let c;
+    try { c = await kv.getJSON(url); } catch (e) { return; }
+    if (url !== cellWanted) return;
+    $("attn-cell").textContent = kv.t("js.decode.cell", { layer: c.layer, h: c.head, p: c.pos, token: c.token,
+                                                         w: c.weight.toPrecision(9) });
+  }
+
+  async function changeLayer() {
+    if (!S) return;
+    const want = viewWanted();
+    let a;
+    try { a = await kv.getJSON(`/api/decode/${S.id}/row/${want.layer}?width=${want.width}`); } catch (e) { return; }
+    if (+$("attn-layer").value !== a.layer) return;  // another layer was chosen meanwhile
+    S.last.attention = a;
+    drawAttention(S.last);
   }
 
   async function drawCacheRows() {
@@ -296,7 +329,7 @@ window.kv.page("decode", () => {
   // Stop: no new step starts; the one in flight finishes, then run() re-enables the buttons.
   $("stop").addEventListener("click", () => { running = false; $("stop").disabled = true; });
   $("reset").addEventListener("click", reset);
-  $("attn-layer").addEventListener("change", () => S && drawAttention(S.last));
+  $("attn-layer").addEventListener("change", changeLayer);
   $("cache-layer").addEventListener("change", drawCacheRows);
   $("cache-head").addEventListener("change", drawCacheRows);
   $("cache-kv").addEventListener("change", drawCacheRows);

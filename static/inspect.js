@@ -37,7 +37,10 @@
     document.querySelectorAll("input[name=kind]").forEach((el) =>
       el.addEventListener("change", (e) => select({ kind: e.target.value })));
     markToken();
-    drawGrid();
+    // The grid after the first heatmap: its request (every head's weights, pooled) would share the server's and the
+    // browser's CPU with the first paint, which does not need it.
+    const mine = S;
+    document.body.addEventListener("kv-heatmap", () => { if (S === mine) drawGrid(); }, { once: true });
     drawHead();
   }
 

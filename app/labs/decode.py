@@ -19,7 +19,7 @@ from app.model.loading import LoadedModel, ModelRegistry
 from app.model.prompts import encode_prompt
 from app.model.sampling import Sampling
 from app.model.sessions import SessionStore
-from app.viz.decode import cache_rows, step_view
+from app.viz.decode import attention_cell, attention_view, cache_rows, step_view
 from app.viz.tokens import unknown_note
 
 
@@ -35,6 +35,7 @@ class DecodeLimits(Limits):
     session_cache_bytes: int
     max_decode_steps: int
     decode_max_cache_rows: int
+    decode_max_row_width: int
     max_prompt_chars: int
     long_max_chars: int
     max_context_tokens: int
@@ -56,23 +57,48 @@ class DecodeLab:
                 "limits": self.limits}
 
     def start(self, *, model: str | None, prompt: str | None, sampling: Sampling, owner: str = "",
-              chat: bool = False) -> dict:
-        """A new session: the prompt prefilled, the first token chosen; its view, with the prompt's unknown
-        characters named."""
+              chat: bool = False, layer: int = 0, width: int = 900) -> dict:
+        """A new session: the prompt prefilled, the first token chosen; its view (the attention of ``layer``
+        pooled to ``width`` columns: the page's plot), with the prompt's unknown characters named."""
+        self._check_layer(self.registry.pick(model), layer)
         session = self.start_session(model=model, prompt=prompt, sampling=sampling, owner=owner, chat=chat)
-        view = step_view(session, session.steps[-1])
+        view = step_view(session, session.steps[-1], layer=layer, width=self._width(width))
         view["unknown"] = unknown_note(session.lm, session.prompt_ids, prompt or "")
         return view
 
-    def step(self, sid: str, owner: str = "") -> dict:
+    def step(self, sid: str, owner: str = "", *, layer: int = 0, width: int = 900) -> dict:
         """One step with the cache; its view is read before another click can change the session."""
-        with self.sessions.hold(sid, owner):
+        with self.sessions.hold(sid, owner) as held:
+            self._check_layer(held.lm, layer)  # before the step: a refused request changes nothing
             session, step = self.step_session(sid, owner)
-            return step_view(session, step)
+            return step_view(session, step, layer=layer, width=self._width(width))
 
-    def rebuild(self, old_id: str, owner: str = "") -> dict:
+    def rebuild(self, old_id: str, owner: str = "", *, layer: int = 0, width: int = 900) -> dict:
+        stone = self.sessions.tombstone(old_id, owner)
+        if stone is not None and stone["model"] in self.registry.models:
+            self._check_layer(self.registry.models[stone["model"]], layer)
         session = self.rebuild_session(old_id, owner)
-        return step_view(session, session.steps[-1])
+        with self.sessions.hold(session.id, owner):
+            self._check_layer(session.lm, layer)
+            return step_view(session, session.steps[-1], layer=layer, width=self._width(width))
+
+    def row(self, sid: str, owner: str, layer: int, width: int) -> dict:
+        """The newest step's attention in another layer, pooled to ``width`` columns (the page's layer select)."""
+        with self.sessions.hold(sid, owner) as session:
+            return attention_view(session, layer, self._width(width))
+
+    def cell(self, sid: str, owner: str, layer: int, head: int, pos: int) -> dict:
+        """One exact weight of the newest step's row (what a hover over a pooled column names)."""
+        with self.sessions.hold(sid, owner) as session:
+            return attention_cell(session, layer, head, pos)
+
+    def _width(self, width: int) -> int:
+        return max(1, min(width, self.limits.decode_max_row_width))
+
+    @staticmethod
+    def _check_layer(lm: LoadedModel, layer: int) -> None:
+        if not 0 <= layer < lm.adapter.n_layer:
+            raise BadInput("err.index.layer", layer=layer, last=lm.adapter.n_layer - 1)
 
     def cache_rows(self, sid: str, owner: str, layer: int, head: int, last: int) -> dict:
         """The newest ``last`` cached K/V rows of one head (at least 1, at most ``decode_max_cache_rows``)."""

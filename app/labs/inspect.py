@@ -125,7 +125,8 @@ class InspectLab:
         if prompt is not None:
             lm, key, trace = self.trace_prompt(model, prompt, chat=chat)
             view = inspect_view(lm, key, trace, layer=layer, head=head, q=q, kind=kind, prompt=prompt)
-        return {"view": view, "prompt": prompt or "", "card": model_card(lm), "chat": chat, "limits": self.limits}
+        card = view["model"] if view is not None else model_card(lm)  # the view's own card: made once per page
+        return {"view": view, "prompt": prompt or "", "card": card, "chat": chat, "limits": self.limits}
 
     def trace_view(self, *, model: str | None, prompt: str, chat: bool) -> dict:
         lm, key, trace = self.trace_prompt(model, prompt, chat=chat)
@@ -134,7 +135,14 @@ class InspectLab:
     def grid(self, key: str, size: int) -> dict:
         """Every layer × head as a small image of ``size`` pixels a side (4 to ``inspect_max_grid_size``)."""
         _, trace = self.trace_by_key(key)
-        return grid_thumbnails(trace, size=max(4, min(size, self.limits.inspect_max_grid_size)))
+        size = max(4, min(size, self.limits.inspect_max_grid_size))
+        # Kept with the trace (the last size asked for, a few hundred KB at most): every browser that opens the
+        # same link, and every reload, reads it instead of recomputing all the heads' weights. Two requests at
+        # once may both compute it; they compute the same view.
+        kept = trace.meta.get("grid")
+        if kept is None or kept[0] != size:
+            kept = trace.meta["grid"] = (size, grid_thumbnails(trace, size=size))
+        return kept[1]
 
     def attention(self, key: str, layer: int, head: int, kind: str):
         _, trace = self.trace_by_key(key)

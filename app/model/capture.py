@@ -171,6 +171,20 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
+def fill_cache(model: torch.nn.Module, token_ids: list[int], cache=None):
+    """One forward over ``token_ids`` (after ``cache`` if given) with no hooks, through the same fused attention
+    as ``run_traced``; returns the cache with their K/V appended. Nothing else outlives the call: each layer's
+    activations are freed as the forward goes (a prefill's bulk, before its last token is captured)."""
+    if cache is None:
+        cache = DynamicCache(config=model.config)
+    input_ids = torch.tensor([token_ids], dtype=torch.long, device=next(model.parameters()).device)
+    with lse_attention(model):
+        out = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+    release_mkl_scratch()
+    return out.cache
+
+
+@torch.no_grad()
 def run_traced(
     model: torch.nn.Module,
     adapter: ModelAdapter,

@@ -5,6 +5,13 @@ fills the cache with each layer's K and V, shaped (1, H_kv, T, Dh). Each step fe
 token, shaped (1, 1): its Q reads every cached K, its own K and V are appended. ``verify`` recomputes
 the same logits from the full prefix without any cache, which is what the cache saves.
 
+What a session holds is its cache and, per step, a few vectors (``Step``): the last position's logits, the
+newest token's q and k in every layer. No activation of the prompt outlives its prefill: the prompt but its
+last token goes through the layers with no hooks (``fill_cache``), the last token through the capture, as a
+step's token does. A step's attention row (every head of a layer over every cached position) is computed when
+a view asks for it, from the step's q and the cached keys (``attention_row``): at 6 000 tokens of SmolLM2 the
+rows of all layers would be 6.5 MB per step, the activations a captured prefill holds ~1.2 MB per token.
+
 A sliding-window layer (Gemma 3's local layers) keeps only its last ``window - 1`` tokens: its cache stops
 growing, so bytes per layer differ, and its newest query reads at most ``window`` keys.
 """
@@ -17,7 +24,8 @@ from dataclasses import dataclass, field
 import torch
 
 from app.kv_bytes import bytes_per_token
-from app.model.capture import run_traced
+from app.model import attention
+from app.model.capture import fill_cache, lse_attention, run_traced
 from app.model.loading import LoadedModel
 from app.model.sampling import Candidate, Sampling, choose, top_candidates
 
@@ -32,11 +40,16 @@ class Step:
     chosen_prob: float  # in the distribution it was drawn from
     rank: int  # 1 = the most likely token under the model's plain softmax
     top: list[Candidate]  # the most likely tokens, and the chosen one
-    attention: torch.Tensor  # (L, H, Tk) weights of the last fed token over every cached position
-    newest_k: torch.Tensor  # (L, H, Dh) K of the last fed token, as appended to the cache
+    query: torch.Tensor  # (L, H, Dh) q of the last fed token as attention used it (rotated): its rows' source
+    newest_k: torch.Tensor  # (L, H_kv, Dh) K of the last fed token, as appended to the cache
     logits: torch.Tensor  # (V,) last position
     generator_state: torch.Tensor  # RNG state before choosing, so a check can repeat the draw
     ms: float  # measured time of the forward
+
+    def nbytes(self) -> int:
+        """What the record holds: its tensors' bytes (no dimension grows with the context)."""
+        return sum(t.numel() * t.element_size() for t in (self.query, self.newest_k, self.logits,
+                                                          self.generator_state))
 
 
 @dataclass
@@ -83,8 +96,12 @@ class DecodeSession:
         lm = self.lm
         past = self.cache_len
         t0 = time.perf_counter()
-        # Only the last position's logits choose (and verify) a token: a long prompt's others would be T × vocab.
-        trace = run_traced(lm.model, lm.adapter, fed, lm.token_texts(fed), cache=self.cache, all_logits=False)
+        cache = self.cache
+        if len(fed) > 1:  # a prefill: all but the last token with no hooks, so only their K/V are kept
+            cache = fill_cache(lm.model, fed[:-1], cache)
+        # The last fed token through the capture: the logits that choose, its q and k in every layer. Only the last
+        # position's logits are computed (a long prompt's others would be T × vocab).
+        trace = run_traced(lm.model, lm.adapter, fed[-1:], lm.token_texts(fed[-1:]), cache=cache, all_logits=False)
         ms = (time.perf_counter() - t0) * 1000
         self.cache = trace.cache
         logits = trace["logits"][0, -1]
@@ -93,10 +110,6 @@ class DecodeSession:
         plain = trace["probs"][0]  # softmax of the same last-position logits, computed by the capture
         top = top_candidates(plain, k=8, sampled_from=probs, chosen=chosen)
         L = lm.adapter.n_layer
-        last = slice(len(fed) - 1, len(fed))  # the newest token's row of every head, over all cached keys
-        total = past + len(fed)
-        attention = torch.stack([_over_all_keys(trace.attention_rows(i, last)[:, 0], total) for i in range(L)])
-        newest_k = torch.stack([trace.k(i)[0, :, -1] for i in range(L)])  # (L, H, Dh)
         step = Step(
             index=len(self.steps),
             fed_ids=list(fed),
@@ -106,8 +119,8 @@ class DecodeSession:
             chosen_prob=float(probs[chosen]),
             rank=next(c.rank for c in top if c.id == chosen),
             top=top,
-            attention=attention,
-            newest_k=newest_k,
+            query=torch.stack([trace.q(i)[0, :, -1] for i in range(L)]).clone(),  # (L, H, Dh), not a view of q
+            newest_k=torch.stack([trace.k(i)[0, :, -1] for i in range(L)]).clone(),  # (L, H_kv, Dh)
             logits=logits.clone(),
             generator_state=state,
             ms=ms,
@@ -119,6 +132,21 @@ class DecodeSession:
         self.last_used = time.monotonic()
         return step
 
+    # --- the newest step's attention, from its q and the cached keys ----------------------------------------
+    def attention_row(self, layer: int) -> torch.Tensor:
+        """(H, cache_len) float32: every head's softmax weights for the newest fed token in ``layer`` over every
+        cached position — softmax(q · kᵀ · scale) over the keys the layer may read (``app.model.attention``, as
+        ``Trace.attention_rows`` computes a row), exactly 0 for the positions a sliding window no longer holds."""
+        step = self.steps[-1]
+        a = self.lm.adapter
+        spec = a.spec(layer)
+        k = a.layer_cache(self.cache, layer)[0][0, :, : step.cache_len].float()  # (H_kv, Tk, Dh)
+        total, held = step.cache_len, k.shape[-2]
+        s = attention.scores(step.query[layer][:, None], k, a.kv_map, spec.scale, spec.softcap)  # (H, 1, Tk)
+        ok = attention.allowed(torch.tensor([total - 1]), torch.arange(total - held, total), spec.window)
+        row = torch.softmax(attention.masked(s, ok, torch.finfo(s.dtype).min), dim=-1)[:, 0].float()
+        return _over_all_keys(row, total)
+
     # --- the check --------------------------------------------------------------------------------
     @torch.no_grad()
     def verify(self, index: int) -> dict:
@@ -127,7 +155,10 @@ class DecodeSession:
         step = steps[index]
         prefix = self.prompt_ids + [s.chosen for s in steps[:index]]
         t0 = time.perf_counter()
-        logits = self.lm.model(input_ids=torch.tensor([prefix]), use_cache=False).logits[0, -1]
+        # Through the fused attention and only the last position's logits: eager attention would form every
+        # layer's (H, T, T) weights and the logits of every position (T × vocab), gigabytes at a long prompt.
+        with lse_attention(self.lm.model):
+            logits = self.lm.model(input_ids=torch.tensor([prefix]), use_cache=False, logits_to_keep=1).logits[0, -1]
         ms = (time.perf_counter() - t0) * 1000
         replay = torch.Generator()
         replay.set_state(step.generator_state)
@@ -155,8 +186,7 @@ class DecodeSession:
 
     def nbytes(self) -> int:
         """Everything the session holds: the KV cache plus the per-step records kept for the checks."""
-        per_step = sum(s.logits.numel() * 4 + s.attention.numel() * 4 + s.newest_k.numel() * 4 for s in self.steps)
-        return self.cache_bytes() + per_step
+        return self.cache_bytes() + sum(s.nbytes() for s in self.steps)
 
     def release(self) -> None:
         self.cache = None

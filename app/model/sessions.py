@@ -43,6 +43,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import torch
+
 from app.admission import Throttled, current_address
 from app.errors import BadInput, Busy, Expired
 from app.kv_bytes import bytes_per_token, dtype_name
@@ -53,13 +55,21 @@ from app.quota import ADDRESS, BYTES, OWNER, Full, Held, Limits, Quota, request_
 
 
 def step_growth(session: DecodeSession, n_new: int) -> int:
-    """Bytes a forward of ``n_new`` tokens adds to a session: their K/V, the logits and attention row it keeps."""
+    """Bytes a forward of ``n_new`` tokens adds to a session: their K/V, and the step's record (``record_bytes``)."""
     a = session.lm.adapter
     kv = int(bytes_per_token(n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim,
                              dtype=dtype_name(a.dtype))) * n_new
-    tk = session.cache_len + n_new
-    record = 4 * (session.lm.model.config.vocab_size + a.n_layer * a.n_head * (tk + a.head_dim))
-    return kv + record
+    return kv + record_bytes(session.lm)
+
+
+def record_bytes(lm: LoadedModel) -> int:
+    """What one ``Step`` holds, whatever the context's length: the last position's logits (V), the newest token's
+    q (L, H, Dh) and k (L, H_kv, Dh), all float32, and the generator's state before the draw."""
+    a = lm.adapter
+    return 4 * (lm.model.config.vocab_size + a.n_layer * (a.n_head + a.n_kv_head) * a.head_dim) + GENERATOR_STATE_BYTES
+
+
+GENERATOR_STATE_BYTES = torch.Generator().get_state().numel()  # a CPU generator's state, a uint8 tensor
 
 
 @dataclass

@@ -115,7 +115,8 @@ class Trace:
         q = self.q(layer)[0, heads, rows]  # (H', r, Dh)
         kv_map = a.kv_map[heads]
         s = attention.scores(q, self.keys(layer)[0], kv_map, spec.scale, spec.softcap)  # (H', r, Tk)
-        ok = self.causal_mask(layer)[rows]
+        # The mask of these rows only (r, Tk): a band of a long prompt's rows never builds the whole (T, Tk) one.
+        ok = attention.allowed(self.positions()[0][rows], self.key_positions(layer), spec.window)
         return torch.softmax(attention.masked(s, ok, torch.finfo(s.dtype).min), dim=-1).float()
 
     def attention_block(self, layer: int, head: int, rows: slice = slice(None),

@@ -30,6 +30,10 @@ def b64_u8(t: torch.Tensor) -> str:
     return base64.b64encode(t.to(torch.uint8).contiguous().numpy().tobytes()).decode()
 
 
+def b64_i32(t: torch.Tensor) -> str:
+    return base64.b64encode(t.to(torch.int32).contiguous().numpy().astype("<i4").tobytes()).decode()
+
+
 def check_indexes(trace: Trace, *, layer: int | None = None, head: int | None = None, pos: int | None = None) -> None:
     a = trace.adapter
     if layer is not None and not 0 <= layer < a.n_layer:
@@ -97,17 +101,27 @@ def grid_thumbnails(trace: Trace, size: int = 48, gamma: float = 0.5) -> dict:
             "first_token": visible(trace.token_texts[0])}
 
 
-def pooled_rows(trace: Trace, layer: int, side: int) -> torch.Tensor:
-    """(H, side, side): ``adaptive_max_pool2d`` of the layer's (H, T, Tk) weights, computed band by band: output row
-    r pools query rows ⌊rT/side⌋ … ⌈(r+1)T/side⌉ − 1 (the bins torch uses), and a max is a max of maxes."""
+def pooled_rows(trace: Trace, layer: int, side: int, *, chunk: int = 256) -> torch.Tensor:
+    """(H, side, side): ``adaptive_max_pool2d`` of the layer's (H, T, Tk) weights, computed a few bands at a time:
+    output row r pools query rows ⌊rT/side⌋ … ⌈(r+1)T/side⌉ − 1 (the bins torch uses), and a max is a max of maxes.
+    Whole bands of about ``chunk`` rows share one recomputation of the weights, (H, ≤ chunk + a band, Tk) at once,
+    so a layer costs a few large products rather than one small one per band."""
     T = trace.n_tokens
     if side >= T:
         return trace.attention_rows(layer)
-    bands = []
-    for r in range(side):
-        rows = slice(r * T // side, -(-(r + 1) * T // side))
-        w = trace.attention_rows(layer, rows)  # (H, band, Tk)
-        bands.append(F.adaptive_max_pool1d(w, side).amax(-2))  # (H, side)
+    start = [r * T // side for r in range(side)]
+    stop = [-(-(r + 1) * T // side) for r in range(side)]
+    bands: list[torch.Tensor] = []
+    r = 0
+    while r < side:
+        last = r  # the bands r … last share one block of rows
+        while last + 1 < side and stop[last + 1] - start[r] <= chunk:
+            last += 1
+        rows = slice(start[r], stop[last])
+        cols = F.adaptive_max_pool1d(trace.attention_rows(layer, rows), side)  # (H, rows, side): keys pooled
+        for b in range(r, last + 1):
+            bands.append(cols[:, start[b] - rows.start : stop[b] - rows.start].amax(-2))  # (H, side)
+        r = last + 1
     return torch.stack(bands, dim=-2)
 
 

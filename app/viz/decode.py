@@ -1,10 +1,18 @@
-"""View data for the decode studio: one step, the cache as it stands, the work counted."""
+"""View data for the decode studio: one step, the cache as it stands, the work counted.
+
+A step's attention row of a long context is pooled here, to the width of the page's plot: column c holds the
+largest weight of positions c·f … (c+1)·f − 1 (f = ⌈Tk / width⌉), so a sharp weight anywhere stays visible, and the
+position of that maximum, so the page can ask for its exact cell (``attention_cell``). Numbers travel as base64
+little-endian float32 / int32: (H, columns) of one layer, whatever the context's length.
+"""
 
 from __future__ import annotations
 
+import torch
+
 from app.errors import BadInput
 from app.model.decode import DecodeSession, Step, kv_bytes_formula, work_counts
-from app.viz.attention import b64_f32
+from app.viz.attention import b64_f32, b64_i32
 from app.viz.tokens import candidate_rows, honest_text, honest_texts, visible
 
 
@@ -21,7 +29,47 @@ def cache_shapes(session: DecodeSession) -> list[dict]:
     return out
 
 
-def step_view(session: DecodeSession, step: Step) -> dict:
+def pooled_row(row: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(H, Tk) weights -> (values (H, n), positions (H, n), f): max over each run of f = ⌈Tk / width⌉ positions
+    (the last run may be shorter), and where in the row that maximum is (the first, on a tie). f = 1: the row."""
+    H, T = row.shape
+    f = max(1, -(-T // max(1, width)))
+    n = -(-T // f)
+    padded = torch.cat((row, row.new_full((H, n * f - T), -1.0)), dim=-1)  # below any weight: never a maximum
+    values, at = padded.view(H, n, f).max(dim=-1)
+    return values, at + torch.arange(n) * f, f
+
+
+def attention_view(session: DecodeSession, layer: int, width: int) -> dict:
+    """The newest step's attention in ``layer``: every head over every cached position, pooled to ``width``."""
+    a = session.lm.adapter
+    if not 0 <= layer < a.n_layer:
+        raise BadInput("err.index.layer", layer=layer, last=a.n_layer - 1)
+    T = session.cache_len
+    values, at, f = pooled_row(session.attention_row(layer), width)
+    return {"shape": [1, a.n_head, 1, T], "layers": a.n_layer, "heads": a.n_head, "kv_heads": a.n_kv_head,
+            "layer": layer, "tokens": T, "columns": values.shape[-1], "pool": f,
+            "data": b64_f32(values), "at": b64_i32(at)}
+
+
+def attention_cell(session: DecodeSession, layer: int, head: int, pos: int) -> dict:
+    """One weight of the newest step's row, exactly as the pooled view computed it, with its key's token."""
+    a = session.lm.adapter
+    if not 0 <= layer < a.n_layer:
+        raise BadInput("err.index.layer", layer=layer, last=a.n_layer - 1)
+    if not 0 <= head < a.n_head:
+        raise BadInput("err.index.head", head=head, last=a.n_head - 1)
+    T = session.cache_len
+    if not 0 <= pos < T:
+        raise BadInput("err.index.pos", pos=pos, last=T - 1)
+    lm = session.lm
+    return {"layer": layer, "head": head, "kv_head": a.kv_map[head], "pos": pos, "query_pos": T - 1,
+            "token": visible(honest_text(lm, session.ids[pos])),
+            "weight": float(session.attention_row(layer)[head, pos])}
+
+
+def step_view(session: DecodeSession, step: Step, *, layer: int = 0, width: int = 900) -> dict:
+    """The view of the newest step (``step``): its facts, and its attention in ``layer`` pooled to ``width``."""
     lm = session.lm
     a = lm.adapter
     dtype_bytes = next(lm.model.parameters()).element_size()
@@ -38,9 +86,7 @@ def step_view(session: DecodeSession, step: Step) -> dict:
         "chosen": {"id": step.chosen, "shown": visible(honest_text(lm, step.chosen)),
                    "prob": step.chosen_prob, "rank": step.rank},
         "top": candidate_rows(lm, step.top, chosen=step.chosen),
-        "attention": {"shape": [1, a.n_head, 1, step.cache_len], "layers": a.n_layer, "heads": a.n_head,
-                      "kv_heads": a.n_kv_head,
-                      "data": b64_f32(step.attention)},
+        "attention": attention_view(session, layer, width),
         "cache_shapes": cache_shapes(session),
         "cache_bytes": session.cache_bytes(),
         "formula": kv_bytes_formula(layers=a.n_layer, kv_heads=a.n_kv_head, tokens=step.cache_len,

@@ -9,6 +9,8 @@ from app.model.loading import LoadedModel, ModelRegistry
 
 def is_char_level(lm: LoadedModel) -> bool:
     """One character per token (the built-in model): no merges, so spaces are tokens of their own."""
+    if len(lm.tokenizer) > 1024:  # the size alone: ``get_vocab`` builds a dict of every piece (~0.1 s for GPT-2's)
+        return False
     vocab = lm.tokenizer.get_vocab()
     return len(vocab) <= 1024 and all(len(piece) == 1 for piece in vocab if not piece.startswith("<"))
 

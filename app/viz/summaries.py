@@ -66,14 +66,20 @@ def summaries(trace: Trace, *, chunk: int = ROW_CHUNK) -> dict[str, torch.Tensor
 
 def first_token_shares(trace: Trace, first: int = 1) -> torch.Tensor:
     """(L, H): each head's weight on the first ``first`` tokens, averaged over the queries after them (the sinks
-    explainer's measure, ``app.viz.explain.sink_shares``), from ``first`` columns only: O(T) per head."""
+    explainer's measure, ``app.viz.explain.sink_shares``), from ``first`` columns only: O(T) per head, every head
+    of a layer in one product, exp(q_i·k_j·scale − lse_i) as ``Trace.attention_block`` computes it."""
     a = trace.adapter
     rows = slice(max(0, first - trace.past_length), trace.n_tokens)
     out = torch.empty(a.n_layer, a.n_head, dtype=torch.float64)
+    q_pos = trace.positions()[0][rows]
     for layer in range(a.n_layer):
-        for head in range(a.n_head):
-            w = trace.attention_block(layer, head, rows, slice(0, first))  # (T - first, first)
-            out[layer, head] = w.double().sum(-1).mean() if w.shape[0] else float("nan")
+        spec = a.spec(layer)
+        q = trace.q(layer)[0, :, rows].float()  # (H, T - first, Dh)
+        k = trace.keys(layer)[0, :, :first].float()  # (H_kv, first, Dh)
+        s = attention.scores(q, k, a.kv_map, spec.scale, spec.softcap)  # (H, T - first, first)
+        ok = attention.allowed(q_pos, trace.key_positions(layer)[:first], spec.window)
+        w = attention.weights_from_lse(s, ok, trace.lse(layer)[0, :, rows].float())
+        out[layer] = w.double().sum(-1).mean(-1) if w.shape[1] else float("nan")
     return out
 
 

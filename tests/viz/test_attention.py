@@ -106,6 +106,25 @@ def test_grid_is_the_max_pooled_weights(trace):
             assert data[4, 9, i, j] == round(float(w[rows, cols].max()) * 255)
 
 
+def test_grid_pooled_a_few_bands_at_a_time_equals_pooling_the_whole_maps(trace):
+    """Bands grouped into blocks of at most ``chunk`` rows (one recomputation of the weights per block) pool to
+    torch's ``adaptive_max_pool2d`` of each whole map. A block's weights are recomputed by a product of another
+    shape than the whole layer's, so BLAS may round the scores' last bits differently: weights are ≤ 1 and a few
+    fp32 ulps (2^-24 each) apart, hence 1e-6, not equality."""
+    import torch.nn.functional as F
+
+    from app.viz.attention import pooled_rows
+
+    T = trace.n_tokens
+    for layer in (0, 5):
+        whole = trace.weights(layer)[0]  # (H, T, T)
+        for side, chunk in ((4, 3), (5, 4), (7, 2), (3, T)):
+            want = F.adaptive_max_pool2d(whole, side)
+            got = pooled_rows(trace, layer, side, chunk=chunk)
+            assert got.shape == want.shape == (12, side, side)
+            assert torch.allclose(got, want, rtol=0, atol=1e-6), (layer, side, chunk)
+
+
 @pytest.mark.parametrize("kw", [{"layer": 6}, {"layer": -1}, {"head": 12}])
 def test_bad_indexes_are_clear_errors(trace, kw):
     with pytest.raises(BadInput, match="does not exist"):

@@ -208,3 +208,40 @@ def test_a_long_prompt_prefills_up_to_the_long_limits_and_no_further(client, sta
     assert v["cache_len"] == v["prompt_len"] > 200 and v["attention"]["shape"][-1] == v["cache_len"]
     r = client.post("/api/decode/sessions", json={"prompt": text * 2})
     assert r.status_code == 422 and "400" in r.json()["detail"]
+
+
+def test_a_steps_row_comes_pooled_to_the_pages_width_and_its_cells_are_exact(client, state, monkeypatch):
+    """The page sends its plot's width; the row comes max-pooled to it (at most ``decode_max_row_width``), with
+    each column's argmax position; the cell endpoint gives that position's weight, the same float32."""
+    import base64
+
+    import numpy as np
+
+    monkeypatch.setattr(state.decode, "limits", DecodeLimits.of(state.settings.with_(decode_max_row_width=32)))
+    text = "The cat sat on the mat. " * 20  # ~120 tokens
+    v = start(client, prompt=text, layer=2, width=50)
+    att = v["attention"]
+    T = v["cache_len"]
+    assert att["layer"] == 2 and att["columns"] <= 32 and att["pool"] == -(-T // 32)  # the setting bounds it
+    sid = v["session"]
+    s = client.post(f"/api/decode/{sid}/step", json={"layer": 3, "width": 20}).json()["attention"]
+    assert s["layer"] == 3 and s["tokens"] == T + 1 and s["columns"] == -(-(T + 1) // s["pool"]) <= 20
+    vals = np.frombuffer(base64.b64decode(s["data"]), "<f4").reshape(12, -1)
+    at = np.frombuffer(base64.b64decode(s["at"]), "<i4").reshape(12, -1)
+    cell = client.get(f"/api/decode/{sid}/cell/3/7/{int(at[7, 2])}").json()
+    assert cell["weight"] == float(vals[7, 2]) and cell["pos"] == int(at[7, 2])
+    row = client.get(f"/api/decode/{sid}/row/3?width=20").json()
+    assert row["data"] == s["data"] and row["at"] == s["at"]  # the same step, the same layer: the same bytes
+
+
+def test_bad_layers_heads_and_positions_are_422_and_change_nothing(client):
+    v = start(client)
+    sid = v["session"]
+    assert client.post("/api/decode/sessions", json={"prompt": "The cat", "layer": 6}).status_code == 422
+    assert client.post(f"/api/decode/{sid}/step", json={"layer": 6}).status_code == 422
+    again = client.post(f"/api/decode/{sid}/step").json()
+    assert again["index"] == 1 and again["cache_len"] == 5  # the refused step was not taken
+    for url in (f"/api/decode/{sid}/row/-1", f"/api/decode/{sid}/cell/6/0/0", f"/api/decode/{sid}/cell/0/12/0",
+                f"/api/decode/{sid}/cell/0/0/5"):
+        r = client.get(url)
+        assert r.status_code == 422 and "does not exist" in r.json()["detail"], url

@@ -47,6 +47,20 @@ def test_grid_endpoint(client, key):
     assert (g["n_layer"], g["n_head"], g["side"]) == (6, 12, 4)
 
 
+def test_the_grid_is_kept_with_its_trace_for_the_size_last_asked(client, state):
+    """A second browser opening the same link reads the grid its trace keeps; another size is pooled anew, and
+    equals what a fresh computation of that size gives."""
+    from app.viz.attention import grid_thumbnails
+
+    long = " ".join(["the cat sat on the mat"] * 12)
+    key = client.get("/api/trace", params={"prompt": long}).json()["key"]
+    first = client.get(f"/api/traces/{key}/grid", params={"size": 16}).json()
+    _, trace = state.inspect.trace_by_key(key)
+    assert trace.meta["grid"][0] == 16 and client.get(f"/api/traces/{key}/grid", params={"size": 16}).json() == first
+    other = client.get(f"/api/traces/{key}/grid", params={"size": 8}).json()
+    assert other["side"] == 8 and other == grid_thumbnails(trace, size=8) and trace.meta["grid"][0] == 8
+
+
 @pytest.mark.parametrize(
     "path",
     ["attention/6/0", "attention/0/12", "attention/-1/0", "arithmetic/0/0/4", "embedding/99",

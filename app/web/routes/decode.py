@@ -21,6 +21,13 @@ class StartBody(Body):
     top_p: float = 1.0
     seed: int = 0
     chat: bool = False  # the prompt as a user turn in the model's chat template
+    layer: int = 0  # whose attention row the view carries
+    width: int = 900  # the plot's width: the row is max-pooled to at most this many columns
+
+
+class ViewBody(Body):
+    layer: int = 0  # whose attention row the view carries
+    width: int = 900  # at most KVSCOPE_DECODE_MAX_ROW_WIDTH columns
 
 
 @router.get("/decode", include_in_schema=False)
@@ -34,13 +41,27 @@ def create_session(lab: DecodeDep, owner: OwnerDep, body: StartBody) -> dict:
     """Start a session: prefill the prompt, fill the KV cache, choose the first token."""
     sampling = Sampling(mode=body.mode, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
                         seed=body.seed)
-    return lab.start(model=body.model, prompt=body.prompt, sampling=sampling, owner=owner, chat=body.chat)
+    return lab.start(model=body.model, prompt=body.prompt, sampling=sampling, owner=owner, chat=body.chat,
+                     layer=body.layer, width=body.width)
 
 
 @router.post("/api/decode/{sid}/step", tags=["decode"], responses=errors(410, 422, 429, 503))
-def create_step(lab: DecodeDep, owner: OwnerDep, sid: str) -> dict:
+def create_step(lab: DecodeDep, owner: OwnerDep, sid: str, body: ViewBody | None = None) -> dict:
     """Feed the last chosen token (input (1, 1)) through every layer with the cache."""
-    return lab.step(sid, owner)
+    body = body or ViewBody()
+    return lab.step(sid, owner, layer=body.layer, width=body.width)
+
+
+@router.get("/api/decode/{sid}/row/{layer}", tags=["decode"], responses=errors(410, 422))
+def read_row(lab: DecodeDep, owner: OwnerDep, sid: str, layer: int, width: int = 900) -> dict:
+    """The newest step's attention in ``layer``, every head, max-pooled to ``width`` columns."""
+    return lab.row(sid, owner, layer, width)
+
+
+@router.get("/api/decode/{sid}/cell/{layer}/{head}/{pos}", tags=["decode"], responses=errors(410, 422))
+def read_cell(lab: DecodeDep, owner: OwnerDep, sid: str, layer: int, head: int, pos: int) -> dict:
+    """One exact weight of the newest step's attention row: query head ``head`` on cached position ``pos``."""
+    return lab.cell(sid, owner, layer, head, pos)
 
 
 @router.get("/api/decode/{sid}/verify/{index}", tags=["decode"], responses=errors(410, 422, 429, 503))
@@ -68,9 +89,10 @@ def close_session(lab: DecodeDep, owner: OwnerDep, sid: str) -> dict:
 
 
 @router.post("/api/decode/{sid}/rebuild", tags=["decode"], responses=errors(410, 422, 429, 503))
-def create_rebuilt(lab: DecodeDep, owner: OwnerDep, sid: str) -> dict:
+def create_rebuilt(lab: DecodeDep, owner: OwnerDep, sid: str, body: ViewBody | None = None) -> dict:
     """Start a new session from an ended one's tokens."""
-    return lab.rebuild(sid, owner)
+    body = body or ViewBody()
+    return lab.rebuild(sid, owner, layer=body.layer, width=body.width)
 
 
 @router.get("/api/decode/stats", tags=["decode"])
