@@ -33,11 +33,16 @@ long_line          long captures' line (one    the browsers that asked for it  a
                    layer, Stop)
 zoom               the zoom's pooled bases,    shared, by trace key            LRU within ``zoom_cache_bytes``
                    per head (app/labs/zoom.py)
+engine             one link per configured     the server (the engines are     shutdown (threads started with the
+                   engine (its mirror, its     named at start-up only); each   janitor, stopped with the labs);
+                   metrics) and the last       browser's last comparison       ``engine_max_blocks`` a mirror,
+                   comparisons                                                 ``engine_max_runs_kept`` runs
 =================  ==========================  ==============================  ==================================
 
 The labs (``app/labs/``), one per page, each built here on the pieces above: ``inspect`` (registry, gate,
 traces), ``decode`` (sessions), ``prefix`` (prefix_labs), ``paged`` (paged_pools), ``heads`` (head_surveys),
-``arena``, ``training``, ``capacity`` (registry, gate, settings), ``lesson`` (the heads and inspect labs).
+``arena``, ``training``, ``capacity`` (registry, gate, settings), ``lesson`` (the heads and inspect labs), ``engine``
+(settings: the engines it names).
 
 A browser is its ``kvscope_owner`` cookie (``app/web/security.py``: an id the server minted and signed). Besides
 each browser's own cap, the browsers at one network address share at most ``address_share`` of each server-wide
@@ -59,6 +64,7 @@ from app.cache.prefix import PrefixLab
 from app.labs.arena import ArenaLab
 from app.labs.capacity import CapacityLab
 from app.labs.decode import DecodeLab
+from app.labs.engine import EngineLab
 from app.labs.heads import HeadsLab, SurveyCache
 from app.labs.inspect import InspectLab
 from app.labs.lesson import LessonLab
@@ -116,6 +122,7 @@ class AppState:
     lesson: LessonLab = field(init=False)
     long_line: LabQueue = field(init=False)
     zoom: ZoomLab = field(init=False)
+    engine: EngineLab = field(init=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _janitor: threading.Thread | None = field(default=None, repr=False)
 
@@ -158,6 +165,7 @@ class AppState:
         state.lesson = LessonLab(heads=state.heads, inspect=state.inspect)
         state.long_line = state.lab_queue("long", max_run_s=s.long_capture_max_s)
         state.zoom = ZoomLab(s.zoom_cache_bytes)
+        state.engine = EngineLab(settings=s)
         return state
 
     def lab_queue(self, name: str, *, max_run_s: float, cache_items: int = 0) -> LabQueue:
@@ -202,8 +210,10 @@ class AppState:
         return n
 
     def start_janitor(self) -> None:
+        """The server's background threads: the janitor, and one link per configured engine."""
         if self._janitor is not None:
             return
+        self.engine.start()
         self._stop.clear()
 
         def loop() -> None:
@@ -222,6 +232,7 @@ class AppState:
         self.arena.line.close()
         self.training.line.close()
         self.long_line.close()
+        self.engine.stop()
 
     def stop_janitor(self) -> None:
         self._stop.set()

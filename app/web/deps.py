@@ -11,6 +11,7 @@ from app.admission import ModelGate
 from app.labs.arena import ArenaLab
 from app.labs.capacity import CapacityLab
 from app.labs.decode import DecodeLab
+from app.labs.engine import EngineLab
 from app.labs.heads import HeadsLab
 from app.labs.inspect import InspectLab
 from app.labs.lesson import LessonLab
@@ -81,6 +82,10 @@ async def get_lesson(request: Request) -> LessonLab:
     return request.app.state.kv.lesson
 
 
+async def get_engine(request: Request) -> EngineLab:
+    return request.app.state.kv.engine
+
+
 StateDep = Annotated[AppState, Depends(get_state)]
 OwnerDep = Annotated[str, Depends(get_owner)]
 AddressDep = Annotated[str, Depends(get_address)]
@@ -95,6 +100,7 @@ ArenaDep = Annotated[ArenaLab, Depends(get_arena)]
 TrainingDep = Annotated[TrainingLab, Depends(get_training)]
 CapacityDep = Annotated[CapacityLab, Depends(get_capacity)]
 LessonDep = Annotated[LessonLab, Depends(get_lesson)]
+EngineDep = Annotated[EngineLab, Depends(get_engine)]
 
 
 def is_htmx(request: Request) -> bool:
