@@ -131,7 +131,7 @@ window.kv.page("engine", (page) => {
     if (!run) return;
     const t = run.totals;
     const rows = run.rows.map((r) => el("tr", { class: r.same ? "same" : "differ" },
-      el("td", null, kv.t("engine.js.request", { n: r.request }), " ", el("small", null, r.group)),
+      el("td", null, kv.t("engine.js.request", { n: r.request }), " ", el("small", null, r.group_text)),
       el("td", null, `${r.tokens} (${r.blocks})`),
       el("td", null, `${r.ours.hit_tokens} / ${r.theirs.hit_tokens}`),
       el("td", null, `${r.ours.stored} / ${r.theirs.stored}`),
@@ -153,6 +153,7 @@ window.kv.page("engine", (page) => {
     if (!b) return;
     const buttons = [...$("drive-buttons").querySelectorAll("button")];
     buttons.forEach((x) => { x.disabled = true; });
+    $("drive-result").replaceChildren();
     const run = await kv.act("POST", "/api/engine/drive", { engine: index, preset: b.dataset.preset }, "drive-busy");
     buttons.forEach((x) => { x.disabled = false; });
     drawRun(run);

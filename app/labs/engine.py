@@ -36,6 +36,8 @@ from app.settings import Settings
 
 PRESET_SCALE = 5  # the prefix presets' shared parts said 5 times: 80-210 SmolLM2 tokens, 2-6 blocks of 32
 STATUS_OK = "engine.status.ok"
+STREAM_CHECK_S = 0.05  # how often a live page's stream looks for a change
+STREAM_MIN_GAP_S = 0.1  # at most ten lines a second to one page, however fast the engine publishes
 
 
 def replay_endpoint(events: str, configured: str | None) -> str | None:
@@ -197,19 +199,19 @@ class EngineLab:
         return view
 
     async def stream(self, index: int, lang: str, since: int = -1) -> AsyncIterator[bytes]:
-        """One JSON line per change of engine ``index`` (at most four a second; at least one per poll), for at most
-        ``engine_stream_max_s``."""
+        """One JSON line per change of engine ``index`` (looked at every ``STREAM_CHECK_S``, at most one line per
+        ``STREAM_MIN_GAP_S``), for at most ``engine_stream_max_s``. Waiting costs no thread: the version is an int."""
         link = self.link(index)
         end = time.monotonic() + self.settings.engine_stream_max_s
-        last_sent, last_metrics = since, None
+        last_sent, last_metrics, last_time, last_status = since, None, 0.0, None
         while time.monotonic() < end:
-            version = link.mirror.version
-            metrics = link.metrics
-            if version != last_sent or metrics is not last_metrics:
+            version, metrics, status = link.mirror.version, link.metrics, (link.http_status, link.events_connected)
+            if (version != last_sent or metrics is not last_metrics or status != last_status) \
+                    and time.monotonic() - last_time >= STREAM_MIN_GAP_S:
                 snap = await asyncio.to_thread(self.snapshot, index, lang)
                 yield (json.dumps(snap) + "\n").encode()
-                last_sent, last_metrics = version, metrics
-            await asyncio.sleep(0.25)
+                last_sent, last_metrics, last_status, last_time = version, metrics, status, time.monotonic()
+            await asyncio.sleep(STREAM_CHECK_S)
 
     # --- drive and compare ----------------------------------------------------------------------------------------
     def drive(self, index: int, preset: str, owner: str, lang: str) -> dict:
@@ -260,7 +262,8 @@ class EngineLab:
             diff = first_difference(i, pred, obs)
             if first is None and diff is not None:
                 first = {"key": diff[0], "text": translate(diff[0], lang, **diff[1])}
-            rows.append({"request": i + 1, "group": group, "tokens": len(ids), "blocks": len(pred.hashes),
+            rows.append({"request": i + 1, "group": group, "group_text": translate(f"prefix.group.{group}", lang),
+                         "tokens": len(ids), "blocks": len(pred.hashes),
                          "latency_s": latency, "text": text, "completion": out["choices"][0].get("text", ""),
                          "ours": {"hit_blocks": pred.hit_blocks, "hit_tokens": pred.hit_tokens,
                                   "stored": len(pred.stored), "evicted": pred.evicted,

