@@ -309,13 +309,13 @@ class EngineLab:
     # --- the fleet ----------------------------------------------------------------------------------------------
     def route(self, prompt: str, lang: str) -> dict:
         """Where ``prompt`` would find the most leading cached blocks, engine by engine (a KV-aware router's choice)."""
-        if not self.links:
-            raise NotFound("err.engine.none")
         prompt = (prompt or "").strip()
         if not prompt:
             raise BadInput("err.engine.empty_prompt")
         if len(prompt) > self.settings.max_prompt_chars:
             raise BadInput("err.engine.prompt_long", n=self.settings.max_prompt_chars)
+        if not self.links:
+            raise NotFound("err.engine.none")
         rows = []
         for i, link in enumerate(self.links):
             try:
