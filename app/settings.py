@@ -96,6 +96,30 @@ class Settings:
     prefix_max_prompt_chars: int = 4000
     prefix_max_salt_chars: int = 64
     prefix_max_requests_kept: int = 24
+    # --- Engine (/engine, app/labs/engine.py) ---------------------------------------------------------------------
+    # Real serving engines (vLLM) to watch, named here only: no request can make the server connect anywhere else.
+    # ``engine``: their HTTP API (http://host:8000: /metrics, /v1/completions, /tokenize); ``engine_events``: their
+    # KV-event PUB sockets (tcp://host:5557; one per engine, in the same order, or none); ``engine_replay``: their
+    # replay sockets (default: the events port + 1, as ``kvscope engine`` starts them). Comma-separated lists.
+    engine: tuple[str, ...] = ()
+    engine_events: tuple[str, ...] = ()
+    engine_replay: tuple[str, ...] = ()
+    # How often the page's figures are scraped (seconds), how long one HTTP call or one replay may take, the blocks
+    # mirrored per engine (the oldest stored go first) and the changes kept for a page catching up.
+    engine_poll_s: float = 1.0
+    engine_http_timeout_s: float = 5.0
+    engine_replay_timeout_s: float = 3.0
+    engine_max_blocks: int = 50_000
+    engine_max_changes: int = 4_000
+    # A live page's stream ends after this long (the page opens a new one); blocks drawn at most on the page.
+    engine_stream_max_s: float = 300.0
+    engine_max_shown_blocks: int = 400
+    # Driving an engine from the page: at most this many requests a run, tokens generated per request, seconds
+    # one request may take; the comparisons kept (one per browser, the least recently used dropped).
+    engine_drive_max_requests: int = 8
+    engine_drive_max_tokens: int = 16
+    engine_drive_timeout_s: float = 60.0
+    engine_max_runs_kept: int = 64
     # --- Inspect (/, app/labs/inspect.py) ------------------------------------------------------------------------
     # The all-heads grid's thumbnails: at most this many pixels a side. The query panels show this many key rows
     # (all of them on request).
@@ -249,6 +273,7 @@ class Settings:
             if f.type in ("int", int, "float", float):
                 value = getattr(self, f.name)
                 check(f.name, value, repr(value), whole=f.type in ("int", int))
+        check_engines(self)
         for low, high in ORDERED:
             if getattr(self, low) > getattr(self, high):
                 raise BadSetting("boot.settings.ordered", name=var(low), value=repr(getattr(self, low)),
@@ -277,7 +302,7 @@ class Settings:
             raw = env.get(var(f.name))
             if raw is None:
                 continue
-            if f.name in ("models", "allowed_hosts"):
+            if f.name in ("models", "allowed_hosts", "engine", "engine_events", "engine_replay"):
                 values[f.name] = tuple(m.strip() for m in raw.split(",") if m.strip())
                 if f.name == "models" and not values[f.name]:
                     raise BadSetting("boot.settings.no_models", name=var(f.name))
@@ -329,6 +354,10 @@ GROUPS: dict[str, tuple[str, ...]] = {
                  "capacity_sim_max_steps", "capacity_sim_max_s",
                  "capacity_check_max_requests", "capacity_check_max_prompt", "capacity_check_max_output",
                  "capacity_check_max_blocks", "capacity_check_max_block_size", "capacity_check_max_seqs"),
+    "engine": ("engine", "engine_events", "engine_replay", "engine_poll_s", "engine_http_timeout_s",
+               "engine_replay_timeout_s", "engine_max_blocks", "engine_max_changes", "engine_stream_max_s",
+               "engine_max_shown_blocks", "engine_drive_max_requests", "engine_drive_max_tokens",
+               "engine_drive_timeout_s", "engine_max_runs_kept"),
     "lines": ("lab_queue_max", "lab_jobs_per_browser", "lab_max_wait_s"),
 }
 
@@ -355,6 +384,24 @@ ORDERED: tuple[tuple[str, str], ...] = (
     ("train_min_text_chars", "train_max_text_chars"),
     ("train_min_lr", "train_max_lr"),
 )
+
+
+def check_engines(settings: Settings) -> None:
+    """Engine URLs are http(s)://host[:port]; event and replay sockets tcp://host:port or ipc://path that KVScope
+    can connect to (a wildcard ``*`` is where an engine binds, not an address), at most one per engine."""
+    for url in settings.engine:
+        if not url.startswith(("http://", "https://")) or len(url.split("//", 1)[1].strip("/")) == 0:
+            raise BadSetting("boot.settings.engine_url", name="KVSCOPE_ENGINE", value=repr(url))
+    for name in ("engine_events", "engine_replay"):
+        values = getattr(settings, name)
+        if len(values) > max(1, len(settings.engine)):
+            raise BadSetting("boot.settings.engine_count", name=var(name), n=len(values), engines=len(settings.engine))
+        for ep in values:
+            tcp = ep.startswith("tcp://") and ep.rsplit(":", 1)[-1].isdigit() and ep.count(":") >= 2
+            if not (tcp or ep.startswith("ipc://")) or "*" in ep:
+                raise BadSetting("boot.settings.engine_socket", name=var(name), value=repr(ep))
+    if settings.engine_events and not settings.engine:
+        raise BadSetting("boot.settings.engine_events_alone", name="KVSCOPE_ENGINE_EVENTS")
 
 
 def _number(name: str, raw: str, *, whole: bool) -> int | float:

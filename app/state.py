@@ -33,13 +33,17 @@ long.line          long captures' line (one    the browsers that asked for it  a
                    layer, Stop)
 zoom               the zoom's pooled bases,    shared, by trace key            LRU within ``zoom_cache_bytes``
                    per head (app/labs/zoom.py)
+engine             one link per configured     the server (the engines are     shutdown (threads started with the
+                   engine (its mirror, its     named at start-up only); each   janitor, stopped with the labs);
+                   metrics) and the last       browser's last comparison       ``engine_max_blocks`` a mirror,
+                   comparisons                                                 ``engine_max_runs_kept`` runs
 =================  ==========================  ==============================  ==================================
 
 The labs (``app/labs/``), one typed object per page or panel, each built here on the pieces above and its own
 limits (``XLimits.of(settings)``: its group of ``Settings.GROUPS``): ``inspect`` (registry, gate, traces),
 ``decode`` (sessions), ``prefix`` (prefix_labs), ``paged`` (paged_pools), ``heads`` (head_surveys), ``arena``,
 ``training``, ``capacity`` (registry, gate), ``lesson`` (the heads and inspect labs), and on Inspect's traces:
-``long`` (its line), ``zoom``, ``explain`` (gate), ``export``.
+``long`` (its line), ``zoom``, ``explain`` (gate), ``export``; ``engine`` (the engines its limits name).
 
 A browser is its ``kvscope_owner`` cookie (``app/web/security.py``: an id the server minted and signed). Besides
 each browser's own cap, the browsers at one network address share at most ``address_share`` of each server-wide
@@ -60,6 +64,7 @@ from app.cache.paged_decode import PagedEngine
 from app.labs.arena import ArenaLab, ArenaLimits
 from app.labs.capacity import CapacityLab, CapacityLimits
 from app.labs.decode import DecodeLab, DecodeLimits
+from app.labs.engine import EngineLab, EngineLimits
 from app.labs.explain import ExplainLab, ExplainLimits
 from app.labs.export import ExportLab, ExportLimits
 from app.labs.heads import HeadsLab, SurveyCache
@@ -123,6 +128,7 @@ class AppState:
     zoom: ZoomLab = field(init=False)
     explain: ExplainLab = field(init=False)
     export: ExportLab = field(init=False)
+    engine: EngineLab = field(init=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _janitor: threading.Thread | None = field(default=None, repr=False)
 
@@ -173,6 +179,7 @@ class AppState:
         state.zoom = ZoomLab(inspect=state.inspect, limits=ZoomLimits.of(s))
         state.explain = ExplainLab(inspect=state.inspect, gate=gate, limits=ExplainLimits.of(s))
         state.export = ExportLab(inspect=state.inspect, limits=ExportLimits.of(s))
+        state.engine = EngineLab(limits=EngineLimits.of(s))
         return state
 
     def lab_queue(self, name: str, *, max_run_s: float, cache_items: int = 0) -> LabQueue:
@@ -218,8 +225,10 @@ class AppState:
         return n
 
     def start_janitor(self) -> None:
+        """The server's background threads: the janitor, and one link per configured engine."""
         if self._janitor is not None:
             return
+        self.engine.start()
         self._stop.clear()
 
         def loop() -> None:
@@ -238,6 +247,7 @@ class AppState:
         self.arena.line.close()
         self.training.line.close()
         self.long.line.close()
+        self.engine.stop()
 
     def stop_janitor(self) -> None:
         self._stop.set()

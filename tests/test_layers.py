@@ -6,12 +6,13 @@ or inside a function, a TYPE_CHECKING block included) points to its own layer or
     state                     the composition root: builds every lab from its pieces (imports any layer below web)
     labs                      one module per lab: owner, lock, admission, budget, engine call, view
     viz                       tensors and results in, plain view data out (reads capacity's and training's results)
-    capacity, training        the capacity arithmetic and simulator; the trainer and its tensors' views
+    capacity, training,       the capacity arithmetic and simulator; the trainer and its tensors' views; a real
+    engine                    serving engine's KV events, metrics and block hashes (app/engine/)
     cache                     blocks, pools, K/V stores, the policies
     model                     loading, adapters, capture, decode
     base                      settings, errors, i18n, kv_bytes, memory, quota, admission, owned, startup, catalog
 
-``capacity`` and ``training`` share a rank and may not import each other.
+``capacity``, ``training`` and ``engine`` share a rank and may not import each other.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from pathlib import Path
 
 import app
 
-RANKS = {"base": 0, "model": 1, "cache": 2, "capacity": 3, "training": 3, "viz": 4, "labs": 5, "state": 6, "web": 7,
-         "cli": 8}
-PACKAGES = {"model", "cache", "capacity", "training", "viz", "labs", "web"}
+RANKS = {"base": 0, "model": 1, "cache": 2, "capacity": 3, "training": 3, "engine": 3, "viz": 4, "labs": 5, "state": 6,
+         "web": 7, "cli": 8}
+PACKAGES = {"model", "cache", "capacity", "training", "engine", "viz", "labs", "web"}
 TOP_MODULES = {"state": "state", "cli": "cli"}  # app/<name>.py files above the base; every other one is base
 ROOT = Path(app.__file__).parent
 

@@ -40,9 +40,10 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Sequence, Sized
+from collections.abc import Callable, Hashable, Iterable, Sequence, Sized
 from dataclasses import dataclass
 from itertools import islice
+from typing import Any
 
 BlockHash = str  # hex sha256
 
@@ -87,15 +88,20 @@ def block_extra_keys(model_id: str, cache_salt: str | None) -> tuple:
 
 
 def hash_request_tokens(
-    token_ids: Sequence[int], block_size: int, extra_keys: tuple | None = None
-) -> list[BlockHash]:
-    """Chained hashes of every *full* block of ``token_ids`` (the partial tail is not hashed)."""
+    token_ids: Sequence[int], block_size: int, extra_keys: tuple | None = None,
+    hash_block: Callable[[Any, Sequence[int], tuple | None], Any] = hash_block_tokens,
+) -> list:
+    """Chained hashes of every *full* block of ``token_ids`` (the partial tail is not hashed).
+
+    ``hash_block(parent or None, block token ids, extra keys)`` keys one block: KVScope's own
+    (``hash_block_tokens``) by default; the Engine page passes vLLM's recipe (``app/engine/hashing.py``), so the
+    one chain serves both."""
     if block_size < 1:
         raise ValueError("block_size must be at least 1")
-    hashes: list[BlockHash] = []
-    parent: BlockHash | None = None
+    hashes: list = []
+    parent = None
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block_tokens(parent, token_ids[start : start + block_size], extra_keys if start == 0 else None)
+        parent = hash_block(parent, token_ids[start : start + block_size], extra_keys if start == 0 else None)
         hashes.append(parent)
     return hashes
 

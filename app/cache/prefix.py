@@ -210,6 +210,28 @@ PRESETS: dict[str, list[tuple[str, str]]] = {
     "chat": [("chat", t) for t in (_TURN1, _TURN2, _TURN3)],
 }
 
+
+def scaled_presets(scale: int, run_index: int = 0) -> dict[str, list[tuple[str, str]]]:
+    """The presets with their shared parts said ``scale`` times: the same lessons (one shared system prompt, a
+    chat growing turn by turn, the clock that breaks sharing at the start and not at the end), long enough for a
+    real engine's 32-token blocks (the Engine page). ``scale`` 1 gives ``PRESETS`` itself."""
+    system = " ".join([_SYSTEM] * scale)
+    turns = [_TURN1, _TURN2[len(_TURN1):], _TURN3[len(_TURN2):]]
+    chat, grown = [], ""
+    for turn in turns:
+        grown += turn * scale
+        chat.append(("chat", grown))
+    hour = _HOURS[run_index % len(_HOURS)]
+    times = [f"{_MINUTES[(3 * run_index + j) % len(_MINUTES)]} past {hour}" for j in range(3)]
+    return {
+        "system": [("system", f"{system}\nuser. {q}\n")
+                   for q in ("what does a cache keep.", "why are old keys kept.", "is a query cached too.")],
+        "chat": chat,
+        "timestamp": [("time at start", f"time now is {t}. {system}{_QUESTION}") for t in times]
+        + [("time at end", f"{system} time now is {t}.{_QUESTION}") for t in times],
+    }
+
+
 # A clock the tiny vocabulary can spell. Every run of the timestamp preset reads the clock anew, as a
 # server stamping "Current time: ..." into each request would: run k says "<minute> past <hour>".
 _HOURS = ("ten", "one", "two", "three", "seven", "eight", "nine")

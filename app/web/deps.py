@@ -13,6 +13,7 @@ from app.labs.capacity import CapacityLab
 from app.labs.decode import DecodeLab
 from app.labs.explain import ExplainLab
 from app.labs.export import ExportLab
+from app.labs.engine import EngineLab
 from app.labs.heads import HeadsLab
 from app.labs.inspect import InspectLab
 from app.labs.lesson import LessonLab
@@ -101,6 +102,10 @@ async def get_export(request: Request) -> ExportLab:
     return request.app.state.kv.export
 
 
+async def get_engine(request: Request) -> EngineLab:
+    return request.app.state.kv.engine
+
+
 StateDep = Annotated[AppState, Depends(get_state)]
 OwnerDep = Annotated[str, Depends(get_owner)]
 AddressDep = Annotated[str, Depends(get_address)]
@@ -119,6 +124,7 @@ LongDep = Annotated[LongLab, Depends(get_long)]
 ZoomDep = Annotated[ZoomLab, Depends(get_zoom)]
 ExplainDep = Annotated[ExplainLab, Depends(get_explain)]
 ExportDep = Annotated[ExportLab, Depends(get_export)]
+EngineDep = Annotated[EngineLab, Depends(get_engine)]
 
 
 def is_htmx(request: Request) -> bool:

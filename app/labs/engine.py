@@ -1,0 +1,361 @@
+"""The Engine lab (/engine): a real serving engine's KV cache, live, beside KVScope's own engine.
+
+``EngineLab`` owns one ``EngineLink`` per engine named in the settings (``KVSCOPE_ENGINE``, ``KVSCOPE_ENGINE_EVENTS``;
+``kvscope serve --engine … --engine-events …``), started with the server and stopped with it. No request can add an
+engine or name an address: a page picks an engine by its index among those configured.
+
+    page()                          what the page renders first (engines configured, or how to start one)
+    snapshot(i, lang)               engine i's status, metrics, config line, calculator line, blocks as a tree
+    stream(i, since)                NDJSON: a snapshot whenever the mirror changes (and every poll), bounded in time
+    drive(i, preset, owner)         send a preset's requests to engine i, and the same through KVScope's own pool
+    route(prompt, lang)             the fleet: where a new prompt would find the most cached blocks
+
+Drive runs one at a time per engine (its lock; a second one gets Busy); each browser's last comparison is kept
+(the newest ``engine_max_runs_kept`` browsers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from app import catalog
+from app.cache.prefix import PRESETS, scaled_presets
+from app.capacity.calculator import CalcInput, GiB, calculate
+from app.engine.compare import Observed, Predictor, first_difference
+from app.engine.hashing import HASH_ALGO, VllmBlockHasher
+from app.engine.link import EngineDown, EngineLink, LinkLimits
+from app.engine.metrics import EngineMetrics
+from app.errors import BadInput, Busy, NotFound
+from app.i18n import translate
+from app.labs.limits import Limits
+
+PRESET_SCALE = 5  # the prefix presets' shared parts said 5 times: 80-210 SmolLM2 tokens, 2-6 blocks of 32
+STATUS_OK = "engine.status.ok"
+STREAM_CHECK_S = 0.05  # how often a live page's stream looks for a change
+STREAM_MIN_GAP_S = 0.1  # at most ten lines a second to one page, however fast the engine publishes
+
+
+def replay_endpoint(events: str, configured: str | None) -> str | None:
+    """The replay socket: the configured one, else the events port + 1 (how ``kvscope engine`` starts vLLM)."""
+    if configured:
+        return configured
+    if events.startswith("tcp://"):
+        host, port = events.rsplit(":", 1)
+        return f"{host}:{int(port) + 1}"
+    return None
+
+
+@dataclass(frozen=True)
+class EngineLimits(Limits):
+    """The engines named at start-up (their URLs, event and replay endpoints: nothing a request can change) and the
+    mirror's, stream's and drive's bounds."""
+
+    GROUP = "engine"
+    engine: tuple[str, ...]
+    engine_events: tuple[str, ...]
+    engine_replay: tuple[str, ...]
+    engine_poll_s: float
+    engine_http_timeout_s: float
+    engine_replay_timeout_s: float
+    engine_max_blocks: int
+    engine_max_changes: int
+    engine_stream_max_s: float
+    engine_max_shown_blocks: int
+    engine_drive_max_requests: int
+    engine_drive_max_tokens: int
+    engine_drive_timeout_s: float
+    engine_max_runs_kept: int
+
+
+def links_from(limits: EngineLimits) -> list[EngineLink]:
+    link_limits = LinkLimits(poll_s=limits.engine_poll_s, http_timeout_s=limits.engine_http_timeout_s,
+                             replay_timeout_s=limits.engine_replay_timeout_s, max_blocks=limits.engine_max_blocks,
+                             max_changes=limits.engine_max_changes)
+    out = []
+    for i, url in enumerate(limits.engine):
+        events = limits.engine_events[i] if i < len(limits.engine_events) else None
+        replay = limits.engine_replay[i] if i < len(limits.engine_replay) else None
+        out.append(EngineLink(name=f"engine {i}", url=url, events=events,
+                              replay=replay_endpoint(events, replay) if events else None, limits=link_limits))
+    return out
+
+
+def _hex(h: int | None) -> str | None:
+    return None if h is None else f"{h:016x}"
+
+
+class EngineLab:
+    def __init__(self, *, limits: EngineLimits, links: list[EngineLink] | None = None) -> None:
+        self.limits = limits
+        self.links = links_from(limits) if links is None else links
+        self._drive_locks = [threading.Lock() for _ in self.links]
+        self.runs: OrderedDict[str, dict] = OrderedDict()  # owner -> last comparison
+        self._runs_lock = threading.Lock()
+
+    def start(self) -> None:
+        for link in self.links:
+            link.start()
+
+    def stop(self) -> None:
+        for link in self.links:
+            link.stop()
+
+    def link(self, index: int) -> EngineLink:
+        if not 0 <= index < len(self.links):
+            raise NotFound("err.engine.no_engine", index=index, n=len(self.links))
+        return self.links[index]
+
+    # --- views ------------------------------------------------------------------------------------------------
+    def page(self, lang: str) -> dict:
+        return {"configured": bool(self.links), "presets": list(PRESETS),
+                "engines": [{"index": i, "url": ln.url, "events": ln.events, "replay": ln.replay_endpoint}
+                            for i, ln in enumerate(self.links)],
+                "max_shown": self.limits.engine_max_shown_blocks}
+
+    def status(self, link: EngineLink, lang: str) -> list[dict]:
+        """What is wrong or worth saying, most important first (each a sentence in ``lang``); ``ok`` when nothing."""
+        out = []
+
+        def say(level: str, key: str, **params) -> None:
+            out.append({"level": level, "key": key, "text": translate(key, lang, **params)})
+
+        if link.http_status is not None:
+            say("error" if link.http_status[0].startswith("err.") else "info", link.http_status[0],
+                **link.http_status[1])
+        if link.events and not link.events_connected:
+            say("error", "err.engine.events_unreachable", endpoint=link.events)
+        if not link.events:
+            say("info", "engine.status.no_events", url=link.url)
+        if link.last_event_error is not None:
+            say("error", "err.engine.bad_frames", n=link.event_errors,
+                why=translate(link.last_event_error[0], lang, **link.last_event_error[1]))
+        m = link.mirror
+        if m.gaps:
+            say("warn", "engine.status.gaps", n=len(m.gaps), missing=sum(b - a + 1 for a, b in m.gaps),
+                first=m.gaps[0][0], last=m.gaps[0][1])
+        if m.restarts:
+            say("info", "engine.status.restarted", n=m.restarts)
+        if not out:
+            say("ok", STATUS_OK, batches=m.batches, replayed=m.replayed)
+        return out
+
+    def metrics_view(self, link: EngineLink) -> dict | None:
+        m = link.metrics
+        if m is None:
+            return None
+        before = None
+        for t, old in link.metrics_log:  # the rate over the last minute: Δ hits ÷ Δ queries
+            if t >= time.time() - 60:
+                before = old
+                break
+        return {"usage": m.usage, "queries": m.prefix_queries, "hits": m.prefix_hits,
+                "hit_rate": m.hit_rate_since(None), "hit_rate_recent": m.hit_rate_since(before),
+                "running": m.running, "waiting": m.waiting, "ttft_mean_s": m.ttft_mean_s, "ttft_count": m.ttft_count,
+                "itl_mean_s": m.itl_mean_s, "itl_count": m.itl_count,
+                "config": {k: m.config.get(k) for k in ("block_size", "num_gpu_blocks", "kv_cache_memory_bytes",
+                                                        "kv_cache_size_tokens", "kv_cache_max_concurrency",
+                                                        "prefix_caching_hash_algo", "cache_dtype",
+                                                        "enable_prefix_caching", "sliding_window")}}
+
+    def calculator_line(self, link: EngineLink) -> dict | None:
+        """KVScope's calculator on the engine's own configuration, beside its ``cache_config_info``."""
+        m = link.metrics
+        if m is None:
+            return None
+        model = self.engine_model(link)
+        bs, mem = m.config_int("block_size"), m.config_int("kv_cache_memory_bytes")
+        try:
+            context = int(json.loads(link.get("/v1/models"))["data"][0]["max_model_len"])
+        except (EngineDown, KeyError, ValueError, IndexError):
+            context = None
+        if model is None or not bs or not mem or not context:
+            return {"model": None}
+        dtype = "bf16" if m.config.get("cache_dtype", "auto") == "auto" else m.config["cache_dtype"].replace(
+            "float16", "fp16").replace("bfloat16", "bf16")
+        calc = calculate(model, CalcInput(dtype=dtype, block_size=bs, context=context, kv_memory_gib=mem / GiB))
+        engine_conc = m.config.get("kv_cache_max_concurrency")
+        return {"model": model.name, "dtype": dtype, "context": context, "block_size": bs, "kv_memory_bytes": mem,
+                "ours": {"num_blocks": calc["num_blocks"], "tokens": calc["tokens"],
+                         "max_concurrency": calc["max_concurrency"], "bytes_per_token": calc["bytes_per_token"]},
+                "theirs": {"num_blocks": m.config_int("num_gpu_blocks"), "tokens": m.config_int("kv_cache_size_tokens"),
+                           "max_concurrency": float(engine_conc) if engine_conc not in (None, "None") else None}}
+
+    def engine_model(self, link: EngineLink) -> catalog.ModelConfig | None:
+        """The catalog's entry for the engine's model (matched on its served name or the path it loaded)."""
+        try:
+            data = json.loads(link.get("/v1/models"))["data"][0]
+        except (EngineDown, KeyError, ValueError, IndexError):
+            return None
+        names = " ".join(str(data.get(k, "")) for k in ("id", "root")).lower()
+        best = [m for m in catalog.CATALOG.values() if m.key in names or m.hf_id.split("/")[-1].lower() in names]
+        return max(best, key=lambda m: len(m.key)) if best else None
+
+    def snapshot(self, index: int, lang: str) -> dict:
+        link = self.link(index)
+        with link.lock:
+            m = link.mirror
+            shown = list(m.blocks.values())[-self.limits.engine_max_shown_blocks:]
+            blocks = [{"hash": _hex(b.block_hash), "parent": _hex(b.parent), "group": b.group_idx, "medium": b.medium,
+                       "kind": b.spec_kind, "window": b.sliding_window, "tokens": len(b.token_ids), "text": b.text,
+                       "seq": b.seq} for b in shown]
+            view = {"index": index, "url": link.url, "events": link.events, "version": m.version,
+                    "status": self.status(link, lang), "connected": link.events_connected,
+                    "counts": {"held": len(m.blocks), "shown": len(blocks), "stored": m.stored, "removed": m.removed,
+                               "cleared": m.cleared, "batches": m.batches, "replayed": m.replayed,
+                               "dropped": m.dropped, "unknown_removed": m.unknown_removed, "next_seq": m.next_seq},
+                    "groups": [{"group": g, "kind": k, "window": w,
+                                "held": sum(1 for key in m.blocks if key[0] == g)}
+                               for g, (k, w) in sorted(m.groups.items())],
+                    "media": sorted({key[1] for key in m.blocks}),
+                    "gaps": [{"first": a, "last": b} for a, b in m.gaps],
+                    "block_size": m.block_size, "blocks": blocks,
+                    "changes": list(m.changes)[-30:]}
+            view["changes"] = [{**c, "hash": _hex(c.get("hash")), "parent": _hex(c.get("parent"))}
+                               for c in view["changes"]]
+        view["metrics"] = self.metrics_view(link)
+        return view
+
+    async def stream(self, index: int, lang: str, since: int = -1) -> AsyncIterator[bytes]:
+        """One JSON line per change of engine ``index`` (looked at every ``STREAM_CHECK_S``, at most one line per
+        ``STREAM_MIN_GAP_S``), for at most ``engine_stream_max_s``. Waiting costs no thread: the version is an int."""
+        link = self.link(index)
+        end = time.monotonic() + self.limits.engine_stream_max_s
+        last_sent, last_metrics, last_time, last_status = since, None, 0.0, None
+        while time.monotonic() < end:
+            version, metrics, status = link.mirror.version, link.metrics, (link.http_status, link.events_connected)
+            if (version != last_sent or metrics is not last_metrics or status != last_status) \
+                    and time.monotonic() - last_time >= STREAM_MIN_GAP_S:
+                snap = await asyncio.to_thread(self.snapshot, index, lang)
+                yield (json.dumps(snap) + "\n").encode()
+                last_sent, last_metrics, last_status, last_time = version, metrics, status, time.monotonic()
+            await asyncio.sleep(STREAM_CHECK_S)
+
+    # --- drive and compare ----------------------------------------------------------------------------------------
+    def drive(self, index: int, preset: str, owner: str, lang: str) -> dict:
+        """Send preset's prompts to engine ``index`` one after the other and run them through KVScope's own pool."""
+        link = self.link(index)
+        if preset not in PRESETS:
+            raise BadInput("err.engine.preset", preset=repr(preset)[:40], presets=", ".join(PRESETS))
+        lock = self._drive_locks[index]
+        if not lock.acquire(blocking=False):
+            raise Busy("err.engine.driving", retry_after=5)
+        try:
+            result = self._drive(link, preset, lang)
+        finally:
+            lock.release()
+        with self._runs_lock:
+            self.runs[owner] = result
+            self.runs.move_to_end(owner)
+            while len(self.runs) > self.limits.engine_max_runs_kept:
+                self.runs.popitem(last=False)
+        return result
+
+    def _drive(self, link: EngineLink, preset: str, lang: str) -> dict:
+        prompts = scaled_presets(PRESET_SCALE)[preset][: self.limits.engine_drive_max_requests]
+        before = link.scrape()
+        bs, nblocks = before.config_int("block_size"), before.config_int("num_gpu_blocks")
+        algo = before.config.get("prefix_caching_hash_algo", HASH_ALGO)
+        if not bs or not nblocks:
+            raise Busy("err.engine.no_config", url=link.url, retry_after=5)
+        if algo != HASH_ALGO:
+            raise BadInput("err.engine.hash_algo", algo=algo, ours=HASH_ALGO)
+        if not link.events or not link.events_connected:
+            raise BadInput("err.engine.events_unreachable", endpoint=link.events or "-")
+        with link.lock:
+            held = tuple(b.block_hash for b in link.mirror.blocks.values() if b.group_idx == 0 and b.medium == "GPU")
+            gaps = len(link.mirror.gaps)
+        predictor = Predictor(num_blocks=nblocks, block_size=bs, held=held)
+        rows, first = [], None
+        prev = before
+        for i, (group, text) in enumerate(prompts):
+            ids = link.tokenize(text)
+            with link.lock:
+                v0 = link.mirror.version
+            t0 = time.monotonic()
+            out = link.complete(text, max_tokens=1, timeout=self.limits.engine_drive_timeout_s)
+            latency = time.monotonic() - t0
+            pred = predictor.run(ids)
+            obs, prev = self._observe(link, v0, prev, expect=len(pred.stored))
+            diff = first_difference(i, pred, obs)
+            if first is None and diff is not None:
+                first = {"key": diff[0], "text": translate(diff[0], lang, **diff[1])}
+            rows.append({"request": i + 1, "group": group, "group_text": translate(f"prefix.group.{group}", lang),
+                         "tokens": len(ids), "blocks": len(pred.hashes),
+                         "latency_s": latency, "text": text, "completion": out["choices"][0].get("text", ""),
+                         "ours": {"hit_blocks": pred.hit_blocks, "hit_tokens": pred.hit_tokens,
+                                  "stored": len(pred.stored), "evicted": pred.evicted,
+                                  "hashes": [_hex(h) for h in pred.stored]},
+                         "theirs": {"hit_tokens": obs.hits, "queries": obs.queries, "stored": len(obs.stored),
+                                    "evicted": obs.removed, "hashes": [_hex(h) for h in obs.stored]},
+                         "same": diff is None})
+        totals = {side: {k: sum(r[side][k] for r in rows) for k in ("stored", "evicted", "hit_tokens")}
+                  for side in ("ours", "theirs")}
+        queries = sum(r["tokens"] for r in rows)
+        for side in totals:
+            totals[side]["hit_rate"] = totals[side]["hit_tokens"] / queries if queries else None
+        return {"preset": preset, "engine": link.url, "block_size": bs, "num_blocks": nblocks, "held_before": len(held),
+                "gaps_before": gaps, "rows": rows, "totals": totals, "first_difference": first,
+                "same": first is None}
+
+    def _observe(self, link: EngineLink, v0: int, prev: EngineMetrics, *, expect: int,
+                 settle_s: float = 0.4, wait_s: float = 5.0) -> tuple[Observed, EngineMetrics]:
+        """What the engine reported for the request just finished: its events since version ``v0`` (waiting for
+        ``expect`` stored blocks, then a little longer for stragglers) and its metrics' deltas."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with link.lock:
+                changes = link.mirror.changes_since(v0) or []
+            stored = [c["hash"] for c in changes if c["op"] == "stored"]
+            if len(stored) >= expect or time.monotonic() > deadline:
+                break
+            link.wait(link.mirror.version, timeout=0.2)
+        time.sleep(settle_s)
+        with link.lock:
+            changes = link.mirror.changes_since(v0) or []
+        after = link.scrape()
+        obs = Observed(stored=[c["hash"] for c in changes if c["op"] == "stored"],
+                       removed=sum(1 for c in changes if c["op"] == "removed"),
+                       queries=(after.prefix_queries or 0) - (prev.prefix_queries or 0),
+                       hits=(after.prefix_hits or 0) - (prev.prefix_hits or 0))
+        return obs, after
+
+    def last_run(self, owner: str) -> dict | None:
+        with self._runs_lock:
+            return self.runs.get(owner)
+
+    # --- the fleet ----------------------------------------------------------------------------------------------
+    def route(self, prompt: str, lang: str) -> dict:
+        """Where ``prompt`` would find the most leading cached blocks, engine by engine (a KV-aware router's choice)."""
+        prompt = (prompt or "").strip()
+        if not prompt:
+            raise BadInput("err.engine.empty_prompt")
+        if len(prompt) > self.limits.max_prompt_chars:
+            raise BadInput("err.engine.prompt_long", n=self.limits.max_prompt_chars)
+        if not self.links:
+            raise NotFound("err.engine.none")
+        rows = []
+        for i, link in enumerate(self.links):
+            try:
+                ids = link.tokenize(prompt)
+            except EngineDown as exc:
+                rows.append({"index": i, "url": link.url, "error": translate(exc.key, lang, **exc.params)})
+                continue
+            with link.lock:
+                bs = link.mirror.block_size or 0
+                held = link.mirror.hashes()
+            hashes = VllmBlockHasher().request(ids, bs) if bs else []
+            hit = 0
+            for h in hashes:
+                if h not in held:
+                    break
+                hit += 1
+            rows.append({"index": i, "url": link.url, "tokens": len(ids), "blocks": len(hashes), "cached": hit,
+                         "cached_tokens": hit * bs})
+        best = max((r for r in rows if "cached" in r), key=lambda r: r["cached"], default=None)
+        return {"rows": rows, "best": best["index"] if best and best["cached"] else None}

@@ -1,0 +1,184 @@
+/* /engine: a real vLLM's KV cache, live. The server mirrors the engine's KV events and scrapes its /metrics; this
+   script follows /api/engine/<i>/stream (one JSON snapshot a line, kv.follow) and draws the snapshot: status,
+   counters, the blocks as a prefix tree (parent links), what just happened. Drive posts a preset to the engine
+   through the server and shows KVScope's own pool beside the engine's events and counters. */
+window.kv.page("engine", (page) => {
+  "use strict";
+  const kv = window.kv, $ = kv.$, el = kv.el;
+  const root = $("engine-root");
+  if (!root) return;  // no engine configured: the page says how to start one
+  const pick = $("engine-index");
+  let index = pick ? +pick.value : 0, controller = null, lastVersion = -1, seen = new Set();
+  const pct = (x) => (x === null || x === undefined ? "—" : (100 * x).toFixed(1) + " %");
+  const short = (h) => (h ? h.slice(0, 8) : "—");
+  const shown = (text) => (text === null || text === undefined ? kv.t("engine.js.decoding") : JSON.stringify(text));
+
+  function drawStatus(snap) {
+    $("engine-status").replaceChildren(...snap.status.map((s) => el("li", { class: "st-" + s.level }, s.text)));
+  }
+
+  function drawMetrics(m) {
+    if (!m) return;
+    $("m-usage").textContent = pct(m.usage);
+    $("m-hit").textContent = pct(m.hit_rate);
+    $("m-hit-about").textContent = kv.t("engine.metrics.hit_rate.about", { recent: pct(m.hit_rate_recent) });
+    $("m-running").textContent = `${m.running ?? "—"} / ${m.waiting ?? "—"}`;
+    $("m-ttft").textContent = kv.ms(m.ttft_mean_s);
+    $("m-ttft-about").textContent = kv.t("engine.metrics.mean", { n: m.ttft_count });
+    $("m-itl").textContent = kv.ms(m.itl_mean_s);
+    $("m-itl-about").textContent = kv.t("engine.metrics.mean", { n: m.itl_count });
+    const c = m.config;
+    if (c.block_size) {
+      $("m-config").textContent = kv.t("engine.metrics.config", {
+        blocks: kv.int(+c.num_gpu_blocks), size: c.block_size, tokens: kv.int(+c.kv_cache_size_tokens),
+        bytes: kv.bytes(+c.kv_cache_memory_bytes), algo: c.prefix_caching_hash_algo, caching: c.enable_prefix_caching });
+    }
+  }
+
+  /* The blocks as a forest: a block whose parent is not drawn (evicted, older than the shown ones, or none: the
+     first block of a request) is a root. */
+  function drawTree(snap) {
+    const byHash = new Map(snap.blocks.map((b) => [b.group + ":" + b.medium + ":" + b.hash, b]));
+    const kids = new Map(), roots = [];
+    for (const b of snap.blocks) {
+      const pk = b.group + ":" + b.medium + ":" + b.parent;
+      if (b.parent && byHash.has(pk)) {
+        if (!kids.has(pk)) kids.set(pk, []);
+        kids.get(pk).push(b);
+      } else roots.push(b);
+    }
+    const node = (b, depth) => {
+      const key = b.group + ":" + b.medium + ":" + b.hash;
+      const fresh = !seen.has(key) && lastVersion >= 0;
+      const li = el("li", { class: fresh ? "blk new" : "blk", "data-hash": b.hash },
+        el("div", { class: "blk-box" },
+          el("code", { class: "blk-hash", title: b.hash }, short(b.hash)),
+          el("span", { class: "blk-text" }, shown(b.text)),
+          el("small", { class: "blk-meta" }, kv.t("engine.js.tokens", { n: b.tokens }), " · ",
+            kv.t("engine.js.group", { g: b.group }), " · ", b.medium, " · ", kv.t("engine.js.seq", { seq: b.seq }))));
+      const children = kids.get(key);
+      if (children && depth < 64) li.append(el("ul", null, ...children.map((c) => node(c, depth + 1))));
+      return li;
+    };
+    const tree = $("engine-tree");
+    if (!snap.blocks.length) tree.replaceChildren(el("li", { class: "empty" }, kv.t("engine.js.blocks_none")));
+    else tree.replaceChildren(...roots.map((b) => node(b, 0)));
+    seen = new Set(snap.blocks.map((b) => b.group + ":" + b.medium + ":" + b.hash));
+    const c = snap.counts;
+    $("tree-counts").textContent = kv.t("engine.tree.counts", { held: kv.int(c.held), stored: kv.int(c.stored),
+      removed: kv.int(c.removed), seq: c.next_seq ?? 0 }) +
+      (c.held > c.shown ? " · " + kv.t("engine.js.more", { n: kv.int(c.held - c.shown) }) : "");
+    $("tree-groups").replaceChildren(
+      ...snap.groups.map((g) => el("li", null, kv.t("engine.tree.group", { group: g.group, kind: g.kind || "—",
+        window: g.window ? kv.t("engine.js.window", { w: g.window }) : "", held: g.held }))),
+      el("li", null, kv.t("engine.tree.media", { media: snap.media.join(", ") || "—" })));
+  }
+
+  function drawFeed(snap) {
+    const words = (c) => {
+      if (c.op === "stored") return kv.t("engine.js.stored", { hash: short(c.hash), seq: c.seq });
+      if (c.op === "removed") return kv.t("engine.js.removed", { hash: short(c.hash) });
+      if (c.op === "gap") return kv.t("engine.js.gap", { first: c.first, last: c.last });
+      if (c.op === "restart") return kv.t("engine.js.restart");
+      return kv.t("engine.js.cleared");
+    };
+    $("engine-feed").replaceChildren(...snap.changes.slice().reverse().map((c) => el("li", { class: "op-" + c.op }, words(c))));
+  }
+
+  function draw(snap) {
+    drawStatus(snap);
+    drawMetrics(snap.metrics);
+    drawTree(snap);
+    drawFeed(snap);
+    lastVersion = snap.version;
+  }
+
+  async function drawCalculator() {
+    const c = await kv.getJSON(`/api/engine/${index}/calculator`).catch(() => null);
+    const body = $("calc-table").querySelector("tbody");
+    if (!c || !c.model) {
+      $("calc-explain").textContent = kv.t("engine.calc.unknown");
+      body.replaceChildren();
+      return;
+    }
+    $("calc-explain").textContent = kv.t("engine.calc.explain", { bytes: kv.bytes(c.kv_memory_bytes), size: c.block_size,
+      context: kv.int(c.context), dtype: c.dtype, model: c.model });
+    const row = (key, a, b) => el("tr", { class: a === b ? "same" : "differ" }, el("th", null, kv.t(key)),
+      el("td", null, a), el("td", null, b));
+    const conc = (x) => (x === null || x === undefined ? "—" : x.toFixed(2) + "×");
+    body.replaceChildren(
+      row("engine.calc.row.blocks", kv.int(c.ours.num_blocks), c.theirs.num_blocks === null ? "—" : kv.int(c.theirs.num_blocks)),
+      row("engine.calc.row.tokens", kv.int(c.ours.tokens), c.theirs.tokens === null ? "—" : kv.int(c.theirs.tokens)),
+      row("engine.calc.row.concurrency", conc(c.ours.max_concurrency), conc(c.theirs.max_concurrency)));
+  }
+
+  /* Follow the stream; when it ends (its time is up, the server restarted) or breaks, open a new one. */
+  async function follow() {
+    for (;;) {
+      controller = new AbortController();
+      try {
+        await kv.follow(`/api/engine/${index}/stream`, { since: -1 }, draw, controller.signal);
+      } catch (e) {
+        if (controller.signal.aborted) return;
+      }
+      $("engine-status").append(el("li", { class: "st-info" }, kv.t("engine.js.reconnecting")));
+      await new Promise((r) => setTimeout(r, 1500));
+    }
+  }
+
+  function drawRun(run) {
+    const box = $("drive-result");
+    if (!run) return;
+    const t = run.totals;
+    const rows = run.rows.map((r) => el("tr", { class: r.same ? "same" : "differ" },
+      el("td", null, kv.t("engine.js.request", { n: r.request }), " ", el("small", null, r.group_text)),
+      el("td", null, `${r.tokens} (${r.blocks})`),
+      el("td", null, `${r.ours.hit_tokens} / ${r.theirs.hit_tokens}`),
+      el("td", null, `${r.ours.stored} / ${r.theirs.stored}`),
+      el("td", null, `${r.ours.evicted} / ${r.theirs.evicted}`),
+      el("td", null, r.same ? "✓" : "✗")));
+    const head = el("tr", null, ...["request", "tokens", "hits", "stored", "evicted", "agree"].map((k) =>
+      el("th", null, kv.t("engine.drive.col." + k) + (["hits", "stored", "evicted"].includes(k)
+        ? ` (${kv.t("engine.js.ours")} / ${kv.t("engine.js.theirs")})` : ""))));
+    box.replaceChildren(
+      el("p", { class: run.same ? "verdict same" : "verdict differ" },
+        run.same ? kv.t("engine.drive.same") : kv.t("engine.drive.differ", { why: run.first_difference.text })),
+      el("div", { class: "table-scroll" }, el("table", { class: "engine-table", id: "drive-table" }, el("thead", null, head),
+        el("tbody", null, ...rows))),
+      el("p", { class: "explain" }, kv.t("engine.drive.totals", { ours: pct(t.ours.hit_rate), theirs: pct(t.theirs.hit_rate) })));
+  }
+
+  $("drive-buttons").addEventListener("click", async (e) => {
+    const b = e.target.closest("button[data-preset]");
+    if (!b) return;
+    const buttons = [...$("drive-buttons").querySelectorAll("button")];
+    buttons.forEach((x) => { x.disabled = true; });
+    $("drive-result").replaceChildren();
+    const run = await kv.act("POST", "/api/engine/drive", { engine: index, preset: b.dataset.preset }, "drive-busy");
+    buttons.forEach((x) => { x.disabled = false; });
+    drawRun(run);
+  });
+
+  $("fleet-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const r = await kv.act("POST", "/api/engine/route", { prompt: $("fleet-prompt").value });
+    if (!r) return;
+    const best = r.rows.find((x) => x.index === r.best);
+    $("fleet-result").replaceChildren(
+      ...r.rows.map((x) => el("li", { class: x.index === r.best ? "best" : "" }, x.error ? `${x.url}: ${x.error}`
+        : kv.t("engine.fleet.row", { url: x.url, cached: x.cached, blocks: x.blocks, tokens: x.cached_tokens }))),
+      el("li", { class: "verdict" }, best ? kv.t("engine.js.best", { url: best.url }) : kv.t("engine.js.none_cached")));
+  });
+
+  if (pick) pick.addEventListener("change", () => {
+    index = +pick.value;
+    lastVersion = -1;
+    if (controller) controller.abort();
+    drawCalculator();
+    follow();
+  });
+  const last = $("last-run");
+  if (last) drawRun(JSON.parse(last.textContent));
+  drawCalculator();
+  follow();
+});

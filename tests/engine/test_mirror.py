@@ -1,0 +1,41 @@
+"""The engine's pool as its events tell it: parent links, groups and media, order, restarts, bounds."""
+
+from __future__ import annotations
+
+from app.engine.events import decode_frames
+from app.engine.mirror import BlockMirror
+from tests.engine.frames import cleared, frames, removed, stored
+
+
+def apply(m: BlockMirror, seq: int, events: list, ts: float | None = None) -> bool:
+    return m.apply(decode_frames(frames(seq, events, ts=ts)))
+
+
+def test_stored_blocks_chain_by_parent_and_removes_take_them_out():
+    m = BlockMirror()
+    apply(m, 0, [stored([1, 2], None, range(8))])
+    apply(m, 1, [stored([3], 2, range(4)), stored([9], None, range(4), group=1, kind="sliding_window", window=8)])
+    assert [(b.block_hash, b.parent) for b in m.blocks.values()] == [(1, None), (2, 1), (3, 2), (9, None)]
+    assert m.groups == {0: ("full_attention", None), 1: ("sliding_window", 8)}
+    apply(m, 2, [removed([2]), removed([9], group=0)])  # 9 lives in group 1: a remove for group 0 misses it
+    assert m.hashes() == {1, 3} and m.hashes(group=1) == {9} and m.unknown_removed == 1
+    apply(m, 3, [cleared()])
+    assert not m.blocks and (m.stored, m.removed, m.cleared) == (4, 2, 1)
+
+
+def test_a_batch_seen_twice_is_applied_once_and_an_earlier_number_at_another_time_is_a_restart():
+    m = BlockMirror()
+    apply(m, 0, [stored([1], None, range(4))], ts=10.0)
+    batch = decode_frames(frames(0, [stored([1], None, range(4))], ts=10.0))
+    assert not m.is_restart(batch) and not m.apply(batch)
+    again = decode_frames(frames(0, [stored([5], None, range(4))], ts=99.0))
+    assert m.is_restart(again)
+    assert m.missing_before(4) == (1, 3) and m.missing_before(1) is None
+
+
+def test_the_mirror_and_its_change_log_are_bounded():
+    m = BlockMirror(max_blocks=3, max_changes=4)
+    apply(m, 0, [stored(range(10, 15), None, range(20))])
+    assert [b.block_hash for b in m.blocks.values()] == [12, 13, 14] and m.dropped == 2
+    assert m.changes_since(0) is None  # the first changes are gone: a reader starts again
+    assert [c["hash"] for c in m.changes_since(m.version - 2)] == [13, 14]
