@@ -357,7 +357,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "engine": ("engine", "engine_events", "engine_replay", "engine_poll_s", "engine_http_timeout_s",
                "engine_replay_timeout_s", "engine_max_blocks", "engine_max_changes", "engine_stream_max_s",
                "engine_max_shown_blocks", "engine_drive_max_requests", "engine_drive_max_tokens",
-               "engine_drive_timeout_s", "engine_max_runs_kept"),
+               "engine_drive_timeout_s", "engine_max_runs_kept", "max_prompt_chars"),
     "lines": ("lab_queue_max", "lab_jobs_per_browser", "lab_max_wait_s"),
 }
 

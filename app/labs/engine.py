@@ -71,6 +71,7 @@ class EngineLimits(Limits):
     engine_drive_max_tokens: int
     engine_drive_timeout_s: float
     engine_max_runs_kept: int
+    max_prompt_chars: int
 
 
 def links_from(limits: EngineLimits) -> list[EngineLink]:

@@ -11,9 +11,9 @@ from app.admission import ModelGate
 from app.labs.arena import ArenaLab
 from app.labs.capacity import CapacityLab
 from app.labs.decode import DecodeLab
+from app.labs.engine import EngineLab
 from app.labs.explain import ExplainLab
 from app.labs.export import ExportLab
-from app.labs.engine import EngineLab
 from app.labs.heads import HeadsLab
 from app.labs.inspect import InspectLab
 from app.labs.lesson import LessonLab
