@@ -37,7 +37,8 @@ zoom               the zoom's pooled bases,    shared, by trace key            L
 
 The labs (``app/labs/``), one per page, each built here on the pieces above: ``inspect`` (registry, gate,
 traces), ``decode`` (sessions), ``prefix`` (prefix_labs), ``paged`` (paged_pools), ``heads`` (head_surveys),
-``arena``, ``training``, ``capacity`` (registry, gate, settings), ``lesson`` (the heads and inspect labs).
+``arena``, ``training``, ``capacity`` (registry, gate, settings), ``lesson`` (the heads and inspect labs),
+``speculative`` (registry, gate, its limits).
 
 A browser is its ``kvscope_owner`` cookie (``app/web/security.py``: an id the server minted and signed). Besides
 each browser's own cap, the browsers at one network address share at most ``address_share`` of each server-wide
@@ -65,6 +66,7 @@ from app.labs.lesson import LessonLab
 from app.labs.paged import PagedLab
 from app.labs.prefix import PrefixLabs
 from app.labs.queue import LabQueue
+from app.labs.speculative import SpeculativeLab
 from app.labs.train import TrainingLab
 from app.labs.zoom import ZoomLab
 from app.memory import page_in, release_free_memory, tune_allocators
@@ -114,6 +116,7 @@ class AppState:
     training: TrainingLab = field(init=False)
     capacity: CapacityLab = field(init=False)
     lesson: LessonLab = field(init=False)
+    speculative: SpeculativeLab = field(init=False)
     long_line: LabQueue = field(init=False)
     zoom: ZoomLab = field(init=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -156,6 +159,7 @@ class AppState:
                                      line=state.lab_queue("train", max_run_s=s.train_max_s))
         state.capacity = CapacityLab(registry=registry, gate=gate, settings=s)
         state.lesson = LessonLab(heads=state.heads, inspect=state.inspect)
+        state.speculative = SpeculativeLab(registry=registry, gate=gate, settings=s)
         state.long_line = state.lab_queue("long", max_run_s=s.long_capture_max_s)
         state.zoom = ZoomLab(s.zoom_cache_bytes)
         return state

@@ -16,6 +16,7 @@ from app.labs.inspect import InspectLab
 from app.labs.lesson import LessonLab
 from app.labs.paged import PagedLab
 from app.labs.prefix import PrefixLabs
+from app.labs.speculative import SpeculativeLab
 from app.labs.train import TrainingLab
 from app.model.sessions import SessionStore
 from app.state import AppState
@@ -81,6 +82,10 @@ async def get_lesson(request: Request) -> LessonLab:
     return request.app.state.kv.lesson
 
 
+async def get_speculative(request: Request) -> SpeculativeLab:
+    return request.app.state.kv.speculative
+
+
 StateDep = Annotated[AppState, Depends(get_state)]
 OwnerDep = Annotated[str, Depends(get_owner)]
 AddressDep = Annotated[str, Depends(get_address)]
@@ -95,6 +100,7 @@ ArenaDep = Annotated[ArenaLab, Depends(get_arena)]
 TrainingDep = Annotated[TrainingLab, Depends(get_training)]
 CapacityDep = Annotated[CapacityLab, Depends(get_capacity)]
 LessonDep = Annotated[LessonLab, Depends(get_lesson)]
+SpeculativeDep = Annotated[SpeculativeLab, Depends(get_speculative)]
 
 
 def is_htmx(request: Request) -> bool:
