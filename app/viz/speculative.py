@@ -6,7 +6,7 @@ from __future__ import annotations
 from app.cache.spec_blocks import slots
 from app.i18n import translate
 from app.kv_bytes import dtype_name, page_bytes
-from app.viz.tokens import honest_text, honest_texts
+from app.viz.tokens import honest_texts
 
 
 def block_bytes(lm, block_size: int, n_layer: int | None = None) -> int:
@@ -48,7 +48,7 @@ def spec_view(run) -> dict:
         if rd.ngram is not None:
             at = rd.match_at if rd.ngram else None
             lookup = {"n": rd.ngram, "at": at, "context": len(context),
-                      "gram": honest_text(lm, context[len(context) - rd.ngram:]) if rd.ngram else "",
+                      "gram": "".join(honest_texts(lm, context[len(context) - rd.ngram:])) if rd.ngram else "",
                       "follow_at": at + rd.ngram if at is not None else None}
         context += rd.drafted[:rd.accepted] + [rd.token]
         tokens = []
