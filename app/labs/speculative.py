@@ -248,13 +248,26 @@ class SpeculativeLab:
         if preset:
             if preset not in PRESETS:
                 raise BadInput("err.spec.preset", preset=repr(preset), presets=", ".join(PRESETS))
-            p = PRESETS[preset]
-            ask = replace(ask, prompt=p.prompt, chat=lm.has_chat_template, draft="lookup", gamma=p.gamma,
-                          max_new_tokens=p.max_new_tokens)
+            ask = self.preset_ask(ask, lm, PRESETS[preset])
         return {"form": asdict(ask), "models": list(self.registry.names), "n_layer": lm.adapter.n_layer,
                 "candidates": self.draft_models(lm), "limits": self.limits, "block_sizes": BLOCK_SIZES,
                 "chat_template": lm.has_chat_template, "preset": preset or "",
-                "presets": [{"key": p.key, "wins": p.wins} for p in PRESETS.values()]}
+                "presets": [{"key": p.key, "wins": p.wins, "fits": self.fits(self.preset_ask(ask, lm, p), lm)}
+                            for p in PRESETS.values()]}
+
+    @staticmethod
+    def preset_ask(ask: SpecAsk, lm: LoadedModel, p: Preset) -> SpecAsk:
+        """``p`` on ``lm``: through its chat template where it has one, with the lookup draft."""
+        return replace(ask, prompt=p.prompt, chat=lm.has_chat_template, draft="lookup", gamma=p.gamma,
+                       max_new_tokens=p.max_new_tokens)
+
+    def fits(self, ask: SpecAsk, lm: LoadedModel) -> bool:
+        """Whether ``ask``'s prompt fits the lab's limits and the model's positions (a small model may have few)."""
+        try:
+            self.prompt_ids(lm, ask)
+        except BadInput:
+            return False
+        return True
 
     def roofline(self, model: str | None) -> dict:
         """Measure this machine (bandwidth, matmul) and time decode steps of the model, all under the model gate so
