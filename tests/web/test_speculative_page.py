@@ -217,7 +217,8 @@ def test_compare_runs_every_draft_and_says_which_wins_from_its_own_numbers(clien
                     "draft_ms": f"{r['draft_ms_per_round']:.1f}", "verify_ms": f"{r['verify_ms_per_round']:.0f}",
                     "plain_ms": f"{r['plain_ms'] / r['tokens']:.0f}", "acceptance": f"{r['acceptance'] * 100:.0f}"}
 
-        key = "spec.verdict.wins" if best["speedup"] > 1 else "spec.verdict.none"
+        key = ("spec.verdict.wins" if best["speedup"] >= 1.2 else "spec.verdict.tie" if best["speedup"] >= 1
+               else "spec.verdict.none")
         assert v["verdict"][0] == translate(key, lang, **figures(best))
         other = next(r for r in rows if r is not best)
         assert v["verdict"][1:] == [translate("spec.verdict.other", lang, **figures(other))]
