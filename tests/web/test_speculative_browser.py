@@ -83,9 +83,12 @@ def test_the_page_after_a_run_and_a_roofline_has_no_english_sentence_in_chinese(
     page.fill("#spec-new", "8")
     page.click("#spec-run")
     page.wait_for_selector("#spec-rounds-table tbody tr", timeout=60_000)
+    page.click("#spec-compare-run")
+    page.wait_for_selector("#spec-verdict p", timeout=120_000)
     page.click("#roof-run")
     page.wait_for_selector("#roofline-chart .main-svg", timeout=120_000)
     assert "各轮" in page.inner_text("#spec-rounds") and "block 池" in page.inner_text("#spec-rounds")
+    assert "prompt lookup（n ≤ 3）" in page.inner_text("#spec-compare-table")
     check(page)
 
 
