@@ -68,7 +68,7 @@ class SpecAsk:
     """One run as a browser asks for it; the defaults here are the form's and the API's (one place)."""
 
     model: str | None = None
-    prompt: str = DEFAULT_PROMPT
+    prompt: str | None = DEFAULT_PROMPT  # None (an emptied form field) is refused as an empty prompt
     chat: bool = False  # the prompt as a user turn in the model's chat template
     draft: str = "early"  # early | model | lookup
     exit_layer: int | None = None  # k of the early exit; None: half the blocks (``default_exit_layer``)

@@ -226,3 +226,9 @@ def test_compare_runs_every_draft_and_says_which_wins_from_its_own_numbers(clien
     page = client.post("/speculative/compare", data={k: str(x) for k, x in body.items()},
                        headers={"HX-Request": "true"})
     assert 'id="spec-verdict"' in page.text and page.text.count("<tr data-draft=") == 2
+
+
+def test_an_emptied_prompt_in_the_form_is_refused_not_replaced_by_the_default(client):
+    r = client.post("/speculative/run", data={"model": "builtin", "prompt": "", "gamma": "2"},
+                    headers={"HX-Request": "true"})
+    assert r.status_code == 422 and 'id="spec-rounds' not in r.text

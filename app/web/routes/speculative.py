@@ -48,7 +48,10 @@ class SpecBody(Body, SpecFields):
 
 
 class SpecForm(SpecFields):
-    """The page's form: strings made into numbers; an empty field is the default."""
+    """The page's form: strings made into numbers; an empty field is the default (FastAPI drops empty form values),
+    but an emptied prompt is no prompt, and is refused as one."""
+
+    prompt: str | None = Field(None, max_length=20_000)
 
     @field_validator("model", "draft_model", "exit_layer", mode="before")
     @classmethod
