@@ -6,7 +6,7 @@ from __future__ import annotations
 from app.cache.spec_blocks import slots
 from app.i18n import translate
 from app.kv_bytes import dtype_name, page_bytes
-from app.viz.tokens import honest_texts
+from app.viz.tokens import honest_texts, visible
 
 
 def block_bytes(lm, block_size: int, n_layer: int | None = None) -> int:
@@ -48,7 +48,7 @@ def spec_view(run) -> dict:
         if rd.ngram is not None:
             at = rd.match_at if rd.ngram else None
             lookup = {"n": rd.ngram, "at": at, "context": len(context),
-                      "gram": "".join(honest_texts(lm, context[len(context) - rd.ngram:])) if rd.ngram else "",
+                      "gram": visible("".join(honest_texts(lm, context[len(context) - rd.ngram:]))) if rd.ngram else "",
                       "follow_at": at + rd.ngram if at is not None else None}
         context += rd.drafted[:rd.accepted] + [rd.token]
         tokens = []
@@ -122,6 +122,11 @@ def compare_row(run, lang: str) -> dict:
     }
 
 
+def ms(value: float) -> str:
+    """Milliseconds as the sentences show them: two decimals below 10 ms (a lookup costs a fraction of one)."""
+    return f"{value:.2f}" if value < 10 else f"{value:.0f}"
+
+
 CLEAR_WIN = 1.2  # a speed-up below this is too close to 1 to call a win: two timed runs on a shared CPU differ so much
 
 
@@ -136,7 +141,7 @@ def verdict(rows: list[dict], lang: str) -> list[str]:
 
     def figures(row: dict) -> dict:
         return {"draft": row["name"], "speedup": f"{row['speedup']:.2f}", "tpf": f"{row['tokens_per_forward']:.2f}",
-                "draft_ms": f"{row['draft_ms_per_round']:.1f}", "verify_ms": f"{row['verify_ms_per_round']:.0f}",
+                "draft_ms": ms(row["draft_ms_per_round"]), "verify_ms": f"{row['verify_ms_per_round']:.0f}",
                 "plain_ms": f"{row['plain_ms_per_token']:.0f}", "acceptance": f"{row['acceptance'] * 100:.0f}"}
 
     best = max(rows, key=lambda row: row["speedup"])
