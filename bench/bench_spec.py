@@ -259,6 +259,8 @@ def print_presets(res: dict) -> None:
 
 def print_tables(res: dict) -> None:
     print_presets(res)
+    if not res["runs"]:
+        return
     print("\n| draft | identical | acceptance per position | acceptance | mean accepted | target fwd/token "
           "| speed-up (sums) | speed-up (median of prompts) |\n|---|---|---|---|---|---|---|---|")
     for run in res["runs"]:
