@@ -154,6 +154,9 @@ class Settings:
     spec_max_prompt_tokens: int = 256
     spec_min_temperature: float = 0.1
     spec_max_temperature: float = 2.0
+    # The prompt-lookup draft matches the last n tokens of the context, n from this many down to 1 (transformers'
+    # ``max_matching_ngram_size``); each round searches the whole context once per n.
+    spec_max_ngram: int = 8
     # Its roofline panel times decode steps over caches of up to this many tokens per sequence and batches up to
     # this size (random K/V of the model's shapes; its largest step is one 1024-token sequence or 16 of 64
     # tokens, ~45 MiB of K/V for SmolLM2-135M in fp32).
@@ -347,7 +350,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
                "prefix_max_requests_kept"),
     "arena": ("max_prompt_chars", "arena_max_prompt_tokens", "arena_max_steps", "arena_max_s", "arena_cache_runs"),
     "speculative": ("spec_max_gamma", "spec_max_new_tokens", "spec_max_prompt_tokens", "spec_min_temperature",
-                    "spec_max_temperature", "roofline_max_context", "roofline_max_batch"),
+                    "spec_max_temperature", "spec_max_ngram", "roofline_max_context", "roofline_max_batch",
+                    "max_prompt_chars"),
     "train": ("train_max_s", "max_trained_models", "train_min_text_chars", "train_max_text_chars", "train_max_steps",
               "train_max_batch_size", "train_min_lr", "train_max_lr"),
     "capacity": ("capacity_sim_max_blocks", "capacity_sim_max_requests", "capacity_sim_max_tokens",

@@ -42,8 +42,9 @@ engine             one link per configured     the server (the engines are     s
 The labs (``app/labs/``), one typed object per page or panel, each built here on the pieces above and its own
 limits (``XLimits.of(settings)``: its group of ``Settings.GROUPS``): ``inspect`` (registry, gate, traces),
 ``decode`` (sessions), ``prefix`` (prefix_labs), ``paged`` (paged_pools), ``heads`` (head_surveys), ``arena``,
-``training``, ``capacity`` (registry, gate), ``lesson`` (the heads and inspect labs), and on Inspect's traces:
-``long`` (its line), ``zoom``, ``explain`` (gate), ``export``; ``engine`` (the engines its limits name).
+``training``, ``capacity`` (registry, gate), ``lesson`` (the heads and inspect labs), ``speculative`` (registry,
+gate), ``engine`` (the engines its limits name), and on Inspect's traces: ``long`` (its line), ``zoom``,
+``explain`` (gate), ``export``.
 
 A browser is its ``kvscope_owner`` cookie (``app/web/security.py``: an id the server minted and signed). Besides
 each browser's own cap, the browsers at one network address share at most ``address_share`` of each server-wide
@@ -74,6 +75,7 @@ from app.labs.long import LongLab, LongLimits
 from app.labs.paged import PagedLab, PagedLimits
 from app.labs.prefix import PrefixLab, PrefixLabs, PrefixLimits
 from app.labs.queue import LabQueue
+from app.labs.speculative import SpecLimits, SpeculativeLab
 from app.labs.train import TrainingLab, TrainLimits
 from app.labs.zoom import ZoomLab, ZoomLimits
 from app.memory import page_in, release_free_memory, tune_allocators
@@ -124,6 +126,7 @@ class AppState:
     training: TrainingLab = field(init=False)
     capacity: CapacityLab = field(init=False)
     lesson: LessonLab = field(init=False)
+    speculative: SpeculativeLab = field(init=False)
     long: LongLab = field(init=False)
     zoom: ZoomLab = field(init=False)
     explain: ExplainLab = field(init=False)
@@ -173,6 +176,7 @@ class AppState:
                                      line=state.lab_queue("train", max_run_s=train.train_max_s))
         state.capacity = CapacityLab(registry=registry, gate=gate, limits=CapacityLimits.of(s))
         state.lesson = LessonLab(heads=state.heads, inspect=state.inspect)
+        state.speculative = SpeculativeLab(registry=registry, gate=gate, limits=SpecLimits.of(s))
         long = LongLimits.of(s)
         state.long = LongLab(inspect=state.inspect, limits=long,
                              line=state.lab_queue("long", max_run_s=long.long_capture_max_s))

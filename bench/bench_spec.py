@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_spec.py                   # 20 prompts, two runs, the roofline
     .venv/bin/python bench/bench_spec.py --quick           # 4 prompts, one run
     .venv/bin/python bench/bench_spec.py --draft-model smollm2-360m-instruct   # + a second-model draft (online)
+    .venv/bin/python bench/bench_spec.py --presets-only    # the lab's presets × drafts only (prompt lookup)
 
 (1) Greedy speculative decoding with early-exit drafts (the model's first k blocks) and a second model when one
     with the same tokenizer is loaded (offline there is none): for each draft, how many of the prompts give output
@@ -12,6 +13,12 @@
     same invocation and prints both runs' acceptance and speed-up and their difference in percentage points
     (target: within ±2). Greedy acceptance is a function of the tokens, so it must repeat exactly; the speed-up
     is a ratio of two wall-clock sums and moves with the machine's load.
+(1b) The lab's presets (``app.labs.speculative.PRESETS``) through the chat template, greedy, each with prompt lookup
+    (n ≤ ``--ngram``) and the early exits, at the preset's γ and length, the output ending at the end-of-turn token:
+    acceptance, mean accepted length, target forwards per token, and the speed-up over plain greedy decoding timed
+    in the same run (best of ``--repeats`` speculative + plain pairs, and their median ratio), beside whether the
+    output is identical. Target: ≥ 1.5× with prompt lookup on a copying
+    preset (copy, quote), output identical to plain greedy; the rename preset is where lookup is expected to lose.
 (2) The roofline: STREAM-like copy and triad, a 1024² matmul, decode steps (best of 3, like the probes) at
     contexts 64 / 256 / 1024 (batch 1) and batches 1 / 4 / 16 (context 64), one 128-token prefill. Each batch-1
     decode step's achieved bandwidth (bytes counted from the shapes / measured time) is printed beside the
@@ -96,6 +103,43 @@ def run_drafts(lm, drafts, prompts, *, gamma: int, new_tokens: int) -> list[dict
     return rows
 
 
+def run_presets(lm, drafts, *, ngram: int, repeats: int, early_repeats: int) -> list[dict]:
+    """Each preset × draft (prompt lookup first), greedy through the chat template, beside plain greedy. Each pair
+    (speculative, then plain) runs ``repeats`` times (the early exits ``early_repeats``: they cost minutes and lose
+    by 5× or more); the speed-up is the best plain time over the best speculative time (best of, as the roofline's
+    probes: on a shared machine the other processes only ever add time), with the median of the pairs' ratios."""
+    from app.labs.speculative import PRESETS
+
+    stop = lm.tokenizer.eos_token_id
+    rows = []
+    for preset in PRESETS.values():
+        ids = lm.encode_chat(preset.prompt)
+        kinds = [(f"prompt lookup n≤{ngram}", lambda: spec.make_draft(lm, kind="lookup", max_ngram=ngram), repeats),
+                 *((label, make, early_repeats) for label, make in drafts)]
+        for label, make, times in kinds:
+            runs = [spec.run(lm, make(), ids, gamma=preset.gamma, max_new_tokens=preset.max_new_tokens, stop=stop)
+                    for _ in range(times)]
+            r = runs[0]
+            assert all(x.output == r.output for x in runs)  # greedy: the same tokens every time
+            spec_ms, plain_ms = min(x.spec_ms for x in runs), min(x.plain_ms for x in runs)
+            rows.append({"preset": preset.key, "copies": preset.wins, "draft": label, "prompt_tokens": len(ids),
+                         "tokens": r.tokens, "gamma": r.gamma, "acceptance": r.acceptance_rate,
+                         "mean_accepted": r.mean_accepted, "forwards_per_token": r.forwards_per_token,
+                         "tokens_per_forward": r.tokens_per_forward, "no_match_rounds": len(r.rounds) - r.drafts,
+                         "rounds": len(r.rounds), "pairs": times,
+                         "verify_ms_per_round": min(x.verify_ms for x in runs) / len(r.rounds),
+                         "draft_ms_per_round": min(x.draft_ms for x in runs) / len(r.rounds),
+                         "plain_ms_per_token": plain_ms / len(r.plain_output), "spec_ms": spec_ms,
+                         "plain_ms": plain_ms, "speedup": plain_ms / spec_ms,
+                         "speedup_median": statistics.median(x.speedup for x in runs),
+                         "identical": all(x.same_as_plain for x in runs)})
+            row = rows[-1]
+            print(f"  {preset.key} / {label}: acceptance {row['acceptance']:.2f}, {row['tokens_per_forward']:.2f} "
+                  f"tokens per target forward, speed-up {row['speedup']:.2f}× (best of {times}; median "
+                  f"{row['speedup_median']:.2f}×), identical {row['identical']}", flush=True)
+    return rows
+
+
 def roofline(lm, *, contexts: list[int], batches: list[int]) -> dict:
     bw = rl.measure_bandwidth()
     peak = rl.measure_peak_flops()
@@ -123,6 +167,11 @@ def main() -> None:
     ap.add_argument("--exit-layers", default="15,24")
     ap.add_argument("--runs", type=int, default=2, help="passes over the prompts (0: the roofline only)")
     ap.add_argument("--no-roofline", action="store_true")
+    ap.add_argument("--presets-only", action="store_true", help="the presets × drafts only (no prompts, no roofline)")
+    ap.add_argument("--ngram", type=int, default=3, help="prompt lookup: the longest n-gram matched")
+    ap.add_argument("--preset-runs", type=int, default=1, help="passes over the presets")
+    ap.add_argument("--repeats", type=int, default=3, help="speculative + plain pairs per preset and lookup draft")
+    ap.add_argument("--early-repeats", type=int, default=1, help="the same for the early exits (slow)")
     ap.add_argument("--contexts", default="64,256,1024")
     ap.add_argument("--batches", default="1,4,16")
     ap.add_argument("--model", default=NAME)
@@ -138,7 +187,7 @@ def main() -> None:
     home = Path(args.home)
     lm = load_spec(args.model, home)
     prompts = PROMPTS[:4] if args.quick else PROMPTS
-    runs = 1 if args.quick else args.runs
+    runs = 0 if args.presets_only else 1 if args.quick else args.runs
     drafts = [(f"early exit k={k} of {lm.adapter.n_layer}",
                (lambda k=k: spec.make_draft(lm, kind="early", exit_layer=k)))
               for k in map(int, args.exit_layers.split(","))]
@@ -158,6 +207,11 @@ def main() -> None:
           f"second-model draft: {second}", flush=True)
     results = {"machine": machine(), "model": lm.name, "gamma": args.gamma, "new_tokens": args.new_tokens,
                "threads": args.threads, "second_model": second, "load_before": os.getloadavg()[0], "runs": []}
+    results["presets"] = []
+    for i in range(args.preset_runs):
+        print(f"presets, run {i + 1}", flush=True)
+        results["presets"].append(run_presets(lm, drafts, ngram=args.ngram, repeats=args.repeats,
+                                              early_repeats=args.early_repeats))
     for i in range(runs):
         print(f"run {i + 1}", flush=True)
         results["runs"].append(run_drafts(lm, drafts, prompts, gamma=args.gamma, new_tokens=args.new_tokens))
@@ -168,7 +222,7 @@ def main() -> None:
             for r1, r2 in zip(results["runs"][0], results["runs"][1], strict=True)]
         results["speedup_spread_pp"] = [abs(r1["speedup"] - r2["speedup"]) * 100
                                         for r1, r2 in zip(results["runs"][0], results["runs"][1], strict=True)]
-    if not args.no_roofline:
+    if not (args.no_roofline or args.presets_only):
         results["roofline"] = roofline(lm, contexts=[int(c) for c in args.contexts.split(",")],
                                        batches=[int(b) for b in args.batches.split(",")])
     results["load_after"] = os.getloadavg()[0]
@@ -177,7 +231,36 @@ def main() -> None:
     print_tables(results)
 
 
+def print_presets(res: dict) -> None:
+    if not res.get("presets"):
+        return
+    print("\n| run | preset | draft | γ | tokens | acceptance | mean accepted | target fwd/token | tokens/target fwd "
+          "| no-match rounds | verify ms/round | plain ms/token | plain ms | speculative ms | speed-up (best of) "
+          "| median | identical |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for i, run in enumerate(res["presets"]):
+        for r in run:
+            print(f"| {i + 1} | {r['preset']} | {r['draft']} | {r['gamma']} | {r['tokens']} | {r['acceptance']:.2f} | "
+                  f"{r['mean_accepted']:.2f} | {r['forwards_per_token']:.3f} | {r['tokens_per_forward']:.2f} | "
+                  f"{r['no_match_rounds']}/{r['rounds']} | {r['verify_ms_per_round']:.0f} | "
+                  f"{r['plain_ms_per_token']:.0f} | {r['plain_ms']:.0f} | {r['spec_ms']:.0f} | "
+                  f"{r['speedup']:.2f}× ({r['pairs']}) | {r['speedup_median']:.2f}× | "
+                  f"{'yes' if r['identical'] else 'NO'} |")
+    print("\nTarget: prompt lookup ≥ 1.5× over plain greedy on a copying preset, output identical:")
+    for i, run in enumerate(res["presets"]):
+        for r in run:
+            if r["draft"].startswith("prompt lookup"):
+                best = max((x for x in run if x["preset"] == r["preset"]), key=lambda x: x["speedup"])
+                met = r["speedup"] >= 1.5 and r["identical"]
+                print(f"  run {i + 1}, {r['preset']} ({'copies the prompt' if r['copies'] else 'a rewrite'}): "
+                      f"lookup {r['speedup']:.2f}×, identical {r['identical']} — "
+                      f"{('met' if met else 'NOT met') if r['copies'] else 'written to lose'}; "
+                      f"fastest draft: {best['draft']} {best['speedup']:.2f}×")
+
+
 def print_tables(res: dict) -> None:
+    print_presets(res)
+    if not res["runs"]:
+        return
     print("\n| draft | identical | acceptance per position | acceptance | mean accepted | target fwd/token "
           "| speed-up (sums) | speed-up (median of prompts) |\n|---|---|---|---|---|---|---|---|")
     for run in res["runs"]:

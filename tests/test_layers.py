@@ -92,8 +92,7 @@ def test_the_scan_catches_an_upward_import(tmp_path):
 
 # Modules of app/labs/ that are a lab's helpers, not a lab: the limits, the lines and how a run in one is shown.
 LAB_HELPERS = {"limits", "queue", "lines"}
-# Typed on its own branch (issue 29): remove once merged, and the test below covers it too.
-TYPED_ELSEWHERE = {"speculative"}
+TYPED_ELSEWHERE: set[str] = set()
 
 
 def lab_classes() -> dict[str, type]:

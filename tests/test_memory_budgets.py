@@ -19,7 +19,7 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from app.catalog import CATALOG
-from app.labs.speculative import roofline_bytes, roofline_cache_tokens
+from app.labs.speculative import SpecLimits, roofline_bytes, roofline_cache_tokens
 from app.model.builtin import build_char_tokenizer, builtin_vocabulary, tiny_config
 from app.settings import Settings
 
@@ -70,7 +70,7 @@ def roofline_lab_bytes(s: Settings) -> int:
     """The speculative page's roofline panel (Settings ``roofline_max_context``, ``roofline_max_batch``): its
     probe arrays and the random K/V cache of the largest step it times, for the loaded model with the widest
     cache per token (one run at a time: it holds the model gate)."""
-    return max(roofline_bytes(s, kv_bytes_per_token(name)) for name in s.models)
+    return max(roofline_bytes(SpecLimits.of(s), kv_bytes_per_token(name)) for name in s.models)
 
 
 TRACE_STORE = ("trace_cache_bytes", "trace_keep_one_bytes")
@@ -119,16 +119,16 @@ def test_the_roofline_labs_cache_is_counted_and_grows_with_its_settings():
     smol = kv_bytes_per_token("smollm2-135m-instruct")
     assert smol == 2 * 30 * 3 * 64 * 4  # 46 080 B: 30 layers, 3 KV heads, head_dim 64, fp32
     # Its largest step: 1024 tokens at batch 1, or 64 tokens at batch 16 — 1024 tokens, 45 MiB of K/V for SmolLM2.
-    assert roofline_cache_tokens(s) == 1024
+    assert roofline_cache_tokens(SpecLimits.of(s)) == 1024
     assert roofline_lab_bytes(s) == 3 * 64 * MiB + 3 * 1024**2 * 4 + 1024 * smol
     assert held(s) == sum(counted(s).values()) + model_bytes(s) + roofline_lab_bytes(s) + RUNTIME
     spare = LAPTOP - held(s)
     assert spare > 0
     # The cache bound is a product of the two settings' reach: more batch at the first context (64) counts.
     wider = s.with_(roofline_max_batch=s.roofline_max_batch * 64)
-    assert roofline_cache_tokens(wider) == 64 * 16  # the lab times batches 1, 4, 16 only: no larger step
+    assert roofline_cache_tokens(SpecLimits.of(wider)) == 64 * 16  # the lab times batches 1, 4, 16 only: no larger step
     longer = s.with_(roofline_max_context=100_000)
-    assert roofline_cache_tokens(longer) == 1024  # nor contexts past 1024
+    assert roofline_cache_tokens(SpecLimits.of(longer)) == 1024  # nor contexts past 1024
 
 
 def test_no_roofline_step_holds_more_cache_than_counted(tiny, settings, monkeypatch):
@@ -146,8 +146,6 @@ def test_no_roofline_step_holds_more_cache_than_counted(tiny, settings, monkeypa
     monkeypatch.setattr(rl, "filled_cache", spy)
     monkeypatch.setattr(rl, "measure_bandwidth", lambda **kw: [rl.Probe("copy", 1e9, 1, 1.0)])
     monkeypatch.setattr(rl, "measure_peak_flops", lambda **kw: rl.Probe("matmul", 1e10, 1, 1.0))
-    from app.labs.speculative import roofline_request
-
     state = make_state(settings, tiny)
-    roofline_request(state, model="builtin")
-    assert filled and max(filled) == roofline_cache_tokens(settings, tiny.max_positions)
+    state.speculative.roofline("builtin")
+    assert filled and max(filled) == roofline_cache_tokens(SpecLimits.of(settings), tiny.max_positions)

@@ -120,15 +120,16 @@ def test_each_group_names_real_settings_and_is_what_its_lab_reads():
     for group in GROUPS.values():
         assert len(group) == len(set(group))
     # A lab holds its limits object, never the Settings: the object's fields are its group, so the group is what
-    # the lab reads. (speculative: typed on its own branch; lines: the labs' lines, built by app/state.py.)
+    # the lab reads (less a prefix the group's names share, ``PREFIX``). (lines: the labs' lines, built by
+    # app/state.py.)
     import app.state  # noqa: F401  (imports every lab, so every Limits subclass is defined)
     from app.labs.limits import Limits
 
     limits = {cls.GROUP: cls for cls in Limits.__subclasses__()}
-    assert set(GROUPS) - set(limits) <= {"speculative", "lines"}
+    assert set(GROUPS) - set(limits) <= {"lines"}
     for group, cls in limits.items():
-        assert {f.name for f in dataclasses.fields(cls)} == set(GROUPS[group]), cls.__name__
-        assert cls.of(Settings()) == cls(**Settings().group(group))
+        assert {f.name for f in dataclasses.fields(cls)} == {n.removeprefix(cls.PREFIX) for n in GROUPS[group]}, cls
+        assert cls.of(Settings()) == cls(**{n.removeprefix(cls.PREFIX): v for n, v in Settings().group(group).items()})
     # Every setting named after a lab is in that lab's group.
     prefixes = {"paged_": "paged", "prefix_": "prefix", "arena_": "arena", "spec_": "speculative", "train_": "train",
                 "capacity_": "capacity", "inspect_": "inspect", "decode_": "decode"}

@@ -20,10 +20,12 @@ class Limits:
     ``Settings``, so its group in ``Settings.GROUPS`` is exactly what it reads."""
 
     GROUP: ClassVar[str]
+    # A prefix every name of the group has and the fields drop (``spec_max_gamma`` read as ``max_gamma``).
+    PREFIX: ClassVar[str] = ""
 
     @classmethod
     def of(cls, settings: Settings) -> Self:
-        group = settings.group(cls.GROUP)
+        group = {name.removeprefix(cls.PREFIX): value for name, value in settings.group(cls.GROUP).items()}
         return cls(**{f.name: group[f.name] for f in fields(cls)})  # type: ignore[arg-type]
 
     def block_sizes(self, largest: int) -> tuple[int, ...]:

@@ -17,20 +17,31 @@ The rule (Leviathan et al. 2023, Chen et al. 2023) keeps the output distribution
 greedy keeps the longest prefix on which the draft agrees with the target's argmax; sampling keeps dᵢ with
 probability min(1, pᵢ(dᵢ)/qᵢ(dᵢ)) and, at the first rejection, draws from normalize(max(0, pᵢ − qᵢ)).
 
-Drafts (``Runner``): the target itself exited early after its first k blocks, read out through the adapter's
-logit-lens parts (``final_norm``, ``unembed``), as LayerSkip's self-speculation does; or a second loaded model
-with the same tokenizer. Each runner owns a transformers ``DynamicCache``; ``crop`` rolls it back. A runner's
-``watch`` (if set) is told every change of its cache length, ``watch(before, after)``: the speculative lab hangs a
-paged block ledger there (``app.cache.spec_blocks``) to show the blocks each round writes and frees.
+Drafts (the ``Draft`` protocol: ``prefill``, ``propose``, ``rollback``):
+
+    Runner        the target itself exited early after its first k blocks, read out through the adapter's logit-lens
+                  parts (``final_norm``, ``unembed``), as LayerSkip's self-speculation does; or a second loaded
+                  model with the same tokenizer. Each runner owns a transformers ``DynamicCache``; ``crop`` rolls it
+                  back. Its drafts cost γ forwards of a model per round.
+    PromptLookup  no model at all: the last n tokens searched for earlier in the context (prompt + output) and the
+                  tokens that followed proposed (``lookup``; transformers' ``prompt_lookup_num_tokens``, vLLM's
+                  ``speculative_config={"method": "ngram"}``). Its draft is deterministic, so q is one-hot: the
+                  sampling rule keeps dᵢ with probability pᵢ(dᵢ) and the residual is p without dᵢ. No cache, nothing
+                  to roll back; a round where nothing matches drafts nothing and the target decodes one token plainly.
+
+A runner's ``watch`` (if set) is told every change of its cache length, ``watch(before, after)``: the speculative lab
+hangs a paged block ledger there (``app.cache.spec_blocks``) to show the blocks each round writes and frees.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache
 
 from app.errors import BadInput
@@ -81,7 +92,7 @@ def accept(draft: list[int], q: torch.Tensor, p: torch.Tensor, *, mode: str,
             return Verdict(i, int(torch.multinomial(residual, 1, generator=generator)), False, ratios, residual)
     last = p[gamma]
     token = int(torch.argmax(last)) if mode == GREEDY else int(torch.multinomial(last, 1, generator=generator))
-    return Verdict(gamma, token, True, ratios)
+    return Verdict(gamma, token, gamma > 0, ratios)  # nothing drafted: a plain step, not a bonus
 
 
 def distribution(logits: torch.Tensor, *, mode: str, temperature: float) -> torch.Tensor:
@@ -159,6 +170,22 @@ class Runner:
             handle.remove()
         return self.lm.adapter.unembed(self.lm.adapter.final_norm(h))[0]  # (T, V)
 
+    def prefill(self, ids: list[int]) -> None:
+        self.forward(ids)
+
+    def propose(self, ids: list[int], gamma: int, *, mode: str, temperature: float,
+                generator: torch.Generator) -> Proposal:
+        """γ tokens, one forward each: first whatever of ``ids`` the cache has not seen, then each drafted token."""
+        drafted, qs = [], []
+        feed = ids[self.length:]
+        for _ in range(gamma):
+            q = distribution(self.forward(feed)[-1], mode=mode, temperature=temperature)  # (V,)
+            d = pick(q, mode=mode, generator=generator)
+            drafted.append(d)
+            qs.append(q)
+            feed = [d]
+        return Proposal(drafted, torch.stack(qs))  # q: (γ, V)
+
     def rollback(self, length: int) -> int:
         """Crop the cache to its first ``length`` tokens; returns how many were removed."""
         before = self.length
@@ -169,6 +196,89 @@ class Runner:
         if self.watch is not None:
             self.watch(before, self.length)
         return extra
+
+
+# --- prompt lookup: a draft with no model ------------------------------------------------------------------------
+
+def lookup(ids: Sequence[int], gamma: int, max_ngram: int) -> tuple[list[int], int, int]:
+    """The prompt-lookup proposal for the context ``ids``: (up to γ tokens, n, where the match starts), or
+    ([], 0, -1) when nothing matches.
+
+    The rule is transformers' ``PromptLookupCandidateGenerator.get_candidates`` (generation/candidate_generator.py,
+    transformers 5): for n = min(max_ngram, len(ids) − 1) down to 1, the last n tokens are searched for in ``ids``
+    from the left; the first (earliest) occurrence that has a token after it wins, and the γ tokens after it are
+    proposed — fewer when the context ends first. The longest n-gram that occurs earlier is used, at its earliest
+    occurrence; vLLM's n-gram proposer (``_find_longest_matched_ngram_and_propose_tokens``) picks the same match
+    (the longest suffix n-gram in [min_n, max_n], earliest occurrence). The tail itself (the occurrence ending at
+    the last token) has no token after it, so it never matches itself::
+
+        ids    a b c d   x b c d   y b c        max_ngram 3, γ 2: the tail "b c" (3-gram "y b c" occurs nowhere
+               0 1 2 3   4 5 6 7   8 9 10       earlier); "b c" first occurs at 1, so "d x" is proposed
+    """
+    total = len(ids)
+    for n in range(min(max_ngram, total - 1), 0, -1):
+        tail = list(ids[total - n:])
+        for start in range(total - n):  # every earlier window; start + n <= total - 1, so a token follows it
+            if list(ids[start:start + n]) == tail:
+                return list(ids[start + n:start + n + gamma]), n, start
+    return [], 0, -1
+
+
+@dataclass
+class PromptLookup:
+    """The prompt-lookup draft: ``lookup`` over the committed tokens, up to ``max_ngram`` tokens matched. It runs
+    no model and keeps no cache: ``length`` stays 0 and ``rollback`` has nothing to crop."""
+
+    max_ngram: int = 3
+    forwards: int = 0  # never a model forward
+    watch: Callable[[int, int], None] | None = None  # no cache to watch
+    length: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"prompt lookup (n ≤ {self.max_ngram})"
+
+    def prefill(self, ids: list[int]) -> None:
+        pass
+
+    def propose(self, ids: list[int], gamma: int, *, mode: str, temperature: float,
+                generator: torch.Generator) -> Proposal:
+        drafted, n, at = lookup(ids, gamma, self.max_ngram)
+        return Proposal(drafted, None, ngram=n, match_at=at)
+
+    def rollback(self, length: int) -> int:
+        return 0
+
+
+@dataclass
+class Proposal:
+    """One round's draft: the tokens and each one's draft distribution ``q`` (γ, V), or None for a deterministic
+    draft (prompt lookup), whose q is one-hot on the drafted token. ``ngram``/``match_at``: the lookup's match."""
+
+    tokens: list[int]
+    q: torch.Tensor | None
+    ngram: int | None = None  # n of the n-gram matched (0: none matched); None for a model's draft
+    match_at: int | None = None  # where in the context the matched n-gram starts
+
+
+class Draft(Protocol):
+    """What ``speculate`` asks of a draft: a ``Runner`` (a model or its first k blocks) or ``PromptLookup``."""
+
+    forwards: int
+    watch: Callable[[int, int], None] | None
+
+    @property
+    def length(self) -> int: ...
+
+    @property
+    def label(self) -> str: ...
+
+    def prefill(self, ids: list[int]) -> None: ...
+
+    def propose(self, ids: list[int], gamma: int, *, mode: str, temperature: float,
+                generator: torch.Generator) -> Proposal: ...
+
+    def rollback(self, length: int) -> int: ...
 
 
 def check_draft_model(target: LoadedModel, draft: LoadedModel) -> None:
@@ -200,6 +310,10 @@ class Round:
     ms: float
     target_start: int = 0  # cache lengths when the round began (before the draft's and the target's forwards)
     draft_start: int = 0
+    draft_ms: float = 0.0  # making the proposal (γ draft forwards, or the lookup)
+    verify_ms: float = 0.0  # the target's verify forward and the rule
+    ngram: int | None = None  # prompt lookup: n of the n-gram matched, 0 when none did (the round drafted nothing)
+    match_at: int | None = None  # prompt lookup: where the matched n-gram starts in the context
 
 
 @dataclass
@@ -220,6 +334,24 @@ class SpecResult:
     def tokens(self) -> int:
         return len(self.output)
 
+    @property
+    def drafts(self) -> int:
+        """Rounds that drafted at least one token (vLLM's ``spec_decode_num_drafts``): all of them, but for prompt
+        lookup's rounds where nothing matched."""
+        return sum(bool(r.drafted) for r in self.rounds)
+
+    @property
+    def drafted_tokens(self) -> int:
+        return sum(len(r.drafted) for r in self.rounds)
+
+    @property
+    def draft_ms(self) -> float:
+        return sum(r.draft_ms for r in self.rounds)
+
+    @property
+    def verify_ms(self) -> float:
+        return sum(r.verify_ms for r in self.rounds)
+
     def accepted_per_pos(self) -> list[int]:
         """How many rounds kept the draft at position i (vLLM's ``spec_decode_num_accepted_tokens_per_pos``)."""
         counts = [0] * self.gamma
@@ -229,17 +361,20 @@ class SpecResult:
         return counts
 
     def acceptance_rate_per_pos(self) -> list[float]:
-        n = len(self.rounds)
+        """Kept at position i / rounds that drafted (vLLM divides its per-position counter by its drafts)."""
+        n = self.drafts
         return [c / n if n else 0.0 for c in self.accepted_per_pos()]
 
     @property
     def acceptance_rate(self) -> float:
-        drafted = self.gamma * len(self.rounds)
+        """Drafted tokens kept / drafted tokens (vLLM: accepted_tokens_total / draft_tokens_total)."""
+        drafted = self.drafted_tokens
         return sum(r.accepted for r in self.rounds) / drafted if drafted else 0.0
 
     @property
     def mean_accepted(self) -> float:
-        """Drafts kept per round (0..γ); each round also emits one target token, so tokens/round = this + 1."""
+        """Drafts kept per round (0..γ; a round that drafted nothing counts 0); each round also emits one target
+        token, so tokens/round = this + 1."""
         return sum(r.accepted for r in self.rounds) / len(self.rounds) if self.rounds else 0.0
 
     @property
@@ -247,43 +382,51 @@ class SpecResult:
         return self.target_forwards / self.tokens if self.tokens else 0.0
 
     @property
+    def tokens_per_forward(self) -> float:
+        """Committed tokens per target forward (mean accepted + 1, before the output is cut to its length)."""
+        return self.mean_accepted + 1 if self.rounds else 0.0
+
+    @property
     def speedup(self) -> float | None:
-        return self.plain_ms / self.spec_ms if self.plain_ms and self.spec_ms else None
+        """Plain ms per token / speculative ms per token: plain_ms / spec_ms whenever both made as many tokens
+        (greedy always does)."""
+        if not (self.plain_ms and self.spec_ms and self.plain_output and self.output):
+            return None
+        return (self.plain_ms / len(self.plain_output)) / (self.spec_ms / len(self.output))
 
     @property
     def same_as_plain(self) -> bool | None:
         return None if self.plain_output is None else self.plain_output == self.output
 
 
-def speculate(target: Runner, draft: Runner, prompt_ids: list[int], *, gamma: int, max_new_tokens: int,
-              mode: str = GREEDY, temperature: float = 1.0, seed: int = 0,
+def speculate(target: Runner, draft: Draft, prompt_ids: list[int], *, gamma: int, max_new_tokens: int,
+              mode: str = GREEDY, temperature: float = 1.0, seed: int = 0, stop: int | None = None,
               on_round: Callable[[Round], None] | None = None) -> SpecResult:
-    """Generate ``max_new_tokens`` tokens after ``prompt_ids`` by speculative decoding (both caches start empty).
+    """Generate ``max_new_tokens`` tokens after ``prompt_ids`` by speculative decoding (both caches start empty),
+    or fewer: the output ends at the first ``stop`` token committed (a chat turn's end), as plain decoding's does.
     ``on_round`` is called with each round once both caches are rolled back."""
     gen = torch.Generator().manual_seed(seed)
     ids = list(prompt_ids)
     # Prefill both on all but the newest token: every round then starts with one token not yet in either cache.
     if len(ids) > 1:
         target.forward(ids[:-1])
-        draft.forward(ids[:-1])
+        draft.prefill(ids[:-1])
     t_forwards0, d_forwards0 = target.forwards, draft.forwards
     rounds: list[Round] = []
     t0 = time.perf_counter()
     while len(ids) - len(prompt_ids) < max_new_tokens:
         r0 = time.perf_counter()
         t_start, d_start = target.length, draft.length
-        drafted, qs = [], []
-        feed = ids[draft.length:]
-        for _ in range(gamma):
-            q = distribution(draft.forward(feed)[-1], mode=mode, temperature=temperature)  # (V,)
-            d = pick(q, mode=mode, generator=gen)
-            drafted.append(d)
-            qs.append(q)
-            feed = [d]
-        q = torch.stack(qs)  # (γ, V)
+        proposal = draft.propose(ids, gamma, mode=mode, temperature=temperature, generator=gen)
+        drafted = proposal.tokens  # γ tokens (prompt lookup: up to γ, none when nothing matched)
+        r1 = time.perf_counter()
         base = len(ids)  # committed tokens; the target cache holds base − 1 of them
-        p = distribution(target.forward(ids[target.length:] + drafted), mode=mode, temperature=temperature)  # (γ+1, V)
+        logits = target.forward(ids[target.length:] + drafted)  # (γ+1, V)
+        p = distribution(logits, mode=mode, temperature=temperature)
+        q = proposal.q if proposal.q is not None else F.one_hot(torch.tensor(drafted, dtype=torch.long),
+                                                                 p.shape[-1]).to(p.dtype)  # (γ, V)
         verdict = accept(drafted, q, p, mode=mode, generator=gen)
+        r2 = time.perf_counter()
         n = verdict.accepted
         t_before, d_before = target.length, draft.length
         target.rollback(base + n)  # ids + d1..dn stay cached; the new token is fed next round
@@ -294,9 +437,14 @@ def speculate(target: Runner, draft: Runner, prompt_ids: list[int], *, gamma: in
             p=[float(p[i, d]) for i, d in enumerate(drafted)], ratios=verdict.ratios, accepted=n,
             token=verdict.token, token_p=float(p[n, verdict.token]), bonus=verdict.bonus,
             target_before=t_before, target_after=target.length, draft_before=d_before, draft_after=draft.length,
-            ms=(time.perf_counter() - r0) * 1000, target_start=t_start, draft_start=d_start))
+            ms=(time.perf_counter() - r0) * 1000, target_start=t_start, draft_start=d_start,
+            draft_ms=(r1 - r0) * 1000, verify_ms=(r2 - r1) * 1000, ngram=proposal.ngram,
+            match_at=proposal.match_at))
         if on_round is not None:
             on_round(rounds[-1])
+        if stop is not None and stop in ids[base:]:
+            del ids[ids.index(stop, base) + 1:]
+            break
     spec_ms = (time.perf_counter() - t0) * 1000
     return SpecResult(prompt_ids=list(prompt_ids), output=ids[len(prompt_ids):][:max_new_tokens], rounds=rounds,
                       gamma=gamma, mode=mode, draft_label=draft.label, spec_ms=spec_ms,
@@ -304,8 +452,9 @@ def speculate(target: Runner, draft: Runner, prompt_ids: list[int], *, gamma: in
 
 
 def plain_decode(target: Runner, prompt_ids: list[int], *, max_new_tokens: int, mode: str = GREEDY,
-                 temperature: float = 1.0, seed: int = 0) -> tuple[list[int], float]:
-    """The target alone, one token per forward through its cache: (output ids, ms after prefill)."""
+                 temperature: float = 1.0, seed: int = 0, stop: int | None = None) -> tuple[list[int], float]:
+    """The target alone, one token per forward through its cache: (output ids, ms after prefill); the output ends
+    at ``stop`` if the target picks it."""
     gen = torch.Generator().manual_seed(seed)
     ids = list(prompt_ids)
     if len(ids) > 1:
@@ -314,12 +463,17 @@ def plain_decode(target: Runner, prompt_ids: list[int], *, max_new_tokens: int, 
     while len(ids) - len(prompt_ids) < max_new_tokens:
         probs = distribution(target.forward(ids[target.length:])[-1], mode=mode, temperature=temperature)
         ids.append(pick(probs, mode=mode, generator=gen))
+        if ids[-1] == stop:
+            break
     return ids[len(prompt_ids):], (time.perf_counter() - t0) * 1000
 
 
 def make_draft(target: LoadedModel, *, kind: str, exit_layer: int | None = None,
-               other: LoadedModel | None = None) -> Runner:
-    """``kind`` "early": the target's first ``exit_layer`` blocks; "model": ``other`` (same tokenizer)."""
+               other: LoadedModel | None = None, max_ngram: int = 3) -> Draft:
+    """``kind`` "early": the target's first ``exit_layer`` blocks; "model": ``other`` (same tokenizer); "lookup":
+    prompt lookup matching up to ``max_ngram`` tokens."""
+    if kind == "lookup":
+        return PromptLookup(max_ngram)
     if kind == "early":
         n = target.adapter.n_layer
         if exit_layer is None or not 1 <= exit_layer <= n:
@@ -333,17 +487,17 @@ def make_draft(target: LoadedModel, *, kind: str, exit_layer: int | None = None,
     raise BadInput("err.spec.draft_kind", kind=repr(kind))
 
 
-def run(target: LoadedModel, draft: Runner, prompt_ids: list[int], *, gamma: int, max_new_tokens: int,
+def run(target: LoadedModel, draft: Draft, prompt_ids: list[int], *, gamma: int, max_new_tokens: int,
         mode: str = GREEDY, temperature: float = 1.0, seed: int = 0, compare: bool = True,
-        target_watch: Callable[[int, int], None] | None = None,
+        stop: int | None = None, target_watch: Callable[[int, int], None] | None = None,
         on_round: Callable[[Round], None] | None = None) -> SpecResult:
     """Speculative decoding and, with ``compare``, plain decoding of the same tokens for the speed-up and the
     lossless check (greedy: the outputs must be identical). ``target_watch`` watches the speculating target's
     cache (``Runner.watch``); ``on_round`` as in ``speculate``."""
     result = speculate(Runner(target, watch=target_watch), draft, prompt_ids, gamma=gamma,
-                       max_new_tokens=max_new_tokens, mode=mode, temperature=temperature, seed=seed,
+                       max_new_tokens=max_new_tokens, mode=mode, temperature=temperature, seed=seed, stop=stop,
                        on_round=on_round)
     if compare:
         result.plain_output, result.plain_ms = plain_decode(Runner(target), prompt_ids, max_new_tokens=max_new_tokens,
-                                                            mode=mode, temperature=temperature, seed=seed)
+                                                            mode=mode, temperature=temperature, seed=seed, stop=stop)
     return result

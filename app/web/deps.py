@@ -20,6 +20,7 @@ from app.labs.lesson import LessonLab
 from app.labs.long import LongLab
 from app.labs.paged import PagedLab
 from app.labs.prefix import PrefixLabs
+from app.labs.speculative import SpeculativeLab
 from app.labs.train import TrainingLab
 from app.labs.zoom import ZoomLab
 from app.model.sessions import SessionStore
@@ -106,6 +107,10 @@ async def get_engine(request: Request) -> EngineLab:
     return request.app.state.kv.engine
 
 
+async def get_speculative(request: Request) -> SpeculativeLab:
+    return request.app.state.kv.speculative
+
+
 StateDep = Annotated[AppState, Depends(get_state)]
 OwnerDep = Annotated[str, Depends(get_owner)]
 AddressDep = Annotated[str, Depends(get_address)]
@@ -125,6 +130,7 @@ ZoomDep = Annotated[ZoomLab, Depends(get_zoom)]
 ExplainDep = Annotated[ExplainLab, Depends(get_explain)]
 ExportDep = Annotated[ExportLab, Depends(get_export)]
 EngineDep = Annotated[EngineLab, Depends(get_engine)]
+SpeculativeDep = Annotated[SpeculativeLab, Depends(get_speculative)]
 
 
 def is_htmx(request: Request) -> bool:

@@ -195,3 +195,144 @@ def test_no_second_model_says_none_is_available(tiny):
     with pytest.raises(BadInput) as err:
         make_draft(tiny, kind="model", other=None)
     assert err.value.key == "err.spec.no_draft_model"
+
+
+# --- prompt lookup ------------------------------------------------------------------------------------------------
+
+def brute_force_lookup(ids: list[int], gamma: int, max_ngram: int) -> tuple[list[int], int, int]:
+    """Every (n, start) with ids[start:start+n] equal to the last n tokens and a token after it, the longest n
+    first, then the earliest start: the rule ``lookup`` states (transformers' and vLLM's)."""
+    found = [(n, start) for n in range(1, max_ngram + 1) for start in range(len(ids))
+             if start + n < len(ids) and n < len(ids) and ids[start:start + n] == ids[len(ids) - n:]]
+    if not found:
+        return [], 0, -1
+    n, start = min(found, key=lambda f: (-f[0], f[1]))
+    return ids[start + n:start + n + gamma], n, start
+
+
+@pytest.mark.parametrize(("ids", "gamma", "max_ngram", "expected"), [
+    ([1, 2, 3, 4], 3, 3, ([], 0, -1)),  # no token repeats: nothing to propose
+    ([5], 3, 3, ([], 0, -1)),  # one token: no earlier context at all
+    ([5, 1, 2, 9, 1, 2, 7, 1, 2], 2, 2, ([9, 1], 2, 1)),  # "1 2" at 1 and 4: the earliest wins
+    ([3, 1, 2, 8, 4, 1, 2, 9, 4, 1, 2], 2, 3, ([9, 4], 3, 4)),  # the 3-gram "4 1 2" beats the earlier 2-gram
+    ([3, 1, 2, 8, 4, 1, 2, 9, 4, 1, 2], 2, 2, ([8, 4], 2, 1)),  # capped at n = 2: "1 2" first occurs at 1
+    ([1, 2, 1, 2], 5, 2, ([1, 2], 2, 0)),  # the context ends: fewer than γ tokens
+    ([7, 8, 9, 7, 8, 9], 4, 1, ([7, 8, 9], 1, 2)),  # n = 1 only: "9" at 2
+    ([4, 4, 4], 3, 3, ([4], 2, 0)),  # overlapping matches: "4 4" at 0 is followed by the last 4
+])
+def test_lookup_proposals_by_hand_and_by_brute_force(ids, gamma, max_ngram, expected):
+    assert spec.lookup(ids, gamma, max_ngram) == expected
+    assert brute_force_lookup(ids, gamma, max_ngram) == expected
+
+
+def test_lookup_matches_brute_force_and_transformers_prompt_lookup_on_random_contexts():
+    """Random contexts over 3-5 token ids (many repeats): ``lookup`` = the brute-force search, and its tokens =
+    transformers' own ``PromptLookupCandidateGenerator`` (the generator ``generate(prompt_lookup_num_tokens=γ)``
+    uses), whose candidates are the context with the proposal appended."""
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    g = torch.Generator().manual_seed(0)
+    matched = 0
+    for _ in range(400):
+        length = int(torch.randint(1, 30, (), generator=g))
+        vocab = int(torch.randint(3, 6, (), generator=g))
+        ids = torch.randint(0, vocab, (length,), generator=g).tolist()
+        gamma, max_ngram = int(torch.randint(1, 6, (), generator=g)), int(torch.randint(1, 4, (), generator=g))
+        got = spec.lookup(ids, gamma, max_ngram)
+        assert got == brute_force_lookup(ids, gamma, max_ngram), (ids, gamma, max_ngram)
+        hf = PromptLookupCandidateGenerator(num_output_tokens=gamma, max_matching_ngram_size=max_ngram,
+                                            max_length=10_000)
+        candidates, _ = hf.get_candidates(torch.tensor([ids]))
+        assert candidates[0, length:].tolist() == got[0], (ids, gamma, max_ngram)
+        matched += bool(got[0])
+    assert 100 < matched < 400  # both kinds of context were tried
+
+
+REPEATING = ["The cache holds the keys. The cache holds the", "KV cache, KV cache, KV cache, KV", "Once upon a time"]
+
+
+def test_greedy_speculative_with_prompt_lookup_equals_target_greedy(any_model):
+    for prompt in REPEATING:
+        ids = any_model.encode(prompt)
+        result = speculate(Runner(any_model), make_draft(any_model, kind="lookup", max_ngram=3), ids, gamma=4,
+                           max_new_tokens=10)
+        plain, _ = plain_decode(Runner(any_model), ids, max_new_tokens=10)
+        assert result.output == plain, prompt
+        assert result.draft_forwards == 0 and result.target_forwards == len(result.rounds)
+    assert result.rounds[0].ngram is not None
+
+
+def test_prompt_lookup_rounds_say_what_matched_and_a_round_without_a_match_is_a_plain_step(tiny):
+    """Each round's proposal is ``lookup`` of the context as the round began; a round with no match drafts nothing,
+    its verify forward feeds one token and the target's token is neither a bonus nor a correction."""
+    ids = tiny.encode(REPEATING[0])
+    target = Runner(tiny)
+    result = speculate(target, make_draft(tiny, kind="lookup", max_ngram=2), ids, gamma=3, max_new_tokens=16)
+    context = list(ids)
+    kinds = set()
+    for r in result.rounds:
+        proposal, n, at = spec.lookup(context, 3, 2)
+        assert (r.drafted, r.ngram, r.match_at) == (proposal, n, at)
+        assert r.q == [1.0] * len(r.drafted)  # one-hot: the draft is certain of its token
+        if not r.drafted:
+            assert r.accepted == 0 and not r.bonus and r.target_before == r.target_after
+            kinds.add("plain")
+        else:
+            kinds.add("bonus" if r.bonus else "correction")
+        context += r.drafted[:r.accepted] + [r.token]
+    assert context[len(ids):][:16] == result.output
+    assert result.acceptance_rate == sum(r.accepted for r in result.rounds) / sum(len(r.drafted) for r in result.rounds)
+    assert result.drafts == sum(bool(r.drafted) for r in result.rounds)
+
+
+def test_prompt_lookup_rollback_leaves_the_target_cache_equal_to_the_committed_tokens(llama):
+    """Sampled, so drafts are rejected: the target's cache must equal one built by one forward over the committed
+    tokens (all but the newest); the lookup keeps no cache to roll back."""
+    ids = llama.encode(REPEATING[1])
+    target, draft = Runner(llama), make_draft(llama, kind="lookup", max_ngram=3)
+    result = speculate(target, draft, ids, gamma=4, max_new_tokens=12, mode=SAMPLE, temperature=1.5, seed=2)
+    assert any(r.drafted and r.accepted < len(r.drafted) for r in result.rounds), "no rejection: nothing checked"
+    for r in result.rounds:
+        assert r.target_before - r.target_after == len(r.drafted) - r.accepted
+        assert r.draft_before == r.draft_after == 0
+    committed = ids + [t for r in result.rounds for t in r.drafted[: r.accepted] + [r.token]]
+    fresh = Runner(llama)
+    fresh.forward(committed[:-1])
+    assert target.length == len(committed) - 1 and draft.length == 0
+    n = llama.adapter.n_layer
+    for (k, v), (k2, v2) in zip(_layers(target.cache, n), _layers(fresh.cache, n), strict=True):
+        # One forward over all tokens vs the same tokens fed in rounds: different shapes, so fp32 tolerance.
+        assert k.shape == k2.shape and torch.allclose(k, k2, atol=1e-5) and torch.allclose(v, v2, atol=1e-5)
+
+
+def test_sampled_prompt_lookup_first_token_has_the_targets_distribution(tiny):
+    """A one-hot q: the rule keeps the proposed token with probability p(d) and otherwise draws from p without d,
+    so the first output token must follow p. 20 000 seeded rounds against the built-in model's real p, the
+    proposal fixed to a token p finds likely; Pearson's χ² at α = 0.001."""
+    ids = tiny.encode("The cache holds")
+    p_row = spec.distribution(Runner(tiny).forward(ids)[-1], mode=SAMPLE, temperature=1.0)
+    d = int(torch.argsort(p_row, descending=True)[1])  # the runner-up: kept often, rejected often
+    q = torch.nn.functional.one_hot(torch.tensor([d]), p_row.shape[0]).float()
+    p = torch.stack([p_row, p_row])
+    g = torch.Generator().manual_seed(7)
+    out = torch.zeros_like(p_row)
+    for _ in range(20_000):
+        v = accept([d], q, p, mode=SAMPLE, generator=g)
+        out[d if v.accepted else v.token] += 1
+    stat, df = chi_square(out, p_row)
+    assert stat < chi_square_threshold(df), (stat, df)
+    assert 0 < out[d] < 20_000
+
+
+def test_greedy_prompt_lookup_on_smollm2_copies_the_sentence_as_plain_greedy_does(smol):
+    """The copy preset through the chat template on the real model: the output equals plain greedy token for
+    token, and the lookup keeps drafts (the answer repeats the prompt)."""
+    from app.labs.speculative import PRESETS
+
+    ids = smol.encode_chat(PRESETS["copy"].prompt)
+    stop = smol.tokenizer.eos_token_id
+    result = speculate(Runner(smol), make_draft(smol, kind="lookup", max_ngram=3), ids, gamma=8,
+                       max_new_tokens=32, stop=stop)
+    plain, _ = plain_decode(Runner(smol), ids, max_new_tokens=32, stop=stop)
+    assert result.output == plain
+    assert result.mean_accepted > 1 and result.tokens_per_forward > 2

@@ -83,7 +83,47 @@ def test_the_page_after_a_run_and_a_roofline_has_no_english_sentence_in_chinese(
     page.fill("#spec-new", "8")
     page.click("#spec-run")
     page.wait_for_selector("#spec-rounds-table tbody tr", timeout=60_000)
+    page.click("#spec-compare-run")
+    page.wait_for_selector("#spec-verdict p", timeout=120_000)
     page.click("#roof-run")
     page.wait_for_selector("#roofline-chart .main-svg", timeout=120_000)
     assert "各轮" in page.inner_text("#spec-rounds") and "block 池" in page.inner_text("#spec-rounds")
+    assert "prompt lookup（n ≤ 3）" in page.inner_text("#spec-compare-table")
     check(page)
+
+
+def test_a_preset_runs_with_prompt_lookup_and_compare_says_which_draft_wins(page, live_server):
+    page.goto(live_server + "/speculative?model=builtin")
+    assert "too long for builtin" in page.inner_text("#spec-presets")  # 128 positions: the presets do not fit
+    page.goto(live_server + "/speculative?model=distilgpt2&preset=copy")
+    assert page.is_checked("#spec-draft-lookup")
+    page.fill("#spec-gamma", "4")
+    page.fill("#spec-new", "12")
+    page.click("#spec-run")
+    page.wait_for_selector("#spec-rounds-table tbody tr", timeout=60_000)
+    body = {"model": "distilgpt2", "prompt": page.input_value("#spec-prompt"), "draft": "lookup", "max_ngram": 3,
+            "gamma": 4, "max_new_tokens": 12}
+    v = page.request.post(live_server + "/api/speculative/run", data=json.dumps(body),
+                          headers={"Content-Type": "application/json"}).json()
+    rounds = v["rounds"]
+    table = "#spec-rounds-table"
+    # Every round says what it matched (or that nothing did); a round with no match is a plain step.
+    assert page.locator(f"{table} .spec-match").count() == len(rounds)
+    assert page.locator(f"{table} .spec-toks .st.plain").count() == v["plain_rounds"]
+    assert page.locator(f"{table} .st.accepted").count() == sum(r["accepted"] for r in rounds)
+    assert page.locator(f"{table} [data-cache='draft']").count() == 0  # prompt lookup keeps no cache
+    assert "yes" in page.inner_text("#spec-same")
+
+    page.click("#spec-compare-run")
+    page.wait_for_selector("#spec-verdict p", timeout=120_000)
+    rows = page.locator("#spec-compare-table tbody tr")
+    assert rows.count() == 2
+    speedups = [float(t.rstrip("×")) for t in page.eval_on_selector_all(
+        "#spec-compare-table td.speedup", "t => t.map(c => c.innerText.trim())")]
+    winner = page.locator("#spec-compare-table tr.winner")
+    assert winner.count() == 1
+    shown = winner.locator("td.speedup").inner_text().strip()
+    assert float(shown.rstrip("×")) == max(speedups)
+    first = page.inner_text("#spec-verdict p.winner")
+    assert shown.rstrip("×") + "×" in first and winner.locator("td.l").inner_text().split(" (")[0] in first
+    assert page.js_errors == []

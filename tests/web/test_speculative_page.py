@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import math
 
 import pytest
@@ -54,6 +55,9 @@ def test_the_form_renders_coloured_rounds(client):
     ({"max_new_tokens": 999}, "New tokens", "新 token 数"),
     ({"draft": "model"}, "No second model", "没有加载"),
     ({"draft": "model", "draft_model": "distilgpt2"}, "tokenizer is not the same", "tokenizer 不同"),
+    ({"draft": "lookup", "max_ngram": 0}, "longest n-gram prompt lookup matches", "最长 n-gram"),
+    ({"draft": "lookup", "max_ngram": 99}, "from 1 to 8; got 99", "1 到 8 之间的整数；收到 99"),
+    ({"draft": "nope"}, "or lookup (prompt lookup)", "或 lookup（prompt lookup）"),
 ])
 def test_bad_input_is_refused_with_a_clear_message_in_both_languages(client, change, key_en, key_zh):
     body = {"model": "builtin", "prompt": "The cache", "gamma": 3, "max_new_tokens": 4, **change}
@@ -140,3 +144,95 @@ def test_a_second_model_with_the_same_tokenizer_drafts_through_the_lab(settings,
             assert v["draft_name"] == draft.name and v["exit_layer"] is None
             assert v["same_as_plain"] is True and v["tokens"] == 8
             assert v["block_bytes"]["draft"] == _bytes_per_block(draft, 4, draft.adapter.n_layer)
+
+
+# --- prompt lookup, presets and the comparison -------------------------------------------------------------------
+
+def test_a_preset_fills_the_form_with_its_prompt_and_the_lookup_draft(client):
+    from app.labs.speculative import PRESETS
+
+    for key, preset in PRESETS.items():
+        r = client.get(f"/speculative?model=distilgpt2&preset={key}")
+        assert r.status_code == 200
+        assert 'id="spec-draft-lookup" checked' in r.text and f'value="{preset.gamma}" min="1"' in r.text
+        assert html.escape(preset.prompt, quote=False) in r.text
+        assert 'class="preset current" id="preset-' + key + '"' in r.text
+        assert "has no chat template" in r.text  # DistilGPT-2 has none: the preset goes in as raw text
+        small = client.get(f"/speculative?model=builtin&preset={key}").text
+        assert f'class="preset off" id="preset-{key}"' in small  # 128 positions: too long for the built-in model
+    assert client.get("/speculative?preset=nope").status_code == 422
+
+
+def test_a_lookup_run_shows_each_rounds_match_and_only_the_targets_blocks(client, tiny):
+    from app.viz.tokens import honest_texts, visible
+
+    prompt = "The cache holds the keys. The cache holds the"
+    body = {"model": "builtin", "prompt": prompt, "draft": "lookup", "max_ngram": 3, "gamma": 3,
+            "max_new_tokens": 12, "block_size": 2}
+    v = client.post("/api/speculative/run", json=body).json()
+    assert v["same_as_plain"] is True and v["draft_kind"] == "lookup" and v["draft_forwards"] == 0
+    context = tiny.encode(prompt)
+    for r in v["rounds"]:
+        look, drafted = r["lookup"], [t["id"] for t in r["tokens"]]
+        assert look["context"] == len(context)
+        if look["n"]:
+            n, at = look["n"], look["at"]
+            assert context[at:at + n] == context[-n:]
+            assert look["gram"] == visible("".join(honest_texts(tiny, context[-n:])))
+            assert drafted == context[at + n:at + n + 3] and look["follow_at"] == at + n
+        else:
+            assert drafted == [] and r["final"]["kind"] == "plain" and r["target_before"] == r["target_after"]
+        assert r["blocks"]["draft"] is None
+        b = r["blocks"]["target"]
+        assert (b["start"], b["peak_length"], b["length"]) == (r["target_start"], r["target_before"],
+                                                              r["target_after"])
+        assert len(b["freed"]) == -(-r["target_before"] // 2) - -(-r["target_after"] // 2)
+        context += drafted[:r["accepted"]] + [r["final"]["id"]]
+    assert v["plain_rounds"] == sum(not r["tokens"] for r in v["rounds"])
+    assert v["acceptance"] == sum(r["accepted"] for r in v["rounds"]) / v["drafted_tokens"]
+    page = client.post("/speculative/run", data={k: str(x) for k, x in body.items()}, headers={"HX-Request": "true"})
+    assert 'class="spec-match"' in page.text and "no draft cache" in page.text
+    assert 'data-cache="draft"' not in page.text and 'data-cache="target"' in page.text
+
+
+def test_compare_runs_every_draft_and_says_which_wins_from_its_own_numbers(client):
+    from app.i18n import translate
+
+    body = {"model": "builtin", "prompt": "The cache holds the keys. The cache holds the", "gamma": 3,
+            "max_new_tokens": 8, "exit_layer": 1, "mode": "sample"}  # compared greedily whatever the mode says
+    for lang in ("en", "zh"):
+        v = client.post("/api/speculative/compare", json=body, headers={"X-KVScope-Lang": lang}).json()
+        rows = v["rows"]
+        assert [r["kind"] for r in rows] == ["lookup", "early"]  # no second model shares the built-in tokenizer
+        for r in rows:
+            assert r["same_as_plain"] is True
+            assert math.isclose(r["tokens_per_forward"], r["mean_accepted"] + 1)
+            assert math.isclose(r["forwards_per_token"], r["target_forwards"] / r["tokens"])
+            assert math.isclose(r["speedup"], r["plain_ms"] / r["spec_ms"])
+            assert math.isclose(r["from_parts"], r["tokens_per_forward"] * (r["plain_ms"] / r["tokens"])
+                                / (r["draft_ms_per_round"] + r["verify_ms_per_round"]))
+        assert rows[0]["draft_ms_per_round"] >= 0 and rows[0]["drafted_tokens"] > 0
+        best = max(rows, key=lambda r: r["plain_ms"] / r["spec_ms"])
+        assert v["winner"] == best["kind"]
+
+        def figures(r):
+            return {"draft": r["name"], "speedup": f"{r['speedup']:.2f}", "tpf": f"{r['tokens_per_forward']:.2f}",
+                    "draft_ms": f"{r['draft_ms_per_round']:.2f}" if r["draft_ms_per_round"] < 10
+                    else f"{r['draft_ms_per_round']:.0f}", "verify_ms": f"{r['verify_ms_per_round']:.0f}",
+                    "plain_ms": f"{r['plain_ms'] / r['tokens']:.0f}", "acceptance": f"{r['acceptance'] * 100:.0f}"}
+
+        key = ("spec.verdict.wins" if best["speedup"] >= 1.2 else "spec.verdict.tie" if best["speedup"] >= 1
+               else "spec.verdict.none")
+        assert v["verdict"][0] == translate(key, lang, **figures(best))
+        other = next(r for r in rows if r is not best)
+        assert v["verdict"][1:] == [translate("spec.verdict.other", lang, **figures(other))]
+        assert best["name"] in v["verdict"][0]
+    page = client.post("/speculative/compare", data={k: str(x) for k, x in body.items()},
+                       headers={"HX-Request": "true"})
+    assert 'id="spec-verdict"' in page.text and page.text.count("<tr data-draft=") == 2
+
+
+def test_an_emptied_prompt_in_the_form_is_refused_not_replaced_by_the_default(client):
+    r = client.post("/speculative/run", data={"model": "builtin", "prompt": "", "gamma": "2"},
+                    headers={"HX-Request": "true"})
+    assert r.status_code == 422 and 'id="spec-rounds' not in r.text

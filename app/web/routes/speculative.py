@@ -1,7 +1,8 @@
-"""The speculative-decoding lab: /speculative (the page), its two htmx forms, and /api/speculative/*.
+"""The speculative-decoding lab: /speculative (the page), its htmx forms, and /api/speculative/*.
 
-Runs take seconds of model time: bounded by ``Settings.spec_*`` and ``Settings.roofline_*``, one at a time through
-the model gate (``app.labs.speculative``). Nothing is kept between requests.
+Runs take seconds of model time: bounded by the lab's limits, one at a time through the model gate
+(``app.labs.speculative.SpeculativeLab``). Nothing is kept between requests. A run's defaults are the lab's
+(``SpecAsk``): the JSON body and the form read them from there.
 """
 
 from __future__ import annotations
@@ -9,87 +10,101 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Request
-from pydantic import Field
+from pydantic import BaseModel, Field, field_validator
 
-from app.labs.speculative import BLOCK_SIZES, default_exit_layer, draft_models, roofline_request, run_request
-from app.viz.roofline import roofline_view
-from app.viz.speculative import spec_view
-from app.web.deps import StateDep
+from app.labs.speculative import DEFAULTS, SpecAsk
+from app.web.deps import SpeculativeDep
 from app.web.openapi import Body, errors
-from app.web.render import render
+from app.web.render import render, request_lang
 
 router = APIRouter()
+D = DEFAULTS
 
-DEFAULT_PROMPT = "The KV cache stores the keys and values of"
 
-
-class SpecBody(Body):
+class SpecFields(BaseModel):
     model: str | None = None
-    prompt: str = Field(DEFAULT_PROMPT, max_length=20_000)
-    draft: str = Field("early", description="early (the target's first k blocks) or model (a second loaded model)")
-    exit_layer: int | None = Field(None, description="k for the early-exit draft (default: half the blocks)")
-    draft_model: str | None = Field(None, description="the second model's name (default: the first that fits)")
-    gamma: int = Field(4, description="tokens drafted per round (1 .. Settings.spec_max_gamma)")
-    max_new_tokens: int = 24
-    mode: str = Field("greedy", description="greedy or sample")
-    temperature: float = 1.0
-    seed: int = Field(0, ge=0, lt=2**31)
-    block_size: int = Field(4, description="tokens per paged block in the block view (1, 2, 4, 8 or 16)")
+    prompt: str = Field(D.prompt, max_length=20_000)
+    chat: bool = Field(D.chat, description="the prompt as a user turn in the model's chat template; the output then "
+                                            "ends at the template's end-of-turn token")
+    draft: str = Field(D.draft, description="early (the target's first k blocks), model (a second loaded model) or "
+                                            "lookup (prompt lookup: n-gram matching against the context)")
+    exit_layer: int | None = Field(D.exit_layer, description="k for the early-exit draft (default: half the blocks)")
+    draft_model: str | None = Field(D.draft_model, description="the second model's name (default: the first that fits)")
+    max_ngram: int = Field(D.max_ngram, description="prompt lookup: the longest n-gram matched "
+                                                    "(1 .. Settings.spec_max_ngram)")
+    gamma: int = Field(D.gamma, description="tokens drafted per round (1 .. Settings.spec_max_gamma)")
+    max_new_tokens: int = D.max_new_tokens
+    mode: str = Field(D.mode, description="greedy or sample")
+    temperature: float = D.temperature
+    seed: int = Field(D.seed, ge=0, lt=2**31)
+    block_size: int = Field(D.block_size, description="tokens per paged block in the block view (1, 2, 4, 8 or 16)")
+
+    def ask(self) -> SpecAsk:
+        return SpecAsk(**self.model_dump())
+
+
+class SpecBody(Body, SpecFields):
+    """A run asked for as JSON (strict types)."""
+
+
+class SpecForm(SpecFields):
+    """The page's form: strings made into numbers; an empty field is the default (FastAPI drops empty form values),
+    but an emptied prompt is no prompt, and is refused as one."""
+
+    prompt: str | None = Field(None, max_length=20_000)
+
+    @field_validator("model", "draft_model", "exit_layer", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value):
+        return None if value == "" else value
 
 
 class RooflineBody(Body):
     model: str | None = None
 
 
-def _form(state, model: str | None, **values) -> dict:
-    lm = state.model(model)
-    form = {"model": lm.name, "prompt": DEFAULT_PROMPT, "draft": "early", "exit_layer": default_exit_layer(lm),
-            "draft_model": None, "gamma": 4, "max_new_tokens": 24, "mode": "greedy", "temperature": 1.0, "seed": 0,
-            "block_size": 4}
-    form.update({k: v for k, v in values.items() if v is not None})
-    return {"form": form, "n_layer": lm.adapter.n_layer, "candidates": draft_models(state, lm),
-            "limits": state.settings, "block_sizes": BLOCK_SIZES}
-
-
 @router.get("/speculative", include_in_schema=False)
-def read_speculative_page(request: Request, state: StateDep, model: str | None = None):
-    return render(request, "speculative.html", page="speculative", view=None, roof=None, **_form(state, model))
+def read_speculative_page(request: Request, lab: SpeculativeDep, model: str | None = None,
+                          preset: str | None = None):
+    return render(request, "speculative.html", page="speculative", view=None, roof=None, cmp=None,
+                  spec=lab.page(model, preset))
 
 
 @router.post("/speculative/run", include_in_schema=False)
-def run_speculative_form(
-    request: Request, state: StateDep, model: Annotated[str | None, Form()] = None,
-    prompt: Annotated[str | None, Form(max_length=20_000)] = None, draft: Annotated[str, Form()] = "early",
-    exit_layer: Annotated[int | None, Form()] = None, draft_model: Annotated[str | None, Form()] = None,
-    gamma: Annotated[int, Form()] = 4, max_new_tokens: Annotated[int, Form()] = 24,
-    mode: Annotated[str, Form()] = "greedy", temperature: Annotated[float, Form()] = 1.0,
-    seed: Annotated[int, Form(ge=0, lt=2**31)] = 0, block_size: Annotated[int, Form()] = 4,
-):
-    run = run_request(state, model=model, prompt=prompt, draft=draft, exit_layer=exit_layer,
-                      draft_model=draft_model or None, gamma=gamma, max_new_tokens=max_new_tokens, mode=mode,
-                      temperature=temperature, seed=seed, block_size=block_size)
-    return render(request, "partials/_speculative_result.html", page="speculative", view=spec_view(run))
+def run_speculative_form(request: Request, lab: SpeculativeDep, form: Annotated[SpecForm, Form()]):
+    return render(request, "partials/_speculative_result.html", page="speculative", view=lab.view(form.ask()))
+
+
+@router.post("/speculative/compare", include_in_schema=False)
+def compare_drafts_form(request: Request, lab: SpeculativeDep, form: Annotated[SpecForm, Form()]):
+    return render(request, "partials/_speculative_compare.html", page="speculative",
+                  cmp=lab.compare(form.ask(), request_lang(request)))
 
 
 @router.post("/speculative/roofline", include_in_schema=False)
-def run_roofline_form(request: Request, state: StateDep, model: Annotated[str | None, Form()] = None):
-    return render(request, "partials/_roofline_result.html", page="speculative",
-                  roof=roofline_view(roofline_request(state, model=model)))
+def run_roofline_form(request: Request, lab: SpeculativeDep, model: Annotated[str | None, Form()] = None):
+    return render(request, "partials/_roofline_result.html", page="speculative", roof=lab.roofline(model))
 
 
 @router.post("/api/speculative/run", tags=["speculative"], responses=errors(422, 429, 503))
-def run_speculative(state: StateDep, body: SpecBody) -> dict:
+def run_speculative(lab: SpeculativeDep, body: SpecBody) -> dict:
     """Speculative decoding of the prompt, then plain decoding of the same tokens: every round's drafted tokens with
-    p and q, kept / rejected, cache lengths before and after the rollback and the paged blocks it wrote and freed;
-    acceptance per position, speed-up."""
-    run = run_request(state, model=body.model, prompt=body.prompt, draft=body.draft, exit_layer=body.exit_layer,
-                      draft_model=body.draft_model, gamma=body.gamma, max_new_tokens=body.max_new_tokens,
-                      mode=body.mode, temperature=body.temperature, seed=body.seed, block_size=body.block_size)
-    return spec_view(run)
+    p and q, kept / rejected, cache lengths before and after the rollback and the paged blocks it wrote and freed
+    (prompt lookup: the n-gram it matched, or that none did); acceptance per position, speed-up."""
+    return lab.view(body.ask())
+
+
+@router.post("/api/speculative/compare", tags=["speculative"], responses=errors(422, 429, 503))
+def compare_drafts(request: Request, lab: SpeculativeDep, body: SpecBody) -> dict:
+    """The prompt decoded greedily once per draft (prompt lookup, the early exit, a second model when one fits),
+    each beside plain decoding timed in the same run: acceptance, mean accepted length, target forwards per token,
+    speed-up, and sentences saying which draft wins and why, in the request's language."""
+    return lab.compare(body.ask(), request_lang(request))
 
 
 @router.post("/api/speculative/roofline", tags=["speculative"], responses=errors(422, 429, 503))
-def run_roofline(state: StateDep, body: RooflineBody) -> dict:
+def run_roofline(lab: SpeculativeDep, body: RooflineBody) -> dict:
     """This machine's bandwidth (copy, triad) and matmul FLOP/s, and the model's decode steps and a prefill placed
     on that roofline: bytes and FLOPs from the shapes, time measured."""
-    return roofline_view(roofline_request(state, model=body.model))
+    return lab.roofline(body.model)
+
