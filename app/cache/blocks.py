@@ -56,18 +56,6 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-def blocks_held(num_tokens: int, block_size: int, window: int | None = None) -> int:
-    """Blocks a layer holds while it computes token ``num_tokens - 1``: every block for full attention; for a
-    sliding window of W only those that still hold one of the last W positions (vLLM's sliding-window manager
-    frees a block once it falls wholly outside the window)::
-
-        W = 5, block_size 4, 11 tokens:   [0 1 2 3] [4 5 6 7] [8 9 10 .]    positions 6..10 read: 2 blocks held
-    """
-    if window is None or num_tokens <= window:
-        return blocks_needed(num_tokens, block_size)
-    return (num_tokens - 1) // block_size - (num_tokens - window) // block_size + 1
-
-
 def hash_block_tokens(
     parent_hash: BlockHash | None, token_ids: Sequence[int], extra_keys: tuple | None = None
 ) -> BlockHash:

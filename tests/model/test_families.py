@@ -318,7 +318,7 @@ def test_gemma3_embedding_row_is_the_table_row_and_h0_is_it_times_root_d(family_
 
 
 def test_model_card_kv_bytes_per_layer_kind_are_the_cache_tensors(any_model):
-    """The card's bytes per token (``app.catalog.sizes`` on the adapter's config), per layer kind and against plain
+    """The card's bytes per token (``app.cache.spec.sizes`` on the adapter's config), per layer kind and against plain
     multi-head attention, derived again from tensors: the K/V a contiguous store holds after a prompt no longer than
     any window, and the queries' own width (one K and one V per query head is what MHA would cache)."""
     from app.viz.models import model_card
@@ -349,8 +349,9 @@ def test_model_card_kv_bytes_per_layer_kind_are_the_cache_tensors(any_model):
 
 def test_the_catalog_counts_from_a_config_the_parameters_the_checkpoint_has(any_model):
     """``app.catalog`` sizes a model from its config.json alone (what the capacity lab does for any pasted config):
-    the count equals the loaded tensors', and the per-layer windows are the adapter's."""
+    the count equals the loaded tensors', and the per-layer windows and KV-cache specs are the adapter's."""
     from app import catalog
+    from app.cache import spec
 
     lm = any_model
     parsed = catalog.from_config_json(lm.model.config.to_json_string())
@@ -358,4 +359,5 @@ def test_the_catalog_counts_from_a_config_the_parameters_the_checkpoint_has(any_
     a = lm.adapter
     assert [parsed.window(i) for i in range(parsed.n_layer)] == [a.window(i) for i in range(a.n_layer)]
     loaded = catalog.from_adapter(lm.name, lm.adapter)
-    assert catalog.sizes(loaded, dtype="fp32") == catalog.sizes(parsed, dtype="fp32")
+    assert spec.sizes(loaded, dtype="fp32") == spec.sizes(parsed, dtype="fp32")
+    assert spec.from_adapter(a) == spec.from_config(parsed) == spec.from_config(loaded)
