@@ -130,6 +130,10 @@ def calculate(model: ModelConfig, inp: CalcInput) -> dict:
     kv_memory = max(0.0, left)
     num_blocks = int(kv_memory // page)
     tokens = num_blocks * inp.block_size
+    # vLLM's pool for a hybrid model: a block holds group_size layers of whichever KV-cache group takes it.
+    groups = kv_spec.kv_cache_groups(kv_spec.from_config(model))
+    group_page = kv_spec.group_size(groups) * groups[0].spec.page_size_bytes(inp.block_size, inp.dtype,
+                                                                              scales=inp.scales, tp=inp.tp)
     whole = int(kv_memory // request) if windowed else num_blocks // blocks_per_request
     # Not one request fits (the weights alone may not): the tensor-parallel degree that would, if any.
     search = whole == 0 and inp.kv_memory_gib is None
@@ -151,6 +155,9 @@ def calculate(model: ModelConfig, inp: CalcInput) -> dict:
         "batch_bytes": inp.batch * request,
         "windowed": windowed,  # some layers hold only their window: request bytes are summed per layer kind
         "layer_kinds": layers,
+        "kv_cache_groups": [{"kind": g.kind, "window": g.window, "layers": list(g.layers)} for g in groups],
+        "group_page_bytes": group_page,  # one block of the pool the KV-cache groups share
+        "group_num_blocks": int(kv_memory // group_page),
         "parameters": params,
         "weight_bytes": weight_bytes,
         "weights_per_gpu": weights_per_gpu,

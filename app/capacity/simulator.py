@@ -24,6 +24,15 @@ be hit again until a new allocation takes it from the front of the queue (then i
 are hashed by (prefix group, block index) for the shared part of a prompt, else by (request, block index) —
 the chain of parent hashes that vLLM computes reduces to this when prompts differ only in their shared prefix.
 
+KV-cache groups (``SimConfig.groups``, one ``app.cache.spec`` spec per group, from the model's layers): a model whose
+layers are all alike has one group and a block holds every layer (the loop above, unchanged). A hybrid model (Gemma
+3's sliding-window and full-attention layers) has several: each request keeps one block table per group, every group
+takes its blocks for the same tokens from the one pool, and right after a request's tokens of a step are computed a
+sliding-window group gives back the blocks its next query will not read (``spec.num_skipped_tokens``; ``NULL`` takes
+their place), as the paged engine does at the end of each forward (vLLM frees them at the request's next
+``allocate_slots``). A prefix hit then needs every group's blocks (``hybrid_cache_hit``). Such a run decodes step by
+step (no lazy decoding).
+
 Counters keep vLLM's names: ``kv_cache_usage_perc`` (a 0–1 fraction, like vLLM's gauge), ``num_preemptions``,
 ``prefix_cache_queries`` / ``prefix_cache_hits`` (tokens, counted once per admission).
 """
@@ -37,11 +46,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from app.cache.blocks import ArrayBlockPool, blocks_needed
+from app.cache.blocks import ArrayBlockPool, blocks_needed, hybrid_cache_hit
+from app.cache.spec import KVCacheSpec
 from app.errors import BadInput
 from app.settings import Settings
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
+NULL = -1  # a block-table entry whose block a sliding-window group gave back (vLLM's null_block)
 _admitted = attrgetter("admitted_at")  # running order
 MAX_REQUESTS = Settings().capacity_sim_max_requests  # the default; the capacity lab passes the server's setting
 MAX_STEPS = 2_000_000
@@ -65,6 +76,7 @@ class SimConfig:
     max_num_seqs: int = 256
     chunked_prefill: bool = True
     prefix_caching: bool = True
+    groups: tuple[KVCacheSpec, ...] = ()  # the spec of each KV-cache group (``kv_cache_groups``); (): one full group
 
 
 class _Req:
@@ -72,14 +84,15 @@ class _Req:
 
     __slots__ = ("r", "num_tokens", "num_computed", "num_output", "blocks", "num_hashed", "status", "first_token",
                  "finish", "preemptions", "admitted_at", "hit_tokens", "slots", "target", "base_step", "gen",
-                 "ev_block", "ev_finish")
+                 "ev_block", "ev_finish", "tables")
 
     def __init__(self, r: Request) -> None:
         self.r = r
         self.num_tokens = r.prompt_len
         self.num_computed = 0
         self.num_output = 0
-        self.blocks: list[int] = []
+        self.blocks: list[int] = []  # the first group's block table (the only one when there is one group)
+        self.tables: list[list[int]] = [self.blocks]  # one block table per KV-cache group (set by the simulator)
         self.num_hashed = 0
         self.status = WAITING
         self.first_token: float | None = None
@@ -141,10 +154,17 @@ class Simulator:
         self.keep_scheduled = keep_scheduled
         self.on_step = on_step
         self.reqs = [_Req(r) for r in sorted(requests, key=lambda r: (r.arrival, r.rid))]
+        # Several KV-cache groups: one block table per group, sliding windows give blocks back (the general path).
+        self.multi = len(config.groups) > 1 or any(g.sliding_window is not None for g in config.groups)
+        self.n_groups = max(1, len(config.groups))
+        if self.multi:
+            for q in self.reqs:
+                q.tables = [q.blocks] + [[] for _ in range(self.n_groups - 1)]
         longest = max((r.prompt_len + r.output_len - 1 for r in requests), default=0)
-        if blocks_needed(longest, config.block_size) > config.num_blocks:
+        if self.n_groups * blocks_needed(longest, config.block_size) > config.num_blocks:  # a recompute's prefill
             raise BadInput("err.capacity.sim_too_long", tokens=longest,
-                           blocks=blocks_needed(longest, config.block_size), num_blocks=config.num_blocks)
+                           blocks=self.n_groups * blocks_needed(longest, config.block_size),
+                           num_blocks=config.num_blocks)
         self.pool = ArrayBlockPool(config.num_blocks, enable_caching=config.prefix_caching)
         self.waiting: deque[_Req] = deque()
         self.running: list[_Req] = []
@@ -155,8 +175,9 @@ class Simulator:
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self._admissions = 0
-        # Lazy decoding: on by default; off with an on_step callback (which reads every request's counters).
-        self.lazy = lazy and on_step is None
+        # Lazy decoding: on by default; off with an on_step callback (which reads every request's counters) and
+        # with several KV-cache groups.
+        self.lazy = lazy and on_step is None and not self.multi
         self.active: list[_Req] = []  # the running requests that are not lazy, in running (admission) order
         self.n_lazy = 0
         self.lazy_sumc = 0  # the lazy requests' num_computed at the start of the current step, summed
@@ -181,17 +202,60 @@ class Simulator:
     def free(self):
         return self.pool.free_block_queue
 
-    def _hits(self, q: _Req) -> list[int]:
-        """get_computed_blocks: the cached full blocks at the start of the request (at most num_tokens − 1)."""
+    def _hits(self, q: _Req) -> list:
+        """get_computed_blocks: the cached full blocks at the start of the request (at most num_tokens − 1). With
+        several groups: one list per group (None where a window does not need the block), as long in every group."""
         r = q.r
         shared = _shared_blocks(r, self.cfg.block_size)
         keys = ((r.prefix_group, j) if j < shared else (-1 - r.rid, j) for j in range(q.num_tokens))
-        return self.pool.find_longest_cache_hit(keys, (q.num_tokens - 1) // self.cfg.block_size)
+        max_blocks = (q.num_tokens - 1) // self.cfg.block_size
+        if not self.multi:
+            return self.pool.find_longest_cache_hit(keys, max_blocks)
+        keys = list(keys)[:max_blocks]
+        group_keys = [keys if g == 0 else [(g, k) for k in keys] for g in range(self.n_groups)]
+        return hybrid_cache_hit(self.pool, group_keys, self.cfg.groups, self.cfg.block_size)
 
-    def _allocate(self, q: _Req, n_new: int, hits: list[int] | None = None) -> bool:
+    def _allocate_groups(self, q: _Req, n_new: int, hits: list[list] | None) -> bool:
+        """allocate_slots with several groups: in every group, blocks for num_computed + n_new tokens (the hits, then
+        new blocks), or False and nothing changed."""
+        pool, ref = self.pool, self.pool.ref_cnt
+        want = blocks_needed(q.num_computed + n_new, self.cfg.block_size)
+        hits = hits or [[] for _ in q.tables]
+        need = sum(max(0, want - len(t) - len(h)) for t, h in zip(q.tables, hits, strict=True))
+        need += sum(1 for h in hits for b in h if b is not None and ref[b] == 0)  # evictable hits are taken back
+        if need > len(pool.free_block_queue):
+            return False
+        for table, h in zip(q.tables, hits, strict=True):
+            if h:
+                pool.touch(b for b in h if b is not None)
+                table.extend(NULL if b is None else b for b in h)
+        for table in q.tables:
+            if want > len(table):
+                table.extend(pool.get_new_blocks(want - len(table)))
+        q.slots = len(q.blocks) * self.cfg.block_size
+        return True
+
+    def _remove_skipped(self, q: _Req) -> None:
+        """Each sliding-window group gives back the blocks wholly before its next query's window (newest first),
+        ``NULL`` in their place: vLLM's ``remove_skipped_blocks``, as the paged engine does after each forward."""
+        bs = self.cfg.block_size
+        for spec, table in zip(self.cfg.groups, q.tables, strict=True):
+            skipped = spec.num_skipped_tokens(q.num_computed) // bs
+            removed = []
+            for j in range(min(skipped, len(table)) - 1, -1, -1):
+                if table[j] == NULL:
+                    break  # the ones before were given back earlier
+                removed.append(table[j])
+                table[j] = NULL
+            if removed:
+                self.pool.free_blocks(removed)
+
+    def _allocate(self, q: _Req, n_new: int, hits: list | None = None) -> bool:
         """allocate_slots: blocks for num_computed + n_new tokens, or False and nothing changed."""
         if not hits and q.num_computed + n_new <= q.slots:
             return True
+        if self.multi:
+            return self._allocate_groups(q, n_new, hits)
         pool = self.pool
         ref = pool.ref_cnt
         need = blocks_needed(q.num_computed + n_new, self.cfg.block_size) - len(q.blocks) - (len(hits) if hits else 0)
@@ -208,8 +272,14 @@ class Simulator:
         return True
 
     def _free(self, q: _Req) -> None:
-        self.pool.free_blocks(reversed(q.blocks))  # tail first: it is evicted first
-        q.blocks = []
+        if self.multi:  # group by group, each tail first
+            for table in q.tables:
+                self.pool.free_blocks(b for b in reversed(table) if b != NULL)
+            q.blocks = []
+            q.tables = [q.blocks] + [[] for _ in range(self.n_groups - 1)]
+        else:
+            self.pool.free_blocks(reversed(q.blocks))  # tail first: it is evicted first
+            q.blocks = []
         q.num_hashed = 0
         q.slots = 0
 
@@ -224,7 +294,13 @@ class Simulator:
         blocks = q.blocks
         shared = _shared_blocks(r, bs)
         for j in range(start, full):
-            cache_full_block(blocks[j], (r.prefix_group, j) if j < shared else (-1 - r.rid, j))
+            if blocks[j] != NULL:  # (a sliding first group may have given it back)
+                cache_full_block(blocks[j], (r.prefix_group, j) if j < shared else (-1 - r.rid, j))
+        for g in range(1, len(q.tables)):  # the other groups' blocks, under keys of their own (vLLM: hash + group)
+            table = q.tables[g]
+            for j in range(start, full):
+                if table[j] != NULL:
+                    cache_full_block(table[j], (g, (r.prefix_group, j) if j < shared else (-1 - r.rid, j)))
         q.num_hashed = full
 
     # --- lazy decoding ------------------------------------------------------------------------------------
@@ -300,6 +376,8 @@ class Simulator:
         q.num_computed = c
         if self.cfg.prefix_caching and c // self.cfg.block_size > q.num_hashed:
             self._hash_full_blocks(q)
+        if self.multi:
+            self._remove_skipped(q)
         if c == q.num_tokens:
             q.num_output += 1
             q.num_tokens = c + 1
@@ -327,6 +405,7 @@ class Simulator:
         done: list[_Req] = []
         prefill = decode = kv_read = nsched = 0
         running = self.running
+        multi = self.multi
         free = self.pool.free_block_queue
         get_new_blocks = self.pool.get_new_blocks
         block_events = self.block_events
@@ -365,7 +444,7 @@ class Simulator:
                 budget += 1  # its reserved token goes back: the plain path counts it
             elif budget <= 0:
                 break
-            if q.num_tokens - c == 1 and q.num_output and (c < q.slots or free):  # a decode: the hot path
+            if q.num_tokens - c == 1 and q.num_output and (c < q.slots or free) and not multi:  # the hot path
                 if c >= q.slots:  # its blocks are full: one more from the free queue
                     q.blocks += get_new_blocks(1)
                     q.slots = c + bs
@@ -416,10 +495,11 @@ class Simulator:
             while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
                 q = waiting[0]
                 cached_at_most = _shared_blocks(q.r, bs) if caching else 0
-                if blocks_needed(min(q.num_tokens, budget), bs) - cached_at_most > len(free):
+                if self.n_groups * (blocks_needed(min(q.num_tokens, budget), bs) - cached_at_most) > len(free):
                     break  # it cannot fit, however many of its blocks are cached (a cheap test: it waits a lot)
                 hits = self._hits(q) if caching and q.num_computed == 0 else []
-                hit_tokens = len(hits) * bs
+                n_hit = len(hits[0]) if multi and hits else len(hits)
+                hit_tokens = n_hit * bs
                 n = q.num_tokens - hit_tokens
                 if n > budget:
                     if not cfg.chunked_prefill:
@@ -434,7 +514,7 @@ class Simulator:
                     self.prefix_cache_queries += q.num_tokens
                     self.prefix_cache_hits += hit_tokens
                 q.hit_tokens += hit_tokens
-                q.num_hashed = len(hits)
+                q.num_hashed = n_hit
                 q.status = RUNNING
                 q.admitted_at = self._admissions
                 self._admissions += 1
