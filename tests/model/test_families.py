@@ -181,6 +181,12 @@ def test_cache_bytes_equal_the_formula_with_kv_heads(any_model):
         f = kv_bytes_formula(layers=a.n_layer, kv_heads=a.n_kv_head, tokens=session.cache_len, head_dim=a.head_dim,
                              dtype_bytes=4)
         assert session.cache_bytes() == f["total"]
+    # The decode card's formula, one term per layer kind from the layers' KV-cache specs, = the tensors' bytes.
+    from app.viz.decode import cache_formula
+
+    card = cache_formula(a, session.cache_len, 4)
+    assert card["total"] == session.cache_bytes() == sum(k["total"] for k in card["kinds"])
+    assert sum(k["layers"] for k in card["kinds"]) == a.n_layer
 
 
 def test_paged_equals_contiguous_for_30_steps(any_model):
