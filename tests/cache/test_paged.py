@@ -256,3 +256,4 @@ def test_paged_decode_past_the_window_equals_transformers_cache_on_gemma3(family
         assert torch.allclose(k[:, -(window - 1):], theirs_k[0], atol=1e-5)
     assert pool.window_frees > 0
     assert store.nbytes == len(pool.held_blocks(0)) * pool.bytes_per_block
+
