@@ -55,8 +55,9 @@ FULL_ATTENTION, SLIDING_WINDOW, MLA_ATTENTION = "full_attention", "sliding_windo
 
 
 @dataclass(frozen=True)
-class FullAttentionSpec:
-    """A layer that keeps K and V of every token (vLLM's ``FullAttentionSpec``)."""
+class AttentionSpec:
+    """What every layer's spec answers (vLLM's ``KVCacheSpec`` / ``AttentionSpec``); as written here, a layer that
+    keeps every token. Frozen and compared by value: layers with equal specs are one kind."""
 
     n_kv_head: int
     head_dim: int
@@ -105,7 +106,12 @@ class FullAttentionSpec:
 
 
 @dataclass(frozen=True)
-class SlidingWindowSpec(FullAttentionSpec):
+class FullAttentionSpec(AttentionSpec):
+    """A layer that keeps K and V of every token (vLLM's ``FullAttentionSpec``)."""
+
+
+@dataclass(frozen=True)
+class SlidingWindowSpec(AttentionSpec):
     """A layer whose query at position n reads keys n - W + 1 .. n only (vLLM's ``SlidingWindowSpec``): once a block
     lies wholly before that, no query reads it again and the layer gives it back to the pool."""
 
@@ -155,7 +161,7 @@ class MLAAttentionSpec(FullAttentionSpec):
                                                                              self.qk_rope_head_dim))
 
 
-KVCacheSpec = FullAttentionSpec  # every spec is one (vLLM: ``KVCacheSpec`` -> ``AttentionSpec`` -> ...)
+KVCacheSpec = AttentionSpec  # every layer's spec is one
 
 
 # --- built from a model ----------------------------------------------------------------------------------------

@@ -291,16 +291,17 @@ class Simulator:
             return
         r = q.r
         cache_full_block = self.pool.cache_full_block
-        blocks = q.blocks
         shared = _shared_blocks(r, bs)
-        for j in range(start, full):
-            if blocks[j] != NULL:  # (a sliding first group may have given it back)
-                cache_full_block(blocks[j], (r.prefix_group, j) if j < shared else (-1 - r.rid, j))
-        for g in range(1, len(q.tables)):  # the other groups' blocks, under keys of their own (vLLM: hash + group)
-            table = q.tables[g]
+        if self.multi:  # every group's blocks, each under keys of its own (vLLM: the hash and the group id)
+            for g, table in enumerate(q.tables):
+                for j in range(start, full):
+                    if table[j] != NULL:
+                        key = (r.prefix_group, j) if j < shared else (-1 - r.rid, j)
+                        cache_full_block(table[j], key if g == 0 else (g, key))
+        else:
+            blocks = q.blocks
             for j in range(start, full):
-                if table[j] != NULL:
-                    cache_full_block(table[j], (g, (r.prefix_group, j) if j < shared else (-1 - r.rid, j)))
+                cache_full_block(blocks[j], (r.prefix_group, j) if j < shared else (-1 - r.rid, j))
         q.num_hashed = full
 
     # --- lazy decoding ------------------------------------------------------------------------------------
