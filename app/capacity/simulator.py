@@ -44,6 +44,7 @@ from bisect import insort
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 from operator import attrgetter
 
 from app.cache.blocks import ArrayBlockPool, blocks_needed, hybrid_cache_hit
@@ -84,7 +85,7 @@ class _Req:
 
     __slots__ = ("r", "num_tokens", "num_computed", "num_output", "blocks", "num_hashed", "status", "first_token",
                  "finish", "preemptions", "admitted_at", "hit_tokens", "slots", "target", "base_step", "gen",
-                 "ev_block", "ev_finish", "tables")
+                 "ev_block", "ev_finish", "tables", "skipped")
 
     def __init__(self, r: Request) -> None:
         self.r = r
@@ -93,6 +94,7 @@ class _Req:
         self.num_output = 0
         self.blocks: list[int] = []  # the first group's block table (the only one when there is one group)
         self.tables: list[list[int]] = [self.blocks]  # one block table per KV-cache group (set by the simulator)
+        self.skipped: list[int] = []  # per sliding spec: the blocks its groups have given back (0 when none)
         self.num_hashed = 0
         self.status = WAITING
         self.first_token: float | None = None
@@ -157,9 +159,15 @@ class Simulator:
         # Several KV-cache groups: one block table per group, sliding windows give blocks back (the general path).
         self.multi = len(config.groups) > 1 or any(g.sliding_window is not None for g in config.groups)
         self.n_groups = max(1, len(config.groups))
+        windows: dict[KVCacheSpec, list[int]] = {}  # each sliding spec and the groups that have it
+        for g, spec in enumerate(config.groups):
+            if spec.sliding_window is not None:
+                windows.setdefault(spec, []).append(g)
+        self._sliding = list(windows.items())
         if self.multi:
             for q in self.reqs:
                 q.tables = [q.blocks] + [[] for _ in range(self.n_groups - 1)]
+                q.skipped = [0] * len(self._sliding)
         longest = max((r.prompt_len + r.output_len - 1 for r in requests), default=0)
         if self.n_groups * blocks_needed(longest, config.block_size) > config.num_blocks:  # a recompute's prefill
             raise BadInput("err.capacity.sim_too_long", tokens=longest,
@@ -211,7 +219,7 @@ class Simulator:
         max_blocks = (q.num_tokens - 1) // self.cfg.block_size
         if not self.multi:
             return self.pool.find_longest_cache_hit(keys, max_blocks)
-        keys = list(keys)[:max_blocks]
+        keys = list(islice(keys, max_blocks))
         group_keys = [keys if g == 0 else [(g, k) for k in keys] for g in range(self.n_groups)]
         return hybrid_cache_hit(self.pool, group_keys, self.cfg.groups, self.cfg.block_size)
 
@@ -229,25 +237,36 @@ class Simulator:
             if h:
                 pool.touch(b for b in h if b is not None)
                 table.extend(NULL if b is None else b for b in h)
-        for table in q.tables:
-            if want > len(table):
-                table.extend(pool.get_new_blocks(want - len(table)))
+        counts = [max(0, want - len(t)) for t in q.tables]
+        new = pool.get_new_blocks(sum(counts))  # taken group by group from the front, as the engine takes them
+        i = 0
+        for table, k in zip(q.tables, counts, strict=True):
+            table.extend(new[i : i + k])
+            i += k
         q.slots = len(q.blocks) * self.cfg.block_size
         return True
 
     def _remove_skipped(self, q: _Req) -> None:
         """Each sliding-window group gives back the blocks wholly before its next query's window (newest first),
-        ``NULL`` in their place: vLLM's ``remove_skipped_blocks``, as the paged engine does after each forward."""
+        ``NULL`` in their place: vLLM's ``remove_skipped_blocks``, as the paged engine does after each forward. The
+        groups of one spec skip the same blocks: the spec is asked once."""
         bs = self.cfg.block_size
-        for spec, table in zip(self.cfg.groups, q.tables, strict=True):
+        tables = q.tables
+        for i, (spec, members) in enumerate(self._sliding):
             skipped = spec.num_skipped_tokens(q.num_computed) // bs
-            removed = []
-            for j in range(min(skipped, len(table)) - 1, -1, -1):
-                if table[j] == NULL:
-                    break  # the ones before were given back earlier
-                removed.append(table[j])
-                table[j] = NULL
-            if removed:
+            if skipped == q.skipped[i]:
+                continue  # no block left the window since the last call
+            q.skipped[i] = skipped
+            for g in members:
+                table = tables[g]
+                j = min(skipped, len(table)) - 1
+                if j < 0 or table[j] == NULL:
+                    continue  # nothing new outside the window (the ones before were given back earlier)
+                removed = []
+                while j >= 0 and table[j] != NULL:
+                    removed.append(table[j])
+                    table[j] = NULL
+                    j -= 1
                 self.pool.free_blocks(removed)
 
     def _allocate(self, q: _Req, n_new: int, hits: list | None = None) -> bool:
@@ -277,6 +296,7 @@ class Simulator:
                 self.pool.free_blocks(b for b in reversed(table) if b != NULL)
             q.blocks = []
             q.tables = [q.blocks] + [[] for _ in range(self.n_groups - 1)]
+            q.skipped = [0] * len(self._sliding)
         else:
             self.pool.free_blocks(reversed(q.blocks))  # tail first: it is evicted first
             q.blocks = []
