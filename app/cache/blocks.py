@@ -57,18 +57,6 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-def blocks_held(num_tokens: int, block_size: int, window: int | None = None) -> int:
-    """Blocks a layer holds while it computes token ``num_tokens - 1``: every block for full attention; for a
-    sliding window of W only those that still hold one of the last W positions (vLLM's sliding-window manager
-    frees a block once it falls wholly outside the window)::
-
-        W = 5, block_size 4, 11 tokens:   [0 1 2 3] [4 5 6 7] [8 9 10 .]    positions 6..10 read: 2 blocks held
-    """
-    if window is None or num_tokens <= window:
-        return blocks_needed(num_tokens, block_size)
-    return (num_tokens - 1) // block_size - (num_tokens - window) // block_size + 1
-
-
 def hash_block_tokens(
     parent_hash: BlockHash | None, token_ids: Sequence[int], extra_keys: tuple | None = None
 ) -> BlockHash:
@@ -104,6 +92,67 @@ def hash_request_tokens(
         parent = hash_block(parent, token_ids[start : start + block_size], extra_keys if start == 0 else None)
         hashes.append(parent)
     return hashes
+
+
+def group_block_hash(block_hash: BlockHash, group: int) -> BlockHash:
+    """A block's key in KV-cache group ``group`` (vLLM's ``make_block_hash_with_group_id``): the same tokens cached
+    by two groups are two blocks (each holds its own layers' K/V). Group 0 keeps the plain hash, so a one-group cache
+    reads as before."""
+    return block_hash if group == 0 else f"{block_hash}+{group}"
+
+
+def hybrid_cache_hit(pool, group_keys: Sequence[Sequence[Hashable]], specs: Sequence, block_size: int) -> list[list]:
+    """The longest prefix cached in *every* KV-cache group (vLLM's ``HybridKVCacheCoordinator.find_longest_cache_hit``).
+
+    ``group_keys[g]``: group g's keys of the request's full blocks (at most as many as may be hit), ``specs[g]`` its
+    spec. A full-attention group hits the leading run of its blocks. A sliding-window group needs only the blocks
+    that cover the window of the first token it will compute, ``ceil((W - 1) / block_size)`` contiguous cached blocks
+    ending where the hit ends, found from the right (vLLM's ``SlidingWindowManager``); the blocks before them are
+    ``None`` (null blocks: never read again). Each group may shorten the hit, so the groups are asked again until all
+    agree; the answer is one list per group, all of one length::
+
+        window 8, blocks of 4, hit of 5 blocks:   full group  [b0, b1, b2, b3, b4]
+                                                  sliding     [None, None, None, b3', b4']    (2 blocks cover 7 tokens)
+    """
+    n = min((len(k) for k in group_keys), default=0)
+    get = pool.get_cached_block
+    while True:
+        hits = []
+        for keys, spec in zip(group_keys, specs, strict=True):
+            window = spec.sliding_window
+            if window is None:
+                run = []
+                for key in keys[:n]:
+                    block = get(key)
+                    if block is None:
+                        break
+                    run.append(block)
+            else:
+                run = _sliding_hit(get, keys[:n], -(-(window - 1) // block_size))
+            hits.append(run)
+        shortest = min(len(h) for h in hits) if hits else 0
+        if shortest == n:
+            return hits
+        n = shortest
+
+
+def _sliding_hit(get, keys: Sequence[Hashable], contiguous: int) -> list:
+    """The longest prefix whose last ``contiguous`` blocks are all cached (None before them); or, when no run that long
+    exists, the cached blocks at the very start."""
+    out: list = [None] * len(keys)
+    if contiguous == 0:  # a window of one token reads no earlier block
+        return out
+    run = 0
+    for i in range(len(keys) - 1, -1, -1):
+        block = get(keys[i])
+        if block is None:
+            run = 0
+            continue
+        out[i] = block
+        run += 1
+        if run >= contiguous:
+            return out[: i + run]
+    return out[:run]
 
 
 @dataclass(eq=False)

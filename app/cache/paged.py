@@ -13,9 +13,10 @@ layer, a K tensor and a V tensor cut into ``num_blocks`` physical blocks of ``bl
     sequence 2 (attached [5, 2]): [5, 2, 9] a prefix hit: blocks 5 and 2 hold its first 8 tokens already,
                                             only tokens 8.. are computed and written (into block 9)
 
-Sliding-window layers (Gemma 3's local layers) are kept apart, as vLLM's hybrid allocator keeps them: the layers
-are split into KV-cache groups of one kind each (full attention, or one sliding window) and equal size, every group
-has its own block table per sequence, and all groups draw from the one pool. A block's page holds ``group_size``
+Sliding-window layers (Gemma 3's local layers) are kept apart, as vLLM's hybrid allocator keeps them: the layers'
+KV-cache specs (``app/cache/spec.py``) split them into KV-cache groups of one spec each (full attention, or one
+sliding window) and equal size, every group has its own block table per sequence, and all groups draw from the one
+pool. A block's page holds ``group_size``
 layers: layer j of every group shares the j-th K/V tensor, so a block id means "these token slots of the layers of
 whichever group holds it" and no memory sits unused. A sliding-window group frees a block once it falls wholly
 outside the window (vLLM's ``SlidingWindowManager.remove_skipped_blocks``) and leaves ``NULL_BLOCK`` in its place::
@@ -42,47 +43,17 @@ the decoder (``app/cache/paged_decode.py``) writes K/V through ``write_kv`` and 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 
+from app.cache import spec as kv_spec
 from app.cache.blocks import BlockPool, KVCacheBlock, blocks_needed
-from app.kv_bytes import dtype_name, page_bytes
+from app.cache.spec import KVCacheGroup, KVCacheSpec, kv_cache_groups
+from app.kv_bytes import dtype_name
 
 __all__ = ["NULL_BLOCK", "KVCacheGroup", "PagedKVCache", "PoolExhausted", "blocks_needed", "kv_cache_groups"]
 
 NULL_BLOCK = -1  # a block-table entry whose block a sliding-window group freed (vLLM's null_block)
-
-
-@dataclass(frozen=True)
-class KVCacheGroup:
-    """Layers of one kind that share block tables (vLLM's ``KVCacheGroupSpec``)."""
-
-    window: int | None  # None: full attention
-    layers: tuple[int, ...]
-
-    @property
-    def kind(self) -> str:
-        return "full" if self.window is None else "sliding"
-
-
-def kv_cache_groups(windows: Sequence[int | None]) -> list[KVCacheGroup]:
-    """Split the layers into groups of one kind and (nearly) one size, full attention first, as vLLM does
-    (``_get_kv_cache_groups_uniform_page_size``): the group size is the smallest kind's layer count, or the largest
-    one's when all kinds are within 1.25x of each other; each kind's layers are cut into chunks of that size."""
-    kinds: dict[int | None, list[int]] = {}
-    for layer, window in enumerate(windows):
-        kinds.setdefault(window, []).append(layer)
-    if len(kinds) == 1:
-        ((window, layers),) = kinds.items()
-        return [KVCacheGroup(window, tuple(layers))]
-    counts = [len(v) for v in kinds.values()]
-    size = max(counts) if max(counts) < 1.25 * min(counts) else min(counts)
-    groups = []
-    for window in sorted(kinds, key=lambda w: (w is not None, w or 0)):
-        layers = kinds[window]
-        groups += [KVCacheGroup(window, tuple(layers[i : i + size])) for i in range(0, len(layers), size)]
-    return groups
 
 
 class PoolExhausted(RuntimeError):
@@ -105,24 +76,25 @@ class PagedKVCache:
 
     def __init__(
         self, *, num_blocks: int, block_size: int, n_layer: int, n_kv_head: int, head_dim: int,
-        dtype: torch.dtype = torch.float32, enable_caching: bool = False, windows: Sequence[int | None] | None = None,
+        dtype: torch.dtype = torch.float32, enable_caching: bool = False, specs: Sequence[KVCacheSpec] | None = None,
     ) -> None:
+        """``specs``: each layer's KV-cache spec (``app.cache.spec.from_adapter``); None: every layer full attention,
+        one group (the window, if any, applied by the attention mask alone)."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
-        if windows is not None and len(windows) != n_layer:
-            raise ValueError(f"{len(windows)} windows for {n_layer} layers")
+        if specs is not None and len(specs) != n_layer:
+            raise ValueError(f"{len(specs)} specs for {n_layer} layers")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.n_layer = n_layer
-        self.groups = kv_cache_groups(windows if windows is not None else [None] * n_layer)
-        if enable_caching and len(self.groups) > 1:
-            raise ValueError("prefix caching runs on one KV-cache group only")
+        self.specs = tuple(specs) if specs is not None else kv_spec.uniform(n_layer, n_kv_head, head_dim)
+        self.groups = kv_cache_groups(self.specs)
         self.group_of = [0] * n_layer  # layer -> its group
         slot_of = [0] * n_layer  # layer -> the K/V tensor it shares with the same place in every other group
         for g, group in enumerate(self.groups):
             for j, layer in enumerate(group.layers):
                 self.group_of[layer], slot_of[layer] = g, j
-        self.group_size = max(len(g.layers) for g in self.groups)  # layers one block's page holds
+        self.group_size = kv_spec.group_size(self.groups)  # layers one block's page holds
         shape = (num_blocks, n_kv_head, block_size, head_dim)
         keys = [torch.zeros(shape, dtype=dtype) for _ in range(self.group_size)]
         values = [torch.zeros(shape, dtype=dtype) for _ in range(self.group_size)]
@@ -174,10 +146,8 @@ class PagedKVCache:
 
     @property
     def bytes_per_block(self) -> int:
-        """One block's page: its slots in the ``group_size`` layers of the group holding it."""
-        _, n_kv_head, block_size, head_dim = self.key_cache[0].shape
-        return int(page_bytes(block_size=block_size, n_layer=self.group_size, n_kv_head=n_kv_head,
-                              head_dim=head_dim, dtype=dtype_name(self.key_cache[0].dtype)))
+        """One block's page: its slots in the ``group_size`` layers of the group holding it (the specs' page size)."""
+        return int(kv_spec.block_bytes(self.groups, self.block_size, dtype_name(self.key_cache[0].dtype)))
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks a prefill of ``num_tokens`` takes: that many token slots in every group."""
@@ -208,16 +178,18 @@ class PagedKVCache:
         self.num_tokens[seq_id] = num_tokens
         return list(self.block_tables[seq_id])
 
-    def attach(self, seq_id: int, computed_blocks: list[KVCacheBlock]) -> None:
-        """A new sequence whose first tokens are already cached: it starts with ``computed_blocks`` (full blocks
-        a prefix hit found, ref_cnt + 1 each, so they leave the free queue) and grows with ``append_slots``."""
+    def attach(self, seq_id: int, computed_blocks: Sequence[Sequence[KVCacheBlock | None]]) -> None:
+        """A new sequence whose first tokens are already cached: in every group it starts with that group's
+        ``computed_blocks`` (the full blocks a prefix hit found, ref_cnt + 1 each, so they leave the free queue;
+        None where a sliding window does not need the block: ``NULL_BLOCK``) and grows with ``append_slots``."""
         if seq_id in self.block_tables:
             raise ValueError(f"sequence {seq_id} already has a block table")
-        if len(self.groups) > 1:
-            raise ValueError("attaching cached blocks needs one KV-cache group")
-        self.pool.touch(computed_blocks)
-        self.block_tables[seq_id] = [b.block_id for b in computed_blocks]
-        self.num_tokens[seq_id] = len(computed_blocks) * self.block_size
+        if len(computed_blocks) != len(self.groups) or len({len(h) for h in computed_blocks}) > 1:
+            raise ValueError("one list of computed blocks per group, all of one length")
+        for tables, hits in zip(self.tables, computed_blocks, strict=True):
+            self.pool.touch(b for b in hits if b is not None)
+            tables[seq_id] = [NULL_BLOCK if b is None else b.block_id for b in hits]
+        self.num_tokens[seq_id] = len(computed_blocks[0]) * self.block_size
 
     def blocks_to_append(self, seq_id: int, n_new: int = 1) -> int:
         """Free blocks the next ``append_slots(n_new)`` will take, in every group: new blocks past the tail, plus 1
@@ -236,10 +208,8 @@ class PagedKVCache:
         block ids now free."""
         n, freed = self.num_tokens[seq_id], []
         for group, tables in zip(self.groups, self.tables, strict=True):
-            if group.window is None:
-                continue
             table = tables[seq_id]
-            skipped = max(0, n - group.window + 1) // self.block_size
+            skipped = group.spec.num_skipped_tokens(n) // self.block_size  # 0 for full attention
             removed = []
             for j in range(skipped - 1, -1, -1):
                 if table[j] == NULL_BLOCK:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from app.cache import spec as kv_spec
 from app.cache.paged import PagedKVCache, PoolExhausted
 from app.cache.store import FloatKVStore, KVStore, PagedSeqStore  # noqa: F401  (the stores, re-exported)
 from app.errors import BadInput
@@ -74,15 +75,15 @@ class PagedEngine:
     def __init__(
         self, lm: LoadedModel, *, num_blocks: int, block_size: int, max_sequences: int = 8, log_size: int = 40,
         lock: threading.RLock | None = None, preemption: str = "manual", max_num_seqs: int | None = None,
-        ignore_eos: bool = False, layer_windows: bool = True,
+        ignore_eos: bool = False,
     ) -> None:
         a = lm.adapter
         self.lm = lm
-        # Sliding-window layers get block tables of their own that drop blocks once outside the window (unless
-        # ``layer_windows`` is off: one table per sequence for every layer, the window applied by the mask alone).
-        windows = [a.window(i) for i in range(a.n_layer)] if layer_windows else None
+        # Each layer's KV-cache spec: sliding-window layers get block tables of their own that drop blocks once
+        # outside the window.
         self.cache = PagedKVCache(num_blocks=num_blocks, block_size=block_size, n_layer=a.n_layer,
-                                  n_kv_head=a.n_kv_head, head_dim=a.head_dim, dtype=a.dtype, windows=windows)
+                                  n_kv_head=a.n_kv_head, head_dim=a.head_dim, dtype=a.dtype,
+                                  specs=kv_spec.from_adapter(a))
         self.sequences: OrderedDict[int, Sequence] = OrderedDict()
         self.waiting: deque[int] = deque()
         self.max_sequences = max_sequences

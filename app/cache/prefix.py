@@ -1,15 +1,20 @@
 """Prefix caching over the model's real K/V tensors.
 
 ``PrefixCache`` keeps K/V in a ``PagedKVCache`` (the paged lab's store) whose ``BlockPool`` has prefix
-caching on, so the pool also says which block holds which prefix. One request goes through vLLM's three
-steps::
+caching on, so the pool also says which block holds which prefix. Its KV-cache groups are the model's
+(``app/cache/spec.py``); a block is cached per group (``group_block_hash``), and a hit needs every group's blocks, as
+vLLM's hybrid KV cache manager finds it (``hybrid_cache_hit``): the longest prefix whose full blocks a full-attention
+group has, and whose last window's blocks a sliding-window group has (the blocks before them are never read again).
+One request goes through vLLM's three steps::
 
-    get_computed_blocks   longest run of leading full blocks whose chained hash is cached  -> hits
+    get_computed_blocks   the longest prefix of full blocks whose chained hashes every group has cached -> hits
     allocate_slots        attach the hits to a new sequence (ref_cnt += 1), take new blocks for the rest
     prefill               ``forward_through`` the sequence's ``PagedSeqStore``: only the tokens after the
                           hits run; attention reads the hits' K/V through the block table, the new K/V are
-                          written into the new blocks; then each new *full* block is registered under its
-                          hash (the partial tail block is never shared)
+                          written into the new blocks; then each new *full* block of every group is registered
+                          under its hash (the partial tail block is never shared), and only then does a
+                          sliding-window group give back the blocks outside its window: still cached, evictable,
+                          as vLLM's are
 
 and later ``free`` (finished or cancelled): every block loses one reference, tail first, so the
 request's last blocks are evicted before its first ones.
@@ -30,15 +35,18 @@ from dataclasses import dataclass, field
 import torch
 
 from app import kv_bytes
+from app.cache import spec as kv_spec
 from app.cache.blocks import (
     BlockHash,
     BlockPool,
     KVCacheBlock,
     block_extra_keys,
     blocks_needed,
+    group_block_hash,
     hash_request_tokens,
+    hybrid_cache_hit,
 )
-from app.cache.paged import PagedKVCache
+from app.cache.paged import NULL_BLOCK, PagedKVCache
 from app.cache.store import FloatKVStore, PagedSeqStore
 from app.errors import BadInput
 from app.model.loading import LoadedModel
@@ -62,9 +70,11 @@ class PrefixRequest:
     salt: str | None
     block_size: int
     block_hashes: list[BlockHash]  # one per full block
-    blocks: list[KVCacheBlock]  # every block the request holds, the partial tail included
+    blocks: list[KVCacheBlock]  # every block the request holds in the first group, the partial tail included
     block_ids: list[int]  # snapshot of blocks' ids (blocks may be reused by others after eviction)
-    num_hit_blocks: int
+    num_hit_blocks: int  # blocks of prefix reused: the same number of token positions in every group
+    group_hit_blocks: list[int] = field(default_factory=list)  # per KV-cache group: cached blocks it read (a
+    #                                         sliding window reads only those of its last window, the rest are null)
     status: str = "running"  # running | finished | cancelled
     prefill_ms_reuse: float = 0.0  # forward of the uncached tokens, reading the hits through the block table
     prefill_ms_full: float = 0.0  # forward of every token, from an empty contiguous cache
@@ -90,10 +100,11 @@ class PrefixCache:
     """A paged K/V store with prefix caching on, for one model and one block size. A request is a sequence
     of the store, its id the request id.
 
-    Storage layout (L layers, H_kv heads, Dh head width, bs block size)::
+    Storage layout (L layers, H_kv heads, Dh head width, bs block size, G layers per KV-cache group: G = L when
+    all layers are alike)::
 
         kv.key_cache[layer][block_id]   (H_kv, bs, Dh)      value_cache likewise
-        page bytes per block = 2 · L · H_kv · bs · Dh · dtype bytes
+        page bytes per block = 2 · G · H_kv · bs · Dh · dtype bytes
     """
 
     def __init__(self, lm: LoadedModel, *, block_size: int = DEFAULT_BLOCK_SIZE,
@@ -102,7 +113,8 @@ class PrefixCache:
         self.lm = lm
         self.block_size = block_size
         self.kv = PagedKVCache(num_blocks=num_blocks, block_size=block_size, n_layer=a.n_layer, n_kv_head=a.n_kv_head,
-                               head_dim=a.head_dim, dtype=a.dtype, enable_caching=True)
+                               head_dim=a.head_dim, dtype=a.dtype, enable_caching=True,
+                               specs=kv_spec.from_adapter(a))
 
     @property
     def pool(self) -> BlockPool:
@@ -115,9 +127,10 @@ class PrefixCache:
 
     @staticmethod
     def page_bytes_for(lm: LoadedModel, block_size: int) -> int:
+        """One block: the layers of one KV-cache group (every layer when all are alike), from their specs."""
         a = lm.adapter
-        return int(kv_bytes.page_bytes(block_size=block_size, n_layer=a.n_layer, n_kv_head=a.n_kv_head,
-                                       head_dim=a.head_dim, dtype=kv_bytes.dtype_name(a.dtype)))
+        groups = kv_spec.kv_cache_groups(kv_spec.from_adapter(a))
+        return int(kv_spec.block_bytes(groups, block_size, kv_bytes.dtype_name(a.dtype)))
 
     @property
     def page_bytes(self) -> int:
@@ -127,10 +140,16 @@ class PrefixCache:
         return block_extra_keys(self.lm.name, salt)
 
     # --- step 1: get_computed_blocks -------------------------------------------------------------
-    def get_computed_blocks(self, token_ids: list[int], salt: str | None) -> tuple[list[BlockHash], list[KVCacheBlock]]:
+    def get_computed_blocks(self, token_ids: list[int],
+                            salt: str | None) -> tuple[list[BlockHash], list[list[KVCacheBlock | None]]]:
+        """The request's block hashes, and per KV-cache group the blocks of the longest prefix every group has
+        cached (None where a window does not need the block; all lists of one length)."""
         hashes = hash_request_tokens(token_ids, self.block_size, self.extra_keys(salt))
         max_hit_blocks = (len(token_ids) - 1) // self.block_size  # keep >= 1 token to compute
-        return hashes, self.pool.find_longest_cache_hit(hashes, max_hit_blocks)
+        keys = hashes[:max_hit_blocks]
+        groups = self.kv.groups
+        group_keys = [[group_block_hash(h, g) for h in keys] for g in range(len(groups))]
+        return hashes, hybrid_cache_hit(self.pool, group_keys, [g.spec for g in groups], self.block_size)
 
     # --- step 2 + 3: allocate and prefill --------------------------------------------------------
     @torch.no_grad()
@@ -138,30 +157,40 @@ class PrefixCache:
                 salt: str | None = None) -> PrefixRequest:
         bs = self.block_size
         hashes, hits = self.get_computed_blocks(token_ids, salt)
-        n_hit = len(hits) * bs
-        need = blocks_needed(len(token_ids), bs) - len(hits)
-        free = self.pool.num_free_blocks - sum(1 for b in hits if b.ref_cnt == 0)  # evictable hits are taken back
+        n_blocks = len(hits[0])
+        n_hit = n_blocks * bs
+        # Every group takes its own blocks for the rest; a null entry needs none.
+        need = len(hits) * blocks_needed(len(token_ids), bs) - sum(len(h) for h in hits)
+        evictable = sum(1 for h in hits for b in h if b is not None and b.ref_cnt == 0)  # taken back from the queue
+        free = self.pool.num_free_blocks - evictable
         if need > free:
             raise BadInput("err.prefix.full", need=need, free=free)
         # Attach the hits before allocating, so they cannot be evicted by this request's own allocation.
         self.kv.attach(request_id, hits)
         req = PrefixRequest(request_id=request_id, group=group, text=text, token_ids=list(token_ids), salt=salt,
-                            block_size=bs, block_hashes=hashes, blocks=list(hits), block_ids=[],
-                            num_hit_blocks=len(hits))
+                            block_size=bs, block_hashes=hashes, blocks=[b for b in hits[0] if b is not None],
+                            block_ids=[], num_hit_blocks=n_blocks,
+                            group_hit_blocks=[sum(b is not None for b in h) for h in hits])
         try:
             t0 = time.perf_counter()
-            logits = self.lm.adapter.forward_through(PagedSeqStore(self.kv, request_id), req.token_ids[n_hit:])
+            # The window's outside is given back only after the hashes are registered (below).
+            store = PagedSeqStore(self.kv, request_id, free_skipped=False)
+            logits = self.lm.adapter.forward_through(store, req.token_ids[n_hit:])
             req.prefill_ms_reuse = (time.perf_counter() - t0) * 1000  # (T_new, V) logits, hits read in place
             req.block_ids = list(self.kv.block_tables[request_id])
-            req.blocks = [self.pool.blocks[i] for i in req.block_ids]
+            req.blocks = [self.pool.blocks[i] for i in req.block_ids if i != NULL_BLOCK]
             self._compare_with_full(req, logits, n_hit)
         except BaseException:
             # Cancelled mid-prefill: nothing half-written may become findable, so no hash is registered.
             self.free(req, reason="cancelled")
             raise
-        req.newly_cached = [False] * len(hits) + [
-            self.pool.cache_full_block(req.blocks[i], hashes[i]) for i in range(len(hits), len(hashes))
-        ]
+        tables = self.kv.seq_tables(request_id)
+        req.newly_cached = [False] * n_blocks
+        for i in range(n_blocks, len(hashes)):
+            cached = [self.pool.cache_full_block(self.pool.blocks[t[i]], group_block_hash(hashes[i], g))
+                      for g, t in enumerate(tables) if t[i] != NULL_BLOCK]
+            req.newly_cached.append(bool(cached) and cached[0])
+        self.kv.remove_skipped_blocks(request_id)  # freed, still cached: a later hit may take them back
         return req
 
     def _compare_with_full(self, req: PrefixRequest, logits: torch.Tensor, n_hit: int) -> None:
@@ -260,8 +289,9 @@ def auto_block_size(token_counts: list[int]) -> int:
 
 
 def blocks_for_run(encoded: list[list[int]], block_size: int, salt: str | None = None) -> int:
-    """Blocks the requests of one run hold at once: full blocks with the same prefix are shared (one block
-    each), every partial tail block is its own."""
+    """Blocks the requests of one run hold at once in one full-attention KV-cache group: full blocks with the same
+    prefix are shared (one block each), every partial tail block is its own. A sliding-window group holds no more, so
+    the run needs at most this many times the number of groups."""
     full: set[tuple] = set()
     tails = 0
     for ids in encoded:

@@ -99,10 +99,11 @@ class PagedSeqStore:
 
     window: int | None = None
 
-    def __init__(self, cache: PagedKVCache, seq_id: int) -> None:
+    def __init__(self, cache: PagedKVCache, seq_id: int, *, free_skipped: bool = True) -> None:
         self.cache = cache
         self.seq_id = seq_id
         self._start = 0
+        self.free_skipped = free_skipped  # off: the caller gives back the window's outside itself (prefix caching)
 
     @property
     def length(self) -> int:
@@ -130,4 +131,5 @@ class PagedSeqStore:
         return keys, values, torch.arange(first, first + keys.shape[1])
 
     def end(self, n_new: int) -> None:
-        self.cache.remove_skipped_blocks(self.seq_id)
+        if self.free_skipped:
+            self.cache.remove_skipped_blocks(self.seq_id)

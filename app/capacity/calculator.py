@@ -13,8 +13,8 @@ Everything here is arithmetic on a ``ModelConfig``; the bytes per token come fro
 A request of ``context`` tokens holds ceil(context / block_size) whole blocks: the last one's unused slots are
 tail waste, counted in the per-request and per-batch bytes.
 
-Per-layer windows are counted as vLLM counts each KV-cache spec: a sliding-window layer (Gemma 3's local layers)
-holds at most its window's tokens (``catalog.tokens_held``) in the blocks that still cover them
+Per-layer windows are counted as vLLM counts each KV-cache spec (``app/cache/spec.py``): a sliding-window layer
+(Gemma 3's local layers) holds at most its window's tokens (``tokens_held``) in the blocks that still cover them
 (``blocks_held``), so a request's bytes are summed layer kind by layer kind::
 
     request bytes = Σ over layer kinds  layers · blocks held · block_size · bytes per token per layer
@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from app import catalog, kv_bytes
-from app.cache.blocks import blocks_held, blocks_needed
+from app import kv_bytes
+from app.cache import spec as kv_spec
+from app.cache.blocks import blocks_needed
 from app.catalog import ModelConfig
 from app.errors import BadInput
 
@@ -87,23 +88,18 @@ def per_token(model: ModelConfig, inp: CalcInput, *, tp: int | None = None) -> f
 
 
 def layer_rows(model: ModelConfig, inp: CalcInput, context: int, *, tp: int | None = None) -> list[dict]:
-    """One row per kind of layer (full attention, each sliding window): what one request of ``context`` tokens
-    holds in those layers, exactly (``bytes``) and in whole blocks (``block_bytes``), on one GPU."""
-    layer = per_token(model, inp, tp=tp) / model.n_layer  # every layer caches the same per token
-    rows = []
-    for kind in catalog.layer_kinds(model):
-        n, window = len(kind["layers"]), kind["window"]
-        held = catalog.tokens_held(window, context)
-        blocks = blocks_held(context, inp.block_size, window)
-        rows.append(kind | {"n_layers": n, "bytes_per_token": n * layer, "tokens_held": held, "blocks": blocks,
-                            "bytes": n * held * layer, "block_bytes": n * blocks * inp.block_size * layer})
-    return rows
+    """One row per kind of layer (full attention, each sliding window), from the layers' KV-cache specs: what one
+    request of ``context`` tokens holds in those layers, exactly (``bytes``) and in whole blocks (``block_bytes``),
+    on one GPU."""
+    try:
+        return kv_spec.kind_rows(kv_spec.from_config(model), context, block_size=inp.block_size, dtype=inp.dtype,
+                                 scales=inp.scales, tp=inp.tp if tp is None else tp)
+    except ValueError as exc:
+        raise BadInput("err.capacity.tp", why=str(exc)) from None
 
 
 def request_bytes(model: ModelConfig, inp: CalcInput, context: int, *, tp: int | None = None) -> float:
     """Whole blocks one request of ``context`` tokens holds on one GPU, layer kind by layer kind."""
-    if not model.windows:
-        return blocks_needed(context, inp.block_size) * inp.block_size * per_token(model, inp, tp=tp)
     return sum(r["block_bytes"] for r in layer_rows(model, inp, context, tp=tp))
 
 
@@ -122,7 +118,7 @@ def calculate(model: ModelConfig, inp: CalcInput) -> dict:
     page = inp.block_size * bpt
     blocks_per_request = blocks_needed(inp.context, inp.block_size)
     layers = layer_rows(model, inp, inp.context)
-    windowed = bool(model.windows)
+    windowed = any(r["window"] is not None for r in layers)
     request = request_bytes(model, inp, inp.context)
     formula = kv_bytes.formula_text(n_layer=model.n_layer, n_kv_head=model.n_kv_head, head_dim=model.head_dim,
                                     dtype=inp.dtype, scales=inp.scales, block_size=inp.block_size, mla=model.mla,
@@ -134,6 +130,10 @@ def calculate(model: ModelConfig, inp: CalcInput) -> dict:
     kv_memory = max(0.0, left)
     num_blocks = int(kv_memory // page)
     tokens = num_blocks * inp.block_size
+    # vLLM's pool for a hybrid model: a block holds group_size layers of whichever KV-cache group takes it.
+    groups = kv_spec.kv_cache_groups(kv_spec.from_config(model))
+    group_page = kv_spec.group_size(groups) * groups[0].spec.page_size_bytes(inp.block_size, inp.dtype,
+                                                                              scales=inp.scales, tp=inp.tp)
     whole = int(kv_memory // request) if windowed else num_blocks // blocks_per_request
     # Not one request fits (the weights alone may not): the tensor-parallel degree that would, if any.
     search = whole == 0 and inp.kv_memory_gib is None
@@ -155,6 +155,9 @@ def calculate(model: ModelConfig, inp: CalcInput) -> dict:
         "batch_bytes": inp.batch * request,
         "windowed": windowed,  # some layers hold only their window: request bytes are summed per layer kind
         "layer_kinds": layers,
+        "kv_cache_groups": [{"kind": g.kind, "window": g.window, "layers": list(g.layers)} for g in groups],
+        "group_page_bytes": group_page,  # one block of the pool the KV-cache groups share
+        "group_num_blocks": int(kv_memory // group_page),
         "parameters": params,
         "weight_bytes": weight_bytes,
         "weights_per_gpu": weights_per_gpu,
@@ -196,7 +199,7 @@ def smallest_fitting_tp(model: ModelConfig, inp: CalcInput, weight_bytes: float)
             continue
         left = kv_memory_left(inp, weight_bytes, tp)
         blocks = int(left // page) if left > 0 else 0
-        whole = (int(left // request) if left > 0 else 0) if model.windows else blocks // need
+        whole = (int(left // request) if left > 0 else 0) if any(model.windows) else blocks // need
         if whole >= 1:
             return {"tp": tp, "weights_per_gpu": weight_bytes / tp, "kv_memory": left, "num_blocks": blocks,
                     "whole_requests": whole}

@@ -12,7 +12,9 @@ one time unit) and with what the engine does not have turned off. Both are drive
         now += 1
 
 After every step each side reports which requests were admitted, preempted and finished, and how many blocks
-are in use; the two lists must be equal.
+are in use; the two lists must be equal. Both sides split the layers into the KV-cache groups their specs make
+(``app.cache.spec``): for a sliding-window model (Gemma 3) each group has its own block table and the local groups
+give back the blocks that fall outside the window, so the block counts compared are the windowed ones.
 
 Differences by design (stated on the page): the engine prefills a whole prompt at once and has no token budget
 (so the simulator's max_num_batched_tokens is set above any step's tokens and chunked prefill is off), it has
@@ -23,6 +25,7 @@ and the text is real: with ``ignore_eos`` both decode to each request's max_toke
 from __future__ import annotations
 
 from app.cache.paged_decode import FINISHED, RUNNING, WAITING, PagedEngine
+from app.cache.spec import KVCacheSpec, from_adapter, kv_cache_groups
 from app.capacity.simulator import Request, SimConfig, Simulator
 from app.errors import BadInput
 from app.model.loading import LoadedModel
@@ -38,12 +41,10 @@ def _prompts(lm: LoadedModel, requests: list[Request]) -> list[list[int]]:
 
 def run_engine(lm: LoadedModel, requests: list[Request], *, num_blocks: int, block_size: int, max_num_seqs: int,
                lock=None) -> list[dict]:
-    """Drive the real engine; one record per step: admitted / preempted / finished ids, blocks used, queue sizes."""
-    # One block table per sequence, as the simulator keeps (a sliding-window model's layers are not split into
-    # groups here): the check compares scheduling decisions block for block.
+    """Drive the real engine; one record per step: admitted / preempted / finished ids, blocks used, queue sizes.
+    Its KV-cache groups are the model's (``app.cache.spec``): a sliding-window model's local layers give blocks back."""
     engine = PagedEngine(lm, num_blocks=num_blocks, block_size=block_size, max_sequences=len(requests) + 1,
-                         preemption="auto", max_num_seqs=max_num_seqs, ignore_eos=True, lock=lock,
-                         layer_windows=False)
+                         preemption="auto", max_num_seqs=max_num_seqs, ignore_eos=True, lock=lock)
     prompts = _prompts(lm, requests)
     pending = sorted(requests, key=lambda r: (r.arrival, r.rid))
     seq_of: dict[int, int] = {}  # engine seq id -> request id
@@ -79,10 +80,12 @@ def run_engine(lm: LoadedModel, requests: list[Request], *, num_blocks: int, blo
     return records
 
 
-def run_simulator(requests: list[Request], *, num_blocks: int, block_size: int, max_num_seqs: int) -> list[dict]:
+def run_simulator(requests: list[Request], *, num_blocks: int, block_size: int, max_num_seqs: int,
+                  groups: tuple[KVCacheSpec, ...] = ()) -> list[dict]:
+    """The simulator over the same budgets and KV-cache groups (``groups``: each group's spec, the engine's)."""
     budget = sum(r.prompt_len + r.output_len for r in requests) + 1  # never binding: the engine has no token budget
     cfg = SimConfig(num_blocks=num_blocks, block_size=block_size, max_num_batched_tokens=budget,
-                    max_num_seqs=max_num_seqs, chunked_prefill=False, prefix_caching=False)
+                    max_num_seqs=max_num_seqs, chunked_prefill=False, prefix_caching=False, groups=groups)
     sim = Simulator(cfg, requests).run()
     return [{"admitted": sorted(s.admitted), "preempted": sorted(s.preempted), "finished": sorted(s.finished),
              "blocks_used": s.blocks_used, "running": s.running, "waiting": s.waiting} for s in sim.steps]
@@ -101,7 +104,9 @@ def compare(lm: LoadedModel, requests: list[Request], *, num_blocks: int, block_
             raise BadInput("err.capacity.check_positions", model=lm.name, positions=lm.max_positions)
     requests = [Request(i, r.arrival, r.prompt_len, r.output_len) for i, r in
                 enumerate(sorted(requests, key=lambda r: (r.arrival, r.rid)))]
-    sim = run_simulator(requests, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs)
+    groups = tuple(g.spec for g in kv_cache_groups(from_adapter(lm.adapter)))  # the engine's groups, from the specs
+    sim = run_simulator(requests, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+                        groups=groups)
     real = run_engine(lm, requests, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                       lock=lock)
     rows = []

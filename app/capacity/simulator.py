@@ -24,6 +24,15 @@ be hit again until a new allocation takes it from the front of the queue (then i
 are hashed by (prefix group, block index) for the shared part of a prompt, else by (request, block index) —
 the chain of parent hashes that vLLM computes reduces to this when prompts differ only in their shared prefix.
 
+KV-cache groups (``SimConfig.groups``, one ``app.cache.spec`` spec per group, from the model's layers): a model whose
+layers are all alike has one group and a block holds every layer (the loop above, unchanged). A hybrid model (Gemma
+3's sliding-window and full-attention layers) has several: each request keeps one block table per group, every group
+takes its blocks for the same tokens from the one pool, and right after a request's tokens of a step are computed a
+sliding-window group gives back the blocks its next query will not read (``spec.num_skipped_tokens``; ``NULL`` takes
+their place), as the paged engine does at the end of each forward (vLLM frees them at the request's next
+``allocate_slots``). A prefix hit then needs every group's blocks (``hybrid_cache_hit``). Such a run decodes step by
+step (no lazy decoding).
+
 Counters keep vLLM's names: ``kv_cache_usage_perc`` (a 0–1 fraction, like vLLM's gauge), ``num_preemptions``,
 ``prefix_cache_queries`` / ``prefix_cache_hits`` (tokens, counted once per admission).
 """
@@ -35,13 +44,16 @@ from bisect import insort
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 from operator import attrgetter
 
-from app.cache.blocks import ArrayBlockPool, blocks_needed
+from app.cache.blocks import ArrayBlockPool, blocks_needed, hybrid_cache_hit
+from app.cache.spec import KVCacheSpec
 from app.errors import BadInput
 from app.settings import Settings
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
+NULL = -1  # a block-table entry whose block a sliding-window group gave back (vLLM's null_block)
 _admitted = attrgetter("admitted_at")  # running order
 MAX_REQUESTS = Settings().capacity_sim_max_requests  # the default; the capacity lab passes the server's setting
 MAX_STEPS = 2_000_000
@@ -65,6 +77,7 @@ class SimConfig:
     max_num_seqs: int = 256
     chunked_prefill: bool = True
     prefix_caching: bool = True
+    groups: tuple[KVCacheSpec, ...] = ()  # the spec of each KV-cache group (``kv_cache_groups``); (): one full group
 
 
 class _Req:
@@ -72,14 +85,16 @@ class _Req:
 
     __slots__ = ("r", "num_tokens", "num_computed", "num_output", "blocks", "num_hashed", "status", "first_token",
                  "finish", "preemptions", "admitted_at", "hit_tokens", "slots", "target", "base_step", "gen",
-                 "ev_block", "ev_finish")
+                 "ev_block", "ev_finish", "tables", "skipped")
 
     def __init__(self, r: Request) -> None:
         self.r = r
         self.num_tokens = r.prompt_len
         self.num_computed = 0
         self.num_output = 0
-        self.blocks: list[int] = []
+        self.blocks: list[int] = []  # the first group's block table (the only one when there is one group)
+        self.tables: list[list[int]] = [self.blocks]  # one block table per KV-cache group (set by the simulator)
+        self.skipped: list[int] = []  # per sliding spec: the blocks its groups have given back (0 when none)
         self.num_hashed = 0
         self.status = WAITING
         self.first_token: float | None = None
@@ -141,10 +156,23 @@ class Simulator:
         self.keep_scheduled = keep_scheduled
         self.on_step = on_step
         self.reqs = [_Req(r) for r in sorted(requests, key=lambda r: (r.arrival, r.rid))]
+        # Several KV-cache groups: one block table per group, sliding windows give blocks back (the general path).
+        self.multi = len(config.groups) > 1 or any(g.sliding_window is not None for g in config.groups)
+        self.n_groups = max(1, len(config.groups))
+        windows: dict[KVCacheSpec, list[int]] = {}  # each sliding spec and the groups that have it
+        for g, spec in enumerate(config.groups):
+            if spec.sliding_window is not None:
+                windows.setdefault(spec, []).append(g)
+        self._sliding = list(windows.items())
+        if self.multi:
+            for q in self.reqs:
+                q.tables = [q.blocks] + [[] for _ in range(self.n_groups - 1)]
+                q.skipped = [0] * len(self._sliding)
         longest = max((r.prompt_len + r.output_len - 1 for r in requests), default=0)
-        if blocks_needed(longest, config.block_size) > config.num_blocks:
+        if self.n_groups * blocks_needed(longest, config.block_size) > config.num_blocks:  # a recompute's prefill
             raise BadInput("err.capacity.sim_too_long", tokens=longest,
-                           blocks=blocks_needed(longest, config.block_size), num_blocks=config.num_blocks)
+                           blocks=self.n_groups * blocks_needed(longest, config.block_size),
+                           num_blocks=config.num_blocks)
         self.pool = ArrayBlockPool(config.num_blocks, enable_caching=config.prefix_caching)
         self.waiting: deque[_Req] = deque()
         self.running: list[_Req] = []
@@ -155,25 +183,80 @@ class Simulator:
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self._admissions = 0
-        # Lazy decoding: on by default; off with an on_step callback (which reads every request's counters).
-        self.lazy = lazy and on_step is None
+        # Lazy decoding: on by default; off with an on_step callback (which reads every request's counters) and
+        # with several KV-cache groups.
+        self.lazy = lazy and on_step is None and not self.multi
         self.active: list[_Req] = []  # the running requests that are not lazy, in running (admission) order
         self.n_lazy = 0
         self.lazy_sumc = 0  # the lazy requests' num_computed at the start of the current step, summed
         self.block_events: dict[int, list[tuple[_Req, int]]] = {}
         self.finish_events: dict[int, list[tuple[_Req, int]]] = {}
 
-    def _hits(self, q: _Req) -> list[int]:
-        """get_computed_blocks: the cached full blocks at the start of the request (at most num_tokens − 1)."""
+    def _hits(self, q: _Req) -> list:
+        """get_computed_blocks: the cached full blocks at the start of the request (at most num_tokens − 1). With
+        several groups: one list per group (None where a window does not need the block), as long in every group."""
         r = q.r
         shared = _shared_blocks(r, self.cfg.block_size)
         keys = ((r.prefix_group, j) if j < shared else (-1 - r.rid, j) for j in range(q.num_tokens))
-        return self.pool.find_longest_cache_hit(keys, (q.num_tokens - 1) // self.cfg.block_size)
+        max_blocks = (q.num_tokens - 1) // self.cfg.block_size
+        if not self.multi:
+            return self.pool.find_longest_cache_hit(keys, max_blocks)
+        keys = list(islice(keys, max_blocks))
+        group_keys = [keys if g == 0 else [(g, k) for k in keys] for g in range(self.n_groups)]
+        return hybrid_cache_hit(self.pool, group_keys, self.cfg.groups, self.cfg.block_size)
 
-    def _allocate(self, q: _Req, n_new: int, hits: list[int] | None = None) -> bool:
+    def _allocate_groups(self, q: _Req, n_new: int, hits: list[list] | None) -> bool:
+        """allocate_slots with several groups: in every group, blocks for num_computed + n_new tokens (the hits, then
+        new blocks), or False and nothing changed."""
+        pool, ref = self.pool, self.pool.ref_cnt
+        want = blocks_needed(q.num_computed + n_new, self.cfg.block_size)
+        hits = hits or [[] for _ in q.tables]
+        need = sum(max(0, want - len(t) - len(h)) for t, h in zip(q.tables, hits, strict=True))
+        need += sum(1 for h in hits for b in h if b is not None and ref[b] == 0)  # evictable hits are taken back
+        if need > len(pool.free_block_queue):
+            return False
+        for table, h in zip(q.tables, hits, strict=True):
+            if h:
+                pool.touch(b for b in h if b is not None)
+                table.extend(NULL if b is None else b for b in h)
+        counts = [max(0, want - len(t)) for t in q.tables]
+        new = pool.get_new_blocks(sum(counts))  # taken group by group from the front, as the engine takes them
+        i = 0
+        for table, k in zip(q.tables, counts, strict=True):
+            table.extend(new[i : i + k])
+            i += k
+        q.slots = len(q.blocks) * self.cfg.block_size
+        return True
+
+    def _remove_skipped(self, q: _Req) -> None:
+        """Each sliding-window group gives back the blocks wholly before its next query's window (newest first),
+        ``NULL`` in their place: vLLM's ``remove_skipped_blocks``, as the paged engine does after each forward. The
+        groups of one spec skip the same blocks: the spec is asked once."""
+        bs = self.cfg.block_size
+        tables = q.tables
+        for i, (spec, members) in enumerate(self._sliding):
+            skipped = spec.num_skipped_tokens(q.num_computed) // bs
+            if skipped == q.skipped[i]:
+                continue  # no block left the window since the last call
+            q.skipped[i] = skipped
+            for g in members:
+                table = tables[g]
+                j = min(skipped, len(table)) - 1
+                if j < 0 or table[j] == NULL:
+                    continue  # nothing new outside the window (the ones before were given back earlier)
+                removed = []
+                while j >= 0 and table[j] != NULL:
+                    removed.append(table[j])
+                    table[j] = NULL
+                    j -= 1
+                self.pool.free_blocks(removed)
+
+    def _allocate(self, q: _Req, n_new: int, hits: list | None = None) -> bool:
         """allocate_slots: blocks for num_computed + n_new tokens, or False and nothing changed."""
         if not hits and q.num_computed + n_new <= q.slots:
             return True
+        if self.multi:
+            return self._allocate_groups(q, n_new, hits)
         pool = self.pool
         ref = pool.ref_cnt
         need = blocks_needed(q.num_computed + n_new, self.cfg.block_size) - len(q.blocks) - (len(hits) if hits else 0)
@@ -190,8 +273,15 @@ class Simulator:
         return True
 
     def _free(self, q: _Req) -> None:
-        self.pool.free_blocks(reversed(q.blocks))  # tail first: it is evicted first
-        q.blocks = []
+        if self.multi:  # group by group, each tail first
+            for table in q.tables:
+                self.pool.free_blocks(b for b in reversed(table) if b != NULL)
+            q.blocks = []
+            q.tables = [q.blocks] + [[] for _ in range(self.n_groups - 1)]
+            q.skipped = [0] * len(self._sliding)
+        else:
+            self.pool.free_blocks(reversed(q.blocks))  # tail first: it is evicted first
+            q.blocks = []
         q.num_hashed = 0
         q.slots = 0
 
@@ -203,10 +293,17 @@ class Simulator:
             return
         r = q.r
         cache_full_block = self.pool.cache_full_block
-        blocks = q.blocks
         shared = _shared_blocks(r, bs)
-        for j in range(start, full):
-            cache_full_block(blocks[j], (r.prefix_group, j) if j < shared else (-1 - r.rid, j))
+        if self.multi:  # every group's blocks, each under keys of its own (vLLM: the hash and the group id)
+            for g, table in enumerate(q.tables):
+                for j in range(start, full):
+                    if table[j] != NULL:
+                        key = (r.prefix_group, j) if j < shared else (-1 - r.rid, j)
+                        cache_full_block(table[j], key if g == 0 else (g, key))
+        else:
+            blocks = q.blocks
+            for j in range(start, full):
+                cache_full_block(blocks[j], (r.prefix_group, j) if j < shared else (-1 - r.rid, j))
         q.num_hashed = full
 
     # --- lazy decoding ------------------------------------------------------------------------------------
@@ -282,6 +379,8 @@ class Simulator:
         q.num_computed = c
         if self.cfg.prefix_caching and c // self.cfg.block_size > q.num_hashed:
             self._hash_full_blocks(q)
+        if self.multi:
+            self._remove_skipped(q)
         if c == q.num_tokens:
             q.num_output += 1
             q.num_tokens = c + 1
@@ -334,6 +433,7 @@ class Simulator:
         budget = cfg.max_num_batched_tokens
         prefill = decode = kv_read = nsched = 0
         running = self.running
+        multi = self.multi
         free = self.pool.free_block_queue
         get_new_blocks = self.pool.get_new_blocks
         block_events = self.block_events
@@ -372,7 +472,7 @@ class Simulator:
                 budget += 1  # its reserved token goes back: the plain path counts it
             elif budget <= 0:
                 break
-            if q.num_tokens - c == 1 and q.num_output and (c < q.slots or free):  # a decode: the hot path
+            if q.num_tokens - c == 1 and q.num_output and (c < q.slots or free) and not multi:  # the hot path
                 if c >= q.slots:  # its blocks are full: one more from the free queue
                     q.blocks += get_new_blocks(1)
                     q.slots = c + bs
@@ -433,10 +533,11 @@ class Simulator:
         while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             q = waiting[0]
             cached_at_most = _shared_blocks(q.r, bs) if caching else 0
-            if blocks_needed(min(q.num_tokens, budget), bs) - cached_at_most > len(free):
+            if self.n_groups * (blocks_needed(min(q.num_tokens, budget), bs) - cached_at_most) > len(free):
                 break  # it cannot fit, however many of its blocks are cached (a cheap test: it waits a lot)
             hits = self._hits(q) if caching and q.num_computed == 0 else []
-            hit_tokens = len(hits) * bs
+            n_hit = len(hits[0]) if self.multi and hits else len(hits)
+            hit_tokens = n_hit * bs
             n = q.num_tokens - hit_tokens
             if n > budget:
                 if not cfg.chunked_prefill:
@@ -451,7 +552,7 @@ class Simulator:
                 self.prefix_cache_queries += q.num_tokens
                 self.prefix_cache_hits += hit_tokens
             q.hit_tokens += hit_tokens
-            q.num_hashed = len(hits)
+            q.num_hashed = n_hit
             q.status = RUNNING
             q.admitted_at = self._admissions
             self._admissions += 1

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from app import catalog
 from app.admission import ModelGate
+from app.cache import spec as kv_spec
+from app.cache.spec import kv_cache_groups
 from app.capacity import check, stepcost
 from app.capacity.bounds import SimLimits, run_bounded, stopped_view
 from app.capacity.calculator import WEIGHT_BYTES, CalcInput, calculate
@@ -125,14 +127,17 @@ class CapacityLab:
             step_cost = stepcost.Roofline.for_model(card, config, weight_bytes=calc["weight_bytes"],
                                                     kv_bytes_per_token=calc["bytes_per_token"], tp=tp, params=params)
             cost_info = {"kind": "roofline"} | step_cost.limits()
-            blocks = num_blocks or calc["num_blocks"]
+            blocks = num_blocks or calc["group_num_blocks"]  # blocks of group_size layers (all layers: one group)
         if blocks < 1:
             fit = calc["tp_fit"]
             if fit is None:
                 raise BadInput("err.capacity.no_kv_memory", model=config.name, gpu=card.name)
             raise BadInput("err.capacity.no_kv_memory_tp", model=config.name, gpu=card.name, tp=fit["tp"])
+        # The model's KV-cache groups, from its layers' specs: a sliding-window layer is counted at its window.
+        groups = tuple(g.spec for g in kv_cache_groups(kv_spec.from_config(config)))
         cfg = SimConfig(num_blocks=blocks, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
-                        max_num_seqs=max_num_seqs, chunked_prefill=chunked_prefill, prefix_caching=prefix_caching)
+                        max_num_seqs=max_num_seqs, chunked_prefill=chunked_prefill, prefix_caching=prefix_caching,
+                        groups=groups if len(groups) > 1 or groups[0].sliding_window else ())
         limits = SimLimits.from_settings(self.limits)
         sim = run_bounded(cfg, requests, step_cost, limits=limits, cancel=cancel)
         view = simulation_view(sim, cost=cost_info)

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from app.admission import LONG, SHORT, ModelGate
+from app.cache import spec as kv_spec
 from app.cache.paged_decode import PagedEngine
 from app.cache.verify import run_bench
 from app.errors import BadInput
-from app.kv_bytes import dtype_name, page_bytes
+from app.kv_bytes import dtype_name
 from app.labs.limits import Limits, in_range
 from app.model.loading import LoadedModel, ModelRegistry
 from app.model.prompts import encode_prompt
@@ -75,9 +76,11 @@ class PagedLab:
 
     @staticmethod
     def pool_bytes(lm: LoadedModel, num_blocks: int, block_size: int) -> int:
+        """The K/V tensors a pool allocates: a block holds the layers of one KV-cache group (every layer when all
+        are alike; for Gemma 3 a group's few), so a multi-group pool reserves only that, not every layer's page."""
         a = lm.adapter
-        return int(num_blocks * page_bytes(block_size=block_size, n_layer=a.n_layer, n_kv_head=a.n_kv_head,
-                                           head_dim=a.head_dim, dtype=dtype_name(a.dtype)))
+        return kv_spec.pool_bytes(kv_spec.from_adapter(a), num_blocks=num_blocks, block_size=block_size,
+                                  dtype=dtype_name(a.dtype))
 
     # --- one pool -------------------------------------------------------------------------------------------
     def act(self, owner: str, sid: str, lang: str, action: Callable[[PagedEngine], object] | None = None,

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.admission import ModelGate
+from app.cache import spec as kv_spec
 from app.cache.prefix import (
     BLOCK_SIZES,
     PRESETS,
@@ -154,7 +155,8 @@ class PrefixLab:
         # The run's requests stay running together, so all their blocks must fit at once. The default capacity
         # grows to fit a run (and says so) rather than failing halfway; a capacity the user chose is kept, so
         # a student can still watch a too-small cache run full.
-        need = blocks_for_run(encoded, block_size, salt or None)
+        groups = len(kv_spec.kv_cache_groups(kv_spec.from_adapter(lm.adapter)))  # a block per group a run's block
+        need = groups * blocks_for_run(encoded, block_size, salt or None)
         if need > num_blocks and not chosen:
             if need > limits.prefix_max_blocks:
                 raise BadInput("err.prefix.run_too_big", n=len(encoded), need=need, size=block_size,

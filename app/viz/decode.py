@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from app.cache import spec as kv_spec
 from app.errors import BadInput
 from app.model.decode import DecodeSession, Step, kv_bytes_formula, work_counts
 from app.viz.attention import b64_f32, b64_i32
@@ -68,6 +69,21 @@ def attention_cell(session: DecodeSession, layer: int, head: int, pos: int) -> d
             "weight": float(session.attention_row(layer)[head, pos])}
 
 
+def cache_formula(adapter, cache_len: int, dtype_bytes: int) -> dict:
+    """The cache's bytes after a step, layer kind by layer kind (each layer's KV-cache spec): a kind's layers hold
+    ``cache_len`` tokens less those its next query will not read (a sliding window of W keeps the last W - 1, as
+    transformers' cache does). One kind: ``kv_bytes_formula`` as it is; several: one term each (``kinds``), summed."""
+    kinds = []
+    for spec, layers in kv_spec.layer_kinds(kv_spec.from_adapter(adapter)):
+        kept = cache_len - spec.num_skipped_tokens(cache_len)
+        kinds.append({"kind": spec.label, "window": spec.sliding_window, **kv_bytes_formula(
+            layers=len(layers), kv_heads=spec.n_kv_head, tokens=kept, head_dim=spec.head_dim,
+            dtype_bytes=dtype_bytes)})
+    total = sum(k["total"] for k in kinds)
+    text = " + ".join(k["text"].split(" = ")[0] for k in kinds) + f" = {total:,} bytes"
+    return {**kinds[0], "total": total, "text": text, "kinds": kinds}
+
+
 def step_view(session: DecodeSession, step: Step, *, layer: int = 0, width: int = 900) -> dict:
     """The view of the newest step (``step``): its facts, and its attention in ``layer`` pooled to ``width``."""
     lm = session.lm
@@ -89,8 +105,7 @@ def step_view(session: DecodeSession, step: Step, *, layer: int = 0, width: int 
         "attention": attention_view(session, layer, width),
         "cache_shapes": cache_shapes(session),
         "cache_bytes": session.cache_bytes(),
-        "formula": kv_bytes_formula(layers=a.n_layer, kv_heads=a.n_kv_head, tokens=step.cache_len,
-                                    head_dim=a.head_dim, dtype_bytes=dtype_bytes),
+        "formula": cache_formula(a, step.cache_len, dtype_bytes),
         "work": work_counts(len(session.prompt_ids), generated),
         "ms": step.ms,
         "tokens": [visible(t) for t in honest_texts(lm, session.ids)],

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from app.catalog import from_adapter, sizes
+from app.cache.spec import sizes
+from app.catalog import from_adapter
 from app.kv_bytes import dtype_name
 from app.model.loading import LoadedModel, ModelRegistry
 
@@ -16,9 +17,9 @@ def is_char_level(lm: LoadedModel) -> bool:
 
 
 def model_card(lm: LoadedModel) -> dict:
-    """What the pages say about the model. Its KV sizes come from ``app.catalog.sizes`` on the adapter's config,
-    the function the capacity lab uses for catalog entries: bytes per token, per layer kind (full attention, each
-    sliding window), and against plain multi-head attention."""
+    """What the pages say about the model. Its KV sizes come from ``app.cache.spec.sizes`` on the adapter's config
+    (each layer's KV-cache spec), the function the capacity lab uses for catalog entries: bytes per token, per layer
+    kind (full attention, each sliding window), and against plain multi-head attention."""
     a = lm.adapter
     size = sizes(from_adapter(lm.name, a), dtype=dtype_name(a.dtype), scales="tensor")
     return {

@@ -101,7 +101,7 @@ def block_rows(requests: list[PrefixRequest], pool: BlockPool, cached) -> list[d
                 "index": i, "block_id": block_id, "kind": kind, "tokens": f"{lo}–{hi - 1}", "n_tokens": hi - lo,
                 "hash": short_hash(h), "parent": short_hash(req.block_hashes[i - 1]) if i and full else
                 ("root" if full else "—"),
-                "ref_cnt": pool.blocks[block_id].ref_cnt if running else None,
+                "ref_cnt": pool.blocks[block_id].ref_cnt if running and block_id >= 0 else None,
                 "state": ("held" if running else ("cached" if still else ("evicted" if full else "freed"))),
                 "newly_cached": bool(full and i < len(req.newly_cached) and req.newly_cached[i]),
             })
@@ -144,6 +144,7 @@ def request_row(req: PrefixRequest, token_text) -> dict:
     return {
         "request_id": req.request_id, "group": req.group, "status": req.status, "salt": req.salt,
         "tokens": req.num_tokens, "hit_blocks": req.num_hit_blocks, "hit_tokens": req.num_hit_tokens,
+        "group_hit_blocks": req.group_hit_blocks,  # per KV-cache group: the cached blocks it read
         "computed_tokens": req.num_computed_tokens, "hit_rate": rate(req.num_hit_tokens, req.num_tokens),
         "ms_reuse": round(req.prefill_ms_reuse, 2), "ms_full": round(req.prefill_ms_full, 2),
         "max_abs_diff": req.max_abs_diff, "same_next_token": req.next_token_reuse == req.next_token_full,
@@ -170,7 +171,8 @@ def lab_view(lab: PrefixLabState, lang: str = DEFAULT_LANG) -> dict:
         "notes": notes,
         "config": {"model": lm.name, "block_size": cache.block_size, "num_blocks": pool.num_blocks,
                    "page_bytes": cache.page_bytes, "store_bytes": cache.page_bytes * pool.num_blocks,
-                   "max_positions": lm.max_positions, "n_layer": lm.adapter.n_layer,
+                   "max_positions": lm.max_positions, "n_layer": cache.kv.group_size,  # layers one block holds
+                   "kv_cache_groups": len(cache.kv.groups),
                    "n_kv_head": lm.adapter.n_kv_head, "head_dim": lm.adapter.head_dim,
                    "dtype_bytes": lm.adapter.dtype.itemsize},
         "pool": {"used": pool.num_used_blocks, "evictable": evictable, "empty": pool.num_free_blocks - evictable,

@@ -8,6 +8,7 @@ from transformers import DynamicCache
 
 from app.cache.paged import PagedKVCache, PoolExhausted, blocks_needed
 from app.cache.paged_decode import FloatKVStore, PagedSeqStore, forward_through
+from app.cache.spec import from_adapter
 
 
 def small_pool(num_blocks: int = 6, block_size: int = 4) -> PagedKVCache:
@@ -176,21 +177,28 @@ def test_a_forked_branch_decodes_as_if_it_were_alone(tiny):
 
 # --- sliding-window layers: block tables of their own that give blocks back ---------------------------------
 
+def _specs(windows):
+    from app.cache.spec import layer_spec
+
+    return [layer_spec(n_kv_head=1, head_dim=2, window=w) for w in windows]
+
+
 def test_layers_are_grouped_by_kind_as_vllm_groups_them():
     from app.cache.paged import kv_cache_groups
 
     # gemma-3-270m: 15 local layers and 3 full ones -> groups of 3: one full group, five sliding ones.
     windows = [None if (i + 1) % 6 == 0 else 512 for i in range(18)]
-    groups = kv_cache_groups(windows)
+    groups = kv_cache_groups(_specs(windows))
     assert [g.kind for g in groups] == ["full"] + ["sliding"] * 5
     assert groups[0].layers == (5, 11, 17) and groups[1].layers == (0, 1, 2) and groups[5].layers == (14, 15, 16)
-    assert kv_cache_groups([None] * 4)[0].layers == (0, 1, 2, 3)  # one kind: one group of every layer
-    assert [g.layers for g in kv_cache_groups([8, 8, None])] == [(2,), (0,), (1,)]  # the tiny Gemma 3
+    assert kv_cache_groups(_specs([None] * 4))[0].layers == (0, 1, 2, 3)  # one kind: one group of every layer
+    assert [g.layers for g in kv_cache_groups(_specs([8, 8, None]))] == [(2,), (0,), (1,)]  # the tiny Gemma 3
 
 
 def test_a_window_group_frees_blocks_that_fall_outside_it():
     """Layers 0, 1 local (window 5), layer 2 full; blocks of 4 slots. Group size 1: three groups, three tables."""
-    pool = PagedKVCache(num_blocks=12, block_size=4, n_layer=3, n_kv_head=1, head_dim=2, windows=[5, 5, None])
+    pool = PagedKVCache(num_blocks=12, block_size=4, n_layer=3, n_kv_head=1, head_dim=2,
+                        specs=_specs([5, 5, None]))
     assert [g.layers for g in pool.groups] == [(2,), (0,), (1,)]
     assert pool.bytes_per_block == 2 * 1 * 1 * 4 * 2 * 4  # one layer per page: K and V, 1 head, 4 slots, Dh 2, fp32
     assert pool.key_cache[0] is pool.key_cache[1] is pool.key_cache[2]  # one tensor, shared by the groups
@@ -225,7 +233,7 @@ def test_paged_decode_past_the_window_equals_transformers_cache_on_gemma3(family
     ids = lm.encode("the cat sat on the mat and looked at")[:10]
     assert len(ids) > window
     pool = PagedKVCache(num_blocks=40, block_size=bs, n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim,
-                        dtype=a.dtype, windows=[a.window(i) for i in range(a.n_layer)])
+                        dtype=a.dtype, specs=from_adapter(a))
     local = [g for g, group in enumerate(pool.groups) if group.window is not None]
     assert local and len(pool.groups) == 3
     store = PagedSeqStore(pool, 0)
@@ -254,3 +262,4 @@ def test_paged_decode_past_the_window_equals_transformers_cache_on_gemma3(family
         assert torch.allclose(k[:, -(window - 1):], theirs_k[0], atol=1e-5)
     assert pool.window_frees > 0
     assert store.nbytes == len(pool.held_blocks(0)) * pool.bytes_per_block
+

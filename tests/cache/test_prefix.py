@@ -29,7 +29,7 @@ def test_reuse_equals_from_scratch(request, fixture, block_size):
     a = lm.encode(SYSTEM + "user. what does a cache keep.\n")
     b = lm.encode(SYSTEM + "user. why are old keys kept.\n")
     cache.prefill(a, request_id=1)
-    hashes, hits = cache.get_computed_blocks(b, None)
+    hashes, (hits,) = cache.get_computed_blocks(b, None)  # one KV-cache group: every layer alike
     # The hit length, derived from the tokens alone: whole blocks of the common prefix.
     lcp = common_prefix_len(a, b)
     assert len(hits) * block_size == min(lcp // block_size, (len(b) - 1) // block_size) * block_size
@@ -37,7 +37,7 @@ def test_reuse_equals_from_scratch(request, fixture, block_size):
 
     # Reuse by hand: a sequence with the hits attached reads their stored K/V; only the rest is computed.
     n_hit = len(hits) * block_size
-    cache.kv.attach(99, hits)
+    cache.kv.attach(99, [hits])
     reused = lm.adapter.forward_through(PagedSeqStore(cache.kv, 99), b[n_hit:])
     cache.kv.free(99)
     full = from_scratch(lm, b)
@@ -133,8 +133,8 @@ def test_lru_eviction_on_real_kv(tiny):
     (rc,) = lab.run(tiny, [("x", c)], block_size=16, num_blocks=5)
     assert pool.num_evictions == 1 and ra.block_ids[1] in rc.block_ids
     cache = lab.cache
-    assert len(cache.get_computed_blocks(tiny.encode(a + "c"), None)[1]) == 1  # A's head survived
-    assert len(cache.get_computed_blocks(tiny.encode(b + "c"), None)[1]) == 2  # B untouched
+    assert len(cache.get_computed_blocks(tiny.encode(a + "c"), None)[1][0]) == 1  # A's head survived
+    assert len(cache.get_computed_blocks(tiny.encode(b + "c"), None)[1][0]) == 2  # B untouched
 
 
 def test_cache_full_is_a_clear_message(tiny):
@@ -176,3 +176,56 @@ def test_change_of_block_size_starts_a_new_cache(tiny):
     lab.run(tiny, [("x", SYSTEM)], block_size=16, num_blocks=32)
     lab.run(tiny, [("x", SYSTEM)], block_size=8, num_blocks=32)
     assert lab.cache.block_size == 8 and lab.notes and len(lab.requests) == 1
+
+
+def test_gemma3_reuse_needs_every_groups_blocks_and_equals_from_scratch(family_models):
+    """The tiny Gemma 3 (layers 0, 1: a window of 8; layer 2 full) caches in three KV-cache groups. After A, a
+    request B sharing a prefix longer than the window hits in every group: the full group all of the common prefix's
+    blocks, each sliding group only the ceil((W - 1) / bs) blocks its first computed query reads (the ones before are
+    null, never read again). B's logits are transformers' own from-scratch forward's."""
+    from app.cache.blocks import group_block_hash
+    from app.cache.paged import NULL_BLOCK
+    from tests.shaped_model import GEMMA3_WINDOW
+
+    lm = family_models["gemma3"]
+    bs = 4
+    cache = PrefixCache(lm, block_size=bs, num_blocks=64)
+    assert [g.window for g in cache.kv.groups] == [None, GEMMA3_WINDOW, GEMMA3_WINDOW]
+    a = lm.encode(SYSTEM + "user. what does a cache keep.\n")
+    b = lm.encode(SYSTEM + "user. why are old keys kept.\n")
+    lcp = common_prefix_len(a, b)
+    assert lcp > 2 * GEMMA3_WINDOW
+    ra = cache.prefill(a, request_id=1)
+    # A's local groups gave back what fell outside the window, still cached (evictable), so B can find it.
+    assert all(t[0] == NULL_BLOCK for t in cache.kv.seq_tables(1)[1:])
+    n_blocks = min(lcp // bs, (len(b) - 1) // bs)  # whole blocks of the common prefix, >= 1 token left to compute
+    window_blocks = -(-(GEMMA3_WINDOW - 1) // bs)  # cover the W - 1 keys before B's first computed query
+    hashes, hits = cache.get_computed_blocks(b, None)
+    assert [len(h) for h in hits] == [n_blocks] * 3
+    assert all(blk is not None for blk in hits[0])  # the full group: every block of the prefix
+    for g in (1, 2):  # a local group: nulls, then the blocks cached under this group's keys
+        assert hits[g][: n_blocks - window_blocks] == [None] * (n_blocks - window_blocks)
+        for i in range(n_blocks - window_blocks, n_blocks):
+            assert hits[g][i] is cache.pool.cached_block_hash_to_block[group_block_hash(hashes[i], g)]
+    rb = cache.prefill(b, request_id=2)
+    assert rb.num_hit_blocks == n_blocks and rb.group_hit_blocks == [n_blocks, window_blocks, window_blocks]
+    assert ra.max_abs_diff <= 1e-4
+    # Reuse vs from scratch: the same fp32 arithmetic over K/V read back from blocks, summed in another order and
+    # shape (the hits' keys are not recomputed) -> fp32 rounding, ~1e-6 relative; 1e-4 on logits of size ~10.
+    full = from_scratch(lm, b)
+    assert rb.max_abs_diff <= 1e-4
+    assert rb.next_token_reuse == rb.next_token_full == int(full.logits[0, -1].argmax())
+    # Every block B's full group holds stores transformers' from-scratch K/V of its positions.
+    k_full, _ = lm.adapter.layer_cache(full.cache, 2)  # (1, H, T, Dh)
+    k_ours, _ = cache.kv.gather_kv(2, 2)
+    assert torch.allclose(k_ours, k_full[0], atol=1e-5)
+    # A local layer still holds its window: transformers' cache keeps the last W - 1 of them.
+    k_local, _ = lm.adapter.layer_cache(full.cache, 0)
+    assert torch.allclose(cache.kv.gather_kv(2, 0)[0][:, -(GEMMA3_WINDOW - 1):], k_local[0], atol=1e-5)
+    # The pool's books: every block's ref count is the number of table entries that point at it.
+    refs: dict[int, int] = {}
+    for _, _, table in cache.kv.tables_of_all():
+        for blk in table:
+            if blk != NULL_BLOCK:
+                refs[blk] = refs.get(blk, 0) + 1
+    assert all(blk.ref_cnt == refs.get(blk.block_id, 0) for blk in cache.pool.blocks)

@@ -170,3 +170,51 @@ def test_lazy_decoding_is_used_and_matches_on_a_long_run():
     plain = Simulator(cfg, reqs, kv_cost, lazy=False).run()
     assert max(seen) > 10 and lazy.num_preemptions > 0  # the fast path ran, under preemption pressure
     assert _outcome(lazy) == _outcome(plain)
+
+
+def check_group_invariants(sim: Simulator, rec) -> None:
+    """Several KV-cache groups: every group's table counts its references; a sliding group of a request that is
+    decoding holds no more than ceil(W / block_size) + 1 blocks; every table of a request has one length."""
+    from app.capacity.simulator import NULL
+
+    cfg = sim.cfg
+    held = Counter(b for q in sim.running for t in q.tables for b in t if b != NULL)
+    for b in range(cfg.num_blocks):
+        assert sim.ref[b] == held.get(b, 0)
+        assert (sim.ref[b] == 0) == (b in sim.free)
+    for q in sim.running:
+        assert len({len(t) for t in q.tables}) == 1 and len(q.blocks) * cfg.block_size >= q.num_computed
+        for spec, table in zip(cfg.groups, q.tables, strict=True):
+            kept = [b for b in table if b != NULL]
+            if spec.sliding_window is not None and q.num_output:  # decoding: only the window's blocks
+                assert len(kept) <= -(-spec.sliding_window // cfg.block_size) + 1
+                # the blocks of what the next query (at c = num_computed) reads, c - W + 1 .. c, that exist yet
+                c = q.num_computed
+                read = {p // cfg.block_size for p in range(max(0, c - spec.sliding_window + 1), c + 1)}
+                assert sorted(j for j, b in enumerate(table) if b != NULL) == sorted(j for j in read if j < len(table))
+    for b, h in enumerate(sim.block_hash):
+        if h is not None:
+            assert sim.cached.get(h) == b
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), num_blocks=st.integers(24, 96), block_size=st.sampled_from([1, 2, 4, 8]),
+       budget=st.integers(1, 64), window=st.integers(1, 24), chunked=st.booleans(), caching=st.booleans(),
+       share=st.floats(0, 1))
+def test_kv_cache_groups_keep_their_books_and_their_windows(seed, num_blocks, block_size, budget, window, chunked,
+                                                             caching, share):
+    """Gemma 3's shape in miniature: one full-attention group and two sliding-window ones drawing on one pool."""
+    from app.cache.spec import FullAttentionSpec, SlidingWindowSpec
+
+    groups = (FullAttentionSpec(1, 2), SlidingWindowSpec(1, 2, window), SlidingWindowSpec(1, 2, window))
+    cap = num_blocks // 3 * block_size  # every request fits the pool in all three groups at once
+    reqs = synthetic_workload(n=20, rate=2.0, prompt_min=1, prompt_max=max(1, min(40, cap // 2)), output_min=1,
+                              output_max=max(1, min(30, cap // 2)), shared_prefix_fraction=share,
+                              prefix_len=block_size * 3, seed=seed)
+    if not chunked:
+        budget = max(budget, max(r.prompt_len + r.output_len for r in reqs))
+    cfg = SimConfig(num_blocks=num_blocks, block_size=block_size, max_num_batched_tokens=budget, max_num_seqs=6,
+                    chunked_prefill=chunked, prefix_caching=caching, groups=groups)
+    sim = Simulator(cfg, reqs, on_step=check_group_invariants).run()
+    assert all(q.status == FINISHED and q.num_output == q.r.output_len for q in sim.reqs)
+    assert sim.blocks_used() == 0

@@ -181,6 +181,12 @@ def test_cache_bytes_equal_the_formula_with_kv_heads(any_model):
         f = kv_bytes_formula(layers=a.n_layer, kv_heads=a.n_kv_head, tokens=session.cache_len, head_dim=a.head_dim,
                              dtype_bytes=4)
         assert session.cache_bytes() == f["total"]
+    # The decode card's formula, one term per layer kind from the layers' KV-cache specs, = the tensors' bytes.
+    from app.viz.decode import cache_formula
+
+    card = cache_formula(a, session.cache_len, 4)
+    assert card["total"] == session.cache_bytes() == sum(k["total"] for k in card["kinds"])
+    assert sum(k["layers"] for k in card["kinds"]) == a.n_layer
 
 
 def test_paged_equals_contiguous_for_30_steps(any_model):
@@ -319,7 +325,7 @@ def test_gemma3_embedding_row_is_the_table_row_and_h0_is_it_times_root_d(family_
 
 
 def test_model_card_kv_bytes_per_layer_kind_are_the_cache_tensors(any_model):
-    """The card's bytes per token (``app.catalog.sizes`` on the adapter's config), per layer kind and against plain
+    """The card's bytes per token (``app.cache.spec.sizes`` on the adapter's config), per layer kind and against plain
     multi-head attention, derived again from tensors: the K/V a contiguous store holds after a prompt no longer than
     any window, and the queries' own width (one K and one V per query head is what MHA would cache)."""
     from app.viz.models import model_card
@@ -350,8 +356,9 @@ def test_model_card_kv_bytes_per_layer_kind_are_the_cache_tensors(any_model):
 
 def test_the_catalog_counts_from_a_config_the_parameters_the_checkpoint_has(any_model):
     """``app.catalog`` sizes a model from its config.json alone (what the capacity lab does for any pasted config):
-    the count equals the loaded tensors', and the per-layer windows are the adapter's."""
+    the count equals the loaded tensors', and the per-layer windows and KV-cache specs are the adapter's."""
     from app import catalog
+    from app.cache import spec
 
     lm = any_model
     parsed = catalog.from_config_json(lm.model.config.to_json_string())
@@ -359,4 +366,5 @@ def test_the_catalog_counts_from_a_config_the_parameters_the_checkpoint_has(any_
     a = lm.adapter
     assert [parsed.window(i) for i in range(parsed.n_layer)] == [a.window(i) for i in range(a.n_layer)]
     loaded = catalog.from_adapter(lm.name, lm.adapter)
-    assert catalog.sizes(loaded, dtype="fp32") == catalog.sizes(parsed, dtype="fp32")
+    assert spec.sizes(loaded, dtype="fp32") == spec.sizes(parsed, dtype="fp32")
+    assert spec.from_adapter(a) == spec.from_config(parsed) == spec.from_config(loaded)
