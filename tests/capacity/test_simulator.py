@@ -180,8 +180,8 @@ def check_group_invariants(sim: Simulator, rec) -> None:
     cfg = sim.cfg
     held = Counter(b for q in sim.running for t in q.tables for b in t if b != NULL)
     for b in range(cfg.num_blocks):
-        assert sim.ref[b] == held.get(b, 0)
-        assert (sim.ref[b] == 0) == (b in sim.free)
+        assert sim.pool.ref_cnt[b] == held.get(b, 0)
+        assert (sim.pool.ref_cnt[b] == 0) == (b in sim.pool.free_block_queue)
     for q in sim.running:
         assert len({len(t) for t in q.tables}) == 1 and len(q.blocks) * cfg.block_size >= q.num_computed
         for spec, table in zip(cfg.groups, q.tables, strict=True):
@@ -192,9 +192,9 @@ def check_group_invariants(sim: Simulator, rec) -> None:
                 c = q.num_computed
                 read = {p // cfg.block_size for p in range(max(0, c - spec.sliding_window + 1), c + 1)}
                 assert sorted(j for j, b in enumerate(table) if b != NULL) == sorted(j for j in read if j < len(table))
-    for b, h in enumerate(sim.block_hash):
+    for b, h in enumerate(sim.pool.block_hash):
         if h is not None:
-            assert sim.cached.get(h) == b
+            assert sim.pool.cached_block_hash_to_block.get(h) == b
 
 
 @settings(max_examples=40, deadline=None)
