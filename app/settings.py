@@ -129,6 +129,17 @@ class Settings:
     # same request again is answered at once, with no model work. Least recently used dropped first; a result
     # is about 25 KB (the built-in model, 16 steps) to 1 MB (SmolLM2, 512 tokens, 64 steps). At least 1.
     arena_cache_runs: int = 32
+    # --- Activation patching (/patch, app/labs/patch.py) -----------------------------------------------------------
+    # A map costs one batched forward per block (its positions, or its heads, are the batch rows), blocks packed
+    # together up to ``patch_max_batch_rows`` rows a forward; prompts are bounded in tokens (both the same length).
+    patch_max_prompt_tokens: int = 64
+    patch_max_batch_rows: int = 64
+    # Seconds one patching run may take once it has started; then it stops and says so.
+    patch_max_s: float = 300.0
+    # Finished maps kept for identical requests (same model, prompts, answers, metric, direction, map), least
+    # recently used dropped first. A map is (blocks × positions or heads) floats plus the tokens: SmolLM2 with 64
+    # tokens, ~8 KB of numbers; this bounds them by their bytes.
+    patch_cache_bytes: int = 4 * 1024 * 1024
     # The labs' lines (app/labs/queue.py: arena runs, training runs): runs wait their turn, one at a time per lab,
     # each browser seeing its place. At most this many wait in each line (then "busy"), one per browser (a
     # browser's new run replaces its own earlier one); the browsers at one address may fill ``address_share``
@@ -294,6 +305,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
                "prefix_max_store_mib", "prefix_max_prompts", "prefix_max_prompt_chars", "prefix_max_salt_chars",
                "prefix_max_requests_kept"),
     "arena": ("arena_max_prompt_tokens", "arena_max_steps", "arena_max_s", "arena_cache_runs"),
+    "patch": ("patch_max_prompt_tokens", "patch_max_batch_rows", "patch_max_s", "patch_cache_bytes"),
     "speculative": ("spec_max_gamma", "spec_max_new_tokens", "spec_max_prompt_tokens", "spec_min_temperature",
                     "spec_max_temperature", "roofline_max_context", "roofline_max_batch"),
     "train": ("train_max_s", "max_trained_models", "train_min_text_chars", "train_max_text_chars", "train_max_steps",

@@ -33,11 +33,14 @@ long_line          long captures' line (one    the browsers that asked for it  a
                    layer, Stop)
 zoom               the zoom's pooled bases,    shared, by trace key            LRU within ``zoom_cache_bytes``
                    per head (app/labs/zoom.py)
+patch              activation patching's line  the browsers that asked for it  a run: as the arena's; finished
+                   (app/labs/patch.py)         (identical requests: one run)   maps: LRU in ``patch_cache_bytes``
 =================  ==========================  ==============================  ==================================
 
 The labs (``app/labs/``), one per page, each built here on the pieces above: ``inspect`` (registry, gate,
 traces), ``decode`` (sessions), ``prefix`` (prefix_labs), ``paged`` (paged_pools), ``heads`` (head_surveys),
-``arena``, ``training``, ``capacity`` (registry, gate, settings), ``lesson`` (the heads and inspect labs).
+``arena``, ``training``, ``capacity`` (registry, gate, settings), ``lesson`` (the heads and inspect labs),
+``patch`` (registry, its line, settings).
 
 A browser is its ``kvscope_owner`` cookie (``app/web/security.py``: an id the server minted and signed). Besides
 each browser's own cap, the browsers at one network address share at most ``address_share`` of each server-wide
@@ -63,6 +66,7 @@ from app.labs.heads import HeadsLab, SurveyCache
 from app.labs.inspect import InspectLab
 from app.labs.lesson import LessonLab
 from app.labs.paged import PagedLab
+from app.labs.patch import PatchLab, result_bytes
 from app.labs.prefix import PrefixLabs
 from app.labs.queue import LabQueue
 from app.labs.train import TrainingLab
@@ -116,6 +120,7 @@ class AppState:
     lesson: LessonLab = field(init=False)
     long_line: LabQueue = field(init=False)
     zoom: ZoomLab = field(init=False)
+    patch: PatchLab = field(init=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _janitor: threading.Thread | None = field(default=None, repr=False)
 
@@ -158,14 +163,19 @@ class AppState:
         state.lesson = LessonLab(heads=state.heads, inspect=state.inspect)
         state.long_line = state.lab_queue("long", max_run_s=s.long_capture_max_s)
         state.zoom = ZoomLab(s.zoom_cache_bytes)
+        state.patch = PatchLab(registry=registry, settings=s,
+                               line=state.lab_queue("patch", max_run_s=s.patch_max_s, cache_bytes=s.patch_cache_bytes,
+                                                    result_bytes=result_bytes))
         return state
 
-    def lab_queue(self, name: str, *, max_run_s: float, cache_items: int = 0) -> LabQueue:
+    def lab_queue(self, name: str, *, max_run_s: float, cache_items: int = 0, cache_bytes: int = 0,
+                  result_bytes=None) -> LabQueue:
         """A lab's line (``app/labs/queue.py``) with the server's limits, its runs taking the model gate."""
         s = self.settings
         return LabQueue(name=name, gate=self.model_lock, max_queued=s.lab_queue_max, per_owner=s.lab_jobs_per_browser,
                         per_address=max(s.lab_jobs_per_browser, math.ceil(s.address_share * s.lab_queue_max)),
-                        max_wait_s=s.lab_max_wait_s, max_run_s=max_run_s, cache_items=cache_items)
+                        max_wait_s=s.lab_max_wait_s, max_run_s=max_run_s, cache_items=cache_items,
+                        cache_bytes=cache_bytes, result_bytes=result_bytes)
 
     # --- models and traces (the Inspect lab's; other pages read the same traces) ---------------------------
     def model(self, name: str | None) -> LoadedModel:
@@ -222,6 +232,7 @@ class AppState:
         self.arena.line.close()
         self.training.line.close()
         self.long_line.close()
+        self.patch.line.close()
 
     def stop_janitor(self) -> None:
         self._stop.set()

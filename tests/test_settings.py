@@ -120,7 +120,8 @@ def test_every_lab_limit_is_in_one_group_and_each_group_names_real_settings():
     assert set(grouped) <= names
     # Every setting named after a lab is in that lab's group.
     prefixes = {"paged_": "paged", "prefix_": "prefix", "arena_": "arena", "spec_": "speculative", "train_": "train",
-                "capacity_": "capacity", "inspect_": "inspect", "decode_": "decode"}
+                "capacity_": "capacity", "inspect_": "inspect", "decode_": "decode",
+                "patch_": "patch"}
     for name in names:
         for prefix, lab in prefixes.items():
             if name.startswith(prefix):

@@ -15,6 +15,7 @@ from app.labs.heads import HeadsLab
 from app.labs.inspect import InspectLab
 from app.labs.lesson import LessonLab
 from app.labs.paged import PagedLab
+from app.labs.patch import PatchLab
 from app.labs.prefix import PrefixLabs
 from app.labs.train import TrainingLab
 from app.model.sessions import SessionStore
@@ -77,6 +78,10 @@ async def get_capacity(request: Request) -> CapacityLab:
     return request.app.state.kv.capacity
 
 
+async def get_patch(request: Request) -> PatchLab:
+    return request.app.state.kv.patch
+
+
 async def get_lesson(request: Request) -> LessonLab:
     return request.app.state.kv.lesson
 
@@ -95,6 +100,7 @@ ArenaDep = Annotated[ArenaLab, Depends(get_arena)]
 TrainingDep = Annotated[TrainingLab, Depends(get_training)]
 CapacityDep = Annotated[CapacityLab, Depends(get_capacity)]
 LessonDep = Annotated[LessonLab, Depends(get_lesson)]
+PatchDep = Annotated[PatchLab, Depends(get_patch)]
 
 
 def is_htmx(request: Request) -> bool:
