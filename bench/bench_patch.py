@@ -24,11 +24,10 @@ if __package__ in (None, ""):
 
 import torch
 
-from bench.common import interleaved, machine, median, setup_torch
-
 from app.model.loading import load_spec
 from app.model.patching import Patcher, Setup, forwards_needed, normalized, patch_map
 from app.settings import Settings
+from bench.common import interleaved, machine, median, setup_torch
 
 
 def main() -> None:
