@@ -162,6 +162,17 @@ class Settings:
     # tokens, ~45 MiB of K/V for SmolLM2-135M in fp32).
     roofline_max_context: int = 1024
     roofline_max_batch: int = 16
+    # --- Activation patching (/patch, app/labs/patch.py) -----------------------------------------------------------
+    # A map costs one batched forward per block (its positions, or its heads, are the batch rows), blocks packed
+    # together up to ``patch_max_batch_rows`` rows a forward; prompts are bounded in tokens (both the same length).
+    patch_max_prompt_tokens: int = 64
+    patch_max_batch_rows: int = 64
+    # Seconds one patching run may take once it has started; then it stops and says so.
+    patch_max_s: float = 300.0
+    # Finished maps kept for identical requests (same model, prompts, answers, metric, direction, map), least
+    # recently used dropped first. A map is (blocks × positions or heads) floats plus the tokens: SmolLM2 with 64
+    # tokens, ~8 KB of numbers; this bounds them by their bytes.
+    patch_cache_bytes: int = 4 * 1024 * 1024
     # --- The labs' lines (app/labs/queue.py) --------------------------------------------------------------------------
     # The labs' lines (app/labs/queue.py: arena runs, training runs): runs wait their turn, one at a time per lab,
     # each browser seeing its place. At most this many wait in each line (then "busy"), one per browser (a
@@ -349,6 +360,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
                "prefix_max_store_mib", "prefix_max_prompts", "prefix_max_prompt_chars", "prefix_max_salt_chars",
                "prefix_max_requests_kept"),
     "arena": ("max_prompt_chars", "arena_max_prompt_tokens", "arena_max_steps", "arena_max_s", "arena_cache_runs"),
+    "patch": ("patch_max_prompt_tokens", "patch_max_batch_rows", "patch_max_s", "patch_cache_bytes"),
     "speculative": ("spec_max_gamma", "spec_max_new_tokens", "spec_max_prompt_tokens", "spec_min_temperature",
                     "spec_max_temperature", "spec_max_ngram", "roofline_max_context", "roofline_max_batch",
                     "max_prompt_chars"),

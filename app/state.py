@@ -37,15 +37,7 @@ engine             one link per configured     the server (the engines are     s
                    engine (its mirror, its     named at start-up only); each   janitor, stopped with the labs);
                    metrics) and the last       browser's last comparison       ``engine_max_blocks`` a mirror,
                    comparisons                                                 ``engine_max_runs_kept`` runs
-=================  ==========================  ==============================  ==================================
-
-The labs (``app/labs/``), one typed object per page or panel, each built here on the pieces above and its own
-limits (``XLimits.of(settings)``: its group of ``Settings.GROUPS``): ``inspect`` (registry, gate, traces),
-``decode`` (sessions), ``prefix`` (prefix_labs), ``paged`` (paged_pools), ``heads`` (head_surveys), ``arena``,
-``training``, ``capacity`` (registry, gate), ``lesson`` (the heads and inspect labs), ``speculative`` (registry,
-gate), ``engine`` (the engines its limits name), and on Inspect's traces: ``long`` (its line), ``zoom``,
-``explain`` (gate), ``export``.
-
+=================  ==========================  ==============================  ===========================
 A browser is its ``kvscope_owner`` cookie (``app/web/security.py``: an id the server minted and signed). Besides
 each browser's own cap, the browsers at one network address share at most ``address_share`` of each server-wide
 cap (sessions and their bytes, pools, labs, the model queue, the labs' lines): ``Limits.shared`` (``app/quota.py``,
@@ -73,6 +65,7 @@ from app.labs.inspect import InspectLab, InspectLimits
 from app.labs.lesson import LessonLab
 from app.labs.long import LongLab, LongLimits
 from app.labs.paged import PagedLab, PagedLimits
+from app.labs.patch import PatchLab, PatchLimits, result_bytes
 from app.labs.prefix import PrefixLab, PrefixLabs, PrefixLimits
 from app.labs.queue import LabQueue
 from app.labs.speculative import SpecLimits, SpeculativeLab
@@ -132,6 +125,7 @@ class AppState:
     explain: ExplainLab = field(init=False)
     export: ExportLab = field(init=False)
     engine: EngineLab = field(init=False)
+    patch: PatchLab = field(init=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _janitor: threading.Thread | None = field(default=None, repr=False)
 
@@ -184,15 +178,21 @@ class AppState:
         state.explain = ExplainLab(inspect=state.inspect, gate=gate, limits=ExplainLimits.of(s))
         state.export = ExportLab(inspect=state.inspect, limits=ExportLimits.of(s))
         state.engine = EngineLab(limits=EngineLimits.of(s))
+        patch = PatchLimits.of(s)
+        state.patch = PatchLab(registry=registry, limits=patch,
+                               line=state.lab_queue("patch", max_run_s=patch.patch_max_s,
+                                                    cache_bytes=patch.patch_cache_bytes, result_bytes=result_bytes))
         return state
 
-    def lab_queue(self, name: str, *, max_run_s: float, cache_items: int = 0) -> LabQueue:
+    def lab_queue(self, name: str, *, max_run_s: float, cache_items: int = 0, cache_bytes: int = 0,
+                  result_bytes=None) -> LabQueue:
         """A lab's line (``app/labs/queue.py``) with the server's limits, its runs taking the model gate."""
         s = self.settings
         shares = Limits.shared(max_items=s.lab_queue_max, per_owner=s.lab_jobs_per_browser, share=s.address_share)
         return LabQueue(name=name, gate=self.model_lock, max_queued=s.lab_queue_max, per_owner=s.lab_jobs_per_browser,
                         per_address=shares.per_address,
-                        max_wait_s=s.lab_max_wait_s, max_run_s=max_run_s, cache_items=cache_items)
+                        max_wait_s=s.lab_max_wait_s, max_run_s=max_run_s, cache_items=cache_items,
+                        cache_bytes=cache_bytes, result_bytes=result_bytes)
 
     # --- models and traces (the Inspect lab's; other pages read the same traces) ---------------------------
     def model(self, name: str | None) -> LoadedModel:
@@ -252,6 +252,7 @@ class AppState:
         self.training.line.close()
         self.long.line.close()
         self.engine.stop()
+        self.patch.line.close()
 
     def stop_janitor(self) -> None:
         self._stop.set()

@@ -132,7 +132,8 @@ def test_each_group_names_real_settings_and_is_what_its_lab_reads():
         assert cls.of(Settings()) == cls(**{n.removeprefix(cls.PREFIX): v for n, v in Settings().group(group).items()})
     # Every setting named after a lab is in that lab's group.
     prefixes = {"paged_": "paged", "prefix_": "prefix", "arena_": "arena", "spec_": "speculative", "train_": "train",
-                "capacity_": "capacity", "inspect_": "inspect", "decode_": "decode"}
+                "capacity_": "capacity", "inspect_": "inspect", "decode_": "decode",
+                "patch_": "patch"}
     for name in names:
         for prefix, lab in prefixes.items():
             if name.startswith(prefix):

@@ -100,7 +100,10 @@ class LabQueue:
     """One lab's line and its worker (see the module docstring)."""
 
     def __init__(self, *, name: str, gate: ModelGate | None, max_queued: int, per_owner: int = 1,
-                 per_address: int | None = None, max_wait_s: float, max_run_s: float, cache_items: int = 0) -> None:
+                 per_address: int | None = None, max_wait_s: float, max_run_s: float, cache_items: int = 0,
+                 cache_bytes: int = 0, result_bytes: Callable[[Any], int] | None = None) -> None:
+        """``cache_items``: finished results kept by key (0: none); or ``cache_bytes``: kept while their sizes
+        (``result_bytes(result)``) add up to at most that (a result larger than it alone is not kept)."""
         self.name = name
         self.gate = gate
         self.per_owner = per_owner  # a browser's new run replaces its earlier ones beyond this (``_to_replace``)
@@ -112,6 +115,9 @@ class LabQueue:
         self.max_wait_s = max_wait_s
         self.max_run_s = max_run_s
         self.cache_items = cache_items
+        self.cache_bytes = cache_bytes
+        self.result_bytes = result_bytes
+        self._sizes: dict[str, int] = {}  # key -> bytes of its cached result (``cache_bytes`` only)
         self._changed = threading.Condition(threading.Lock())
         self._line: deque[Job] = deque()
         self._running: Job | None = None
@@ -269,6 +275,7 @@ class LabQueue:
         result, ref = self._cache[key]
         if ref is not None and ref() is not keep_alive:  # made by an object no longer served
             del self._cache[key]
+            self._sizes.pop(key, None)
             return None
         self._cache.move_to_end(key)
         return result
@@ -375,14 +382,29 @@ class LabQueue:
             self._end(job, status)
             if status == DONE:
                 self._learn_rate(job)
-                if job.key is not None and self.cache_items:
-                    self._cache[job.key] = (result, job.keep_alive)
-                    self._cache.move_to_end(job.key)
-                    while len(self._cache) > self.cache_items:
-                        self._cache.popitem(last=False)
+                if job.key is not None and (self.cache_items or self.cache_bytes):
+                    self._keep(job.key, result, job.keep_alive)
             self._running = None
             self._dispatch()
             self._changed.notify_all()
+
+    def _keep(self, key: str, result: Any, keep_alive: weakref.ref | None) -> None:
+        """A finished result into the cache, the least recently used ones dropped to stay within its bounds."""
+        if self.cache_bytes:
+            size = self.result_bytes(result) if self.result_bytes is not None else 0
+            if size > self.cache_bytes:
+                return
+            self._sizes[key] = size
+        self._cache[key] = (result, keep_alive)
+        self._cache.move_to_end(key)
+        while self._cache and ((self.cache_items and len(self._cache) > self.cache_items)
+                               or (self.cache_bytes and self.cached_bytes() > self.cache_bytes)):
+            old, _ = self._cache.popitem(last=False)
+            self._sizes.pop(old, None)
+
+    def cached_bytes(self) -> int:
+        """Bytes of the cached results (counted with ``cache_bytes`` only)."""
+        return sum(self._sizes.get(k, 0) for k in self._cache)
 
     # --- estimates ------------------------------------------------------------------------------------
     def _learn_rate(self, job: Job) -> None:

@@ -19,6 +19,7 @@ from app.labs.inspect import InspectLab
 from app.labs.lesson import LessonLab
 from app.labs.long import LongLab
 from app.labs.paged import PagedLab
+from app.labs.patch import PatchLab
 from app.labs.prefix import PrefixLabs
 from app.labs.speculative import SpeculativeLab
 from app.labs.train import TrainingLab
@@ -83,6 +84,10 @@ async def get_capacity(request: Request) -> CapacityLab:
     return request.app.state.kv.capacity
 
 
+async def get_patch(request: Request) -> PatchLab:
+    return request.app.state.kv.patch
+
+
 async def get_lesson(request: Request) -> LessonLab:
     return request.app.state.kv.lesson
 
@@ -131,6 +136,7 @@ ExplainDep = Annotated[ExplainLab, Depends(get_explain)]
 ExportDep = Annotated[ExportLab, Depends(get_export)]
 EngineDep = Annotated[EngineLab, Depends(get_engine)]
 SpeculativeDep = Annotated[SpeculativeLab, Depends(get_speculative)]
+PatchDep = Annotated[PatchLab, Depends(get_patch)]
 
 
 def is_htmx(request: Request) -> bool:

@@ -25,6 +25,9 @@ adapter's words:
                (paged, quantized, windowed, compressed ...)
   lens         ``final_norm(h)`` and ``unembed(h)`` (logit lens)
   ablation     ``ablate({layer: [heads]})``: a scoped hook that zeroes those heads' outputs
+  patching     ``patch_point(kind, layer)``: the hook point of a block's output (``resid``), its attention's
+               output (``attn``), its MLP's (``mlp``) or its heads before the output projection (``head``);
+               ``intervene([(point, fn), ...])``: scoped hooks that read or replace those tensors
 
 Hook names shared by every family (B batch, T new tokens, D width, H heads, H_kv KV heads, Dh head
 width, Tk keys attended to = past + T, V vocabulary)::
@@ -55,7 +58,7 @@ Each family adds its own (``embed.wpe`` and ``attn.qkv`` for GPT-2; ``attn.q_pro
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar, Literal
@@ -66,6 +69,16 @@ from torch import nn
 from app.model.attention import attend, kv_map_for
 
 Take = Literal["output", "output0", "output1", "input0"]
+
+# What activation patching can replace in block i, as the shared hook names above call it: the residual stream
+# the block hands on, what attention and the MLP add to it, and the heads concatenated before the output projection
+# (a head's output is its Dh-wide slice there).
+PATCH_POINTS: dict[str, str] = {
+    "resid": "blocks.{i}.resid_out",  # (B, T, D)
+    "attn": "blocks.{i}.attn.out",  # (B, T, D)
+    "mlp": "blocks.{i}.mlp.out",  # (B, T, D)
+    "head": "blocks.{i}.attn.merged",  # (B, T, H·Dh)
+}
 
 
 @dataclass(frozen=True)
@@ -437,6 +450,52 @@ class ModelAdapter(ABC):
             for layer, hs in heads.items():
                 if hs:
                     handles.append(self.output_projection(layer).register_forward_pre_hook(make(list(hs))))
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    # --- interventions (activation patching) ----------------------------------------------------------------
+    def patch_point(self, kind: str, layer: int) -> HookPoint:
+        """The hook point activation patching of ``kind`` (``PATCH_POINTS``) reads and replaces in ``layer``;
+        KeyError when this model has no such part."""
+        points = self.__dict__.get("_points_by_name")
+        if points is None:
+            points = self.__dict__["_points_by_name"] = {p.name: p for p in self.hook_points()}
+        return points[PATCH_POINTS[kind].format(i=layer)]
+
+    @contextmanager
+    def intervene(self, edits: list[tuple[HookPoint, Callable[[torch.Tensor], torch.Tensor | None]]]
+                  ) -> Iterator[None]:
+        """For the forwards run inside the block, each point's tensor is handed to its function: a tensor it returns
+        replaces the original in the forward (patching), None leaves it as it was (reading). Hooks are removed in
+        ``finally:``, also when the forward raises."""
+        handles = []
+
+        def pre(fn):
+            def hook(_module, args):
+                new = fn(args[0])
+                return None if new is None else (new, *args[1:])
+
+            return hook
+
+        def post(fn, take):
+            def hook(_module, _args, output):
+                if take == "output0":
+                    new = fn(output[0])
+                    return None if new is None else (new, *output[1:])
+                return fn(output)
+
+            return hook
+
+        try:
+            for point, fn in edits:
+                if point.take == "input0":
+                    handles.append(point.module.register_forward_pre_hook(pre(fn)))
+                elif point.take in ("output", "output0"):
+                    handles.append(point.module.register_forward_hook(post(fn, point.take)))
+                else:
+                    raise ValueError(f"{point.name}: a {point.take} tensor cannot be replaced")
             yield
         finally:
             for handle in handles:
