@@ -67,8 +67,8 @@ def test_the_lab_run_is_the_engine_s_map_and_tells_its_progress(lab, distil):
     clean, corrupted = direct.baselines()
     assert (result.clean, result.corrupted) == (clean, corrupted)  # the same forwards, batch 1: exact
     # A batch of T rows against a batch of T rows: the same shapes and ops, so the same numbers bit for bit.
-    assert torch.equal(result.values, patch_map(direct, "mlp", max_rows=lab.settings.patch_max_batch_rows))
-    assert result.forwards == req.forwards(lm, lab.settings.patch_max_batch_rows) == 2 + 1  # 6 × 5 rows fit 64
+    assert torch.equal(result.values, patch_map(direct, "mlp", max_rows=lab.limits.patch_max_batch_rows))
+    assert result.forwards == req.forwards(lm, lab.limits.patch_max_batch_rows) == 2 + 1  # 6 × 5 rows fit 64
     assert job.progress == {"done": result.forwards, "total": result.forwards}  # its last step: N of N
 
 
