@@ -45,6 +45,8 @@ def prepare(state, *, model: str | None, text: str | None, builtin: bool = False
     s = state.settings
     lm = state.model(model)
     limit = token_limit(state, lm)
+    if builtin and text:  # two texts asked for: reading one would ignore the other without a word
+        raise BadInput("err.long.both")
     if builtin:  # the project's own text, cut to what the model reads
         return lm, lm.encode(long_text())[:limit]
     if text is not None and len(text.encode("utf-8")) > s.long_upload_bytes:
