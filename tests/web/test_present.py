@@ -39,7 +39,8 @@ def test_the_model_notice_is_one_line_and_names_the_command_once(settings, tiny)
         with TestClient(create_app(state=AppState.create(settings, reg))) as c:
             for lang in ("en", "zh"):
                 for present in ("0", "1"):
-                    soup = BeautifulSoup(c.get("/decode", params={"lang": lang, "present": present}).text, "html.parser")
+                    page = c.get("/decode", params={"lang": lang, "present": present}).text
+                    soup = BeautifulSoup(page, "html.parser")
                     notice = soup.find(id="model-notice")
                     assert notice.name == "details" and not notice.has_attr("open")
                     summary = notice.find("summary").get_text(" ", strip=True)

@@ -135,7 +135,8 @@ def test_the_builtin_text_is_long_and_cut_to_the_model(client, state, tiny):
 
 def test_a_prompt_and_the_builtin_text_at_once_is_refused_not_half_read(client, state):
     for lang in ("en", "zh"):
-        r = client.post("/api/long/jobs", params={"lang": lang}, json={"model": "builtin", "builtin": True, "prompt": "x"})
+        body = {"model": "builtin", "builtin": True, "prompt": "x"}
+        r = client.post("/api/long/jobs", params={"lang": lang}, json=body)
         assert r.status_code == 422 and r.json()["detail"] == translate("err.long.both", lang)
     assert len(state.traces) == 0  # nothing was captured
     r = client.post("/api/long/jobs", json={"model": "builtin", "builtin": True, "prompt": ""})  # an empty box: fine
