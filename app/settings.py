@@ -63,6 +63,10 @@ class Settings:
     max_decode_steps: int = 256
     # Most cached K/V rows one request of the cache panel reads (the newest ones).
     decode_max_cache_rows: int = 256
+    # "What the cache saves", timed fairly: each side repeated this many times (medians and spread), on the prompt
+    # and on the first this-many tokens of the built-in long text (where the saving shows; 4 tokens hide it).
+    decode_timing_repeats: int = 5
+    decode_timing_tokens: int = 512
     # --- Paged-cache lab (/paged, app/labs/paged.py) ----------------------------------------------------------
     # Block pools per server and per browser, and the memory all pools may hold.
     max_paged_pools: int = 24
@@ -286,7 +290,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
                 "max_context_tokens", "full_trace_max_tokens", "long_max_chars", "long_upload_bytes",
                 "long_capture_max_s", "zoom_min_tokens", "zoom_cache_bytes"),
     "decode": ("session_ttl_s", "max_sessions", "max_sessions_per_browser", "session_cache_bytes", "max_decode_steps",
-               "decode_max_cache_rows"),
+               "decode_max_cache_rows", "decode_timing_repeats", "decode_timing_tokens"),
     "paged": ("max_paged_pools", "max_paged_pools_per_browser", "paged_cache_bytes", "paged_max_blocks",
               "paged_max_block_size", "paged_max_prompt_chars", "paged_max_prompt_tokens", "paged_max_new_tokens",
               "paged_max_bench_steps", "paged_max_window"),
