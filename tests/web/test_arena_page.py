@@ -85,3 +85,29 @@ def test_a_first_divergence_on_a_near_tie_is_marked(client, distil):
     assert "A first divergence marked near-tie" in r.text
     full_row = r.text.split('data-policy="full"', 1)[1].split("</tr>", 1)[0]
     assert "near-tie" not in full_row
+
+
+def test_a_policy_that_lowers_perplexity_says_why_with_its_measured_numbers(tiny_client):
+    """A compressed cache scoring the text better than the full one goes against the story: every such row gets a
+    sentence with its own numbers (and no other row does). On this prompt and the built-in model several do."""
+    import re
+
+    from bs4 import BeautifulSoup
+
+    from app.i18n import translate
+
+    params = {"source": "prompt", "prompt": "the cat sat on the mat and the cat sat on the", "steps": 8,
+              "policies": ["kivi", "window", "h2o", "int8-head", "streaming"]}
+    view = tiny_client.post("/api/arena/run", json=params).json()
+    lower = {r["name"]: r for r in view["rows"] if r["name"] != "full" and r["ppl_change"] < 0}
+    assert lower  # the case this test is about happens here
+    for lang in ("en", "zh"):
+        html = tiny_client.get("/arena", params={**params, "lang": lang}, headers={"HX-Request": "true"}).text
+        notes = {p["data-policy"]: p.get_text(" ", strip=True) for p in BeautifulSoup(html, "html.parser")
+                 .select("#arena-table-panel .ppl-note")}
+        assert set(notes) == set(lower)
+        for name, r in lower.items():
+            expected = translate("arena.ppl_lower", lang, policy=translate(f"arena.policy.{name}", lang),
+                                 pct=f"{-r['ppl_change']:.1f}", ppl=f"{r['ppl']:.3f}", full=f"{view['full_ppl']:.3f}",
+                                 n=view["steps"], kl=f"{r['kl_mean']:.4f}")
+            assert re.sub(r"\s+", " ", notes[name]) == re.sub(r"\s+", " ", expected)
