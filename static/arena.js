@@ -9,9 +9,10 @@ window.kv.page("arena", (page) => {
     const tag = result.querySelector("#arena-data");
     if (!tag) return;
     const data = JSON.parse(tag.textContent);
+    const names = JSON.parse(result.querySelector("#arena-names").textContent);  // the policies' names, in the page's language
     const Plotly = await kv.plotly();
     const lines = data.policies.filter((p) => p.name !== "full").map((p) => ({
-      x: p.kl.map((_, i) => i), y: p.kl, name: p.name, mode: "lines+markers", type: "scatter",
+      x: p.kl.map((_, i) => i), y: p.kl, name: names[p.name], mode: "lines+markers", type: "scatter",
     }));
     Plotly.react("arena-kl", lines, {
       margin: { l: 60, r: 10, t: 10, b: 45 }, font: kv.plotFont, height: 320,

@@ -111,3 +111,26 @@ def test_a_policy_that_lowers_perplexity_says_why_with_its_measured_numbers(tiny
                                  pct=f"{-r['ppl_change']:.1f}", ppl=f"{r['ppl']:.3f}", full=f"{view['full_ppl']:.3f}",
                                  n=view["steps"], kl=f"{r['kl_mean']:.4f}")
             assert re.sub(r"\s+", " ", notes[name]) == re.sub(r"\s+", " ", expected)
+
+
+def test_the_kl_charts_legend_names_come_in_the_pages_language(tiny_client):
+    """The chart's legend reads #arena-names (static/arena.js), never the policies' internal ids."""
+    import json
+
+    from bs4 import BeautifulSoup
+
+    from app.i18n import translate
+
+    params = {"source": "text", "steps": 2, "policies": ["window", "int8-head", "streaming"]}
+    for lang in ("en", "zh"):
+        soup = BeautifulSoup(tiny_client.get("/arena", params={**params, "lang": lang},
+                                             headers={"HX-Request": "true"}).text, "html.parser")
+        chart = json.loads(soup.find(id="arena-data").get_text())
+        names = json.loads(soup.find(id="arena-names").get_text())
+        assert set(names) == {p["name"] for p in chart["policies"]}
+        assert names == {n: translate(f"arena.policy.{n}", lang) for n in names}
+        assert all(names[n] != n for n in ("window", "int8-head", "streaming")), names
+    from pathlib import Path
+
+    script = (Path(__file__).resolve().parents[2] / "static/arena.js").read_text()
+    assert "name: names[p.name]" in script  # the legend is drawn from that map
