@@ -3,7 +3,7 @@
 Decode's per-step times are what a page click costs (the step runs under the capture's hooks so the page can show
 its attention); this module races the two plain forwards, nothing else::
 
-    cached      model(ids[-1:], past_key_values=<cache of ids[:-1]>)   1 token through L layers, reading T - 1 keys
+    cached      model(ids[-1:], cache=<cache of ids[:-1]>)              1 token through L layers, reading T - 1 keys
     recompute   model(ids, use_cache=False)                            T tokens through L layers, T² query-key pairs
 
 Each is repeated ``repeats`` times, interleaved (a busy spell on a shared machine slows both, not one), each
@@ -33,12 +33,12 @@ def time_step_vs_recompute(model, ids: list[int], *, repeats: int) -> dict:
     if len(ids) < 2 or repeats < 1:
         raise ValueError("a step needs a prefix of at least one token, and at least one repeat")
     prefix, last, whole = torch.tensor([ids[:-1]]), torch.tensor([ids[-1:]]), torch.tensor([ids])
-    cache = model(input_ids=prefix, use_cache=True).past_key_values  # (1, H_kv, T - 1, Dh) per layer
+    cache = model(input_ids=prefix, use_cache=True).cache  # (1, H_kv, T - 1, Dh) per layer
     cached, recompute, diff = [], [], 0.0
     for _ in range(repeats):
         fresh = copy.deepcopy(cache)  # outside the timed part: the step appends its K and V to the copy
         t0 = time.perf_counter()
-        step = model(input_ids=last, past_key_values=fresh, use_cache=True).logits[0, -1]  # (V,)
+        step = model(input_ids=last, cache=fresh, use_cache=True).logits[0, -1]  # (V,)
         cached.append((time.perf_counter() - t0) * 1000)
         t0 = time.perf_counter()
         full = model(input_ids=whole, use_cache=False).logits[0, -1]  # (V,)
