@@ -20,12 +20,12 @@ window.kv.page("arena", (page) => {
       legend: { font: { size: 12 } },
     }, kv.PLOT_CONFIG);
     const pick = $("arena-pick");
-    const one = () => drawPolicy(Plotly, data, data.policies[Number(pick.value)]);
+    const one = () => drawPolicy(Plotly, data, data.policies[Number(pick.value)], names);
     pick.addEventListener("change", one);
     one();
   }
 
-  function drawPolicy(Plotly, data, p) {
+  function drawPolicy(Plotly, data, p, names) {
     const layers = [...Array(data.n_layer).keys()].map((l) => "L" + l);
     Plotly.react("arena-mass", [{
       z: p.mass, y: layers, x: [...Array(data.n_head).keys()].map((h) => "H" + h), type: "heatmap",
@@ -44,7 +44,7 @@ window.kv.page("arena", (page) => {
       xaxis: { title: { text: kv.t("js.arena.position") } }, yaxis: { autorange: "reversed" },
     }, kv.PLOT_CONFIG);
     const label = $("arena-keep-label");
-    if (label) label.textContent = p.name;
+    if (label) label.textContent = names[p.name];
   }
 
   /* A run takes its turn in the server's line (app/labs/queue.py): kv.follow streams its place, then its progress

@@ -133,4 +133,4 @@ def test_the_kl_charts_legend_names_come_in_the_pages_language(tiny_client):
     from pathlib import Path
 
     script = (Path(__file__).resolve().parents[2] / "static/arena.js").read_text()
-    assert "name: names[p.name]" in script  # the legend is drawn from that map
+    assert "name: names[p.name]" in script and "label.textContent = names[p.name]" in script  # legend, kept map
