@@ -66,6 +66,10 @@ class Settings:
     # Most columns a step's attention row is pooled to (the page sends its plot's width in pixels; a longer
     # context is max-pooled server-side to that many columns, so a step's view stays small at any length).
     decode_max_row_width: int = 2048
+    # "What the cache saves", timed fairly: each side repeated this many times (medians and spread), on the prompt
+    # and on the first this-many tokens of the built-in long text (where the saving shows; 4 tokens hide it).
+    decode_timing_repeats: int = 5
+    decode_timing_tokens: int = 512
     # --- Paged-cache lab (/paged, app/labs/paged.py) ----------------------------------------------------------
     # Block pools per server and per browser, and the memory all pools may hold.
     max_paged_pools: int = 24
@@ -351,7 +355,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "explain": ("explain_max_heads_chars",),
     "export": ("max_export_bytes",),
     "decode": ("session_ttl_s", "max_sessions", "max_sessions_per_browser", "session_cache_bytes", "max_decode_steps",
-               "decode_max_cache_rows", "decode_max_row_width", "max_prompt_chars", "long_max_chars",
+               "decode_max_cache_rows", "decode_max_row_width", "decode_timing_repeats", "decode_timing_tokens",
+               "max_prompt_chars", "long_max_chars",
                "max_context_tokens"),
     "paged": ("session_ttl_s", "max_paged_pools", "max_paged_pools_per_browser", "paged_cache_bytes",
               "paged_max_blocks", "paged_max_block_size", "paged_max_prompt_chars", "paged_max_prompt_tokens",

@@ -9,9 +9,10 @@ window.kv.page("arena", (page) => {
     const tag = result.querySelector("#arena-data");
     if (!tag) return;
     const data = JSON.parse(tag.textContent);
+    const names = JSON.parse(result.querySelector("#arena-names").textContent);  // the policies' names, in the page's language
     const Plotly = await kv.plotly();
     const lines = data.policies.filter((p) => p.name !== "full").map((p) => ({
-      x: p.kl.map((_, i) => i), y: p.kl, name: p.name, mode: "lines+markers", type: "scatter",
+      x: p.kl.map((_, i) => i), y: p.kl, name: names[p.name], mode: "lines+markers", type: "scatter",
     }));
     Plotly.react("arena-kl", lines, {
       margin: { l: 60, r: 10, t: 10, b: 45 }, font: kv.plotFont, height: 320,
@@ -19,12 +20,12 @@ window.kv.page("arena", (page) => {
       legend: { font: { size: 12 } },
     }, kv.PLOT_CONFIG);
     const pick = $("arena-pick");
-    const one = () => drawPolicy(Plotly, data, data.policies[Number(pick.value)]);
+    const one = () => drawPolicy(Plotly, data, data.policies[Number(pick.value)], names);
     pick.addEventListener("change", one);
     one();
   }
 
-  function drawPolicy(Plotly, data, p) {
+  function drawPolicy(Plotly, data, p, names) {
     const layers = [...Array(data.n_layer).keys()].map((l) => "L" + l);
     Plotly.react("arena-mass", [{
       z: p.mass, y: layers, x: [...Array(data.n_head).keys()].map((h) => "H" + h), type: "heatmap",
@@ -43,7 +44,7 @@ window.kv.page("arena", (page) => {
       xaxis: { title: { text: kv.t("js.arena.position") } }, yaxis: { autorange: "reversed" },
     }, kv.PLOT_CONFIG);
     const label = $("arena-keep-label");
-    if (label) label.textContent = p.name;
+    if (label) label.textContent = names[p.name];
   }
 
   /* A run takes its turn in the server's line (app/labs/queue.py): kv.follow streams its place, then its progress

@@ -283,7 +283,9 @@ window.kv.page("decode", () => {
     const worst = Math.max(...S.steps.map((s) => s.max_abs_diff));
     const allSame = S.steps.every((s) => s.same_token);
     const sum = $("equiv-summary");
-    sum.textContent = kv.t("js.decode.summary", { n: S.steps.length, diff: worst.toExponential(2),
+    // What the measured size means, from the number itself (fp32: ~7 significant digits on logits of 10-30).
+    const why = kv.t(worst < 1e-4 ? "js.decode.diff.rounding" : worst < 1e-3 ? "js.decode.diff.roundings" : "js.decode.diff.more");
+    sum.textContent = kv.t("js.decode.summary", { n: S.steps.length, diff: worst.toExponential(2), why,
       verdict: kv.t(allSame ? "js.decode.same_tokens" : "js.decode.tokens_differ") });
     sum.className = "pill " + (allSame && worst < 1e-3 ? "ok" : "bad");
     drawTimes();

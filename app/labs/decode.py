@@ -14,11 +14,14 @@ from dataclasses import dataclass
 from app.admission import ModelGate
 from app.errors import BadInput, Expired
 from app.labs.limits import Limits
+from app.labs.long import long_text
 from app.model.decode import DecodeSession, Step
 from app.model.loading import LoadedModel, ModelRegistry
 from app.model.prompts import encode_prompt
 from app.model.sampling import Sampling
 from app.model.sessions import SessionStore
+from app.model.timing import time_step_vs_recompute
+from app.viz.cache_saving import saving_view
 from app.viz.decode import attention_cell, attention_view, cache_rows, step_view
 from app.viz.tokens import unknown_note
 
@@ -36,6 +39,8 @@ class DecodeLimits(Limits):
     max_decode_steps: int
     decode_max_cache_rows: int
     decode_max_row_width: int
+    decode_timing_repeats: int
+    decode_timing_tokens: int
     max_prompt_chars: int
     long_max_chars: int
     max_context_tokens: int
@@ -107,6 +112,23 @@ class DecodeLab:
 
     def close(self, sid: str, owner: str = "") -> dict:
         return {"released": self.sessions.delete(sid, owner)}
+
+    def timing(self, *, model: str | None, prompt: str | None) -> dict:
+        """"What the cache saves", raced fairly (``app/model/timing.py``): a plain cached step vs a plain recompute,
+        medians of ``decode_timing_repeats`` with their spread, on the prompt and on the first
+        ``decode_timing_tokens`` tokens of the built-in long text (where the saving shows), each with its verdict."""
+        lm = self.registry.pick(model)
+        st = self.limits
+        ids = encode_prompt(lm, prompt, max_chars=st.max_prompt_chars, reserve=1)
+        if len(ids) < 2:
+            raise BadInput("err.decode.timing_short")
+        n_long = min(st.decode_timing_tokens, lm.max_positions)
+        long_ids = lm.encode(long_text())[:n_long]
+        with self.gate:
+            short = time_step_vs_recompute(lm.model, ids, repeats=st.decode_timing_repeats)
+            long = time_step_vs_recompute(lm.model, long_ids, repeats=st.decode_timing_repeats) \
+                if len(long_ids) > len(ids) else None
+        return saving_view(short, long, layers=lm.adapter.n_layer) | {"model": lm.name}
 
     def stats(self, owner: str = "") -> dict:
         """Sessions on the whole server (shared by every browser) and how many are this browser's."""

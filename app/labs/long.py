@@ -106,6 +106,8 @@ class LongLab:
         lim = self.limits
         lm = self.inspect.registry.pick(model)
         limit = self.token_limit(lm)
+        if builtin and text:  # two texts asked for: reading one would ignore the other without a word
+            raise BadInput("err.long.both")
         if builtin:  # the project's own text, cut to what the model reads
             return lm, lm.encode(long_text())[:limit]
         if text is not None and len(text.encode("utf-8")) > lim.long_upload_bytes:

@@ -313,6 +313,7 @@ class TrainingLab:
         with job.step_lock:
             view = step_view(job.model, job.token_text, job.data, job.spec.config)
         view["step"] = job.next_step
+        view["total_steps"] = job.spec.config.steps  # what "the trainer does N times" says: this run's steps
         return view
 
     def memory(self) -> dict:

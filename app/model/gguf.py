@@ -10,7 +10,9 @@ takes seconds; so the first start converts once and keeps a plain checkpoint, an
 
 The digest covers the file's path, size and modification time, so a changed file converts again. A cache
 folder counts only once ``kvscope-gguf.json`` is in it (written last, after an atomic rename of the whole
-folder), so a start killed half-way leaves nothing that looks complete.
+folder), so a start killed half-way leaves nothing that looks complete. What such a start was writing
+(``KVSCOPE_HOME/gguf/.<stem>-<digest>.pid<N>-<random>/``, hundreds of MB) is removed by the next start once
+process N has gone (``remove_stale_temps``); a conversion still running in another process keeps its own.
 
 What is checked before any weight is read, each with a message the page shows (``BadGGUF``): the file
 exists and starts with the GGUF signature; its header and metadata parse (a truncated or corrupt file
@@ -31,8 +33,10 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -204,6 +208,40 @@ def is_converted(folder: Path) -> bool:
     return (folder / MARKER).is_file()
 
 
+_TEMP = re.compile(r"^\..+\.pid(\d+)-[^/]+$")  # .<folder name>.pid<writer's pid>-<random>
+OLD_TEMP_AGE_S = 24 * 3600  # a temp folder named before the pid was in the name: stale after a day
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists, under another user
+        return True
+    return True
+
+
+def remove_stale_temps(gguf_home: Path) -> list[Path]:
+    """Remove what killed conversions left in ``gguf_home`` (``KVSCOPE_HOME/gguf``): a temp folder whose writer's
+    process is gone (or, named without a pid, a day old). The ones removed."""
+    removed = []
+    for entry in gguf_home.glob(".*-*") if gguf_home.is_dir() else ():
+        if not entry.is_dir() or entry.is_symlink():
+            continue
+        named = _TEMP.match(entry.name)
+        if named:
+            pid = int(named.group(1))
+            stale = pid != os.getpid() and not _alive(pid)
+        else:
+            stale = time.time() - entry.stat().st_mtime > OLD_TEMP_AGE_S
+        if stale:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+            log.info("removed %s, left by a conversion that was stopped", entry)
+    return removed
+
+
 @contextlib.contextmanager
 def _progress(title: str) -> Iterator[None]:
     """Report transformers' per-tensor dequantization to the starting page and the console.
@@ -240,6 +278,7 @@ def convert(info: GGUFInfo, home: Path, *, title: str) -> Path:
     the tokenizer and the state dict are written separately. Tied embeddings: the unembedding *is* the token
     table, so ``lm_head.weight`` is left out and the loader ties it again."""
     folder = cache_folder(info, home)
+    remove_stale_temps(folder.parent)
     if is_converted(folder):
         return folder
     import torch
@@ -257,7 +296,7 @@ def convert(info: GGUFInfo, home: Path, *, title: str) -> Path:
         raise BadGGUF("err.gguf.missing_tensors", spec=src.name, count=len(missing), names=", ".join(missing[:3]))
     startup.report("boot.status.saving", model=title)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.pid{os.getpid()}-", dir=folder.parent))
     try:
         config = model.config
         if hasattr(config, "quantization_config"):

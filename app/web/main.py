@@ -27,7 +27,7 @@ from app.web.openapi import install as install_openapi
 from app.web.render import NO_GZIP, ROOT, localize, render, request_lang
 from app.web.routes import all_routers
 from app.web.routes.zoom import LONG_CAPTURE_PATH
-from app.web.security import HostAndOrigin, OwnerCookie, SecurityHeaders, allowed_hosts
+from app.web.security import HostAndOrigin, OwnerCookie, SecurityHeaders, allowed_hosts, security_headers
 
 log = logging.getLogger("kvscope")
 
@@ -143,4 +143,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception):
         log.exception("unexpected error on %s", request.url.path)
-        return _error_response(request, 500, translate("err.server", request_lang(request)))
+        response = _error_response(request, 500, translate("err.server", request_lang(request)))
+        for name, value in security_headers():  # this answer leaves outside SecurityHeaders
+            response.headers[name.decode()] = value.decode()
+        return response

@@ -19,21 +19,53 @@ Two sources of errors, documented two ways::
 JSON bodies derive from ``Body``: validated strictly, so what the server accepts is what the schema says.
 JSON Schema's ``integer`` and ``number`` are not ``true``/``false``, and ``"5"`` is not a number; pydantic's lax
 mode would take ``{"seed": false}`` as 0. A ``Literal`` of numbers also needs ``NotBool`` (``True == 1``).
+Every text in a body is real Unicode: JSON may spell a lone surrogate (``"\\ud800"``), which Python's parser keeps
+and no encoder can write back (the tokenizer, the log, the answer itself); ``Body`` refuses it, naming the field,
+before any route sees it.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import FastAPI
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
+
+from app.errors import BadInput
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # what is left of one after Python joined every valid pair
 
 
 class Body(BaseModel):
-    """A JSON request body: every field takes exactly its type (no true for 1, no "5" for 5; 5 for 5.0 is fine)."""
+    """A JSON request body: every field takes exactly its type (no true for 1, no "5" for 5; 5 for 5.0 is fine),
+    and every string in it, at any depth, is encodable text (no lone surrogate)."""
 
     model_config = ConfigDict(strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_is_unicode(cls, data: Any) -> Any:
+        _refuse_surrogates(data, ())
+        return data
+
+
+def _refuse_surrogates(value: Any, where: tuple) -> None:
+    """``BadInput`` (422, a catalog sentence, not pydantic's list) naming the first string that holds a lone
+    surrogate, and where in it; nested bodies are walked too, lists by index."""
+    if isinstance(value, str):
+        found = _LONE_SURROGATE.search(value)
+        if found:
+            raise BadInput("err.text_surrogate", field=".".join(map(str, where)) or "body", at=found.start(),
+                           code=f"\\u{ord(found.group()):04x}")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_surrogates(key, where)
+            _refuse_surrogates(item, (*where, key))
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _refuse_surrogates(item, (*where, i))
 
 
 def _not_bool(value: Any) -> Any:

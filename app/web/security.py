@@ -13,7 +13,7 @@ Each is a small ASGI middleware so it also covers static files and error respons
   on another site cannot run the labs, stop training or step a pool for a student. Requests without
   Origin (curl, scripts) are not browsers acting for someone else and pass.
 - ``SecurityHeaders``: a Content-Security-Policy without inline script, ``nosniff``, no framing,
-  no referrer to other sites.
+  no referrer to other sites, on every answer (the API docs included; a 500 gets them from its handler).
 """
 
 from __future__ import annotations
@@ -40,13 +40,17 @@ SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
        "font-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; "
        "frame-ancestors 'none'")
-# FastAPI's /docs and /redoc pages load Swagger UI / ReDoc from a CDN with an inline boot script. They show
-# only the OpenAPI schema, never user input, so they get a policy that allows exactly that.
-DOCS_CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
-            "style-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net https://fonts.googleapis.com; "
-            "img-src 'self' data: https://fastapi.tiangolo.com https://cdn.redoc.ly; font-src 'self' "
-            "https://fonts.gstatic.com; connect-src 'self'; object-src 'none'; frame-ancestors 'none'")
-DOCS_PATHS = ("/docs", "/redoc")
+# /docs and /redoc (app/web/assets.py) get the same policy: they draw Swagger UI and ReDoc from files this server
+# serves, started without inline script (ReDoc's inline styles and data: icons are allowed above). There is no
+# weaker policy for any path.
+HEADERS = [(b"content-security-policy", CSP.encode()), (b"x-content-type-options", b"nosniff"),
+           (b"x-frame-options", b"DENY"), (b"referrer-policy", b"same-origin")]
+
+
+def security_headers() -> list[tuple[bytes, bytes]]:
+    """The headers every answer carries: ``SecurityHeaders`` adds them, and so does the handler of an unexpected
+    error (app/web/main.py), whose 500 is sent by Starlette's outermost middleware, outside every other one."""
+    return list(HEADERS)
 
 
 def _headers(scope) -> dict[bytes, bytes]:
@@ -219,16 +223,11 @@ class SecurityHeaders:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        csp = DOCS_CSP if scope["path"].startswith(DOCS_PATHS) else CSP
+        headers = security_headers()
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
-                message["headers"] = list(message.get("headers", [])) + [
-                    (b"content-security-policy", csp.encode()),
-                    (b"x-content-type-options", b"nosniff"),
-                    (b"x-frame-options", b"DENY"),
-                    (b"referrer-policy", b"same-origin"),
-                ]
+                message["headers"] = list(message.get("headers", [])) + headers
             await send(message)
 
         await self.app(scope, receive, send_with_headers)

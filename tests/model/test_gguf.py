@@ -47,7 +47,11 @@ def test_first_start_converts_once_and_later_starts_load_the_saved_copy(real_ggu
     reports = []
     real_report = startup.report
     monkeypatch.setattr(startup, "report", lambda key, **p: (reports.append((key, p)), real_report(key, **p)))
+    left = tmp_path / "gguf" / ".SmolLM2-135M-Instruct.Q4_1-0123456789ab.pid999999999-abc123"  # a killed start's
+    left.mkdir(parents=True)
     first = load_spec("smollm2-135m-instruct", tmp_path)
+    assert not left.exists() and [p.name for p in (tmp_path / "gguf").iterdir()] == [gguf.cache_folder(
+        real_gguf, tmp_path).name]  # the stopped start's folder went, and this start's own temp folder too
     # The starting page said what the first start was doing, tensor by tensor, up to the last one.
     steps = [p for k, p in reports if k == "boot.status.dequantizing" and p["total"]]
     assert steps and steps[-1]["done"] == steps[-1]["total"] == len(first.model.state_dict()) - 1  # tied lm_head
@@ -214,3 +218,28 @@ def test_the_offline_notice_names_the_real_model_in_the_pages_language(settings,
     assert "无法加载 DistilGPT-2" in zh
     assert "is not in the local Hugging Face cache" not in zh  # the reason is translated too
     assert "本地" in zh
+
+
+def test_a_start_killed_while_saving_leaves_nothing_behind_after_the_next_start(tmp_path):
+    """kill -9 during the first start's save leaves its temp folder (hundreds of MB): the next start removes it,
+    and only it: a conversion another running process is writing keeps its folder."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a process that has ended: what a kill -9 leaves
+    home = tmp_path / "gguf"
+    killed = home / f".SmolLM2-135M-Instruct.Q4_1-0123456789ab.pid{gone.pid}-x1y2z3"
+    running = home / f".SmolLM2-135M-Instruct.Q4_1-0123456789ab.pid{os.getppid()}-a1b2c3"
+    old = home / ".SmolLM2-135M-Instruct.Q4_1-0123456789ab-q9w8e7r6"  # named before pids were, two days old
+    for folder in (killed, running, old):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"\0" * 1024)
+    two_days = time.time() - 2 * 86400
+    os.utime(old, (two_days, two_days))
+    finished = home / "SmolLM2-135M-Instruct.Q4_1-0123456789ab"
+    finished.mkdir()
+    assert sorted(gguf.remove_stale_temps(home)) == sorted([killed, old])
+    assert not killed.exists() and not old.exists() and running.is_dir() and finished.is_dir()

@@ -19,7 +19,7 @@ def test_arena_run_draws_the_table_and_charts(page, live_server):
     page.wait_for_selector("#arena-kl .main-svg", timeout=60_000)
     page.wait_for_selector("#arena-keep .main-svg")
     page.select_option("#arena-pick", index=1)
-    page.wait_for_function("document.getElementById('arena-keep-label').textContent === 'h2o'")
+    page.wait_for_function("document.getElementById('arena-keep-label').textContent === 'H2O'")  # its name, not id
     assert "source=text" in page.url  # the run is a link
     assert page.js_errors == []
 

@@ -85,3 +85,52 @@ def test_a_first_divergence_on_a_near_tie_is_marked(client, distil):
     assert "A first divergence marked near-tie" in r.text
     full_row = r.text.split('data-policy="full"', 1)[1].split("</tr>", 1)[0]
     assert "near-tie" not in full_row
+
+
+def test_a_policy_that_lowers_perplexity_says_why_with_its_measured_numbers(tiny_client):
+    """A compressed cache scoring the text better than the full one goes against the story: every such row gets a
+    sentence with its own numbers (and no other row does). On this prompt and the built-in model several do."""
+    import re
+
+    from bs4 import BeautifulSoup
+
+    from app.i18n import translate
+
+    params = {"source": "prompt", "prompt": "the cat sat on the mat and the cat sat on the", "steps": 8,
+              "policies": ["kivi", "window", "h2o", "int8-head", "streaming"]}
+    view = tiny_client.post("/api/arena/run", json=params).json()
+    lower = {r["name"]: r for r in view["rows"] if r["name"] != "full" and r["ppl_change"] < 0}
+    assert lower  # the case this test is about happens here
+    for lang in ("en", "zh"):
+        html = tiny_client.get("/arena", params={**params, "lang": lang}, headers={"HX-Request": "true"}).text
+        notes = {p["data-policy"]: p.get_text(" ", strip=True) for p in BeautifulSoup(html, "html.parser")
+                 .select("#arena-table-panel .ppl-note")}
+        assert set(notes) == set(lower)
+        for name, r in lower.items():
+            expected = translate("arena.ppl_lower", lang, policy=translate(f"arena.policy.{name}", lang),
+                                 pct=f"{-r['ppl_change']:.1f}", ppl=f"{r['ppl']:.3f}", full=f"{view['full_ppl']:.3f}",
+                                 n=view["steps"], kl=f"{r['kl_mean']:.4f}")
+            assert re.sub(r"\s+", " ", notes[name]) == re.sub(r"\s+", " ", expected)
+
+
+def test_the_kl_charts_legend_names_come_in_the_pages_language(tiny_client):
+    """The chart's legend reads #arena-names (static/arena.js), never the policies' internal ids."""
+    import json
+
+    from bs4 import BeautifulSoup
+
+    from app.i18n import translate
+
+    params = {"source": "text", "steps": 2, "policies": ["window", "int8-head", "streaming"]}
+    for lang in ("en", "zh"):
+        soup = BeautifulSoup(tiny_client.get("/arena", params={**params, "lang": lang},
+                                             headers={"HX-Request": "true"}).text, "html.parser")
+        chart = json.loads(soup.find(id="arena-data").get_text())
+        names = json.loads(soup.find(id="arena-names").get_text())
+        assert set(names) == {p["name"] for p in chart["policies"]}
+        assert names == {n: translate(f"arena.policy.{n}", lang) for n in names}
+        assert all(names[n] != n for n in ("window", "int8-head", "streaming")), names
+    from pathlib import Path
+
+    script = (Path(__file__).resolve().parents[2] / "static/arena.js").read_text()
+    assert "name: names[p.name]" in script and "label.textContent = names[p.name]" in script  # legend, kept map

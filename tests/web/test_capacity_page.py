@@ -92,6 +92,16 @@ def test_check_api_finds_the_same_decisions(client):
      "KVSCOPE_CAPACITY_SIM_MAX_BLOCKS"),
     ("/api/capacity/simulate", {"chunked_prefill": False, "max_num_batched_tokens": 512}, "chunked prefill"),
     ("/api/capacity/simulate", {"model": "llama-3.1-70b", "gpu": "a100-80gb"}, "over 2 GPUs"),
+    # a float's edge, not a model: 5e-324 GiB is 0 bytes multiplied out, and the step floor would divide by 0
+    ("/api/capacity/simulate", {"weight_gib": 5e-324}, "weight_gib: Input should be greater than or equal to"),
+    ("/api/capacity/simulate", {"rate": 5e-324}, "rate: Input should be 0 or at least 0.001"),
+    # strict numbers: true is not 1 (a pool of one block, read from a boolean, would be refused for the wrong reason)
+    ("/api/capacity/calculate", {"batch": True}, "batch: Input should be a valid integer (got true)"),
+    ("/api/capacity/calculate", {"block_size": True}, "block_size: Input should be a valid integer (got true)"),
+    ("/api/capacity/simulate", {"tp": True}, "tp: Input should be a valid integer (got true)"),
+    ("/api/capacity/check", {"num_blocks": True}, "num_blocks: Input should be a valid integer (got true)"),
+    ("/api/capacity/calculate", {"model": "custom", "custom": {"n_layer": "2", "n_head": 1, "n_kv_head": 1,
+                                                              "head_dim": 8}}, "custom.n_layer"),
 ])
 def test_bad_input_gets_a_clear_4xx(client, url, payload, words):
     r = client.post(url, json=payload)

@@ -245,3 +245,40 @@ def test_bad_layers_heads_and_positions_are_422_and_change_nothing(client):
                 f"/api/decode/{sid}/cell/0/0/5"):
         r = client.get(url)
         assert r.status_code == 422 and "does not exist" in r.json()["detail"], url
+
+
+def test_the_fair_race_shows_its_runs_medians_and_says_why_in_both_languages(settings, distil, tiny):
+    """"What the cache saves": a plain cached step vs a plain recompute, on the prompt and on a long text, each the
+    median of its runs with their extremes, and one sentence per row from those numbers."""
+    import statistics
+
+    from bs4 import BeautifulSoup
+
+    from app.viz.cache_saving import verdict
+    from app.web.main import create_app
+    from tests.conftest import make_state
+
+    state = make_state(settings.with_(decode_timing_tokens=96, decode_timing_repeats=3), distil, tiny)
+    with TestClient(create_app(state=state)) as client:
+        data = client.get("/api/decode/timing", params={"prompt": "The cat sat on", "model": "distilgpt2"}).json()
+        short, long = data["rows"]
+        assert (short["which"], long["which"]) == ("prompt", "long") and (short["tokens"], long["tokens"]) == (4, 96)
+        for row in data["rows"]:
+            for side in ("cached", "recompute"):
+                runs = row[side]["runs"]
+                assert len(runs) == row["repeats"] == 3 and row[side]["median"] == statistics.median(runs)
+                assert row[side]["min"] == min(runs) and row[side]["max"] == max(runs)
+            key, params = row["why"]
+            assert key == f"decode.saves.{verdict(row)}" == f"decode.saves.{row['verdict']}"
+            assert params["c"] == f"{row['cached']['median']:,.1f}"
+            assert params["f"] == f"{row['recompute']['median']:,.1f}"
+        for lang in ("en", "zh"):
+            html = client.post("/decode/timing", params={"lang": lang},
+                               data={"prompt": "The cat sat on", "model": "distilgpt2"}).text
+            soup = BeautifulSoup(html, "html.parser")
+            assert len(soup.select("#timing-table tbody tr")) == 2
+            for li in soup.select("#timing-why li"):
+                opening = translate(f"decode.saves.{li['data-verdict']}", lang, **{p: "" for p in params}).split()[0]
+                assert li.get_text(strip=True).startswith(opening), li
+        r = client.post("/decode/timing", data={"prompt": "a", "model": "builtin"}, headers={"HX-Request": "true"})
+        assert r.status_code == 422 and translate("err.decode.timing_short") in r.text

@@ -141,3 +141,23 @@ def test_the_heatmap_is_asked_for_first_and_once(page, live_server):
     # The new head's cells were laid over the chart at once, and taken away once Plotly had redrawn it.
     assert page.evaluate("window.__overlays") == 1 and page.locator("#heatmap .heat-overlay").count() == 0
     assert page.js_errors == []
+
+
+def test_a_paste_cut_by_the_boxs_limit_is_said_beside_it(page, live_server):
+    """The browser cuts a paste longer than the textarea's maxlength silently; the page says so, with the limit."""
+    from app.i18n import translate
+
+    page.goto(live_server + "/")
+    box = page.locator("textarea[maxlength]").first
+    limit = int(box.get_attribute("maxlength"))
+    box.fill("")
+    n = limit + 30_000
+    # A real paste event carrying the text (the browser would insert only the first ``limit`` characters).
+    page.evaluate("""([n]) => { const box = document.querySelector("textarea[maxlength]");
+        const dt = new DataTransfer(); dt.setData("text/plain", "x".repeat(n)); box.focus();
+        box.dispatchEvent(new ClipboardEvent("paste", {clipboardData: dt, bubbles: true, cancelable: true})); }""", [n])
+    note = page.locator("textarea[maxlength] + .limit-note").first
+    expected = translate("js.limit.pasted_cut", n=f"{n:,}", kept=f"{limit:,}", limit=f"{limit:,}")
+    assert note.is_visible() and note.inner_text() == expected
+    box.fill("short again")
+    assert not note.is_visible()

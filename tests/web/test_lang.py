@@ -121,3 +121,22 @@ def test_training_api_axis_titles_follow_the_cookie(client):
     assert catalog("zh")["train.param.axis_x"] in client.get("/api/train/param").text
     client.cookies.set(LANG_COOKIE, "en")
     assert catalog("en")["train.param.axis_x"] in client.get("/api/train/param").text
+
+
+def test_the_header_reaches_every_lab_and_speaks_the_pages_language(client):
+    """Every lab page is one click from any other, and in Chinese no header link is left in English."""
+    from bs4 import BeautifulSoup
+
+    from app.web.routes import all_routers
+
+    labs = {r.path for router in all_routers() for r in router.routes  # the pages: /decode, /heads … (not the API)
+            if getattr(r, "methods", None) == {"GET"} and not r.include_in_schema and r.path[1:].isalpha()}
+    texts = {}
+    for lang in ("en", "zh"):
+        soup = BeautifulSoup(client.get("/decode", params={"lang": lang}).text, "html.parser")
+        links = soup.select("header.top > nav a")
+        hrefs = {a["href"].split("?")[0] for a in links}
+        assert {"/heads", "/speculative"} <= hrefs and labs <= hrefs, labs - hrefs
+        texts[lang] = [a.get_text(strip=True) for a in links]
+    same = [en for en, zh in zip(texts["en"], texts["zh"], strict=True) if en == zh]
+    assert same == [], same

@@ -498,3 +498,104 @@ def test_a_purge_after_the_ttl_returns_every_trace_byte(state, distil):
     key = state.inspect._key(distil, distil.encode(prompts[0]))
     state.trace_by_key(key)
     assert state.traces.bytes == slim_gpt2_bytes(distil, len(distil.encode(prompts[0])))
+
+
+# --- text that is not Unicode, errors outside the middleware, the schema's refusals --------------------------
+
+SURROGATE_BODIES = [  # path, the raw JSON, the field named, the character's index in it, the surrogate
+    ("/api/long/jobs", '{"prompt": "a\\ud800b"}', "prompt", 1, "\\ud800"),
+    ("/api/train/start", '{"text": "a\\udfffb"}', "text", 1, "\\udfff"),
+    ("/api/train/jobs", '{"text": "ab\\ud800"}', "text", 2, "\\ud800"),
+    ("/api/decode/sessions", '{"prompt": "\\ude00\\ud83d", "model": "builtin"}', "prompt", 0, "\\ude00"),  # reversed
+    ("/api/prefix/run", '{"prompts": ["fine", "a\\ud800b"], "model": "builtin"}', "prompts.1", 1, "\\ud800"),
+    ("/api/capacity/calculate", '{"model": "config", "config_json": "{\\"a\\": \\"\\udc00\\"}"}', "config_json", 7,
+     "\\udc00"),
+]
+
+
+@pytest.mark.parametrize(("path", "raw", "field", "at", "code"), SURROGATE_BODIES)
+def test_a_lone_surrogate_in_any_json_body_is_refused_by_name(client, state, path, raw, field, at, code):
+    """JSON may spell half a surrogate pair; Python's parser keeps it and nothing can encode it (the tokenizer, the
+    log, the answer): every body refuses it with one sentence naming the field, and nothing starts."""
+    for lang in ("en", "zh"):
+        r = client.post(path, params={"lang": lang}, content=raw.encode(), headers={"content-type": "application/json"})
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"] == translate("err.text_surrogate", lang, field=field, at=at, code=code)
+    assert state.training.job is None  # the run was never started
+
+
+def test_a_whole_surrogate_pair_is_text_and_passes(client):
+    r = client.post("/api/decode/sessions", content=b'{"prompt": "The cat \\ud83d\\ude00", "model": "builtin"}',
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 200 and r.json()["unknown"]["chars"] == "\U0001F600", r.text  # one character, whole
+
+
+def test_every_json_body_is_a_strict_body():
+    """What refuses true for 1 and half a surrogate is ``Body``: a body model that is not one would take both."""
+    from fastapi.routing import APIRoute
+    from pydantic import BaseModel
+
+    from app.web.openapi import Body
+    from app.web.routes import all_routers
+
+    def models(annotation):
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            yield annotation
+            for f in annotation.model_fields.values():
+                yield from models(f.annotation)
+        for arg in getattr(annotation, "__args__", ()):
+            yield from models(arg)
+
+    seen = []
+    for route in (r for router in all_routers() for r in router.routes):
+        if isinstance(route, APIRoute) and route.body_field is not None:
+            for p in route.dependant.body_params:
+                for model in models(p.field_info.annotation):
+                    seen.append(model)
+                    assert issubclass(model, Body), (route.path, model.__name__)
+    assert len(seen) >= 14  # every lab's bodies, capacity's nested custom model among them
+
+
+def test_an_unexpected_error_still_carries_the_security_headers(state):
+    """A 500 is sent by Starlette's outermost middleware, outside SecurityHeaders: its handler adds them."""
+    from app.web.main import create_app
+
+    app = create_app(state=state)
+
+    @app.get("/api/fails-on-purpose")
+    def fail():
+        raise RuntimeError("a bug, on purpose")
+
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.get("/api/fails-on-purpose")
+        ok = c.get("/healthz")
+    assert r.status_code == 500 and r.json()["detail"] == translate("err.server", "en")
+    for name in ("content-security-policy", "x-content-type-options", "x-frame-options", "referrer-policy"):
+        assert r.headers[name] == ok.headers[name], name
+
+
+@pytest.mark.parametrize("path", ["/docs", "/redoc", "/docsx", "/docs/../decode", "/redocly", "/"])
+def test_no_path_gets_a_weaker_content_security_policy(client, path):
+    csp = client.get(path).headers["content-security-policy"]
+    assert csp == client.get("/decode").headers["content-security-policy"]
+    assert "unsafe-inline" not in csp.split("script-src")[1].split(";")[0] and "http" not in csp
+
+
+def test_a_full_address_share_gets_429_and_the_schema_says_so(settings, distil, tiny):
+    """Pools and prefix labs are capped per network address: a new browser there is refused with 429 on every
+    route that makes one, and /openapi.json documents that answer for each."""
+    from app.web.main import create_app
+    from tests.conftest import make_state
+
+    state = make_state(settings.with_(max_prefix_labs=2, max_paged_pools=2, max_paged_pools_per_browser=1,
+                                      address_share=0.5), distil, tiny)
+    app = create_app(state=state)
+    first, second = browser(app), browser(app)
+    assert first.post("/api/paged/sessions", json={"model": "builtin"}).status_code == 200
+    assert first.post("/api/prefix/reset").status_code == 200
+    schema = first.get("/openapi.json").json()
+    for path, body in [("/api/paged/sessions", {"model": "builtin"}), ("/api/prefix/finish", {}),
+                       ("/api/prefix/reset", None), ("/api/prefix/run", {"model": "builtin"})]:
+        r = second.post(path, json=body)
+        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1, (path, r.text)
+        assert "429" in schema["paths"][path]["post"]["responses"], path

@@ -131,3 +131,16 @@ def test_start_see_the_curve_advance_then_stop(page, live_server):
     time.sleep(1.2)  # two more polls: a stopped run adds no points
     assert int(page.get_attribute("#loss-plot", "data-points")) == points
     assert page.js_errors == []
+
+
+def test_the_step_panel_counts_this_runs_steps_not_the_default(train_client, state):
+    from app.i18n import translate
+
+    assert translate("train.step.explain", steps="301", rows=16, cols=128) in train_client.get("/train").text
+    r = train_client.post("/api/train/start", json={"steps": 3})
+    assert r.status_code == 200, r.text
+    state.training.wait(timeout=120)
+    for lang in ("en", "zh"):
+        frag = train_client.get("/train/step", params={"lang": lang}).text
+        assert translate("train.step.explain", lang, steps="3", rows=16, cols=128) in frag
+        assert "301" not in frag

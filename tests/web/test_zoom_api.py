@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from app.i18n import translate
 from app.labs import long as long_lab
 from app.labs.queue import DONE, QUEUED, Stopped
 from app.model.capture import hook_count, run_traced
@@ -134,6 +135,16 @@ def test_the_builtin_text_is_long_and_cut_to_the_model(client, state, tiny):
     assert result["n_tokens"] == tiny.max_positions
     limits = client.get("/api/long/text", params={"model": "distilgpt2"}).json()
     assert limits["max_tokens"] == 1024 and limits["text"] == long_lab.long_text()
+
+
+def test_a_prompt_and_the_builtin_text_at_once_is_refused_not_half_read(client, state):
+    for lang in ("en", "zh"):
+        body = {"model": "builtin", "builtin": True, "prompt": "x"}
+        r = client.post("/api/long/jobs", params={"lang": lang}, json=body)
+        assert r.status_code == 422 and r.json()["detail"] == translate("err.long.both", lang)
+    assert len(state.traces) == 0  # nothing was captured
+    r = client.post("/api/long/jobs", json={"model": "builtin", "builtin": True, "prompt": ""})  # an empty box: fine
+    assert events(r)[-1]["event"] == "done"
 
 
 def test_a_prompt_over_the_models_context_names_the_limit(client):

@@ -3,30 +3,48 @@ route parses, calls one method of ``app/labs/capacity.py``, renders."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, Field
+from pydantic_core import PydanticCustomError
 
 from app.capacity.calculator import TP_DEGREES
 from app.kv_bytes import DTYPE_BYTES, SCALES
 from app.web.cancel import run_until_disconnected
 from app.web.deps import CapacityDep
-from app.web.openapi import errors
+from app.web.openapi import Body, NotBool, errors
 from app.web.render import render
 
 router = APIRouter()
 
 Dtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
 Scales = Literal["head-token", "head-block", "tensor"]
-BlockSize = Literal[1, 2, 4, 8, 16, 32, 64, 128]
-TP = Literal[1, 2, 4, 8, 16, 32, 64]
+BlockSizes = Literal[1, 2, 4, 8, 16, 32, 64, 128]
+TPs = Literal[1, 2, 4, 8, 16, 32, 64]
+BlockSize = Annotated[BlockSizes, NotBool]  # strict bodies still match true to 1 in a Literal of numbers
+TP = Annotated[TPs, NotBool]
 MAX_TEXT = 60_000
 assert set(Dtype.__args__) == set(DTYPE_BYTES) and set(Scales.__args__) == set(SCALES)  # type: ignore[attr-defined]
-assert TP.__args__ == TP_DEGREES  # type: ignore[attr-defined]
+assert TPs.__args__ == TP_DEGREES  # type: ignore[attr-defined]
+# Smaller positive numbers are not a model or a workload but a float's edge: 5e-324 GiB of weights is 0 bytes once
+# multiplied out, and a step time of 0 divides the tokens per second; a rate of 1e-300 requests/s puts arrivals
+# past any clock. The bounds are far below any real model (1 KiB of weights) or class demo (a request every
+# 1 000 s), far above where float arithmetic breaks.
+MIN_WEIGHT_GIB = 1e-6  # about 1 KiB
+MIN_RATE = 1e-3
 
 
-class Custom(BaseModel):
+def _zero_or_at_least(low: float):
+    def check(value: float) -> float:
+        if 0 < value < low:
+            raise PydanticCustomError("greater_than_equal", "Input should be 0 or at least {low}", {"low": low})
+        return value
+
+    return AfterValidator(check)
+
+
+class Custom(Body):
     n_layer: int = Field(..., ge=1, le=1024)
     n_head: int = Field(..., ge=1, le=4096)
     n_kv_head: int = Field(..., ge=1, le=4096)
@@ -35,7 +53,7 @@ class Custom(BaseModel):
     qk_rope_head_dim: int | None = Field(None, ge=0, le=16384)
 
 
-class ModelChoice(BaseModel):
+class ModelChoice(Body):
     model: str = Field("llama-3-8b", max_length=120,
                        description="a catalog key, loaded:<name> (a model this server runs), config or custom")
     config_json: str | None = Field(None, max_length=MAX_TEXT, description="the text of a config.json (model=config)")
@@ -72,7 +90,8 @@ class SimBody(ModelChoice):
     prefix_caching: bool = True
     workload: Literal["synthetic", "list"] = "synthetic"
     n: int = Field(1000, description="requests of the synthetic workload, 1 to KVSCOPE_CAPACITY_SIM_MAX_REQUESTS")
-    rate: float = Field(10.0, ge=0, le=1e6, description="requests per second (0: all at once)")
+    rate: Annotated[float, _zero_or_at_least(MIN_RATE)] = Field(
+        10.0, ge=0, le=1e6, description=f"requests per second (0: all at once; else at least {MIN_RATE})")
     prompt_min: int = Field(128, ge=1, le=1_000_000)
     prompt_max: int = Field(1024, ge=1, le=1_000_000)
     output_min: int = Field(32, ge=1, le=1_000_000)
@@ -81,11 +100,11 @@ class SimBody(ModelChoice):
     prefix_len: int = Field(256, ge=0, le=1_000_000)
     seed: int = Field(0, ge=0, le=2**31)
     requests_text: str | None = Field(None, max_length=MAX_TEXT)
-    weight_gib: float | None = Field(None, gt=0, le=100_000,
+    weight_gib: float | None = Field(None, ge=MIN_WEIGHT_GIB, le=100_000,
                                      description="omit: parameters × 2 bytes (needed for model=custom)")
 
 
-class CheckBody(BaseModel):
+class CheckBody(Body):
     model: str | None = Field(None, max_length=120, description="a model this server runs")
     num_blocks: int = Field(9, description="1 to KVSCOPE_CAPACITY_CHECK_MAX_BLOCKS")
     block_size: int = Field(4, description="1, 2, 4 … up to KVSCOPE_CAPACITY_CHECK_MAX_BLOCK_SIZE")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Request
 
 from app.model.sampling import Sampling
 from app.web.deps import DecodeDep, OwnerDep
@@ -93,6 +95,21 @@ def create_rebuilt(lab: DecodeDep, owner: OwnerDep, sid: str, body: ViewBody | N
     """Start a new session from an ended one's tokens."""
     body = body or ViewBody()
     return lab.rebuild(sid, owner, layer=body.layer, width=body.width)
+
+
+@router.post("/decode/timing", include_in_schema=False)
+def time_cache_saving(request: Request, lab: DecodeDep, prompt: Annotated[str, Form()] = "",
+                      model: Annotated[str | None, Form()] = None):
+    """"What the cache saves", timed fairly: the fragment with both races (the prompt, and a long text)."""
+    return render(request, "partials/_decode_timing.html", timing=lab.timing(model=model, prompt=prompt))
+
+
+@router.get("/api/decode/timing", tags=["decode"], responses=errors(422, 429, 503))
+def read_cache_saving(lab: DecodeDep, prompt: str, model: str | None = None) -> dict:
+    """A plain step through the cache vs recomputing the whole prefix, each repeated (medians, min, max, runs): on
+    ``prompt`` and on the first ``KVSCOPE_DECODE_TIMING_TOKENS`` tokens of the built-in long text, each row with
+    its verdict (``holds``, ``short``: too few tokens for a saving to show, ``noisy``: the spreads overlap)."""
+    return lab.timing(model=model, prompt=prompt)
 
 
 @router.get("/api/decode/stats", tags=["decode"])

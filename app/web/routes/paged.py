@@ -30,7 +30,7 @@ def read_paged_page(request: Request, lab: PagedDep, model: str | None = None):
     return render(request, "paged.html", page="paged", **lab.page(model))
 
 
-@router.post("/api/paged/sessions", tags=["paged"], responses=errors(422, 503))
+@router.post("/api/paged/sessions", tags=["paged"], responses=errors(422, 429, 503))
 def create_pool(request: Request, lab: PagedDep, owner: OwnerDep, body: NewPool) -> dict:
     """A new block pool of ``num_blocks`` blocks of ``block_size`` tokens for the chosen model.
 

@@ -90,14 +90,14 @@ def run_prefix(request: Request, body: RunBody, lab: PrefixDep, owner: OwnerDep)
     return lab.view(owner, request_lang(request))
 
 
-@router.post("/api/prefix/finish", tags=["prefix"], responses=errors(404, 410, 422, 503))
+@router.post("/api/prefix/finish", tags=["prefix"], responses=errors(404, 410, 422, 429, 503))
 def finish_prefix(request: Request, body: FinishBody, lab: PrefixDep, owner: OwnerDep) -> dict:
     """End (or cancel) one running request or all of them: their blocks are released tail first."""
     lab.finish(request_id=body.request_id, reason=body.reason, owner=owner)
     return lab.view(owner, request_lang(request))
 
 
-@router.post("/api/prefix/reset", tags=["prefix"], responses=errors(410, 503))
+@router.post("/api/prefix/reset", tags=["prefix"], responses=errors(410, 429, 503))
 def reset_prefix(request: Request, lab: PrefixDep, owner: OwnerDep) -> dict:
     """Empty this browser's prefix cache (other browsers' labs are their own)."""
     lab.reset(owner)

@@ -26,7 +26,7 @@ TILE_CACHE = "private, max-age=3600"
 class LongCapture(Body):
     model: str | None = None
     prompt: str | None = None  # pasted, or a .txt file's text
-    builtin: bool = False  # the built-in long text instead of ``prompt``
+    builtin: bool = False  # the built-in long text instead of ``prompt`` (both: refused)
 
 
 @router.get("/zoom/{key}", include_in_schema=False)
