@@ -8,11 +8,11 @@ from typing import Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from app.i18n import catalog
 from app.web.deps import EngineDep, OwnerDep
-from app.web.openapi import errors
+from app.web.openapi import Body, errors
 from app.web.render import render, request_lang
 
 router = APIRouter()
@@ -20,12 +20,12 @@ router = APIRouter()
 SCRIPT_KEYS = tuple(k for k in catalog("en") if k.startswith("engine."))
 
 
-class DriveBody(BaseModel):
+class DriveBody(Body):
     engine: int = Field(0, ge=0, le=1023, description="which configured engine (its index)")
     preset: Literal["system", "chat", "timestamp"] = "system"
 
 
-class RouteBody(BaseModel):
+class RouteBody(Body):
     prompt: str  # at most KVSCOPE_MAX_PROMPT_CHARS characters (checked by the lab)
 
 
@@ -48,7 +48,7 @@ def read_calculator_line(lab: EngineDep, index: int) -> dict:
     return lab.calculator_line(lab.link(index)) or {"model": None}
 
 
-class FollowBody(BaseModel):
+class FollowBody(Body):
     since: int = Field(-1, ge=-1, description="the mirror version the page has (-1: none yet)")
 
 
