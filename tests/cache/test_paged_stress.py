@@ -64,7 +64,7 @@ def test_random_operations_keep_the_pool_consistent(seed):
             elif op == "decode" and live:
                 seq = rng.choice(live)
                 pos = pool.num_tokens[seq]
-                pool.append_slot(seq)
+                pool.append_slots(seq, 1)  # the next token's slot
                 value = float(rng.randint(1, 999))
                 k = torch.full((1, 1, 2), value)
                 pool.write_kv(seq, 0, pos, k, -k)
