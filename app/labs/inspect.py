@@ -7,7 +7,7 @@ under the model gate; everything else reads a trace already made.
 
     trace_prompt(model, prompt)   tokenize, capture (or find) the trace: (model, key, trace)
     trace_by_key(key)             the trace a page's link names (recomputed if dropped; 410 if its model went)
-    page / trace_view / grid / attention / arithmetic / embedding / query_panels / embedding_panel
+    page / trace_view / grid / attention / arithmetic / why / embedding / query_panels / embedding_panel
                                   what the routes call: plain view data out
 """
 
@@ -30,6 +30,7 @@ from app.viz.attention import arithmetic, embedding_rows, grid_thumbnails, head_
 from app.viz.inspect import inspect_view, query_view
 from app.viz.models import model_card
 from app.viz.tokens import honest_texts
+from app.viz.why import why_attends
 
 INDEX_KEYS = 10_000  # newest trace keys remembered (a key is ~100 bytes; an older link recomputes nothing: 410)
 
@@ -151,6 +152,11 @@ class InspectLab:
     def arithmetic(self, key: str, layer: int, head: int, q: int) -> dict:
         _, trace = self.trace_by_key(key)
         return arithmetic(trace, layer, head, q, limit=trace.n_tokens)
+
+    def why(self, key: str, layer: int, head: int, q: int, k: int | None = None) -> dict:
+        """One (query, key) score split by rotary pair (or dimension), with its content and position parts."""
+        _, trace = self.trace_by_key(key)
+        return why_attends(trace, layer, head, q, k)
 
     def embedding(self, key: str, pos: int) -> dict:
         _, trace = self.trace_by_key(key)

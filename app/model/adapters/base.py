@@ -410,6 +410,14 @@ class ModelAdapter(ABC):
         cos, sin = self.rope_cos_sin(positions, layer)  # (T, Dh)
         return x * cos + rotate_half(x) * sin
 
+    def rope_frequencies(self, layer: int = 0) -> torch.Tensor:
+        """θ of each rotary pair in ``layer`` (radians per position), (Dh/2,), in ``rope_pairs`` order: read back
+        from the angles the model's own rotary module gives position 1 (so a scaled or per-layer base is the one
+        the model used; a uniform attention factor on cos and sin cancels in atan2)."""
+        cos, sin = self.rope_cos_sin(torch.tensor([1]), layer)  # (1, Dh)
+        lo = torch.tensor([p[0] for p in self.rope_pairs()])
+        return torch.atan2(sin[0, lo].float(), cos[0, lo].float())
+
     def rope_pairs(self) -> list[tuple[int, int]]:
         """Which dimensions rotate together, one pair per frequency (dimension j with j + Dh/2)."""
         if not self.rotary:

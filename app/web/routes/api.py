@@ -53,6 +53,13 @@ def read_arithmetic(lab: InspectDep, key: str, layer: int, head: int, q: int) ->
     return lab.arithmetic(key, layer, head, q)
 
 
+@router.get("/api/traces/{key}/why/{layer}/{head}", tags=["inspect"], responses=errors(410, 422, 429, 503))
+def read_why(lab: InspectDep, key: str, layer: int, head: int, q: int, k: int | None = None) -> dict:
+    """Query ``q``'s score on key ``k`` (default: the key it attends to most) split by rotary frequency pair (or by
+    dimension for a position table), with the score before rotation ("content") and the difference ("position")."""
+    return lab.why(key, layer, head, q, k)
+
+
 @router.get("/api/traces/{key}/embedding/{pos}", tags=["inspect"], responses=errors(410, 422, 429, 503))
 def read_embedding(lab: InspectDep, key: str, pos: int) -> dict:
     """The full wte row, wpe row and h0 of one token."""
