@@ -36,7 +36,7 @@
     }];
     Plotly.react("why-chart", traces, {
       margin: { l: 70, r: 10, t: 10, b: 150 }, font: kv.plotFont, height: 420,
-      xaxis: { title: { text: kv.t(pair ? "js.why.x_pair" : "js.why.x_dim") }, tickangle: -60, tickfont: { size: 14 },
+      xaxis: { title: { text: kv.t(pair ? "js.why.x_pair" : "js.why.x_dim"), standoff: 14 }, tickangle: -60, tickfont: { size: 14 },
         automargin: true },
       yaxis: { title: { text: kv.t("js.why.y") }, zeroline: true },
     }, kv.PLOT_CONFIG);
