@@ -87,7 +87,9 @@ HEADER = """() => {
   const mids = parts.map((e) => { const r = e.getBoundingClientRect(); return r.top + r.height / 2; });
   mids.sort((a, b) => a - b);
   const lines = (rects) => new Set([...rects].map((r) => Math.round(r.top))).size;
-  const links = [...h.querySelectorAll("nav:not(.lang-switch) a")].map((a) => a.getBoundingClientRect());
+  const shown = (a) => a.tagName === "SUMMARY" || !a.closest("details:not([open])");  // a closed menu's links: not drawn
+  const links = [...h.querySelectorAll("nav:not(.lang-switch) a, nav:not(.lang-switch) summary")].filter(shown)
+    .map((a) => a.getBoundingClientRect());
   return { rows: mids.filter((m, i) => i === 0 || m - mids[i - 1] > 10).length,
            nameLines: lines(badge.querySelector("b").getClientRects()), navLines: lines(links), title: badge.title,
            cut: badge.scrollWidth > badge.clientWidth };
