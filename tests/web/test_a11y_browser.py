@@ -263,7 +263,8 @@ def test_every_page_fits_a_phone(a11y_page, live_server):
         width = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
         if width[0] > width[1]:
             problems.append(f"{name}: the page is {width[0]} px wide at {width[1]}")
-        nav = page.evaluate("""[...document.querySelectorAll("header.top nav a, header.top nav summary")].filter((a) => {
+        nav = page.evaluate("""[...document.querySelectorAll("header.top nav a, header.top nav summary")]
+          .filter((a) => {
             const r = a.getBoundingClientRect();
             const drawn = a.tagName === "SUMMARY" || !a.closest("details:not([open])");  // not a closed menu's
             return drawn && r.width > 0 && r.left >= 0 && r.right <= innerWidth; }).length""")

@@ -87,7 +87,8 @@ HEADER = """() => {
   const mids = parts.map((e) => { const r = e.getBoundingClientRect(); return r.top + r.height / 2; });
   mids.sort((a, b) => a - b);
   const lines = (rects) => new Set([...rects].map((r) => Math.round(r.top))).size;
-  const shown = (a) => a.tagName === "SUMMARY" || !a.closest("details:not([open])");  // a closed menu's links: not drawn
+  // a closed menu's links are not drawn
+  const shown = (a) => a.tagName === "SUMMARY" || !a.closest("details:not([open])");
   const links = [...h.querySelectorAll("nav:not(.lang-switch) a, nav:not(.lang-switch) summary")].filter(shown)
     .map((a) => a.getBoundingClientRect());
   return { rows: mids.filter((m, i) => i === 0 || m - mids[i - 1] > 10).length,
