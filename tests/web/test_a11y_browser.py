@@ -200,7 +200,9 @@ def drive_inspect_by_keyboard(page, base: str) -> None:
 
     # Charts: Plotly's mode-bar buttons are out of the tab order; each chart has one download bar instead.
     assert page.evaluate("[...document.querySelectorAll('.modebar-btn')].every((b) => b.tabIndex === -1)")
-    assert page.evaluate("""[...document.querySelectorAll('.js-plotly-plot')].every((gd) =>
+    # Charts redrawn after the head change (the query panels, "why a head attends") get their bar once Plotly has
+    # drawn: wait for every chart to have exactly one tab stop.
+    _wait(page, """[...document.querySelectorAll('.js-plotly-plot')].every((gd) =>
         [...gd.querySelectorAll('button, a[href], [tabindex]')].filter((e) => e.tabIndex >= 0).length === 1)""")
     bar = _tab_until(page, lambda a: "chart-export" in (page.evaluate(
         "document.activeElement.parentElement.className") or ""), limit=60)
