@@ -183,15 +183,20 @@ class EngineLink:
             self.catch_up()
 
     def _on_frames(self, frames: list[bytes], *, live: bool) -> None:
+        batch = self._decode(frames)
+        if batch is not None:
+            self._on_batch(batch, live=live)
+
+    def _decode(self, frames: list[bytes]):
+        """The frames' batch, or None after counting them as bad (the message that names why is kept)."""
         try:
-            batch = decode_frames(frames)
+            return decode_frames(frames)
         except BadEvents as exc:
             with self.changed:
                 self.event_errors += 1
                 self.last_event_error = (exc.key, exc.params)
                 self.changed.notify_all()
-            return
-        self._on_batch(batch, live=live)
+            return None
 
     def _on_batch(self, batch: EventBatch, *, live: bool, replayed: bool = False) -> None:
         with self.changed:
@@ -239,12 +244,8 @@ class EngineLink:
                 if len(frames) == 3 and len(frames[1]) == 8 and int.from_bytes(frames[1], "big", signed=True) \
                         == END_SEQ:
                     break
-                try:
-                    batch = decode_frames(frames)
-                except BadEvents as exc:
-                    with self.changed:
-                        self.event_errors += 1
-                        self.last_event_error = (exc.key, exc.params)
+                batch = self._decode(frames)
+                if batch is None:
                     continue
                 if until is not None and batch.seq >= until:
                     continue
