@@ -77,18 +77,7 @@ window.kv.page("arena", (page) => {
     if (push) history.pushState(null, "", "/arena?" + query);  // the run is a link
     const me = { controller: new AbortController(), job: null };
     current = me;
-    line(kv.t("js.lab.sending"), null, true);
-    let last = null;
-    try {
-      last = await kv.follow("/api/arena/jobs", body(form), (ev) => {
-        me.job = ev.job;
-        if (current === me) line(ev.text, ev.event === "done" ? 1 : ev.fraction === undefined ? null : ev.fraction,
-                                 ev.event === "queued" || ev.event === "running");
-      }, me.controller.signal);
-    } catch (e) {
-      if (current === me && !me.controller.signal.aborted && e.status === undefined) line(kv.t("js.lab.lost"), null, false);
-      else if (current === me && e.status !== undefined) $("arena-line").hidden = true;
-    }
+    const last = await kv.followRun("/api/arena/jobs", body(form), me, { show: line, isCurrent: () => current === me, lineId: "arena-line" });
     if (current !== me) return;
     current = null;
     if (last && last.event === "done") {

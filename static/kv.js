@@ -92,6 +92,24 @@
     }
     return last;
   };
+  /* A page's run in a lab's line, followed until it ends (the arena's, patching's): show(text, fraction or null,
+     busy) tells each change while isCurrent() (a newer run speaks instead); run.job is set from the stream.
+     Resolves with the last event, or null when the stream failed: a lost connection is said in the line, a refusal
+     (already in #error) hides the line #lineId. */
+  kv.followRun = async function (url, body, run, { show, isCurrent, lineId }) {
+    show(kv.t("js.lab.sending"), null, true);
+    try {
+      return await kv.follow(url, body, (ev) => {
+        run.job = ev.job;
+        if (isCurrent()) show(ev.text, ev.event === "done" ? 1 : ev.fraction === undefined ? null : ev.fraction,
+                              ev.event === "queued" || ev.event === "running");
+      }, run.controller.signal);
+    } catch (e) {
+      if (isCurrent() && !run.controller.signal.aborted && e.status === undefined) show(kv.t("js.lab.lost"), null, false);
+      else if (isCurrent() && e.status !== undefined) kv.$(lineId).hidden = true;
+      return null;
+    }
+  };
   kv.clearError = function () { const a = document.getElementById("error"); if (a) a.textContent = ""; };
   /* A user's action that asks the server (a button, a changed field): the last message leaves #error, the
      indicator `busy` (an element's id; optional) shows while it runs, as htmx's hx-indicator does (the

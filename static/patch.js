@@ -109,18 +109,7 @@ window.kv.page("patch", (page) => {
     const req = body();
     const me = { controller: new AbortController(), job: null };
     current = me;
-    line(kv.t("js.lab.sending"), null, true);
-    let last = null;
-    try {
-      last = await kv.follow("/api/patch/jobs", req, (ev) => {
-        me.job = ev.job;
-        if (current === me) line(ev.text, ev.event === "done" ? 1 : ev.fraction === undefined ? null : ev.fraction,
-                                 ev.event === "queued" || ev.event === "running");
-      }, me.controller.signal);
-    } catch (e) {
-      if (current === me && !me.controller.signal.aborted && e.status === undefined) line(kv.t("js.lab.lost"), null, false);
-      else if (current === me && e.status !== undefined) $("patch-line").hidden = true;
-    }
+    const last = await kv.followRun("/api/patch/jobs", req, me, { show: line, isCurrent: () => current === me, lineId: "patch-line" });
     if (current !== me) return;
     current = null;
     if (last && last.event === "done") {
