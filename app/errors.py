@@ -56,3 +56,9 @@ class Busy(UserError):
 class BadSetting(UserError, ValueError):
     """A ``KVSCOPE_*`` variable the server cannot run with: start-up stops with this message, which names it.
     A ``ValueError`` too: a ``Settings`` built in code with a bad value fails as a bad argument does."""
+
+
+class Forbidden(UserError):
+    """Asked by someone the object does not belong to (a class kit's pin, deleted from another browser)."""
+
+    status = 403

@@ -166,6 +166,16 @@ class Settings:
     # tokens, ~45 MiB of K/V for SmolLM2-135M in fp32).
     roofline_max_context: int = 1024
     roofline_max_batch: int = 16
+    # Finished runs kept (their views, a few KB each, newest first) so that "Keep for class" can pin what a browser
+    # has on screen without running it again (app/labs/kit.py).
+    spec_kept_runs: int = 32
+    # --- Class kit (/kit, app/labs/kit.py) ------------------------------------------------------------------------
+    # What "Keep for class" and ``kvscope kit prepare`` may write under KVSCOPE_HOME/kit, in bytes on disk (a pinned
+    # trace's tensors as safetensors, a result's view as JSON: an 8 192-token SmolLM2 trace is ~0.92 GiB). Pinned
+    # traces are read back memory-mapped: file pages the OS may drop and read again, not memory the server holds.
+    kit_disk_bytes: int = 4 * 1024**3
+    # The characters of a pinned item's name (what the teacher types; shown on /kit and the projector).
+    kit_max_name_chars: int = 80
     # --- Activation patching (/patch, app/labs/patch.py) -----------------------------------------------------------
     # A map costs one batched forward per block (its positions, or its heads, are the batch rows), blocks packed
     # together up to ``patch_max_batch_rows`` rows a forward; prompts are bounded in tokens (both the same length).
@@ -368,7 +378,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "patch": ("patch_max_prompt_tokens", "patch_max_batch_rows", "patch_max_s", "patch_cache_bytes"),
     "speculative": ("spec_max_gamma", "spec_max_new_tokens", "spec_max_prompt_tokens", "spec_min_temperature",
                     "spec_max_temperature", "spec_max_ngram", "roofline_max_context", "roofline_max_batch",
-                    "max_prompt_chars"),
+                    "max_prompt_chars", "spec_kept_runs"),
+    "kit": ("kit_disk_bytes", "kit_max_name_chars"),
     "train": ("train_max_s", "max_trained_models", "train_min_text_chars", "train_max_text_chars", "train_max_steps",
               "train_max_batch_size", "train_min_lr", "train_max_lr"),
     "capacity": ("capacity_sim_max_blocks", "capacity_sim_max_requests", "capacity_sim_max_tokens",

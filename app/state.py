@@ -33,6 +33,10 @@ long.line          long captures' line (one    the browsers that asked for it  a
                    layer, Stop)
 zoom               the zoom's pooled bases,    shared, by trace key            LRU within ``zoom_cache_bytes``
                    per head (app/labs/zoom.py)
+kit                pins on disk (home/kit):    the server: every browser may   until deleted (by the pinning
+                   results as JSON, traces as  open a pin; only the pinning    browser or the loopback);
+                   safetensors mapped into     browser or the loopback may     ``kit_disk_bytes`` on disk;
+                   ``inspect.pinned``          delete it                       a pinned trace never expires
 engine             one link per configured     the server (the engines are     shutdown (threads started with the
                    engine (its mirror, its     named at start-up only); each   janitor, stopped with the labs);
                    metrics) and the last       browser's last comparison       ``engine_max_blocks`` a mirror,
@@ -62,6 +66,7 @@ from app.labs.explain import ExplainLab, ExplainLimits
 from app.labs.export import ExportLab, ExportLimits
 from app.labs.heads import HeadsLab, SurveyCache
 from app.labs.inspect import InspectLab, InspectLimits
+from app.labs.kit import KitLab, KitLimits
 from app.labs.lesson import LessonLab
 from app.labs.long import LongLab, LongLimits
 from app.labs.paged import PagedLab, PagedLimits
@@ -126,6 +131,7 @@ class AppState:
     export: ExportLab = field(init=False)
     engine: EngineLab = field(init=False)
     patch: PatchLab = field(init=False)
+    kit: KitLab = field(init=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _janitor: threading.Thread | None = field(default=None, repr=False)
 
@@ -182,6 +188,8 @@ class AppState:
         state.patch = PatchLab(registry=registry, limits=patch,
                                line=state.lab_queue("patch", max_run_s=patch.patch_max_s,
                                                     cache_bytes=patch.patch_cache_bytes, result_bytes=result_bytes))
+        state.kit = KitLab(home=s.home, inspect=state.inspect, zoom=state.zoom, heads=state.heads, arena=state.arena,
+                           speculative=state.speculative, long=state.long, limits=KitLimits.of(s))
         return state
 
     def lab_queue(self, name: str, *, max_run_s: float, cache_items: int = 0, cache_bytes: int = 0,

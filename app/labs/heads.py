@@ -107,6 +107,10 @@ class SurveyCache:
         self._surveys: dict[str, tuple[weakref.ref, HeadSurvey]] = {}
         self._guard = threading.Lock()
 
+    def cached(self, lm: LoadedModel) -> HeadSurvey | None:
+        """The survey made for this very model object, or None (nothing is computed)."""
+        return self._cached(lm)
+
     def _cached(self, lm: LoadedModel) -> HeadSurvey | None:
         with self._guard:
             hit = self._surveys.get(lm.name)
@@ -141,8 +145,18 @@ class HeadsLab:
         lm = self.registry.pick(model)
         return lm, self.surveys.get(lm, self.gate)
 
+    def kept_view(self, model: str | None) -> tuple[LoadedModel, dict] | None:
+        """The view of a survey already made for ``model`` (no model work), or None if none is kept."""
+        lm = self.registry.pick(model)
+        survey = self.surveys.cached(lm)
+        return None if survey is None else (lm, self._view(lm, survey))
+
     def view(self, model: str | None) -> dict:
         """Every (layer, head)'s score on each role, the strongest heads, the test sequence, the Inspect links."""
         lm, survey = self.survey(model)
+        return self._view(lm, survey)
+
+    @staticmethod
+    def _view(lm: LoadedModel, survey: HeadSurvey) -> dict:
         return head_roles_view(survey.scores, kv_map=lm.adapter.kv_map, model=lm.name, text=survey.text,
                                ids=survey.ids, token_texts=survey.token_texts, period=survey.period)

@@ -62,6 +62,9 @@ class InspectLab:
         # trace key -> (model name, token ids, the model object it ran on): small, so it outlives the traces
         # themselves and lets an evicted trace be recomputed from a page's link.
         self.index: OrderedDict[str, tuple[str, tuple[int, ...], weakref.ref]] = OrderedDict()
+        # Traces pinned for a class (app/labs/kit.py, keys ``kit-CODE``): read before the store, never expire and
+        # never count against its budget (their tensors are memory-mapped from the kit's files).
+        self.pinned: dict[str, tuple[LoadedModel, Trace]] = {}
 
     # --- traces ---------------------------------------------------------------------------------------------
     def _key(self, lm: LoadedModel, ids: list[int] | tuple[int, ...]) -> str:
@@ -106,6 +109,9 @@ class InspectLab:
                                                    expected=self.expected_bytes(lm, len(ids)))
 
     def trace_by_key(self, key: str) -> tuple[LoadedModel, Trace]:
+        pinned = self.pinned.get(key)
+        if pinned is not None:
+            return self._served(*pinned)
         if key not in self.index:
             raise Expired("err.trace.expired")
         name, ids, ref = self.index[key]
@@ -116,6 +122,29 @@ class InspectLab:
             raise Expired("limits.model_changed", model=name)
         return lm, self.traces.get_or_compute(key, lambda: self._compute(lm, list(ids)),
                                               expected=self.expected_bytes(lm, len(ids)))
+
+    def _served(self, lm: LoadedModel, trace: Trace) -> tuple[LoadedModel, Trace]:
+        if self.registry.models.get(lm.name) is not lm:
+            raise Expired("err.model.gone", model=lm.name)
+        return lm, trace
+
+    def kept_trace(self, key: str) -> tuple[LoadedModel, Trace]:
+        """The trace a key names if it is still computed (pinned, or in the store): never recomputed, so what a pin
+        copies is what the browser saw; ``err.kit.gone`` (410) when it has been dropped."""
+        pinned = self.pinned.get(key)
+        if pinned is not None:
+            return self._served(*pinned)
+        if key not in self.index:
+            raise Expired("err.trace.expired")
+        name, _, ref = self.index[key]
+        lm = self.registry.models.get(name)
+        if lm is None or ref() is not lm:
+            raise Expired("err.model.gone", model=name)
+
+        def gone() -> Trace:
+            raise Expired("err.kit.gone")
+
+        return lm, self.traces.get_or_compute(key, gone)
 
     # --- views ----------------------------------------------------------------------------------------------
     def page(self, *, model: str | None, prompt: str | None, layer: int | None, head: int | None, q: int | None,
@@ -128,6 +157,12 @@ class InspectLab:
             view = inspect_view(lm, key, trace, layer=layer, head=head, q=q, kind=kind, prompt=prompt)
         card = view["model"] if view is not None else model_card(lm)  # the view's own card: made once per page
         return {"view": view, "prompt": prompt or "", "card": card, "chat": chat, "limits": self.limits}
+
+    def key_page(self, key: str, *, prompt: str) -> dict:
+        """The page's context for a trace found by key (a pinned one: ``app/labs/kit.py``), as ``page`` makes it."""
+        lm, trace = self.trace_by_key(key)
+        view = inspect_view(lm, key, trace, prompt=prompt)
+        return {"view": view, "prompt": prompt, "card": view["model"], "chat": False, "limits": self.limits}
 
     def trace_view(self, *, model: str | None, prompt: str, chat: bool) -> dict:
         lm, key, trace = self.trace_prompt(model, prompt, chat=chat)

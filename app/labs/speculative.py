@@ -19,6 +19,9 @@ requests by the owner cookie).
 
 from __future__ import annotations
 
+import secrets
+import threading
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -56,6 +59,7 @@ class SpecLimits(Limits):
     roofline_max_context: int
     roofline_max_batch: int
     max_prompt_chars: int
+    kept_runs: int
 
 
 
@@ -135,6 +139,9 @@ class SpeculativeLab:
         self.registry = registry
         self.gate = gate
         self.limits = limits
+        # run id -> a finished run's view, newest last, at most ``kept_runs``: what "Keep for class" pins
+        self._kept: OrderedDict[str, dict] = OrderedDict()
+        self._kept_lock = threading.Lock()
 
     # --- checks ---------------------------------------------------------------------------------------------
     def check(self, ask: SpecAsk) -> None:
@@ -223,8 +230,20 @@ class SpeculativeLab:
                        draft_lm=None if ask.draft == "lookup" else other or lm)
 
     def view(self, ask: SpecAsk) -> dict:
-        """One run's view: every round's drafted tokens with p and q, kept / rejected, cache lengths and blocks."""
-        return spec_view(self.run(ask))
+        """One run's view: every round's drafted tokens with p and q, kept / rejected, cache lengths and blocks;
+        ``run_id`` names it among the kept runs (``kept``)."""
+        view = spec_view(self.run(ask))
+        view["run_id"] = run_id = secrets.token_hex(8)
+        with self._kept_lock:
+            self._kept[run_id] = view
+            while len(self._kept) > self.limits.kept_runs:
+                self._kept.popitem(last=False)
+        return view
+
+    def kept(self, run_id: str) -> dict | None:
+        """A finished run's view by its ``run_id``, while it is among the last ``kept_runs``; else None."""
+        with self._kept_lock:
+            return self._kept.get(run_id)
 
     def compare(self, ask: SpecAsk, lang: str) -> dict:
         """``ask``'s prompt decoded greedily once per draft this model has (prompt lookup, the early exit, a second

@@ -58,11 +58,13 @@ class ZoomLab:
         self._items: OrderedDict[tuple[str, int, int], tuple[HeadPyramid, threading.Lock]] = OrderedDict()
         self._lock = threading.Lock()
         self._grid: OrderedDict[tuple[str, int], dict[str, list[float]]] = OrderedDict()  # (key, layer) -> measures
+        # A pinned trace's rows (app/labs/kit.py): read first, never dropped
+        self.pinned_grid: dict[tuple[str, int], dict[str, list[float]]] = {}
 
     def grid_row(self, key: str, layer: int, make) -> dict[str, list[float]]:
         """One layer's head summaries, made by ``make()`` once (outside the lock: other heads' tiles go on)."""
         with self._lock:
-            row = self._grid.get((key, layer))
+            row = self.pinned_grid.get((key, layer)) or self._grid.get((key, layer))
         if row is None:
             row = make()
             with self._lock:
@@ -70,6 +72,21 @@ class ZoomLab:
                 while len(self._grid) > GRID_ROWS:
                     self._grid.popitem(last=False)
         return row
+
+    def grid_rows(self, key: str) -> dict[int, dict[str, list[float]]]:
+        """The layers' head summaries of one trace made so far (what its grid of heads shows), by layer."""
+        with self._lock:
+            return {layer: row for (k, layer), row in (self._grid | self.pinned_grid).items() if k == key}
+
+    def pin_grid(self, key: str, rows: dict[int, dict[str, list[float]]]) -> None:
+        """A pinned trace's rows, kept until ``unpin_grid``."""
+        with self._lock:
+            self.pinned_grid.update({(key, layer): row for layer, row in rows.items()})
+
+    def unpin_grid(self, key: str) -> None:
+        with self._lock:
+            for k in [k for k in self.pinned_grid if k[0] == key]:
+                del self.pinned_grid[k]
 
     def pyramid(self, key: str, trace: Trace, layer: int, head: int) -> tuple[HeadPyramid, threading.Lock]:
         with self._lock:

@@ -16,6 +16,7 @@ from app.labs.explain import ExplainLab
 from app.labs.export import ExportLab
 from app.labs.heads import HeadsLab
 from app.labs.inspect import InspectLab
+from app.labs.kit import KitLab
 from app.labs.lesson import LessonLab
 from app.labs.long import LongLab
 from app.labs.paged import PagedLab
@@ -116,6 +117,10 @@ async def get_speculative(request: Request) -> SpeculativeLab:
     return request.app.state.kv.speculative
 
 
+async def get_kit(request: Request) -> KitLab:
+    return request.app.state.kv.kit
+
+
 StateDep = Annotated[AppState, Depends(get_state)]
 OwnerDep = Annotated[str, Depends(get_owner)]
 AddressDep = Annotated[str, Depends(get_address)]
@@ -137,6 +142,7 @@ ExportDep = Annotated[ExportLab, Depends(get_export)]
 EngineDep = Annotated[EngineLab, Depends(get_engine)]
 SpeculativeDep = Annotated[SpeculativeLab, Depends(get_speculative)]
 PatchDep = Annotated[PatchLab, Depends(get_patch)]
+KitDep = Annotated[KitLab, Depends(get_kit)]
 
 
 def is_htmx(request: Request) -> bool:

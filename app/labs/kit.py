@@ -1,0 +1,400 @@
+"""The class kit (/kit): what a teacher pins ahead of class ("Keep for class", ``kvscope kit prepare``), kept on
+disk under ``KVSCOPE_HOME/kit``, reopened at once and shared read-only with every browser by a short code.
+
+``KitLab`` holds the labs whose results it pins (Inspect's traces and grids, the zoom's grid of heads, the head-roles
+survey, the arena's finished runs, the speculative lab's kept runs), the kit's folder and its limits
+(``Settings.kit_*``). Nothing is recomputed to pin: a pin copies what the lab still holds (``err.kit.gone`` when it
+has been dropped), and reopening reads what the pin wrote.
+
+    pin(kind, name, owner, ...)     copy a result onto disk under a new code; -> the pin
+    pins() / open(code)             the kit as listed / one pin with what its page shows
+    delete(code, owner, address)    only the browser that pinned it, or the machine itself (loopback), may
+    prepare(demos, progress)        run a list of demos through the labs' own methods and pin each (the CLI)
+
+On disk, one folder per pin, named by its code (server-made: ``CODE``; nothing a browser types becomes a path)::
+
+    kit/
+      K7QX2/  pin.json            name, kind, model, bytes, owner (a hash of its cookie), the result (JSON kinds)
+              trace.safetensors   a trace's tensors (app/model/trace_file.py), read back memory-mapped
+      .tmp-…/                     a pin being written: renamed into place when complete, removed at start-up
+
+A pinned trace goes into ``InspectLab.pinned`` under ``kit-CODE`` (read before the trace store, never expired or
+evicted), its grid of heads with it (Inspect's thumbnails in the trace's meta, the zoom's rows in
+``ZoomLab.pinned_grid``). The budget is bytes on disk (``kit_disk_bytes``); a pin that would pass it is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import re
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from app.errors import BadInput, Expired, Forbidden, NotFound
+from app.labs.arena import DEFAULT_POLICIES, ArenaLab
+from app.labs.heads import HeadsLab
+from app.labs.inspect import InspectLab
+from app.labs.limits import Limits
+from app.labs.long import LongLab
+from app.labs.speculative import SpecAsk, SpeculativeLab
+from app.labs.zoom import ZoomLab
+from app.model.trace_file import file_bytes, read_trace, write_trace
+
+KINDS = ("trace", "heads", "arena", "spec")
+# Codes a class reads off a projector and types: no 0/O, 1/I/L, 5/S or 8/B to confuse.
+ALPHABET = "ACDEFGHJKMNPQRTUVWXY234679"
+CODE_LEN = 5
+CODE = re.compile(rf"[{ALPHABET}]{{{CODE_LEN}}}")
+PIN_PREFIX = "kit-"
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+ARENA_FIELDS = ("model", "source", "prompt", "steps", "budget_kind", "budget", "policies")
+# The arena form's defaults (app/web/routes/arena.py's ``ArenaRun``): a request is keyed on every field.
+ARENA_DEFAULTS = {"model": None, "source": "text", "prompt": None, "steps": 16, "budget_kind": "percent",
+                  "budget": 25.0, "policies": list(DEFAULT_POLICIES)}
+
+
+@dataclass(frozen=True)
+class KitLimits(Limits):
+    GROUP = "kit"
+    kit_disk_bytes: int  # what the kit may hold on disk
+    kit_max_name_chars: int  # a pin's name
+
+
+@dataclass(frozen=True)
+class Pin:
+    code: str
+    name: str
+    kind: str  # KINDS
+    model: str
+    bytes: int  # on disk, every file of the pin
+    created: float  # unix seconds
+    owner: str  # a hash of the pinning browser's cookie ("" from the command line)
+    summary: dict  # what the list shows: tokens, a prompt's opening, policies …
+
+    @property
+    def key(self) -> str:
+        """The trace key a pinned trace is read under."""
+        return PIN_PREFIX + self.code
+
+    def view(self, owner: str = "", address: str = "") -> dict:
+        d = asdict(self)
+        d.pop("owner")
+        return d | {"href": f"/kit/{self.code}", "mine": self.may_delete(owner, address)}
+
+    def may_delete(self, owner: str, address: str) -> bool:
+        return (bool(owner) and self.owner == owner_hash(owner)) or is_loopback(address)
+
+
+def owner_hash(owner: str) -> str:
+    return hashlib.sha256(f"kvscope-kit|{owner}".encode()).hexdigest()[:24] if owner else ""
+
+
+def is_loopback(address: str) -> bool:
+    """The machine the server runs on (the teacher's): 127.0.0.0/8 or ::1 (an IPv6 address arrives as its /64)."""
+    try:
+        return ipaddress.ip_network(address, strict=False).network_address.is_loopback
+    except ValueError:
+        return False
+
+
+def check_code(code: str) -> str:
+    """A code as a person types it (any case, spaces around) -> the code; anything else is refused, never a path."""
+    c = (code or "").strip().upper()
+    if not CODE.fullmatch(c):
+        raise BadInput("err.kit.code", code=(code or "")[:12], n=CODE_LEN)
+    return c
+
+
+class KitLab:
+    def __init__(self, *, home: Path, inspect: InspectLab, zoom: ZoomLab, heads: HeadsLab, arena: ArenaLab,
+                 speculative: SpeculativeLab, long: LongLab, limits: KitLimits) -> None:
+        self.folder = home / "kit"
+        self.inspect = inspect
+        self.zoom = zoom
+        self.heads = heads
+        self.arena = arena
+        self.speculative = speculative
+        self.long = long
+        self.limits = limits
+        self._pins: dict[str, Pin] = {}
+        self._reserved = 0  # bytes of pins being written now
+        self._lock = threading.Lock()
+        self._load()
+
+    # --- start-up -----------------------------------------------------------------------------------------
+    def _load(self) -> None:
+        """Every complete pin on disk; a folder left half-written by a stopped process is removed."""
+        if not self.folder.is_dir():
+            return
+        for d in sorted(self.folder.iterdir()):
+            if d.name.startswith(".tmp-") and d.is_dir():
+                shutil.rmtree(d, ignore_errors=True)
+            elif CODE.fullmatch(d.name) and (d / "pin.json").is_file():
+                try:
+                    record = json.loads((d / "pin.json").read_text(encoding="utf-8"))
+                    pin = Pin(**record["pin"])
+                except (ValueError, KeyError, TypeError):
+                    continue  # not a pin this version wrote: left alone, not listed
+                self._pins[pin.code] = pin
+                if pin.kind == "trace":
+                    self._mount(pin, record)
+
+    def _mount(self, pin: Pin, record: dict) -> None:
+        """A pinned trace into Inspect's pinned traces (memory-mapped: nothing read until a view reads it)."""
+        lm = self.inspect.registry.models.get(pin.model)
+        if lm is None:
+            return  # its model is not served now: listed, opened with a clear message
+        trace, meta = read_trace(self.folder / pin.code / "trace.safetensors", lm.adapter)
+        if meta.get("sizes") != _sizes(lm.adapter):
+            return  # another model is served under that name now: its views could not read these tensors
+        if record.get("grid") is not None:
+            size, thumbs = record["grid"]
+            trace.meta["grid"] = (size, thumbs)
+        self.inspect.pinned[pin.key] = (lm, trace)
+        self.zoom.pin_grid(pin.key, {int(k): v for k, v in record.get("zoom_grid", {}).items()})
+
+    # --- pinning ------------------------------------------------------------------------------------------
+    def check_name(self, name: str | None) -> str:
+        n = " ".join((name or "").split())
+        if not n or len(n) > self.limits.kit_max_name_chars or CONTROL.search(n):
+            raise BadInput("err.kit.name", n=len(n), limit=self.limits.kit_max_name_chars)
+        return n
+
+    def pin(self, kind: str, *, name: str | None, owner: str, key: str | None = None, model: str | None = None,
+            run_id: str | None = None, arena: dict | None = None) -> Pin:
+        """Pin what the lab of ``kind`` still holds: a trace by its ``key``; the survey of ``model``; the arena's
+        finished run of the request ``arena`` (the form's fields); a speculative run by its ``run_id``."""
+        if kind not in KINDS:
+            raise BadInput("err.kit.kind", kind=str(kind)[:20], kinds=", ".join(KINDS))
+        name = self.check_name(name)
+        if kind == "trace":
+            return self._pin_trace(key or "", name, owner)
+        if kind == "heads":
+            found = self.heads.kept_view(model)
+            if found is None:
+                raise Expired("err.kit.gone")
+            lm, view = found
+            return self._write(kind, name, lm.name, owner, {"view": view},
+                               {"tokens": view["n_tokens"], "layers": view["n_layer"], "heads": view["n_head"]})
+        if kind == "arena":
+            form = {k: v for k, v in (arena or {}).items() if k in ARENA_FIELDS}
+            lm, req = self.arena.prepare(**ARENA_DEFAULTS | form)
+            run = self.arena.cached(lm, req)
+            if run is None:
+                raise Expired("err.kit.gone")
+            view = self.arena.view(lm, run)
+            return self._write(kind, name, lm.name, owner, {"view": view, "form": form | {"model": lm.name}},
+                               {"policies": list(req.policies), "steps": req.steps})
+        view = self.speculative.kept(run_id or "")
+        if view is None:
+            raise Expired("err.kit.gone")
+        return self._write(kind, name, view["model"], owner, {"view": view},
+                           {"speedup": view["speedup"], "draft": view["draft"], "prompt_tokens": view["prompt_tokens"]})
+
+    def _pin_trace(self, key: str, name: str, owner: str) -> Pin:
+        if key.startswith(PIN_PREFIX):
+            raise BadInput("err.kit.already", code=key.removeprefix(PIN_PREFIX))
+        lm, trace = self.inspect.kept_trace(key)
+        grid = trace.meta.get("grid")
+        record = {"grid": list(grid) if grid is not None else None,
+                  "zoom_grid": {str(k): v for k, v in self.zoom.grid_rows(key).items()},
+                  "prompt": lm.tokenizer.decode(trace.token_ids, clean_up_tokenization_spaces=False)}
+        tensor_meta = {"model": lm.name, "sizes": _sizes(lm.adapter)}
+        summary = {"tokens": trace.n_tokens, "opening": " ".join("".join(trace.token_texts[:24]).split())[:80],
+                   "long": bool(trace.meta.get("tail")), "grid_layers": len(record["zoom_grid"]),
+                   "thumbnails": grid is not None}
+
+        def write_files(folder: Path) -> None:
+            write_trace(folder / "trace.safetensors", trace, tensor_meta)
+
+        return self._write("trace", name, lm.name, owner, record, summary, extra=file_bytes(trace, tensor_meta),
+                           write_files=write_files, mount=True)
+
+    def _write(self, kind: str, name: str, model: str, owner: str, record: dict, summary: dict, *, extra: int = 0,
+               write_files: Callable[[Path], None] | None = None, mount: bool = False) -> Pin:
+        """Reserve the bytes (or refuse), write into a temporary folder, rename it into place, list it."""
+        code = self._new_code()
+        pin = Pin(code=code, name=name, kind=kind, model=model, bytes=0, created=round(time.time(), 3),
+                  owner=owner_hash(owner), summary=summary)
+        body = _dump(pin, record)
+        size = len(body) + extra + 64  # +64: the size itself, written into pin.json once known
+        with self._lock:
+            used = self._used()
+            if used + size > self.limits.kit_disk_bytes:
+                raise BadInput("err.kit.budget", size=_mib(size), used=_mib(used),
+                               limit=_mib(self.limits.kit_disk_bytes))
+            self._reserved += size
+        tmp = self.folder / f".tmp-{secrets.token_hex(6)}"
+        try:
+            tmp.mkdir(parents=True)
+            if write_files is not None:
+                write_files(tmp)
+            files = sum(p.stat().st_size for p in tmp.iterdir())
+            pin = Pin(**{**asdict(pin), "bytes": files + len(_dump(pin, record)) + 32})
+            (tmp / "pin.json").write_bytes(_dump(pin, record))
+            tmp.rename(self.folder / code)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finally:
+            with self._lock:
+                self._reserved -= size
+        with self._lock:
+            self._pins[code] = pin
+        if mount:
+            self._mount(pin, record)
+        return pin
+
+    def _new_code(self) -> str:
+        with self._lock:
+            while True:
+                code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LEN))
+                if code not in self._pins and not (self.folder / code).exists():
+                    return code
+
+    def _used(self) -> int:
+        return sum(p.bytes for p in self._pins.values()) + self._reserved
+
+    # --- reading ------------------------------------------------------------------------------------------
+    def get(self, code: str) -> Pin:
+        c = check_code(code)
+        with self._lock:
+            pin = self._pins.get(c)
+        if pin is None:
+            raise NotFound("err.kit.unknown", code=c)
+        return pin
+
+    def pins(self, *, owner: str = "", address: str = "") -> dict:
+        """The kit as /kit lists it, newest first, with the budget."""
+        with self._lock:
+            pins = sorted(self._pins.values(), key=lambda p: -p.created)
+            used = self._used()
+        return {"pins": [p.view(owner, address) for p in pins], "used": used, "limit": self.limits.kit_disk_bytes,
+                "name_chars": self.limits.kit_max_name_chars, "code_len": CODE_LEN}
+
+    def open(self, code: str) -> tuple[Pin, dict]:
+        """One pin and what its page shows: a trace's key (its page reads it as any trace), a result's view."""
+        pin = self.get(code)
+        if pin.kind == "trace":
+            if pin.key not in self.inspect.pinned:
+                raise Expired("err.model.gone", model=pin.model)
+            lm, trace = self.inspect.trace_by_key(pin.key)
+            long = bool(trace.meta.get("tail")) or trace.n_tokens > self.inspect.limits.zoom_min_tokens
+            record = self._record(pin)
+            page = None if long else self.inspect.key_page(pin.key, prompt=record.get("prompt", ""))
+            return pin, {"key": pin.key, "long": long, "inspect": page}
+        record = self._record(pin)
+        lm = self.inspect.registry.models.get(pin.model)
+        if lm is None:
+            raise Expired("err.model.gone", model=pin.model)
+        out = {"view": record["view"]}
+        if pin.kind == "arena":
+            out |= {"form": record["form"], "page": self.arena.page(lm)}
+        elif pin.kind == "spec":
+            out |= {"page": self.speculative.page(pin.model)}
+        return pin, out
+
+    def _record(self, pin: Pin) -> dict:
+        return json.loads((self.folder / pin.code / "pin.json").read_text(encoding="utf-8"))["record"]
+
+    def result(self, code: str) -> dict:
+        """A pinned result's JSON, as its lab's API returned it (a trace: its key and size)."""
+        pin = self.get(code)
+        if pin.kind == "trace":
+            return {"pin": pin.view(), "key": pin.key}
+        return {"pin": pin.view(), "view": self._record(pin)["view"]}
+
+    # --- deleting -----------------------------------------------------------------------------------------
+    def delete(self, code: str, *, owner: str, address: str) -> dict:
+        pin = self.get(code)
+        if not pin.may_delete(owner, address):
+            raise Forbidden("err.kit.not_yours", code=pin.code)
+        with self._lock:
+            self._pins.pop(pin.code, None)
+        self.inspect.pinned.pop(pin.key, None)
+        self.zoom.unpin_grid(pin.key)
+        shutil.rmtree(self.folder / pin.code, ignore_errors=True)
+        return {"deleted": pin.code}
+
+    # --- ahead of class -----------------------------------------------------------------------------------
+    def prepare(self, demos: list[dict], progress: Callable[[int, int, str], None], *, owner: str = "",
+                address: str = "127.0.0.1") -> list[Pin]:
+        """Each demo run by the same lab methods the pages call, then pinned; ``progress(i, n, text)`` before each.
+        Every demo is checked before the first runs (``check_demos``)."""
+        demos = self.check_demos(demos)
+        out = []
+        for i, d in enumerate(demos):
+            progress(i, len(demos), f"{d['kind']}: {d['name']}")
+            out.append(self._prepare_one(d, owner=owner, address=address))
+        progress(len(demos), len(demos), "done")
+        return out
+
+    def check_demos(self, demos: object) -> list[dict]:
+        if not isinstance(demos, list) or not demos:
+            raise BadInput("err.kit.demos")
+        out = []
+        for d in demos:
+            if not isinstance(d, dict) or d.get("kind") not in KINDS:
+                raise BadInput("err.kit.kind", kind=str(d.get("kind") if isinstance(d, dict) else d)[:20],
+                               kinds=", ".join(KINDS))
+            self.check_name(d.get("name"))
+            out.append(d)
+        return out
+
+    def _prepare_one(self, d: dict, *, owner: str, address: str) -> Pin:
+        kind, name, model = d["kind"], d["name"], d.get("model")
+        if kind == "trace":
+            key = self._prepare_trace(d, owner=owner, address=address)
+            if d.get("grid", True):
+                _, trace = self.inspect.trace_by_key(key)
+                if trace.n_tokens > self.inspect.limits.zoom_min_tokens or trace.meta.get("tail"):
+                    for layer in range(trace.adapter.n_layer):  # the zoom page's grid of heads, layer by layer
+                        self.zoom.head_grid(key, layer=layer)
+                else:
+                    self.inspect.grid(key, int(d.get("grid_size", 48)))
+            return self.pin("trace", name=name, owner=owner, key=key)
+        if kind == "heads":
+            self.heads.view(model)
+            return self.pin("heads", name=name, owner=owner, model=model)
+        if kind == "arena":
+            form = {k: v for k, v in d.items() if k in ARENA_FIELDS}
+            lm, req = self.arena.prepare(**ARENA_DEFAULTS | form)
+            if self.arena.run(lm, req, owner=owner or "kit", address=address) is None:
+                raise Expired("err.kit.gone")
+            return self.pin("arena", name=name, owner=owner, arena={**form, "policies": list(req.policies)})
+        fields = {k: v for k, v in d.items() if k in SpecAsk.__dataclass_fields__}
+        view = self.speculative.view(SpecAsk(**fields))
+        return self.pin("spec", name=name, owner=owner, run_id=view["run_id"])
+
+    def _prepare_trace(self, d: dict, *, owner: str, address: str) -> str:
+        model = d.get("model")
+        if d.get("builtin_long") or d.get("long"):
+            lm, ids = self.long.prepare(model=model, text=d.get("prompt"), builtin=bool(d.get("builtin_long")))
+            job = self.long.submit(lm, ids, owner=owner or "kit", address=address)
+            done = self.long.line.wait(job, owner or "kit", None)
+            if done is None:
+                raise Expired("err.kit.gone")
+            return done["key"]
+        _, key, _ = self.inspect.trace_prompt(model, d.get("prompt"), chat=bool(d.get("chat")))
+        return key
+
+
+def _sizes(adapter) -> dict:
+    return {"n_layer": adapter.n_layer, "n_head": adapter.n_head, "n_kv_head": adapter.n_kv_head,
+            "head_dim": adapter.head_dim, "d_model": adapter.d_model}
+
+
+def _dump(pin: Pin, record: dict) -> bytes:
+    return json.dumps({"pin": asdict(pin), "record": record}, ensure_ascii=False).encode("utf-8")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f}"
+

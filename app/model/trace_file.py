@@ -1,0 +1,115 @@
+"""A trace kept on disk and read back as it was: its tensors in one safetensors file, written one tensor at a time and
+read back memory-mapped, byte for byte.
+
+    write_trace(path, trace, metadata)   the tensors (in a safetensors file: ``safetensors.safe_open`` reads it too)
+                                         and everything else a ``Trace`` holds as JSON in the file's metadata
+    read_trace(path, adapter)            the same ``Trace``: every tensor a view of the mapped file (nothing is copied,
+                                         nothing recomputed), the same names in the same order; -> (trace, metadata)
+    file_bytes(trace, metadata)          what ``write_trace`` will write, before it writes
+
+The layout is safetensors' own: 8 bytes (little-endian) of header length, a JSON header naming each tensor's dtype,
+shape and byte range, then the data::
+
+    [u64 n][header: n bytes, space-padded to a multiple of 8][tensor bytes ... ]
+
+Tensors are laid out largest element size first, so every tensor starts at a multiple of its element size (the
+mapping is aligned for every dtype). The mapping is copy-on-write (``mmap.ACCESS_COPY``): a page is read from the
+file when a view first touches it and may be dropped by the OS and read again; nothing written to a tensor could
+reach the file. Pages read a trace, they never write to it.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+from pathlib import Path
+
+import torch
+
+from app.model.adapters import ModelAdapter
+from app.model.trace import ShapeStep, Trace
+
+FORMAT = "kvscope-pinned-trace-1"
+DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+          torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+          torch.bool: "BOOL"}
+BY_NAME = {v: k for k, v in DTYPES.items()}
+
+
+def _owned(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu().contiguous()
+
+
+def _layout(tensors: dict[str, torch.Tensor]) -> tuple[dict, list[str]]:
+    """The header's tensor entries and the order their bytes are written in (largest element first)."""
+    order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
+    entries, offset = {}, 0
+    for name in order:
+        t = tensors[name]
+        if t.dtype not in DTYPES:
+            raise ValueError(f"{name}: dtype {t.dtype} has no safetensors name")
+        size = t.numel() * t.element_size()
+        entries[name] = {"dtype": DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    return entries, order
+
+
+def _header(trace: Trace, metadata: dict) -> tuple[bytes, list[str]]:
+    entries, order = _layout(trace.tensors)
+    meta = {"format": FORMAT, "names": list(trace.tensors), "token_ids": trace.token_ids,
+            "token_texts": trace.token_texts, "past_length": trace.past_length,
+            "steps": [[s.name, list(s.shape), [[p, list(shape)] for p, shape in s.params], s.derived]
+                      for s in trace.steps],
+            "meta": {k: v for k, v in trace.meta.items() if k == "tail"}, "kit": metadata}
+    # safetensors' metadata is str -> str: ours is one JSON string under one name.
+    header = json.dumps({**entries, "__metadata__": {"kvscope": json.dumps(meta)}}, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    return header, order
+
+
+def file_bytes(trace: Trace, metadata: dict) -> int:
+    header, _ = _header(trace, metadata)
+    return 8 + len(header) + sum(t.numel() * t.element_size() for t in trace.tensors.values())
+
+
+def write_trace(path: Path, trace: Trace, metadata: dict) -> int:
+    """Write the trace to ``path``; returns the bytes written. Each tensor is copied out on its own (a view of a fused
+    projection is made contiguous one at a time), so at most one tensor is held twice."""
+    if trace.past_length or trace.cache is not None:
+        raise ValueError("only a prefill's trace, without a KV cache, is written")
+    header, order = _header(trace, metadata)
+    written = 0
+    with open(path, "wb") as f:
+        written += f.write(len(header).to_bytes(8, "little"))
+        written += f.write(header)
+        for name in order:
+            t = _owned(trace.tensors[name])
+            if t.numel():
+                written += f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+    return written
+
+
+def read_trace(path: Path, adapter: ModelAdapter) -> tuple[Trace, dict]:
+    """The trace ``write_trace`` wrote, every tensor a view of the file mapped copy-on-write; and the metadata."""
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    size = int.from_bytes(mapped[:8], "little")
+    header = json.loads(mapped[8 : 8 + size])
+    meta = json.loads(header.pop("__metadata__")["kvscope"])
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path.name}: not a pinned trace")
+    start = 8 + size
+    tensors: dict[str, torch.Tensor] = {}
+    for name in meta["names"]:
+        e = header[name]
+        dtype, (lo, hi) = BY_NAME[e["dtype"]], e["data_offsets"]
+        if hi == lo:
+            tensors[name] = torch.empty(e["shape"], dtype=dtype)
+            continue
+        flat = torch.frombuffer(mapped, dtype=torch.uint8, count=hi - lo, offset=start + lo)
+        tensors[name] = flat.view(dtype).reshape(e["shape"])
+    steps = [ShapeStep(name=n, shape=tuple(shape), params=tuple((p, tuple(s)) for p, s in params), derived=derived)
+             for n, shape, params, derived in meta["steps"]]
+    trace = Trace(token_ids=list(meta["token_ids"]), token_texts=list(meta["token_texts"]), tensors=tensors,
+                  steps=steps, adapter=adapter, past_length=meta["past_length"], cache=None, meta=dict(meta["meta"]))
+    return trace, meta["kit"]
