@@ -1,5 +1,5 @@
 """The ``kvscope`` command: ``serve`` runs the web app, ``download`` fetches a model ahead of time,
-``trace`` saves one prompt's tensors to a file for notebooks."""
+``trace`` saves one prompt's tensors to a file for notebooks, ``kit prepare`` builds a class kit before class."""
 
 from __future__ import annotations
 
@@ -157,6 +157,89 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+KIT_FORMAT = """\
+A kit file lists demos, each pinned under its name in KVSCOPE_HOME/kit (opened on /kit by its code). JSON: an array
+of objects (or {"demo": [...]}); TOML: [[demo]] tables. Every demo has "kind" and "name"; "model" is optional (the
+first served model). By kind:
+
+  trace   "prompt" (Inspect; with its grid of heads), or "long": true with "prompt" a long text, or
+          "builtin_long": true (the built-in ~8 000-token essay): captured in the long line, with the zoom page's
+          grid of heads (every layer); "grid": false skips the grid; "chat": true uses the chat template
+  heads   the head-roles survey of "model"
+  arena   the arena form's fields: "source" ("text" or "prompt"), "prompt", "steps", "budget_kind" ("percent"
+          or "bytes"), "budget", "policies" (a list)
+  spec    the speculative lab's fields: "prompt", "draft" (early, model, lookup), "gamma", "max_new_tokens",
+          "exit_layer", "max_ngram", "mode", "temperature", "seed", "block_size", "chat"
+
+Example (TOML):
+
+  [[demo]]
+  kind = "trace"
+  name = "The 8K essay"
+  builtin_long = true
+
+  [[demo]]
+  kind = "arena"
+  name = "Sinks matter"
+  source = "text"
+  steps = 32
+  policies = ["window", "streaming"]
+"""
+
+
+def read_kit_file(path: Path) -> list:
+    """The demos of a kit file (.toml: [[demo]] tables; else JSON: an array, or {"demo": [...]})."""
+    import json
+    import tomllib
+
+    text = path.read_text(encoding="utf-8")
+    data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
+    return data.get("demo", data.get("demos")) if isinstance(data, dict) else data
+
+
+def load_kit_models(settings: Settings):
+    from app.state import load_models
+
+    return load_models(settings)
+
+
+def cmd_kit(args: argparse.Namespace) -> int:
+    """Run every demo of a kit file through the labs' own methods (as the pages do) and pin each."""
+    import time
+
+    from app.errors import UserError
+    from app.state import AppState
+
+    path = Path(args.file)
+    try:
+        demos = read_kit_file(path)
+    except (OSError, ValueError) as exc:  # tomllib's and json's errors are ValueErrors
+        print(f"Could not read {path}: {exc}", file=sys.stderr)
+        return 2
+    settings = Settings.from_env()
+    registry = load_kit_models(settings)
+    state = AppState.create(settings, registry)
+    started = time.monotonic()
+
+    def progress(i: int, n: int, text: str) -> None:
+        if i < n:
+            print(f"[{i + 1}/{n}] {text} ... ({time.monotonic() - started:.0f} s so far)", flush=True)
+
+    try:
+        pins = state.kit.prepare(demos, progress)
+    except UserError as exc:
+        print(exc.message, file=sys.stderr)
+        return 1
+    finally:
+        state.stop_labs()
+    for pin in pins:
+        print(f"  {pin.code}  {pin.kind:6} {pin.name}  ({pin.bytes:,} bytes)")
+    used = state.kit.pins()["used"]
+    print(f"Kit ready in {time.monotonic() - started:.0f} s: {len(pins)} pins, {used:,} bytes under "
+          f"{settings.home / 'kit'}. Open them on /kit (kvscope serve).")
+    return 0
+
+
 def cmd_settings_doc(args: argparse.Namespace) -> int:
     from app.settings_doc import render
 
@@ -207,6 +290,12 @@ def main(argv: list[str] | None = None) -> int:
                             "(default: the first of KVSCOPE_MODELS that loads)")
     trace.add_argument("--out", required=True, help="output file, ending in .npz or .safetensors")
     trace.set_defaults(func=cmd_trace)
+    kit = sub.add_parser("kit", help="the class kit: demos pinned ahead of class, opened on /kit by a code")
+    kit_sub = kit.add_subparsers(dest="kit_command", required=True)
+    prepare = kit_sub.add_parser("prepare", help="run a list of demos and pin each (progress printed)",
+                                 description=KIT_FORMAT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    prepare.add_argument("file", help="a .json or .toml kit file (the format is above)")
+    prepare.set_defaults(func=cmd_kit)
     doc = sub.add_parser("settings-doc", help="print docs/settings.md: every KVSCOPE_* variable, from Settings")
     doc.add_argument("--out", default=None, help="write it to this file instead (docs/settings.md)")
     doc.set_defaults(func=cmd_settings_doc)

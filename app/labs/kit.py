@@ -190,7 +190,7 @@ class KitLab:
             if run is None:
                 raise Expired("err.kit.gone")
             view = self.arena.view(lm, run)
-            return self._write(kind, name, lm.name, owner, {"view": view, "form": form | {"model": lm.name}},
+            return self._write(kind, name, lm.name, owner, {"view": view, "form": ARENA_DEFAULTS | form | {"model": lm.name}},
                                {"policies": list(req.policies), "steps": req.steps})
         view = self.speculative.kept(run_id or "")
         if view is None:
@@ -237,7 +237,10 @@ class KitLab:
             if write_files is not None:
                 write_files(tmp)
             files = sum(p.stat().st_size for p in tmp.iterdir())
-            pin = Pin(**{**asdict(pin), "bytes": files + len(_dump(pin, record)) + 32})
+            total = files
+            while total != files + len(_dump(pin, record)):  # pin.json holds its own size: settles in a step or two
+                total = files + len(_dump(pin, record))
+                pin = Pin(**{**asdict(pin), "bytes": total})
             (tmp / "pin.json").write_bytes(_dump(pin, record))
             tmp.rename(self.folder / code)
         except BaseException:

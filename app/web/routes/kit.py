@@ -1,0 +1,112 @@
+"""The class kit: /kit (the page: every pin, its size, the budget, open by code), /kit/{code} (a pin opened on its own
+page, read-only), the "Keep for class" form every slow page carries, and /api/kit/* (the same as JSON).
+
+Each route calls one method of ``KitLab`` (``app/labs/kit.py``). A code is checked there (five letters and digits
+of its alphabet); nothing a browser sends becomes a path.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import RedirectResponse
+from pydantic import Field
+
+from app.labs.kit import KINDS, check_code
+from app.web.deps import AddressDep, KitDep, OwnerDep
+from app.web.openapi import Body, errors
+from app.web.render import render
+
+router = APIRouter()
+
+# The template each kind of pin reopens in: the page that made it (a short trace: Inspect; a long one: its zoom).
+PAGES = {"heads": ("heads.html", "heads"), "arena": ("arena.html", "arena"),
+         "spec": ("speculative.html", "speculative")}
+
+
+class PinBody(Body):
+    kind: str = Field(description=f"what to pin: {', '.join(KINDS)}")
+    name: str = Field(max_length=400, description="what the teacher calls it (Settings.kit_max_name_chars)")
+    key: str | None = Field(None, max_length=100, description="trace: its key (/api/trace's ``key``)")
+    model: str | None = Field(None, max_length=200, description="heads: the model whose survey is pinned")
+    run_id: str | None = Field(None, max_length=40, description="spec: the run's ``run_id``")
+    arena: dict | None = Field(None, description="arena: the run's request, as /api/arena/run's body")
+
+
+@router.get("/kit", include_in_schema=False)
+def read_kit_page(request: Request, lab: KitDep, owner: OwnerDep, address: AddressDep):
+    return render(request, "kit.html", page="kit", kit=lab.pins(owner=owner, address=address))
+
+
+@router.get("/kit/open", include_in_schema=False)
+def open_kit_code(lab: KitDep, code: str = ""):
+    """The open-by-code form: the code as typed -> its pin's page."""
+    return RedirectResponse(f"/kit/{lab.get(code).code}", status_code=303)
+
+
+@router.get("/kit/{code}", include_in_schema=False)
+def read_pin_page(request: Request, lab: KitDep, code: str):
+    pin, shown = lab.open(code)
+    if pin.kind == "trace":
+        if shown["long"]:
+            return RedirectResponse(f"/zoom/{shown['key']}", status_code=303)
+        return render(request, "inspect.html", page="inspect", chat_option=True, kit_pin=pin, **shown["inspect"])
+    template, page = PAGES[pin.kind]
+    if pin.kind == "heads":
+        return render(request, template, page=page, kit_pin=pin, view=shown["view"])
+    if pin.kind == "arena":
+        return render(request, template, page=page, kit_pin=pin, view=shown["view"], form=shown["form"], oob=False,
+                      pending=False, **shown["page"])
+    return render(request, template, page=page, kit_pin=pin, view=shown["view"], roof=None, cmp=None,
+                  spec=shown["page"])
+
+
+@router.post("/kit/pin", include_in_schema=False)
+def pin_form(request: Request, lab: KitDep, owner: OwnerDep, kind: Annotated[str, Form()],
+             name: Annotated[str, Form(max_length=400)] = "", key: Annotated[str | None, Form()] = None,
+             model: Annotated[str | None, Form()] = None, run_id: Annotated[str | None, Form()] = None,
+             source: Annotated[str | None, Form()] = None, prompt: Annotated[str | None, Form()] = None,
+             steps: Annotated[int | None, Form()] = None, budget_kind: Annotated[str | None, Form()] = None,
+             budget: Annotated[float | None, Form()] = None, policies: Annotated[list[str] | None, Form()] = None):
+    """The "Keep for class" form: pins what the page shows, answers with its code and link."""
+    arena = {k: v for k, v in {"model": model, "source": source, "prompt": prompt, "steps": steps,
+                               "budget_kind": budget_kind, "budget": budget, "policies": policies}.items()
+             if v is not None} if kind == "arena" else None
+    pin = lab.pin(kind, name=name, owner=owner, key=key, model=model, run_id=run_id, arena=arena)
+    return render(request, "partials/_keep_result.html", pin=pin.view(owner))
+
+
+@router.post("/kit/{code}/delete", include_in_schema=False)
+def delete_pin_form(request: Request, lab: KitDep, owner: OwnerDep, address: AddressDep, code: str):
+    lab.delete(code, owner=owner, address=address)
+    return render(request, "partials/_kit_list.html", kit=lab.pins(owner=owner, address=address))
+
+
+@router.get("/api/kit", tags=["kit"])
+def read_kit(lab: KitDep, owner: OwnerDep, address: AddressDep) -> dict:
+    """Every pin (newest first: code, name, kind, model, bytes on disk, whether this browser may delete it), the
+    bytes used and the budget (``Settings.kit_disk_bytes``)."""
+    return lab.pins(owner=owner, address=address)
+
+
+@router.post("/api/kit/pins", tags=["kit"], responses=errors(403, 404, 410, 422))
+def pin_item(lab: KitDep, owner: OwnerDep, body: PinBody) -> dict:
+    """Pin what a lab still holds, under a new code: a trace (``key``), a head-roles survey (``model``), an arena run
+    (``arena``: its request; finished), a speculative run (``run_id``). 410 when it is no longer held, 422 over the
+    budget or with a bad name; nothing is recomputed."""
+    return lab.pin(body.kind, name=body.name, owner=owner, key=body.key, model=body.model, run_id=body.run_id,
+                   arena=body.arena).view(owner)
+
+
+@router.get("/api/kit/{code}", tags=["kit"], responses=errors(404, 410, 422))
+def read_pin(lab: KitDep, code: str) -> dict:
+    """One pin and its result as its lab's API returned it (a trace: the key its pages read it under)."""
+    return lab.result(check_code(code))
+
+
+@router.delete("/api/kit/{code}", tags=["kit"], responses=errors(403, 404, 422))
+def delete_pin(lab: KitDep, owner: OwnerDep, address: AddressDep, code: str) -> dict:
+    """Delete a pin: only the browser that pinned it, or a request from the server's own machine (loopback); 403
+    for any other."""
+    return lab.delete(code, owner=owner, address=address)

@@ -1,0 +1,241 @@
+"""The class kit (app/labs/kit.py): a pin written to disk and read back by a new state on the same home, exactly.
+
+Exact equality holds by construction here: a pinned trace's tensors are the bytes that were written, read back
+(memory-mapped), and a pinned result is the JSON its lab returned, written and read."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from app.cli import main as cli_main
+from app.errors import BadInput, Expired, Forbidden, NotFound
+from app.labs.kit import CODE, PIN_PREFIX, check_code, is_loopback
+from app.labs.speculative import SpecAsk
+from app.model.loading import ModelRegistry
+from app.settings import Settings
+from app.state import AppState
+
+PROMPT = "the cat sat on the mat and the dog sat on the log"
+
+
+def make(tiny, home, **changes) -> AppState:
+    registry = ModelRegistry(models={"builtin": tiny}, default="builtin", failures={})
+    return AppState.create(Settings(models=("builtin",), home=home, allowed_hosts=("testserver",), **changes), registry)
+
+
+def same_json(a, b) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_a_pinned_trace_reopened_after_a_restart_is_the_same_tensors(tiny, tmp_path):
+    st = make(tiny, tmp_path)
+    lm, key, trace = st.inspect.trace_prompt("builtin", PROMPT)
+    grid = st.inspect.grid(key, 16)
+    pin = st.kit.pin("trace", name="  The cat\tsat ", owner="browser-a", key=key)
+    assert CODE.fullmatch(pin.code) and pin.name == "The cat sat"
+    files = {p.name for p in (tmp_path / "kit" / pin.code).iterdir()}
+    assert files == {"pin.json", "trace.safetensors"}
+    assert pin.bytes == sum(p.stat().st_size for p in (tmp_path / "kit" / pin.code).iterdir())
+
+    again = make(tiny, tmp_path)  # a restart: a new state on the same home, the store empty
+    assert len(again.traces) == 0
+    lm2, back = again.inspect.trace_by_key(pin.key)
+    assert list(back.tensors) == list(trace.tensors)  # the same names, in execution order
+    for name, t in trace.tensors.items():
+        assert back.tensors[name].dtype == t.dtype and back.tensors[name].shape == t.shape
+        assert torch.equal(back.tensors[name], t), name  # the same bytes, written and read
+    assert back.token_ids == trace.token_ids and back.token_texts == trace.token_texts
+    assert back.steps == trace.steps and back.meta.get("tail") == trace.meta.get("tail")
+    assert again.inspect.grid(pin.key, 16) == grid  # the grid of heads kept with it, not recomputed
+    assert again.traces.misses == 0  # nothing was captured to reopen it
+    # Read a second, independent way: safetensors' own loader on the same file.
+    other = load_file(tmp_path / "kit" / pin.code / "trace.safetensors")
+    assert all(torch.equal(other[n], t) for n, t in trace.tensors.items())
+    # A view reads it as it read the original (the same op on the same bytes).
+    assert same_json(again.inspect.attention(pin.key, 0, 1, "weights"), st.inspect.attention(key, 0, 1, "weights"))
+
+
+def test_a_reopened_trace_copies_nothing_it_maps_the_file(tiny, tmp_path):
+    st = make(tiny, tmp_path)
+    _, key, _ = st.inspect.trace_prompt("builtin", PROMPT)
+    pin = st.kit.pin("trace", name="mapped", owner="a", key=key)
+    again = make(tiny, tmp_path)
+    _, back = again.inspect.trace_by_key(pin.key)
+    # Every tensor is a view into one buffer laid out as the file (the mapping), none a copy: the distance between
+    # two tensors' memory is the distance between their bytes in the file, as its header gives them.
+    path = tmp_path / "kit" / pin.code / "trace.safetensors"
+    blob = path.read_bytes()
+    header = json.loads(blob[8 : 8 + int.from_bytes(blob[:8], "little")])
+    names = [n for n, t in back.tensors.items() if t.numel()]
+    base = back.tensors[names[0]].data_ptr() - header[names[0]]["data_offsets"][0]
+    assert all(back.tensors[n].data_ptr() - base == header[n]["data_offsets"][0] for n in names)
+
+
+def test_a_long_trace_keeps_its_zoom_grid_and_is_never_expired(tiny, tmp_path):
+    st = make(tiny, tmp_path, full_trace_max_tokens=16, zoom_min_tokens=16, trace_ttl_s=0.001)
+    lm, ids = st.long.prepare(model="builtin", text=PROMPT * 2)
+    key = st.inspect.trace_key(lm, ids)
+    st.inspect.traces.get_or_compute(key, lambda: st.inspect.compute_trace(lm, ids))
+    rows = [st.zoom.head_grid(key, layer=layer) for layer in range(lm.adapter.n_layer)]
+    pin = st.kit.pin("trace", name="long", owner="a", key=key)
+    assert pin.summary["long"] and pin.summary["grid_layers"] == lm.adapter.n_layer
+    again = make(tiny, tmp_path, full_trace_max_tokens=16, zoom_min_tokens=16, trace_ttl_s=0.001)
+    again.purge()  # the TTL has passed many times over: a pinned trace is not the store's to drop
+    _, shown = again.kit.open(pin.code)
+    assert shown["long"] and shown["key"] == PIN_PREFIX + pin.code
+    assert [again.zoom.head_grid(pin.key, layer=layer) for layer in range(lm.adapter.n_layer)] == rows
+    tile = again.zoom.tile(pin.key, layer=0, head=0, level=0, row=0, col=0, pool="max")
+    assert torch.equal(tile, st.zoom.tile(key, layer=0, head=0, level=0, row=0, col=0, pool="max"))
+
+
+def test_a_trace_no_longer_held_is_refused_not_recomputed(tiny, tmp_path):
+    st = make(tiny, tmp_path)
+    _, key, _ = st.inspect.trace_prompt("builtin", PROMPT)
+    st.traces.clear()
+    with pytest.raises(Expired) as e:
+        st.kit.pin("trace", name="gone", owner="a", key=key)
+    assert e.value.key == "err.kit.gone" and st.traces.misses == 1  # the first capture only
+    with pytest.raises(Expired):
+        st.kit.pin("trace", name="never", owner="a", key="no-such-key")
+    assert not (tmp_path / "kit").exists() or not any((tmp_path / "kit").iterdir())
+
+
+def test_pinned_results_equal_their_labs_json(tiny, tmp_path):
+    st = make(tiny, tmp_path)
+    heads = st.heads.view("builtin")
+    ask = SpecAsk(model="builtin", prompt="the cat sat on the", max_new_tokens=6, gamma=2)
+    spec = st.speculative.view(ask)
+    form = {"model": "builtin", "source": "prompt", "prompt": "the cat sat on the", "steps": 3,
+            "policies": ["window", "streaming"]}
+    lm, req = st.arena.prepare(**{"budget_kind": "percent", "budget": 25.0} | form)
+    run = st.arena.run(lm, req, owner="a", address="10.0.0.2")
+    arena = st.arena.view(lm, run)
+    pins = {"heads": st.kit.pin("heads", name="roles", owner="a", model="builtin"),
+            "spec": st.kit.pin("spec", name="spec", owner="a", run_id=spec["run_id"]),
+            "arena": st.kit.pin("arena", name="arena", owner="a", arena=form)}
+    again = make(tiny, tmp_path)
+    for kind, original in (("heads", heads), ("spec", spec), ("arena", arena)):
+        pin, shown = again.kit.open(pins[kind].code)
+        assert pin.kind == kind
+        assert same_json(shown["view"], json.loads(json.dumps(original))), kind
+        assert same_json(again.kit.result(pin.code)["view"], json.loads(json.dumps(original)))
+    assert again.heads.surveys.cached(tiny) is None  # reopening the survey ran nothing
+
+
+def test_a_result_not_kept_is_refused(tiny, tmp_path):
+    st = make(tiny, tmp_path)
+    with pytest.raises(Expired):
+        st.kit.pin("heads", name="x", owner="a", model="builtin")  # no survey made yet
+    with pytest.raises(Expired):
+        st.kit.pin("spec", name="x", owner="a", run_id="0123456789abcdef")
+    with pytest.raises(Expired):
+        st.kit.pin("arena", name="x", owner="a", arena={"source": "prompt", "prompt": "the cat", "steps": 2})
+
+
+def test_the_budget_refuses_a_pin_that_would_pass_it_and_changes_nothing(tiny, tmp_path):
+    st = make(tiny, tmp_path)
+    _, key, trace = st.inspect.trace_prompt("builtin", PROMPT)
+    first = st.kit.pin("trace", name="fits", owner="a", key=key)
+    small = make(tiny, tmp_path, kit_disk_bytes=first.bytes + first.bytes // 2)
+    assert small.kit.pins()["used"] == first.bytes
+    _, key2, _ = small.inspect.trace_prompt("builtin", PROMPT + " again")
+    with pytest.raises(BadInput) as e:
+        small.kit.pin("trace", name="too much", owner="a", key=key2)
+    assert e.value.key == "err.kit.budget"
+    assert [p["code"] for p in small.kit.pins()["pins"]] == [first.code]
+    assert sorted(p.name for p in (tmp_path / "kit").iterdir()) == [first.code]  # no half-written folder left
+
+
+def test_names_and_codes_are_checked_never_paths(tiny, tmp_path):
+    st = make(tiny, tmp_path, kit_max_name_chars=10)
+    _, key, _ = st.inspect.trace_prompt("builtin", PROMPT)
+    for bad in ("", "   ", "x" * 11, "a\x00b"):
+        with pytest.raises(BadInput):
+            st.kit.pin("trace", name=bad, owner="a", key=key)
+    pin = st.kit.pin("trace", name="../../etc", owner="a", key=key)  # a name is only ever text in pin.json
+    assert (tmp_path / "kit" / pin.code).is_dir() and pin.name == "../../etc"
+    for bad in ("../x", "ABC", "ABCDEFG", "AB/CD", "00000", ""):
+        with pytest.raises(BadInput):
+            check_code(bad)
+    assert check_code(f" {pin.code.lower()} ") == pin.code
+    other = "".join("A" if c != "A" else "C" for c in pin.code)
+    with pytest.raises(NotFound):
+        st.kit.get(other)
+    with pytest.raises(BadInput):
+        st.kit.pin("nonsense", name="x", owner="a")
+
+
+def test_only_the_pinning_browser_or_the_loopback_deletes(tiny, tmp_path):
+    st = make(tiny, tmp_path)
+    _, key, _ = st.inspect.trace_prompt("builtin", PROMPT)
+    pin = st.kit.pin("trace", name="mine", owner="browser-a", key=key)
+    with pytest.raises(Forbidden):
+        st.kit.delete(pin.code, owner="browser-b", address="10.0.0.7")
+    with pytest.raises(Forbidden):
+        st.kit.delete(pin.code, owner="", address="10.0.0.7")
+    assert st.kit.open(pin.code)[0].code == pin.code  # still there, still open to anyone
+    assert st.kit.pins(owner="browser-b", address="10.0.0.7")["pins"][0]["mine"] is False
+    assert st.kit.delete(pin.code, owner="browser-a", address="10.0.0.9") == {"deleted": pin.code}
+    assert pin.key not in st.inspect.pinned and not (tmp_path / "kit" / pin.code).exists()
+    second = st.kit.pin("trace", name="theirs", owner="browser-a", key=key)
+    st.kit.delete(second.code, owner="browser-b", address="127.0.0.1")  # the teacher's own machine
+    assert st.kit.pins()["pins"] == []
+    assert is_loopback("::1") and is_loopback("127.0.0.1") and not is_loopback("10.0.0.1")
+    assert not is_loopback("testclient")
+
+
+def test_a_half_written_pin_is_removed_at_start_up(tiny, tmp_path):
+    (tmp_path / "kit" / ".tmp-abc").mkdir(parents=True)
+    (tmp_path / "kit" / ".tmp-abc" / "trace.safetensors").write_bytes(b"\0" * 10)
+    st = make(tiny, tmp_path)
+    assert not (tmp_path / "kit" / ".tmp-abc").exists() and st.kit.pins()["used"] == 0
+
+
+def test_prepare_builds_a_kit_from_a_file_with_progress(tiny, tmp_path, capsys, monkeypatch):
+    demos = [{"kind": "trace", "name": "A short trace", "model": "builtin", "prompt": PROMPT},
+             {"kind": "heads", "name": "Head roles", "model": "builtin"},
+             {"kind": "spec", "name": "Speculative", "model": "builtin", "prompt": "the cat sat on the",
+              "max_new_tokens": 4, "gamma": 2},
+             {"kind": "arena", "name": "Arena", "model": "builtin", "source": "prompt", "prompt": "the cat sat on",
+              "steps": 2, "policies": ["window"]}]
+    toml = tmp_path / "kit.toml"
+    toml.write_text("\n".join(
+        "[[demo]]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in d.items()) for d in demos), encoding="utf-8")
+    monkeypatch.setenv("KVSCOPE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KVSCOPE_MODELS", "builtin")
+    monkeypatch.setattr("app.cli.load_kit_models", lambda settings: ModelRegistry(
+        models={"builtin": tiny}, default="builtin", failures={}))
+    assert cli_main(["kit", "prepare", str(toml)]) == 0
+    out = capsys.readouterr().out
+    assert "[1/4]" in out and "[4/4]" in out and "Head roles" in out
+    st = make(tiny, tmp_path / "home")
+    kinds = sorted(p["kind"] for p in st.kit.pins()["pins"])
+    assert kinds == ["arena", "heads", "spec", "trace"]
+    trace_pin = next(p for p in st.kit.pins()["pins"] if p["kind"] == "trace")
+    _, back = st.inspect.trace_by_key(PIN_PREFIX + trace_pin["code"])
+    fresh = make(tiny, tmp_path / "other")
+    _, _, trace = fresh.inspect.trace_prompt("builtin", PROMPT)
+    # The same tokens through the same model: the capture the CLI pinned is the one the page makes (fp32 on one
+    # machine, the same op order: equal up to rounding, bounded by fp32's epsilon times the values' scale).
+    for name, t in trace.tensors.items():
+        assert torch.allclose(back.tensors[name], t, rtol=1e-5, atol=1e-6 * max(1.0, float(t.abs().max()))), name
+    assert math.isfinite(st.kit.pins()["used"])
+
+
+def test_a_bad_kit_file_is_refused_before_any_run(tiny, tmp_path, capsys, monkeypatch):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"kind": "heads", "name": "ok"}, {"kind": "wrong", "name": "x"}]), encoding="utf-8")
+    monkeypatch.setenv("KVSCOPE_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr("app.cli.load_kit_models", lambda settings: ModelRegistry(
+        models={"builtin": tiny}, default="builtin", failures={}))
+    assert cli_main(["kit", "prepare", str(bad)]) == 1
+    assert "cannot be pinned" in capsys.readouterr().err
+    assert not (tmp_path / "home" / "kit").exists() or not any((tmp_path / "home" / "kit").iterdir())
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json", encoding="utf-8")
+    assert cli_main(["kit", "prepare", str(broken)]) == 2
