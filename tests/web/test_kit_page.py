@@ -1,0 +1,148 @@
+"""The class kit over HTTP: "Keep for class" on a page, /kit, a pin opened by its code in another browser (read-only),
+deleted only by the browser that pinned it, and everything still there after a restart."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.model.loading import ModelRegistry
+from app.settings import Settings
+from app.state import AppState
+from app.web.main import create_app
+
+PROMPT = "the cat sat on the mat and the dog sat on the log"
+HX = {"HX-Request": "true"}
+
+
+def make_app(tiny, home, **changes):
+    registry = ModelRegistry(models={"builtin": tiny}, default="builtin", failures={})
+    st = AppState.create(Settings(models=("builtin",), home=home, allowed_hosts=("testserver",), **changes), registry)
+    return create_app(state=st), st
+
+
+@pytest.fixture
+def kit_app(tiny, tmp_path):
+    return make_app(tiny, tmp_path)
+
+
+def browser(app) -> TestClient:
+    return TestClient(app)
+
+
+def keep_fields(html: str, form_id: str) -> dict:
+    """The hidden inputs of a page's "Keep for class" form, as the browser would post them."""
+    form = re.search(rf'<form class="keep" id="{form_id}".*?</form>', html, re.S)
+    assert form, f"no {form_id} form"
+    out: dict = {}
+    for name, value in re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)">', form.group(0)):
+        out.setdefault(name, []).append(value)
+    return {k: v if len(v) > 1 or k == "policies" else v[0] for k, v in out.items()}
+
+
+def pin_from(client, html, form_id, name):
+    r = client.post("/kit/pin", data=keep_fields(html, form_id) | {"name": name}, headers=HX)
+    assert r.status_code == 200, r.text
+    return re.search(r'data-code="(\w+)"', r.text).group(1)
+
+
+def test_keep_a_trace_then_another_browser_opens_it_by_code_and_cannot_delete_it(kit_app, tiny, tmp_path):
+    app, st = kit_app
+    with browser(app) as teacher, browser(app) as student:
+        page = teacher.get("/", params={"prompt": PROMPT}).text
+        code = pin_from(teacher, page, "keep-inspect", "The cat sat")
+        listed = teacher.get("/kit").text
+        assert code in listed and "The cat sat" in listed and 'hx-post="/kit/%s/delete"' % code in listed
+        theirs = student.get("/kit").text
+        assert code in theirs and f"/kit/{code}/delete" not in theirs  # not theirs to delete
+        r = student.get("/kit/open", params={"code": f" {code.lower()} "}, follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == f"/kit/{code}"
+        opened = student.get(f"/kit/{code}").text
+        assert 'id="kit-banner"' in opened and f'data-key="kit-{code}"' in opened
+        assert 'class="keep"' not in opened  # a pin is not pinned again from its own page
+        grid = student.get(f"/api/traces/kit-{code}/grid").json()
+        assert grid["n_layer"] == tiny.adapter.n_layer
+        assert student.delete(f"/api/kit/{code}").status_code == 403
+        assert student.post(f"/kit/{code}/delete", headers=HX).status_code == 403
+        assert code in student.get("/kit").text
+        assert student.get("/api/kit").json()["pins"][0]["mine"] is False
+        assert teacher.get("/api/kit").json()["pins"][0]["mine"] is True
+        r = teacher.post(f"/kit/{code}/delete", headers=HX)
+        assert r.status_code == 200 and code not in r.text
+        assert student.get(f"/kit/{code}").status_code == 404
+
+
+def test_every_kind_reopens_after_a_restart_as_its_page_showed_it(kit_app, tiny, tmp_path):
+    app, st = kit_app
+    with browser(app) as teacher:
+        codes = {"trace": pin_from(teacher, teacher.get("/", params={"prompt": PROMPT}).text, "keep-inspect", "T")}
+        heads_page = teacher.get("/heads").text
+        codes["heads"] = pin_from(teacher, heads_page, "keep-heads", "Roles")
+        spec = teacher.post("/speculative/run", data={"prompt": "the cat sat on the", "max_new_tokens": "4",
+                                                      "gamma": "2"}, headers=HX).text
+        codes["spec"] = pin_from(teacher, spec, "keep-spec", "Spec")
+        params = {"source": "prompt", "prompt": "the cat sat on", "steps": 2, "policies": ["window", "streaming"]}
+        arena = teacher.get("/arena", params=params, headers=HX).text
+        codes["arena"] = pin_from(teacher, arena, "keep-arena", "Arena")
+        views = {"heads": teacher.get("/api/heads").json(),
+                 "arena": teacher.post("/api/arena/run", json=params).json()}
+    again, _ = make_app(tiny, tmp_path)  # a restart
+    with browser(again) as student:
+        listed = student.get("/api/kit").json()
+        assert sorted(p["kind"] for p in listed["pins"]) == ["arena", "heads", "spec", "trace"]
+        for kind, code in codes.items():
+            r = student.get(f"/kit/{code}")
+            assert r.status_code == 200 and 'id="kit-banner"' in r.text, kind
+        for kind in ("heads", "arena"):
+            got = student.get(f"/api/kit/{codes[kind]}").json()["view"]
+            assert json.dumps(got, sort_keys=True) == json.dumps(views[kind], sort_keys=True)
+        assert student.get(f"/api/kit/{codes['spec']}").json()["view"]["run_id"]
+
+
+def test_bad_input_gets_a_clear_message_and_changes_nothing(kit_app):
+    app, st = kit_app
+    with browser(app) as c:
+        page = c.get("/", params={"prompt": PROMPT}).text
+        fields = keep_fields(page, "keep-inspect")
+        for name, key in (("", "err.kit.name"), ("x" * 81, "err.kit.name")):
+            r = c.post("/api/kit/pins", json={"kind": "trace", "name": name, "key": fields["key"]})
+            assert r.status_code == 422 and "name" in r.json()["detail"]
+        r = c.post("/api/kit/pins", json={"kind": "trace", "name": "x", "key": "nope"})
+        assert r.status_code == 410
+        r = c.post("/api/kit/pins", json={"kind": "spec", "name": "x", "run_id": "0" * 16})
+        assert r.status_code == 410 and "no longer held" in r.json()["detail"]
+        r = c.post("/api/kit/pins", json={"kind": "file", "name": "x"})
+        assert r.status_code == 422
+        for code, status in (("AB.CD", 422), ("AAAAA", 404), ("ZZZZZ", 422), ("%00", 422)):
+            r = c.get(f"/api/kit/{code}")
+            assert r.status_code == status, code
+        r = c.get("/kit/open", params={"code": "../x"}, headers={"accept": "text/html"})
+        assert r.status_code == 422 and "not a kit code" in r.text
+        zh = c.get("/api/kit/AAAAA", params={"lang": "zh"}).json()["detail"]
+        assert "代码" in zh
+        r = c.post("/kit/pin", data={"kind": "trace", "name": "", "key": fields["key"]}, headers=HX)
+        assert r.status_code == 422 and r.headers["HX-Retarget"] == "#error"
+        assert c.get("/api/kit").json()["pins"] == [] and st.kit.pins()["used"] == 0
+
+
+def test_over_the_budget_is_refused_with_the_sizes(tiny, tmp_path):
+    app, st = make_app(tiny, tmp_path, kit_disk_bytes=10_000)
+    with browser(app) as c:
+        page = c.get("/", params={"prompt": PROMPT}).text
+        r = c.post("/kit/pin", data=keep_fields(page, "keep-inspect") | {"name": "big"}, headers=HX)
+        assert r.status_code == 422 and "KVSCOPE_KIT_DISK_BYTES" in r.text
+        assert c.get("/api/kit").json()["pins"] == []
+
+
+def test_the_kit_page_in_both_languages_and_the_menu(kit_app):
+    app, _ = kit_app
+    with browser(app) as c:
+        en = c.get("/kit").text
+        assert 'href="/kit"' in c.get("/").text  # in the header's More menu
+        assert "Open by code" in en and 'id="kit-empty"' in en
+        zh = c.get("/kit", params={"lang": "zh"}).text
+        assert "课堂资料包" in zh and "按代码打开" in zh
+        assert "present" in c.get("/kit", params={"present": "1"}).text
