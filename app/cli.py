@@ -190,6 +190,7 @@ Example (TOML):
 def read_kit_file(path: Path) -> list:
     """The demos of a kit file (.toml: [[demo]] tables; else JSON: an array, or {"demo": [...]})."""
     import json
+
     import tomllib
 
     text = path.read_text(encoding="utf-8")

@@ -16,6 +16,7 @@ On disk, one folder per pin, named by its code (server-made: ``CODE``; nothing a
     kit/
       K7QX2/  pin.json            name, kind, model, bytes, owner (a hash of its cookie), the result (JSON kinds)
               trace.safetensors   a trace's tensors (app/model/trace_file.py), read back memory-mapped
+              zoom.safetensors    the zoom's pooled maps made so far (its first tiles come back with no pass)
       .tmp-…/                     a pin being written: renamed into place when complete, removed at start-up
 
 A pinned trace goes into ``InspectLab.pinned`` under ``kit-CODE`` (read before the trace store, never expired or
@@ -45,7 +46,7 @@ from app.labs.limits import Limits
 from app.labs.long import LongLab
 from app.labs.speculative import SpecAsk, SpeculativeLab
 from app.labs.zoom import ZoomLab
-from app.model.trace_file import file_bytes, read_trace, write_trace
+from app.model.trace_file import file_bytes, read_tensors, read_trace, tensors_bytes, write_tensors, write_trace
 
 KINDS = ("trace", "heads", "arena", "spec")
 # Codes a class reads off a projector and types: no 0/O, 1/I/L, 5/S or 8/B to confuse.
@@ -144,7 +145,7 @@ class KitLab:
                     continue  # not a pin this version wrote: left alone, not listed
                 self._pins[pin.code] = pin
                 if pin.kind == "trace":
-                    self._mount(pin, record)
+                    self._mount(pin, record["record"])
 
     def _mount(self, pin: Pin, record: dict) -> None:
         """A pinned trace into Inspect's pinned traces (memory-mapped: nothing read until a view reads it)."""
@@ -159,6 +160,9 @@ class KitLab:
             trace.meta["grid"] = (size, thumbs)
         self.inspect.pinned[pin.key] = (lm, trace)
         self.zoom.pin_grid(pin.key, {int(k): v for k, v in record.get("zoom_grid", {}).items()})
+        if (self.folder / pin.code / "zoom.safetensors").is_file():
+            bases, _ = read_tensors(self.folder / pin.code / "zoom.safetensors")
+            self.zoom.pin_pyramids(pin.key, trace, bases)
 
     # --- pinning ------------------------------------------------------------------------------------------
     def check_name(self, name: str | None) -> str:
@@ -190,8 +194,8 @@ class KitLab:
             if run is None:
                 raise Expired("err.kit.gone")
             view = self.arena.view(lm, run)
-            return self._write(kind, name, lm.name, owner, {"view": view, "form": ARENA_DEFAULTS | form | {"model": lm.name}},
-                               {"policies": list(req.policies), "steps": req.steps})
+            record = {"view": view, "form": ARENA_DEFAULTS | form | {"model": lm.name}}
+            return self._write(kind, name, lm.name, owner, record, {"policies": list(req.policies), "steps": req.steps})
         view = self.speculative.kept(run_id or "")
         if view is None:
             raise Expired("err.kit.gone")
@@ -211,11 +215,17 @@ class KitLab:
                    "long": bool(trace.meta.get("tail")), "grid_layers": len(record["zoom_grid"]),
                    "thumbnails": grid is not None}
 
+        bases = self.zoom.pyramid_bases(key)  # the zoom's pooled maps made so far: its first tiles come back at once
+        summary["zoom_heads"] = len({n.rsplit(".", 1)[0] for n in bases})
+
         def write_files(folder: Path) -> None:
             write_trace(folder / "trace.safetensors", trace, tensor_meta)
+            if bases:
+                write_tensors(folder / "zoom.safetensors", bases, {"model": lm.name})
 
-        return self._write("trace", name, lm.name, owner, record, summary, extra=file_bytes(trace, tensor_meta),
-                           write_files=write_files, mount=True)
+        extra = file_bytes(trace, tensor_meta) + (tensors_bytes(bases, {"model": lm.name}) if bases else 0)
+        return self._write("trace", name, lm.name, owner, record, summary, extra=extra, write_files=write_files,
+                           mount=True)
 
     def _write(self, kind: str, name: str, model: str, owner: str, record: dict, summary: dict, *, extra: int = 0,
                write_files: Callable[[Path], None] | None = None, mount: bool = False) -> Pin:
@@ -358,7 +368,9 @@ class KitLab:
             if d.get("grid", True):
                 _, trace = self.inspect.trace_by_key(key)
                 if trace.n_tokens > self.inspect.limits.zoom_min_tokens or trace.meta.get("tail"):
-                    for layer in range(trace.adapter.n_layer):  # the zoom page's grid of heads, layer by layer
+                    # the zoom page's first view (layer 0, head 0: its overview), then its grid of heads by layer
+                    self.zoom.tile(key, layer=0, head=0, level=0, row=0, col=0, pool="max")
+                    for layer in range(trace.adapter.n_layer):
                         self.zoom.head_grid(key, layer=layer)
                 else:
                     self.inspect.grid(key, int(d.get("grid_size", 48)))

@@ -58,8 +58,9 @@ class ZoomLab:
         self._items: OrderedDict[tuple[str, int, int], tuple[HeadPyramid, threading.Lock]] = OrderedDict()
         self._lock = threading.Lock()
         self._grid: OrderedDict[tuple[str, int], dict[str, list[float]]] = OrderedDict()  # (key, layer) -> measures
-        # A pinned trace's rows (app/labs/kit.py): read first, never dropped
+        # A pinned trace's rows and pooled bases (app/labs/kit.py): read first, never dropped
         self.pinned_grid: dict[tuple[str, int], dict[str, list[float]]] = {}
+        self.pinned_pyramids: dict[tuple[str, int, int], tuple[HeadPyramid, threading.Lock]] = {}
 
     def grid_row(self, key: str, layer: int, make) -> dict[str, list[float]]:
         """One layer's head summaries, made by ``make()`` once (outside the lock: other heads' tiles go on)."""
@@ -87,9 +88,30 @@ class ZoomLab:
         with self._lock:
             for k in [k for k in self.pinned_grid if k[0] == key]:
                 del self.pinned_grid[k]
+            for k in [k for k in self.pinned_pyramids if k[0] == key]:
+                del self.pinned_pyramids[k]
+
+    def pyramid_bases(self, key: str) -> dict[str, torch.Tensor]:
+        """Every pooled base made so far of one trace's heads, as ``"layer.head.pool"`` -> cells."""
+        with self._lock:
+            items = [(k, p) for k, (p, _) in (self._items | self.pinned_pyramids).items() if k[0] == key]
+        return {f"{layer}.{head}.{pool}": cells for (_, layer, head), p in items for pool, cells in p.bases().items()}
+
+    def pin_pyramids(self, key: str, trace: Trace, bases: dict[str, torch.Tensor]) -> None:
+        """A pinned trace's bases (``pyramid_bases``), kept until ``unpin_grid``: its first tiles need no pass."""
+        with self._lock:
+            for name, cells in bases.items():
+                layer, head, pool = name.split(".")
+                item = self.pinned_pyramids.setdefault(
+                    (key, int(layer), int(head)),
+                    (HeadPyramid(trace.n_tokens, trace.total_length, past=trace.past_length), threading.Lock()))
+                item[0].keep_base(pool, cells)
 
     def pyramid(self, key: str, trace: Trace, layer: int, head: int) -> tuple[HeadPyramid, threading.Lock]:
         with self._lock:
+            pinned = self.pinned_pyramids.get((key, layer, head))
+            if pinned is not None:
+                return pinned
             item = self._items.get((key, layer, head))
             if item is None:
                 item = (HeadPyramid(trace.n_tokens, trace.total_length, past=trace.past_length), threading.Lock())

@@ -6,6 +6,7 @@ read back memory-mapped, byte for byte.
     read_trace(path, adapter)            the same ``Trace``: every tensor a view of the mapped file (nothing is copied,
                                          nothing recomputed), the same names in the same order; -> (trace, metadata)
     file_bytes(trace, metadata)          what ``write_trace`` will write, before it writes
+    write_tensors / read_tensors         the same for any named tensors (a zoom's pooled bases) and a JSON metadata
 
 The layout is safetensors' own: 8 bytes (little-endian) of header length, a JSON header naming each tensor's dtype,
 shape and byte range, then the data::
@@ -54,17 +55,20 @@ def _layout(tensors: dict[str, torch.Tensor]) -> tuple[dict, list[str]]:
     return entries, order
 
 
+def _header_of(tensors: dict[str, torch.Tensor], meta: dict) -> tuple[bytes, list[str]]:
+    entries, order = _layout(tensors)
+    # safetensors' metadata is str -> str: ours is one JSON string under one name.
+    header = json.dumps({**entries, "__metadata__": {"kvscope": json.dumps(meta)}}, separators=(",", ":")).encode()
+    return header + b" " * (-len(header) % 8), order
+
+
 def _header(trace: Trace, metadata: dict) -> tuple[bytes, list[str]]:
-    entries, order = _layout(trace.tensors)
     meta = {"format": FORMAT, "names": list(trace.tensors), "token_ids": trace.token_ids,
             "token_texts": trace.token_texts, "past_length": trace.past_length,
             "steps": [[s.name, list(s.shape), [[p, list(shape)] for p, shape in s.params], s.derived]
                       for s in trace.steps],
             "meta": {k: v for k, v in trace.meta.items() if k == "tail"}, "kit": metadata}
-    # safetensors' metadata is str -> str: ours is one JSON string under one name.
-    header = json.dumps({**entries, "__metadata__": {"kvscope": json.dumps(meta)}}, separators=(",", ":")).encode()
-    header += b" " * (-len(header) % 8)
-    return header, order
+    return _header_of(trace.tensors, meta)
 
 
 def file_bytes(trace: Trace, metadata: dict) -> int:
@@ -77,13 +81,25 @@ def write_trace(path: Path, trace: Trace, metadata: dict) -> int:
     projection is made contiguous one at a time), so at most one tensor is held twice."""
     if trace.past_length or trace.cache is not None:
         raise ValueError("only a prefill's trace, without a KV cache, is written")
-    header, order = _header(trace, metadata)
+    return _write(path, trace.tensors, *_header(trace, metadata))
+
+
+def write_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict) -> int:
+    return _write(path, tensors, *_header_of(tensors, {"format": FORMAT, "names": list(tensors), "kit": metadata}))
+
+
+def tensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict) -> int:
+    header, _ = _header_of(tensors, {"format": FORMAT, "names": list(tensors), "kit": metadata})
+    return 8 + len(header) + sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _write(path: Path, tensors: dict[str, torch.Tensor], header: bytes, order: list[str]) -> int:
     written = 0
     with open(path, "wb") as f:
         written += f.write(len(header).to_bytes(8, "little"))
         written += f.write(header)
         for name in order:
-            t = _owned(trace.tensors[name])
+            t = _owned(tensors[name])
             if t.numel():
                 written += f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
     return written
@@ -91,6 +107,21 @@ def write_trace(path: Path, trace: Trace, metadata: dict) -> int:
 
 def read_trace(path: Path, adapter: ModelAdapter) -> tuple[Trace, dict]:
     """The trace ``write_trace`` wrote, every tensor a view of the file mapped copy-on-write; and the metadata."""
+    tensors, meta = _read(path)
+    steps = [ShapeStep(name=n, shape=tuple(shape), params=tuple((p, tuple(s)) for p, s in params), derived=derived)
+             for n, shape, params, derived in meta["steps"]]
+    trace = Trace(token_ids=list(meta["token_ids"]), token_texts=list(meta["token_texts"]), tensors=tensors,
+                  steps=steps, adapter=adapter, past_length=meta["past_length"], cache=None, meta=dict(meta["meta"]))
+    return trace, meta["kit"]
+
+
+def read_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """The tensors ``write_tensors`` wrote (views of the mapped file) and its metadata."""
+    tensors, meta = _read(path)
+    return tensors, meta["kit"]
+
+
+def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     with open(path, "rb") as f:
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     size = int.from_bytes(mapped[:8], "little")
@@ -108,8 +139,4 @@ def read_trace(path: Path, adapter: ModelAdapter) -> tuple[Trace, dict]:
             continue
         flat = torch.frombuffer(mapped, dtype=torch.uint8, count=hi - lo, offset=start + lo)
         tensors[name] = flat.view(dtype).reshape(e["shape"])
-    steps = [ShapeStep(name=n, shape=tuple(shape), params=tuple((p, tuple(s)) for p, s in params), derived=derived)
-             for n, shape, params, derived in meta["steps"]]
-    trace = Trace(token_ids=list(meta["token_ids"]), token_texts=list(meta["token_texts"]), tensors=tensors,
-                  steps=steps, adapter=adapter, past_length=meta["past_length"], cache=None, meta=dict(meta["meta"]))
-    return trace, meta["kit"]
+    return tensors, meta

@@ -172,6 +172,15 @@ class HeadPyramid:
             self._base[pool] = cells
         return self._base[pool]
 
+    def bases(self) -> dict[str, torch.Tensor]:
+        """The bases made so far, by pool (what a pinned trace keeps of its zoom: ``app/labs/kit.py``)."""
+        return dict(self._base)
+
+    def keep_base(self, pool: str, cells: torch.Tensor) -> None:
+        """A base made before (``bases``), so no pass over the map is needed for it."""
+        check_pool(pool)
+        self._base[pool] = cells
+
     @property
     def nbytes(self) -> int:
         kept = [*self._base.values(), *self._levels.values()]

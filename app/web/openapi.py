@@ -83,7 +83,7 @@ class ErrorBody(BaseModel):
 
 WHY = {
     400: "Bad request: the Host header is not one this server answers to, or the body cannot be read",
-    403: "Refused: a state-changing request sent by another site's page",
+    403: "Refused: a state-changing request sent by another site's page, or a class-kit pin deleted by another browser",
     404: "Not found: the thing named does not exist",
     410: "Gone: what the id names has ended or expired, or belongs to another browser",
     413: "The request body is larger than the server accepts",

@@ -51,7 +51,8 @@ def test_a_pinned_trace_reopened_after_a_restart_is_the_same_tensors(tiny, tmp_p
         assert torch.equal(back.tensors[name], t), name  # the same bytes, written and read
     assert back.token_ids == trace.token_ids and back.token_texts == trace.token_texts
     assert back.steps == trace.steps and back.meta.get("tail") == trace.meta.get("tail")
-    assert again.inspect.grid(pin.key, 16) == grid  # the grid of heads kept with it, not recomputed
+    assert back.meta["grid"] == (16, grid)  # the grid of heads came back with it: read, not recomputed
+    assert again.inspect.grid(pin.key, 16) == grid
     assert again.traces.misses == 0  # nothing was captured to reopen it
     # Read a second, independent way: safetensors' own loader on the same file.
     other = load_file(tmp_path / "kit" / pin.code / "trace.safetensors")
@@ -82,15 +83,20 @@ def test_a_long_trace_keeps_its_zoom_grid_and_is_never_expired(tiny, tmp_path):
     key = st.inspect.trace_key(lm, ids)
     st.inspect.traces.get_or_compute(key, lambda: st.inspect.compute_trace(lm, ids))
     rows = [st.zoom.head_grid(key, layer=layer) for layer in range(lm.adapter.n_layer)]
+    tile = st.zoom.tile(key, layer=0, head=0, level=0, row=0, col=0, pool="max")  # the zoom page's first view
     pin = st.kit.pin("trace", name="long", owner="a", key=key)
     assert pin.summary["long"] and pin.summary["grid_layers"] == lm.adapter.n_layer
     again = make(tiny, tmp_path, full_trace_max_tokens=16, zoom_min_tokens=16, trace_ttl_s=0.001)
     again.purge()  # the TTL has passed many times over: a pinned trace is not the store's to drop
+    # the zoom page's grid of heads came back with it: every layer's row is there before anything asks for one
+    assert sorted(layer for (k, layer) in again.zoom.pinned_grid if k == pin.key) == list(range(lm.adapter.n_layer))
     _, shown = again.kit.open(pin.code)
     assert shown["long"] and shown["key"] == PIN_PREFIX + pin.code
     assert [again.zoom.head_grid(pin.key, layer=layer) for layer in range(lm.adapter.n_layer)] == rows
-    tile = again.zoom.tile(pin.key, layer=0, head=0, level=0, row=0, col=0, pool="max")
-    assert torch.equal(tile, st.zoom.tile(key, layer=0, head=0, level=0, row=0, col=0, pool="max"))
+    assert pin.summary["zoom_heads"] == 1 and (pin.key, 0, 0) in again.zoom.pinned_pyramids  # its base, pinned
+    assert torch.equal(again.zoom.tile(pin.key, layer=0, head=0, level=0, row=0, col=0, pool="max"), tile)
+    assert torch.equal(again.zoom.tile(pin.key, layer=1, head=2, level=0, row=0, col=0, pool="mean"),
+                       st.zoom.tile(key, layer=1, head=2, level=0, row=0, col=0, pool="mean"))  # made fresh: the same
 
 
 def test_a_trace_no_longer_held_is_refused_not_recomputed(tiny, tmp_path):

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.browser
 AXE = Path(__file__).resolve().parents[1] / ".node" / "node_modules" / "axe-core" / "axe.min.js"
 PROMPT = "The cat sat on the mat."
 Q = PROMPT.replace(" ", "+")
-PAGES = ("inspect", "heads", "decode", "prefix", "paged", "capacity", "arena", "train")
+PAGES = ("inspect", "heads", "decode", "prefix", "paged", "capacity", "arena", "train", "kit")
 
 
 def _wait(page, expr: str, timeout: float = 120_000) -> None:
@@ -78,6 +78,9 @@ def load(page, base: str, name: str, lang: str, extra: str = "") -> None:
     elif name == "train":
         page.goto(f"{base}/train?{q}")
         page.wait_for_selector("#loss-plot .main-svg", timeout=60_000)
+    elif name == "kit":
+        page.goto(f"{base}/kit?{q}")
+        page.wait_for_selector("#kit-list")
     page.wait_for_timeout(300)
 
 

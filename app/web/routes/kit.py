@@ -7,7 +7,7 @@ of its alphabet); nothing a browser sends becomes a path.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse
@@ -17,6 +17,7 @@ from app.labs.kit import KINDS, check_code
 from app.web.deps import AddressDep, KitDep, OwnerDep
 from app.web.openapi import Body, errors
 from app.web.render import render
+from app.web.routes.arena import ArenaRun
 
 router = APIRouter()
 
@@ -31,7 +32,7 @@ class PinBody(Body):
     key: str | None = Field(None, max_length=100, description="trace: its key (/api/trace's ``key``)")
     model: str | None = Field(None, max_length=200, description="heads: the model whose survey is pinned")
     run_id: str | None = Field(None, max_length=40, description="spec: the run's ``run_id``")
-    arena: dict | None = Field(None, description="arena: the run's request, as /api/arena/run's body")
+    arena: ArenaRun | None = Field(None, description="arena: the run's request, as /api/arena/run's body")
 
 
 @router.get("/kit", include_in_schema=False)
@@ -66,8 +67,9 @@ def read_pin_page(request: Request, lab: KitDep, code: str):
 def pin_form(request: Request, lab: KitDep, owner: OwnerDep, kind: Annotated[str, Form()],
              name: Annotated[str, Form(max_length=400)] = "", key: Annotated[str | None, Form()] = None,
              model: Annotated[str | None, Form()] = None, run_id: Annotated[str | None, Form()] = None,
-             source: Annotated[str | None, Form()] = None, prompt: Annotated[str | None, Form()] = None,
-             steps: Annotated[int | None, Form()] = None, budget_kind: Annotated[str | None, Form()] = None,
+             source: Annotated[Literal["text", "prompt"] | None, Form()] = None,
+             prompt: Annotated[str | None, Form(max_length=20_000)] = None, steps: Annotated[int | None, Form()] = None,
+             budget_kind: Annotated[Literal["percent", "bytes"] | None, Form()] = None,
              budget: Annotated[float | None, Form()] = None, policies: Annotated[list[str] | None, Form()] = None):
     """The "Keep for class" form: pins what the page shows, answers with its code and link."""
     arena = {k: v for k, v in {"model": model, "source": source, "prompt": prompt, "steps": steps,
@@ -95,8 +97,9 @@ def pin_item(lab: KitDep, owner: OwnerDep, body: PinBody) -> dict:
     """Pin what a lab still holds, under a new code: a trace (``key``), a head-roles survey (``model``), an arena run
     (``arena``: its request; finished), a speculative run (``run_id``). 410 when it is no longer held, 422 over the
     budget or with a bad name; nothing is recomputed."""
+    arena = body.arena.model_dump() if body.arena is not None else None
     return lab.pin(body.kind, name=body.name, owner=owner, key=body.key, model=body.model, run_id=body.run_id,
-                   arena=body.arena).view(owner)
+                   arena=arena).view(owner)
 
 
 @router.get("/api/kit/{code}", tags=["kit"], responses=errors(404, 410, 422))
