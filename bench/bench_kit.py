@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_kit.py                    # SmolLM2-135M-Instruct (the offline wheel), 8192 tokens
     .venv/bin/python bench/bench_kit.py --tokens 2048      # shorter
+    .venv/bin/python bench/bench_kit.py --quick            # 2048 tokens (run_all.py --quick)
 
 What a zoom link reopened after the trace has gone costs without the kit (the capture, then the first tile: the
 overview of layer 0 head 0, as /zoom opens), and with it: a new ``AppState`` on the same home (a restart: the kit
@@ -53,8 +54,11 @@ def drop_cache(path: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--quick", action="store_true", help="2048 tokens")
     p.add_argument("--home", default=str(Path(__file__).resolve().parents[1] / "tests" / ".cache" / "kvscope-home"))
     args = p.parse_args()
+    if args.quick:
+        args.tokens = min(args.tokens, 2048)
     threads = setup_torch()
     from app.labs.long import long_text
     from app.model.loading import load_spec
