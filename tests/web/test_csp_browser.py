@@ -36,6 +36,9 @@ def test_pages_work_under_the_csp(browser, live_server):
         page.goto(live_server + "/paged?model=builtin")
         page.wait_for_selector("#pool-map .blk")
 
+        page.goto(live_server + "/kit")
+        page.wait_for_selector("#kit-list")
+
         page.goto(live_server + "/train")
         page.wait_for_selector("#train-status")
         page.click(".lang-switch a[data-lang='zh']")
