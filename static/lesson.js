@@ -95,7 +95,8 @@
     const text = kv.el("div", { class: "lesson-text", id: "lesson-text", "aria-live": "polite", tabindex: "0" });
     text.addEventListener("scroll", cue);
     window.addEventListener("resize", cue);
-    card.append(head, kv.el("h2", { id: "lesson-title" }), text, nav, kv.el("p", { class: "lesson-keys" }, lab.keys));
+    const more = kv.el("p", { class: "lesson-more", id: "lesson-more", hidden: "" }, "⌄ " + lab.more);
+    card.append(head, kv.el("h2", { id: "lesson-title" }), text, more, nav, kv.el("p", { class: "lesson-keys" }, lab.keys));
     document.body.append(card);
     document.body.classList.add("lesson-on");
   }
@@ -103,7 +104,10 @@
   /* Text that does not fit the card scrolls, and says so: a fade and a "more below" mark while any is hidden. */
   function cue() {
     const box = document.getElementById("lesson-text");
-    if (box) box.classList.toggle("more", box.scrollHeight - box.scrollTop - box.clientHeight > 2);
+    if (!box) return;
+    const hidden = box.scrollHeight - box.scrollTop - box.clientHeight > 2;
+    box.classList.toggle("more", hidden);
+    document.getElementById("lesson-more").hidden = !hidden;
   }
 
   function fill(stop, line) {

@@ -61,7 +61,7 @@ def test_every_stop_has_its_text_in_english_and_chinese():
             key = f"lesson.{stop['id']}.{suffix}"
             assert suffix in WHEN and en.get(key) and zh.get(key), key
     for key in ("nav", "start", "start_explain", "title", "step", "next", "back", "exit", "finish", "waiting",
-                "missing", "keys"):
+                "missing", "keys", "more"):
         assert en.get(f"lesson.ui.{key}") and zh.get(f"lesson.ui.{key}"), key
     assert not [k for k in en if k.startswith("lesson.") and k.rsplit(".", 1)[-1] not in
                 {"title", "body", *EXTRAS, *WHEN} and not k.startswith("lesson.ui.")]

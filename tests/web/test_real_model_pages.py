@@ -38,7 +38,8 @@ def test_the_lesson_names_the_real_models_sink_previous_token_and_induction_head
     zh = _stops(real_client, smol.name, "zh")
     assert "归纳头（induction head）" in zh["next"] and "注意力汇聚点（attention sink）" in zh["softmax"]
 
-    tiny = _stops(real_client, "builtin")
+    # the tiny model's story claims no such head (the head-roles stop quotes that page's scores, whatever they are)
+    tiny = {k: v for k, v in _stops(real_client, "builtin").items() if k != "induction"}
     assert not any(w in " ".join(tiny.values()) for w in ("induction", "previous-token", "attention sink"))
 
 
