@@ -15,6 +15,7 @@ from app.labs.long import long_text
 from app.viz.lesson import (
     ARENA_PAIR,
     ARENA_STEPS,
+    COPY_PROMPT,
     EXTRAS,
     LONG_TOKENS,
     PAGES,
@@ -67,11 +68,27 @@ def test_every_stop_has_its_text_in_english_and_chinese():
                 {"title", "body", *EXTRAS, *WHEN} and not k.startswith("lesson.ui.")]
 
 
+# The stops whose page needs seconds of model work to show (a run, a long capture, a comparison): checked on the
+# built-in model, whose runs are quick; their selectors do not depend on the model.
+RUNS = {"zoom", "arena", "speculative"}
+
+
 def _pages(client: TestClient, model: str) -> dict[str, BeautifulSoup]:
-    """Each page of the lesson as a learner reaches it: Inspect with the prompt run, Prefix after its run."""
+    """Each page of the lesson as a learner reaches it: Inspect with the prompt run, Prefix after its run, and (on
+    the built-in model) the arena, the zoom page and the drafts' comparison after the runs their stops make."""
     prompts = f"\n{PREFIX_SEPARATOR}\n".join(PREFIX_PROMPTS)
     ran = client.post("/prefix/run", data={"model": model, "preset": "custom", "prompts": prompts, "block_size": "4"})
     assert ran.status_code == 200
+    out = {}
+    for page, url in {"inspect": f"/?prompt={PROMPT}&model={model}", "decode": f"/decode?prompt={PROMPT}&model={model}",
+                      "prefix": f"/prefix?model={model}", "paged": f"/paged?model={model}",
+                      "capacity": f"/capacity?model={model}", "heads": f"/heads?model={model}",
+                      "engine": "/engine"}.items():
+        r = client.get(url)
+        assert r.status_code == 200, url
+        out[page] = BeautifulSoup(r.text, "html.parser")
+    if model != "builtin":
+        return out
     # the arena's short run, as the compression stop asks for it: the page then shows its finished result
     arena = {"model": model, "source": "text", "steps": ARENA_STEPS, "policies": list(ARENA_PAIR)}
     assert client.post("/api/arena/run", json=arena).status_code == 200
@@ -84,22 +101,19 @@ def _pages(client: TestClient, model: str) -> dict[str, BeautifulSoup]:
     # the long text's opening: LONG_TOKENS of the model's tokens, or its whole window where that is shorter
     lm = client.app.state.kv.registry.get(model)
     assert done["result"]["n_tokens"] == min(LONG_TOKENS, lm.max_positions) and long_text().startswith(prompt)
-    urls = {"inspect": f"/?prompt={PROMPT}&model={model}", "decode": f"/decode?prompt={PROMPT}&model={model}",
-            "prefix": f"/prefix?model={model}", "paged": f"/paged?model={model}",
-            "capacity": f"/capacity?model={model}", "zoom": done["result"]["url"], "arena": f"/arena?{arena_query}",
-            "heads": f"/heads?model={model}", "speculative": f"/speculative?model={model}&preset=copy",
-            "engine": "/engine"}
-    out = {}
-    for page, url in urls.items():
+    for page, url in {"zoom": done["result"]["url"], "arena": f"/arena?{arena_query}",
+                      "speculative": f"/speculative?model={model}&preset=copy"}.items():
         r = client.get(url)
         assert r.status_code == 200, url
         out[page] = BeautifulSoup(r.text, "html.parser")
     # the comparison the speculative stop asks for, as the page's button posts it
     form = {i["name"]: i.get("value", "") for i in out["speculative"].select("#spec-form input[name]")
             if i.get("type") not in ("radio", "checkbox") or i.has_attr("checked")}
-    form |= {"prompt": out["speculative"].select_one("#spec-prompt").text, "mode": "greedy", "block_size": "16"}
+    # (the built-in model reads 128 positions: the copy preset is too long for it, and the lesson types its own)
+    assert out["speculative"].select_one("#preset-copy.off") is not None
+    form |= {"model": model, "prompt": COPY_PROMPT, "mode": "greedy", "block_size": "16"}
     compared = client.post("/speculative/compare", data=form)
-    assert compared.status_code == 200
+    assert compared.status_code == 200 and 'data-draft="lookup"' in compared.text
     out["speculative"].select_one("#spec-compare").append(BeautifulSoup(compared.text, "html.parser"))
     return out
 
@@ -113,6 +127,9 @@ SCRIPT_DRAWN = {"capacity", "long", "engine"}
 def test_every_target_and_control_exists_on_its_page(client, model):
     pages = _pages(client, model)
     for stop in STOPS:
+        if stop["page"] not in pages:
+            assert model != "builtin" and stop["page"] in RUNS
+            continue
         soup = pages[stop["page"]]
         assert soup.select_one(stop["target"]) is not None, (stop["id"], stop["target"])
         for step in stop.get("action", []):
@@ -131,9 +148,7 @@ def test_every_target_and_control_exists_on_its_page(client, model):
     assert int(pages["prefix"].select_one("#tokens-saved").text) >= 4
     assert pages["inspect"].select_one("#lesson-start")["href"] == f"/?lesson=1&model={model}"
     assert pages["inspect"].select_one(".lesson-entry code").text == PROMPT  # the entry point names the prompt
-    # the long-context stop's prompt is the long text's opening, LONG_TOKENS of the model's tokens or its window
-    zoom = pages["zoom"].select_one("#zoom-grid")
-    assert zoom is not None and pages["engine"].select_one("#engine-none") is not None  # no engine in tests
+    assert pages["engine"].select_one("#engine-none") is not None  # no engine in the tests: how to start one
 
 
 def test_the_api_tells_each_model_its_own_story(client, settings, llama):
