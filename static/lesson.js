@@ -71,8 +71,8 @@
         });
       }
       done.add(id);
-      if (s.wait) await waitFor(s.wait);
-      if (s.changes) await waitChange(s.changes[0], s.changes[1], before);
+      if (s.wait) await waitFor(s.wait, s.ms);
+      if (s.changes) await waitChange(s.changes[0], s.changes[1], before, s.ms);
     }
   }
 

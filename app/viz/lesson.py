@@ -13,7 +13,8 @@ An action is a list of steps ``{"do": click | fill | check | choose | wait, "sel
 - ``unless``  the step is skipped while this selector matches (the state is already there);
 - ``once``    the step runs at most once per page load (a decode step is taken once, not again on Back);
 - ``wait``    after the step, wait until this selector matches (the answer has been drawn);
-- ``changes`` ``[selector, attribute]``: after the step, wait until that attribute differs from before it.
+- ``changes`` ``[selector, attribute]``: after the step, wait until that attribute differs from before it;
+- ``ms``      how long those waits may take (default a minute; a run in a lab's line may take several).
 
 ``uncheck`` clears every checkbox ``sel`` matches (the arena's policies but two). A stop on a page whose address
 is made by a run (the zoom page of a long capture: ``/zoom/<trace key>``) names the page it is reached ``via`` and
@@ -52,6 +53,8 @@ PAGES = {"inspect": "/", "decode": "/decode", "prefix": "/prefix", "paged": "/pa
 PROMPT_PAGES = ("inspect", "decode")  # pages that take ?prompt=
 ARENA_PAIR = ("window", "streaming")  # the compression stop's two policies: a plain window, StreamingLLM
 ARENA_STEPS = 8
+RUN_MS = 300_000  # a run the lesson starts (the arena, the drafts' comparison, a grid of heads) on a busy CPU
+SPEC_TOKENS = 32  # the comparison's new tokens: enough to copy the preset's sentence, a third less than its 48
 # The speculative stop's prompt where the copy preset is longer than the model reads (the built-in model's 128
 # positions): the lesson's sentence, repeated, which prompt lookup can copy from too.
 COPY_PROMPT = "The cat sat on the mat. The cat sat on the mat. The cat sat on"
@@ -125,7 +128,7 @@ STOPS: tuple[dict, ...] = (
         {"do": "click", "sel": "#long-run"},
     ], "action": [
         {"do": "click", "sel": "#zoom-grid-run", "unless": "body[data-zoom-grid-done]",
-         "wait": "body[data-zoom-grid-done] .zg-cell.top"},
+         "wait": "body[data-zoom-grid-done] .zg-cell.top", "ms": RUN_MS},
         {"do": "click", "sel": ".zg-cell.top", "unless": ".zg-cell.top.sel", "wait": ".zg-cell.top.sel"},
     ], "fill": {"layer": "#zoom-layer option:checked", "head": "#zoom-head option:checked", "share": ".zg-cell.top"}},
     # --- Compression: the same short budget with and without the attention sinks --------------------------
@@ -134,7 +137,8 @@ STOPS: tuple[dict, ...] = (
          "once": True},
         *({"do": "check", "sel": f"input[name=policies][value={p}]", "once": True} for p in ARENA_PAIR),
         {"do": "fill", "sel": "#arena-steps", "value": str(ARENA_STEPS), "once": True},
-        {"do": "click", "sel": "#arena-run", "once": True, "wait": "#arena-table tr[data-policy=streaming]"},
+        {"do": "click", "sel": "#arena-run", "once": True, "wait": "#arena-table tr[data-policy=streaming]",
+         "ms": RUN_MS},
     ], "fill": {"kl_window": "#arena-table tr[data-policy=window] td:nth-child(4)",
                 "kl_stream": "#arena-table tr[data-policy=streaming] td:nth-child(4)",
                 "agree_window": "#arena-table tr[data-policy=window] td:nth-child(6)",
@@ -147,8 +151,9 @@ STOPS: tuple[dict, ...] = (
     {"id": "speculative", "page": "speculative", "query": {"preset": "copy"}, "target": "#spec-compare-view",
      "action": [
          {"do": "fill", "sel": "#spec-prompt", "value": COPY_PROMPT, "if": "#preset-copy.off", "once": True},
+         {"do": "fill", "sel": "#spec-new", "value": str(SPEC_TOKENS), "once": True},
          {"do": "click", "sel": "#spec-compare-run", "once": True, "unless": "#spec-compare-table",
-          "wait": "#spec-compare-table"},
+          "wait": "#spec-compare-table", "ms": RUN_MS},
      ], "fill": {"lookup_acc": "#spec-compare-table tr[data-draft=lookup] td:nth-child(2)",
                  "lookup_speed": "#spec-compare-table tr[data-draft=lookup] td.speedup",
                  "early_acc": "#spec-compare-table tr[data-draft=early] td:nth-child(2)",

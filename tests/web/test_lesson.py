@@ -22,6 +22,7 @@ from app.viz.lesson import (
     PREFIX_PROMPTS,
     PREFIX_SEPARATOR,
     PROMPT,
+    SPEC_TOKENS,
     STOPS,
     WHEN,
     stop_keys,
@@ -111,7 +112,8 @@ def _pages(client: TestClient, model: str) -> dict[str, BeautifulSoup]:
             if i.get("type") not in ("radio", "checkbox") or i.has_attr("checked")}
     # (the built-in model reads 128 positions: the copy preset is too long for it, and the lesson types its own)
     assert out["speculative"].select_one("#preset-copy.off") is not None
-    form |= {"model": model, "prompt": COPY_PROMPT, "mode": "greedy", "block_size": "16"}
+    form |= {"model": model, "prompt": COPY_PROMPT, "mode": "greedy", "block_size": "16",
+             "max_new_tokens": str(SPEC_TOKENS)}
     compared = client.post("/speculative/compare", data=form)
     assert compared.status_code == 200 and 'data-draft="lookup"' in compared.text
     out["speculative"].select_one("#spec-compare").append(BeautifulSoup(compared.text, "html.parser"))
