@@ -99,6 +99,8 @@
     card.append(head, kv.el("h2", { id: "lesson-title" }), text, more, nav, kv.el("p", { class: "lesson-keys" }, lab.keys));
     document.body.append(card);
     document.body.classList.add("lesson-on");
+    // The page has narrowed to make room for the card: charts sized to it when it was drawn (the zoom map) re-fit.
+    window.dispatchEvent(new Event("resize"));
   }
 
   /* Text that does not fit the card scrolls, and says so: a fade and a "more below" mark while any is hidden. */
@@ -197,6 +199,7 @@
     document.querySelectorAll(".lesson-target").forEach((el) => el.classList.remove("lesson-target"));
     if (card) card.remove();
     document.body.classList.remove("lesson-on");
+    window.dispatchEvent(new Event("resize"));
     setUrl(null);
   }
 
