@@ -175,11 +175,11 @@ class AppState:
         state.training = TrainingLab(registry=registry, limits=train, home=s.home,
                                      line=state.lab_queue("train", max_run_s=train.train_max_s))
         state.capacity = CapacityLab(registry=registry, gate=gate, limits=CapacityLimits.of(s))
-        state.lesson = LessonLab(heads=state.heads, inspect=state.inspect)
         state.speculative = SpeculativeLab(registry=registry, gate=gate, limits=SpecLimits.of(s))
         long = LongLimits.of(s)
         state.long = LongLab(inspect=state.inspect, limits=long,
                              line=state.lab_queue("long", max_run_s=long.long_capture_max_s))
+        state.lesson = LessonLab(heads=state.heads, inspect=state.inspect, long=state.long)
         state.zoom = ZoomLab(inspect=state.inspect, limits=ZoomLimits.of(s))
         state.explain = ExplainLab(inspect=state.inspect, gate=gate, limits=ExplainLimits.of(s))
         state.export = ExportLab(inspect=state.inspect, limits=ExportLimits.of(s))

@@ -45,8 +45,12 @@ window.kv.page("capacity", () => {
 
   async function runCalc() {
     linkCalc();
+    const key = $("calc-model").value;
     const r = await kv.act("POST", "/api/capacity/calculate", calcBody(), "calc-busy");
-    if (r) drawCalc(r);
+    if (r) {
+      drawCalc(r);
+      $("calc-result").dataset.model = key;  // which model the figures are for (the lesson waits on it)
+    }
   }
 
   /* The calculator's inputs are in the URL (?calc-batch=64&calc-gpu=h100-80gb…, only those changed from the

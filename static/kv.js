@@ -165,6 +165,13 @@
     }
     window.history[push ? "pushState" : "replaceState"](window.history.state, "", u.toString());
   };
+  /* Open another page of the app as a run's result (a long capture's zoom page): a guided lesson in progress
+     goes along (?lesson=k, and presenter mode and language where this page's address gives them). */
+  kv.visit = function (url) {
+    const there = new URL(url, window.location.origin), q = new URL(window.location.href).searchParams;
+    for (const p of ["lesson", "present", "lang"]) if (q.has(p) && !there.searchParams.has(p)) there.searchParams.set(p, q.get(p));
+    window.location.assign(there.toString());
+  };
   /* The page's error banner (#error): the message as text, never HTML, with a close button — as the server's
      own error fragment (partials/_error.html) that htmx swaps in there. */
   kv.showError = function (message) {

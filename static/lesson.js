@@ -1,6 +1,8 @@
 /* The guided lesson (?lesson=k): a card beside the page, the stop's live panel outlined and scrolled into view.
    The stops are data from /api/lesson (app/viz/lesson.py): page, target selector, text, and an action made of
-   the page's own controls (click, fill, check, choose, wait), which this file only interprets. */
+   the page's own controls (click, fill, check, uncheck, choose, wait), which this file only interprets. A stop on
+   a page whose address a run makes (the zoom page of a long capture) is reached through the page it names as
+   "via": there its via steps start the run, and the page that opens keeps ?lesson=k (kv.visit). */
 (function () {
   "use strict";
   const kv = window.kv;
@@ -18,6 +20,9 @@
   const done = new Set(); // "once" steps already taken since this page loaded
   const $ = (sel) => { try { return document.querySelector(sel); } catch (e) { return null; } };
   const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+  // A path ending in "/" is a family of pages (/zoom/<key>); any other names one page.
+  const here = (stop) => (stop.path.length > 1 && stop.path.endsWith("/")
+    ? window.location.pathname.startsWith(stop.path) : window.location.pathname === stop.path);
 
   async function waitFor(sel, ms) {
     const end = Date.now() + (ms || 60000);
@@ -39,9 +44,10 @@
   }
 
   /* Drive the page's own controls as a learner would, so the page computes and shows its own numbers. */
-  async function act(stop, mine) {
-    for (let i = 0; i < stop.action.length; i++) {
-      const s = stop.action[i], id = stop.index + ":" + i;
+  async function act(stop, mine, steps, tag) {
+    const action = steps || stop.action;
+    for (let i = 0; i < action.length; i++) {
+      const s = action[i], id = stop.index + (tag || ":") + i;
       if (mine !== turn) return;
       if (s.once && done.has(id)) continue;
       if (s.if && !$(s.if)) continue;
@@ -58,10 +64,15 @@
       } else if (s.do === "check") {
         el.checked = true;
         el.dispatchEvent(new Event("change", { bubbles: true }));
+      } else if (s.do === "uncheck") { // every box the selector matches
+        document.querySelectorAll(s.sel).forEach((box) => {
+          box.checked = false;
+          box.dispatchEvent(new Event("change", { bubbles: true }));
+        });
       }
       done.add(id);
-      if (s.wait) await waitFor(s.wait);
-      if (s.changes) await waitChange(s.changes[0], s.changes[1], before);
+      if (s.wait) await waitFor(s.wait, s.ms);
+      if (s.changes) await waitChange(s.changes[0], s.changes[1], before, s.ms);
     }
   }
 
@@ -81,10 +92,24 @@
     back.addEventListener("click", () => go(at - 1));
     next.addEventListener("click", () => (at === L.stops.length ? leave() : go(at + 1)));
     nav.append(back, next);
-    const text = kv.el("div", { class: "lesson-text", id: "lesson-text", "aria-live": "polite" });
-    card.append(head, kv.el("h2", { id: "lesson-title" }), text, nav, kv.el("p", { class: "lesson-keys" }, lab.keys));
+    const text = kv.el("div", { class: "lesson-text", id: "lesson-text", "aria-live": "polite", tabindex: "0" });
+    text.addEventListener("scroll", cue);
+    window.addEventListener("resize", cue);
+    const more = kv.el("p", { class: "lesson-more", id: "lesson-more", hidden: "" }, "⌄ " + lab.more);
+    card.append(head, kv.el("h2", { id: "lesson-title" }), text, more, nav, kv.el("p", { class: "lesson-keys" }, lab.keys));
     document.body.append(card);
     document.body.classList.add("lesson-on");
+    // The page has narrowed to make room for the card: charts sized to it when it was drawn (the zoom map) re-fit.
+    window.dispatchEvent(new Event("resize"));
+  }
+
+  /* Text that does not fit the card scrolls, and says so: a fade and a "more below" mark while any is hidden. */
+  function cue() {
+    const box = document.getElementById("lesson-text");
+    if (!box) return;
+    const hidden = box.scrollHeight - box.scrollTop - box.clientHeight > 2;
+    box.classList.toggle("more", hidden);
+    document.getElementById("lesson-more").hidden = !hidden;
   }
 
   function fill(stop, line) {
@@ -100,9 +125,12 @@
     document.getElementById("lesson-step").textContent = L.labels.step.replace("{k}", stop.index).replace("{n}", n);
     document.getElementById("lesson-title").textContent = stop.title;
     const box = document.getElementById("lesson-text");
-    const lines = ready === "wait" ? [L.labels.waiting] : stop.text.map((t) => fill(stop, t));
+    const lines = ready === "wait" ? [L.labels.waiting]
+      : stop.text.concat(stop.when.filter((w) => $(w.sel)).map((w) => w.text)).map((t) => fill(stop, t));
     if (ready === "missing") lines.push(L.labels.missing);
     box.replaceChildren(...lines.map((t) => kv.el("p", null, t)));
+    box.scrollTop = 0;
+    cue();
     document.getElementById("lesson-back").disabled = stop.index === 1;
     document.getElementById("lesson-next").textContent = stop.index === n ? L.labels.finish : L.labels.next;
     card.dataset.step = stop.index;
@@ -149,7 +177,7 @@
   async function go(k) {
     if (k < 1 || k > L.stops.length) return;
     const stop = L.stops[k - 1];
-    if (stop.path !== window.location.pathname) { visit(stop); return; }
+    if (!here(stop)) { visit(stop); return; }
     const mine = ++turn;
     at = k;
     setUrl(k);
@@ -171,6 +199,7 @@
     document.querySelectorAll(".lesson-target").forEach((el) => el.classList.remove("lesson-target"));
     if (card) card.remove();
     document.body.classList.remove("lesson-on");
+    window.dispatchEvent(new Event("resize"));
     setUrl(null);
   }
 
@@ -189,9 +218,16 @@
     } catch (e) { return; } // the message is shown in #error
     const k = Math.min(Math.max(first, 1), L.stops.length);
     const stop = L.stops[k - 1];
-    if (stop.path !== window.location.pathname) { visit(stop); return; }
+    const via = !here(stop) && stop.via && window.location.pathname === stop.via.path;
+    if (!here(stop) && !via) { visit(stop); return; }
     build();
     document.addEventListener("keydown", onKey);
+    if (via) { // the page that makes this stop's page: start its run, which opens that page (?lesson=k kept)
+      at = k;
+      show(stop, "wait");
+      await act(stop, ++turn, stop.via.action, "via");
+      return;
+    }
     // Reached by a link or a reload: bring the page to this stop's state (the earlier stops' actions here).
     const mine = ++turn;
     show(stop, "wait");

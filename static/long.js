@@ -54,7 +54,7 @@
           if (ev.event === "running") bar.value = ev.fraction || 0;
           if (ev.event === "done") bar.value = 1;
         }, ctl.signal);
-        if (last && last.event === "done" && last.result) { window.location.href = last.result.url; return; }
+        if (last && last.event === "done" && last.result) { kv.visit(last.result.url); return; }
       } catch (err) {
         if (ctl.signal.aborted) status.textContent = kv.t("js.long.stopped");
         else box.hidden = true;

@@ -41,6 +41,10 @@
         }
         c.setAttribute("aria-label", c.title);
       });
+      // The head that scores highest on this measure is outlined: the first place to look.
+      const cells = [...root.querySelectorAll(".zg-cell[data-value]")];
+      const top = cells.length ? cells.reduce((a, c) => (+c.dataset.value > +a.dataset.value ? c : a)) : null;
+      cells.forEach((c) => c.classList.toggle("top", c === top));
       $("zoom-grid-range").textContent = all.length ? kv.t("js.zoomgrid.range", { lo: FORMAT[measure](lo), hi: FORMAT[measure](hi), unit: kv.t("js.zoomgrid.unit." + measure) }) : "";
       root.querySelectorAll(".zoom-grid-hint").forEach((p) => { p.hidden = p.dataset.measure !== measure; });
     }

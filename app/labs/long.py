@@ -131,6 +131,15 @@ class LongLab:
         return self.line.submit(work, key=f"long:{key}", units=lm.adapter.n_layer, rate_key=lm.name, owner=owner,
                                 address=address, follow=True, keep_alive=lm)
 
+    def opening(self, lm: LoadedModel, n_tokens: int) -> str:
+        """The built-in long text's first ``n_tokens`` tokens of ``lm`` (fewer where the model reads fewer), as text
+        the long-prompt form takes back (the guided lesson's long-context stop types it there)."""
+        limit = min(n_tokens, self.token_limit(lm))
+        text = lm.tokenizer.decode(lm.encode(long_text())[:limit], clean_up_tokenization_spaces=False)
+        while len(lm.encode(text)) > limit:  # a cut inside a word may encode to one token more
+            text = text[:-8]
+        return text
+
     def stop(self, job_id: str, owner: str) -> bool:
         return self.line.stop(job_id, owner)
 

@@ -13,7 +13,14 @@ An action is a list of steps ``{"do": click | fill | check | choose | wait, "sel
 - ``unless``  the step is skipped while this selector matches (the state is already there);
 - ``once``    the step runs at most once per page load (a decode step is taken once, not again on Back);
 - ``wait``    after the step, wait until this selector matches (the answer has been drawn);
-- ``changes`` ``[selector, attribute]``: after the step, wait until that attribute differs from before it.
+- ``changes`` ``[selector, attribute]``: after the step, wait until that attribute differs from before it;
+- ``ms``      how long those waits may take (default a minute; a run in a lab's line may take several).
+
+``uncheck`` clears every checkbox ``sel`` matches (the arena's policies but two). A stop on a page whose address
+is made by a run (the zoom page of a long capture: ``/zoom/<trace key>``) names the page it is reached ``via`` and
+the steps there that open it (``via_action``: fill the long-prompt form, press its button); the page that opens
+keeps the lesson's step in its address (``kv.visit``). ``when`` adds sentences that apply to what the page shows:
+key suffix → a selector, the sentence shown only while it matches (the engine page: one connected, or none).
 
 Placeholders in a stop's text: the model's facts (``{layers}``, ``{heads}``, ``{kv_heads}``, ``{d}``,
 ``{head_dim}``, ``{group}``, ``{vocab}``, ``{model}``) and the lesson's prompts (``{prompt}``, ``{first}``,
@@ -34,8 +41,23 @@ PROMPT = "The cat sat on"
 PREFIX_PROMPTS = ("The cat sat on the mat.", "The cat sat on the sofa.")
 PREFIX_SEPARATOR = "---"  # the prefix form's separator line between custom prompts
 
-PAGES = {"inspect": "/", "decode": "/decode", "prefix": "/prefix", "paged": "/paged"}
+# The long-context stop's prompt: the first LONG_TOKENS tokens of the built-in long text (or the model's window,
+# if shorter). Long enough for the sink to stand out over a thousand keys, short enough that its capture takes
+# seconds on a CPU (the whole 8 192-token text takes minutes with its grid of heads).
+LONG_TOKENS = 1024
+LONG_PROMPT = "{long_prompt}"  # an action value the server replaces with that text, cut for the model
+
+# Each page's path; a path ending in "/" is a family of pages (the zoom page of each long capture).
+PAGES = {"inspect": "/", "decode": "/decode", "prefix": "/prefix", "paged": "/paged", "capacity": "/capacity",
+         "zoom": "/zoom/", "arena": "/arena", "heads": "/heads", "speculative": "/speculative", "engine": "/engine"}
 PROMPT_PAGES = ("inspect", "decode")  # pages that take ?prompt=
+ARENA_PAIR = ("window", "streaming")  # the compression stop's two policies: a plain window, StreamingLLM
+ARENA_STEPS = 8
+RUN_MS = 300_000  # a run the lesson starts (the arena, the drafts' comparison, a grid of heads) on a busy CPU
+SPEC_TOKENS = 32  # the comparison's new tokens: enough to copy the preset's sentence, a third less than its 48
+# The speculative stop's prompt where the copy preset is longer than the model reads (the built-in model's 128
+# positions): the lesson's sentence, repeated, which prompt lookup can copy from too.
+COPY_PROMPT = "The cat sat on the mat. The cat sat on the mat. The cat sat on"
 
 _KIND = "input[name=kind][value={k}]"
 
@@ -94,6 +116,51 @@ STOPS: tuple[dict, ...] = (
         {"do": "click", "sel": "#step", "once": True, "wait": "#seq-table .gen:not(:empty)"},
     ]},
     {"id": "tables", "page": "paged", "target": "#seq-table"},
+    # --- Capacity: how many requests fit, and why grouped-query attention fits more ----------------------
+    {"id": "capacity", "page": "capacity", "target": "#calc-result", "action": [
+        {"do": "click", "sel": "button[data-preset=loaded]", "unless": "#calc-result[data-model^='loaded:']",
+         "wait": "#calc-result[data-model^='loaded:'] #variants tbody tr.pick"},
+    ], "fill": {"conc": "#r-conc", "mha": "#variants tr[data-kind=MHA] td:nth-child(3)",
+                "mine": "#variants tr.pick td:nth-child(3)"}},
+    # --- Long context: one head's map over a thousand tokens, on the zoom page of a long capture -----------
+    {"id": "long", "page": "zoom", "target": "#zoom", "via": "inspect", "via_action": [
+        {"do": "fill", "sel": "#long-text", "value": LONG_PROMPT},
+        {"do": "click", "sel": "#long-run"},
+    ], "action": [
+        {"do": "click", "sel": "#zoom-grid-run", "unless": "body[data-zoom-grid-done]",
+         "wait": "body[data-zoom-grid-done] .zg-cell.top", "ms": RUN_MS},
+        {"do": "click", "sel": ".zg-cell.top", "unless": ".zg-cell.top.sel", "wait": ".zg-cell.top.sel"},
+    ], "fill": {"layer": "#zoom-layer option:checked", "head": "#zoom-head option:checked", "share": ".zg-cell.top"}},
+    # --- Compression: the same short budget with and without the attention sinks --------------------------
+    {"id": "compress", "page": "arena", "target": "#arena-table-panel", "action": [
+        {"do": "uncheck", "sel": "input[name=policies]" + "".join(f":not([value={p}])" for p in ARENA_PAIR),
+         "once": True},
+        *({"do": "check", "sel": f"input[name=policies][value={p}]", "once": True} for p in ARENA_PAIR),
+        {"do": "fill", "sel": "#arena-steps", "value": str(ARENA_STEPS), "once": True},
+        {"do": "click", "sel": "#arena-run", "once": True, "wait": "#arena-table tr[data-policy=streaming]",
+         "ms": RUN_MS},
+    ], "fill": {"kl_window": "#arena-table tr[data-policy=window] td:nth-child(4)",
+                "kl_stream": "#arena-table tr[data-policy=streaming] td:nth-child(4)",
+                "agree_window": "#arena-table tr[data-policy=window] td:nth-child(6)",
+                "agree_stream": "#arena-table tr[data-policy=streaming] td:nth-child(6)",
+                "tokens": "#arena-table tr[data-policy=streaming] td:nth-child(3)"}},
+    # --- Head roles: the induction head on a repeated random sequence --------------------------------------
+    {"id": "induction", "page": "heads", "target": "#role-induction",
+     "fill": {"top": "#role-induction .top-head", "score": "#role-induction .best b"}},
+    # --- Speculative decoding: a draft that wins and one that loses, on the copy preset --------------------
+    {"id": "speculative", "page": "speculative", "query": {"preset": "copy"}, "target": "#spec-compare-view",
+     "action": [
+         {"do": "fill", "sel": "#spec-prompt", "value": COPY_PROMPT, "if": "#preset-copy.off", "once": True},
+         {"do": "fill", "sel": "#spec-new", "value": str(SPEC_TOKENS), "once": True},
+         {"do": "click", "sel": "#spec-compare-run", "once": True, "unless": "#spec-compare-table",
+          "wait": "#spec-compare-table", "ms": RUN_MS},
+     ], "fill": {"lookup_acc": "#spec-compare-table tr[data-draft=lookup] td:nth-child(2)",
+                 "lookup_speed": "#spec-compare-table tr[data-draft=lookup] td.speedup",
+                 "early_acc": "#spec-compare-table tr[data-draft=early] td:nth-child(2)",
+                 "early_speed": "#spec-compare-table tr[data-draft=early] td.speedup"}},
+    # --- The real engine: vLLM's own cache, when one is connected ------------------------------------------
+    {"id": "engine", "page": "engine", "target": "#engine-status-panel, #engine-none",
+     "when": {"connected": "#engine-root", "none": "#engine-none"}, "fill": {"url": "#engine-url"}},
 )
 
 # Sentences a stop may add for some models: key suffix → when it applies, read from the model card and from what
@@ -110,12 +177,14 @@ EXTRAS: dict[str, Callable[[dict], bool]] = {
     "previous": lambda c: c["heads"].get("previous") is not None,
     "induction": lambda c: c["heads"].get("induction") is not None,
 }
+# Sentences that apply to what the page shows (a stop's ``when``): every suffix a stop may use.
+WHEN = ("connected", "none")
 
 
 def stop_keys(stop: dict) -> list[str]:
     """Every catalog key a stop may show (title, body and all its model-dependent sentences)."""
     base = f"lesson.{stop['id']}"
-    return [f"{base}.title", f"{base}.body", *(f"{base}.{extra}" for extra in EXTRAS)]
+    return [f"{base}.title", f"{base}.body", *(f"{base}.{extra}" for extra in (*EXTRAS, *stop.get("when", {})))]
 
 
 def facts(card: dict, heads: dict | None = None) -> dict:
@@ -124,6 +193,7 @@ def facts(card: dict, heads: dict | None = None) -> dict:
         "model": card["name"], "layers": card["n_layer"], "heads": card["n_head"], "kv_heads": card["n_kv_head"],
         "d": card["d_model"], "head_dim": card["head_dim"], "group": card["n_head"] // card["n_kv_head"],
         "vocab": card["vocab_size"], "prompt": PROMPT, "first": PREFIX_PROMPTS[0], "second": PREFIX_PROMPTS[1],
+        "arena_steps": ARENA_STEPS, "strong": STRONG,
     }
     heads = heads or {}
     for role, short in (("previous", "prev"), ("induction", "ind")):
@@ -157,19 +227,27 @@ def measured_heads(roles: dict[str, torch.Tensor] | None, sinks: dict | None) ->
 
 
 def stop_url(index: int, *, model: str, extra: dict | None = None) -> str:
-    """The URL of stop ``index`` (1-based): its page, the lesson's prompt where the page takes one, the model."""
+    """The URL of stop ``index`` (1-based): its page (or the page it is reached ``via``), the lesson's prompt where
+    the page takes one, the stop's own query, the model."""
     stop = STOPS[index - 1]
-    query = {"prompt": PROMPT} if stop["page"] in PROMPT_PAGES else {}
-    query |= {"model": model, **(extra or {}), "lesson": index}
-    return f"{PAGES[stop['page']]}?{urlencode(query)}"
+    page = stop.get("via", stop["page"])
+    query = {"prompt": PROMPT} if page in PROMPT_PAGES and "via" not in stop else {}
+    query |= {**stop.get("query", {}), "model": model, **(extra or {}), "lesson": index}
+    return f"{PAGES[page]}?{urlencode(query)}"
+
+
+def _with_values(action: list[dict], values: dict[str, str]) -> list[dict]:
+    """An action's steps with the server's values in place of their placeholders (``LONG_PROMPT``)."""
+    return [{**s, "value": values.get(s["value"], s["value"])} if "value" in s else s for s in action]
 
 
 def lesson_view(card: dict, translate: Callable[..., str], has_key: Callable[[str], bool],
-                heads: dict | None = None) -> dict:
+                heads: dict | None = None, long_prompt: str = "") -> dict:
     """The lesson for one model in one language: every stop with its text, target, action and URL.
 
     ``heads``: what the model's heads were measured to do (``measured_heads``), for the sentences only a trained
-    model earns (an attention sink, a previous-token head, an induction head)."""
+    model earns (an attention sink, a previous-token head, an induction head). ``long_prompt``: the long-context
+    stop's text, cut to ``LONG_TOKENS`` of this model's tokens."""
     values = facts(card, heads)
     caps = {**card, "heads": heads or {}}
     stops = []
@@ -179,12 +257,16 @@ def lesson_view(card: dict, translate: Callable[..., str], has_key: Callable[[st
         sentences = [translate(f"{base}.body", **values, **runtime)]
         sentences += [translate(f"{base}.{extra}", **values, **runtime) for extra, applies in EXTRAS.items()
                       if applies(caps) and has_key(f"{base}.{extra}")]
+        when = [{"sel": sel, "text": translate(f"{base}.{suffix}", **values, **runtime)}
+                for suffix, sel in stop.get("when", {}).items()]
+        via = {"path": PAGES[stop["via"]], "action": _with_values(stop["via_action"], {LONG_PROMPT: long_prompt})
+               } if "via" in stop else None
         stops.append({
             "index": i, "id": stop["id"], "page": stop["page"], "path": PAGES[stop["page"]],
             "url": stop_url(i, model=card["name"]), "target": stop["target"],
-            "title": translate(f"{base}.title", **values), "text": sentences,
+            "title": translate(f"{base}.title", **values), "text": sentences, "when": when, "via": via,
             "action": stop.get("action", []), "fill": stop.get("fill", {}),
         })
     return {"prompt": PROMPT, "model": card["name"], "stops": stops,
             "labels": {k: translate(f"lesson.ui.{k}") for k in
-                       ("next", "back", "exit", "finish", "step", "waiting", "missing", "title", "keys")}}
+                       ("next", "back", "exit", "finish", "step", "waiting", "missing", "title", "keys", "more")}}

@@ -1,6 +1,8 @@
-"""The guided lesson walked end to end in real headless Chromium at 1280×720, on the built-in model (fast), in
-English, and in Chinese in presenter mode: Next through every stop (once Back, once the → key, once a → typed in
-a text field that must not move the lesson), across the four pages, the highlighted panel on screen beside the card.
+"""The guided lesson walked end to end in real headless Chromium at 1280×720 in presenter mode, on the built-in model
+(fast), in English (entered from Inspect's own link, presenter mode switched on at the first stop) and in Chinese:
+Next through every stop (once Back, once the → key, once a → typed in a text field that must not move the lesson),
+across every page, the highlighted panel on screen beside the card, and the card's text whole in its box (no
+scrolling needed: scrollHeight ≤ clientHeight), each number read from the page it names.
 """
 
 from __future__ import annotations
@@ -10,7 +12,19 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from app.i18n import translate
+from app.settings import Settings
 from app.viz.lesson import STOPS
+from tests.conftest import make_state
+from tests.live import browser_page, serve_in_thread
+
+# The card and its text box, whole at this size; Inspect's view buttons inside their panel (not cut at its edge).
+FIT = """() => {
+  const $ = (id) => document.getElementById(id), c = $('lesson-card'), t = $('lesson-text');
+  const panel = $('head-panel'), right = panel ? panel.getBoundingClientRect().right : Infinity;
+  const cut = [...document.querySelectorAll('#head-panel .kind-switch label')]
+    .filter((l) => l.getBoundingClientRect().right > right).map((l) => l.textContent.trim());
+  return {card: [c.scrollHeight, c.clientHeight], text: [t.scrollHeight, t.clientHeight],
+          more: t.classList.contains('more'), cut}; }"""
 
 pytestmark = pytest.mark.browser
 
@@ -23,9 +37,27 @@ GEOMETRY = """() => {
           text: $('lesson-text').innerText, title: $('lesson-title').textContent}; }"""
 
 
-@pytest.mark.parametrize(("lang", "present"), [("en", "0"), ("zh", "1")])
-def test_walk_the_whole_lesson(browser, live_server, lang, present):
+def _reads_the_page(page, stop_id: str, text: str, lang: str) -> None:
+    """The numbers a stop quotes are the ones its page shows."""
+    shown = {
+        "next": ["#topk-table tr.pick code"],
+        "capacity": ["#r-conc"],
+        "long": [".zg-cell.top"],
+        "compress": [f"#arena-table tr[data-policy={p}] td:nth-child(4)" for p in ("window", "streaming")],
+        "speculative": [f"#spec-compare-table tr[data-draft={d}] td.speedup" for d in ("lookup", "early")],
+    }.get(stop_id, [])
+    for sel in shown:
+        assert page.inner_text(sel).strip() in text, (stop_id, sel, text)
+    if stop_id == "long":  # the strongest head on token 0 is the one the map above shows
+        assert page.locator(".zg-cell.top.sel").count() == 1
+    if stop_id == "engine":  # no engine in the tests: the card says how to start one, nothing about a connection
+        assert translate("lesson.engine.none", lang) in text and page.locator("#engine-none").count() == 1
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_walk_the_whole_lesson(browser, live_server, lang):
     context = browser.new_context(viewport={"width": 1280, "height": 720}, bypass_csp=True)
+    present = "0" if lang == "en" else "1"
     context.add_cookies([{"name": "kvscope_lang", "value": lang, "url": live_server},
                          {"name": "kvscope_present", "value": present, "url": live_server}])
     page = context.new_page()
@@ -41,17 +73,25 @@ def test_walk_the_whole_lesson(browser, live_server, lang, present):
         backed = keyed = guarded = False
         while True:
             page.wait_for_function(READY, arg=k, timeout=90_000)
+            if present == "0":  # the teacher turns presenter mode on at the first stop: the lesson stays there
+                assert page.evaluate("document.body.classList.contains('present')") is False
+                with page.expect_navigation():
+                    page.click("#present-toggle")
+                present = "1"
+                continue
             assert parse_qs(urlsplit(page.url).query)["lesson"] == [str(k)], page.url
             g = page.evaluate(GEOMETRY)
             stop = STOPS[k - 1]
             assert g["n"] == 1, stop["id"]  # one panel highlighted, and it is on screen beside the card
             assert g["top"] < 720 and g["bottom"] > 0, (stop["id"], g)
             assert g["right"] <= g["cardLeft"], (stop["id"], g)  # the card never covers the panel
-            assert page.evaluate("document.body.classList.contains('present')") == (present == "1")
+            assert page.evaluate("document.body.classList.contains('present')")
             assert g["title"] == translate(f"lesson.{stop['id']}.title", lang)
             assert "{" not in g["text"] and "—" not in g["text"], g["text"]  # every number filled from the page
-            if stop["id"] == "next":  # the card quotes the page's own greedy pick
-                assert page.inner_text("#topk-table tr.pick code") in g["text"]
+            _reads_the_page(page, stop["id"], g["text"], lang)
+            fit = page.evaluate(FIT)  # the whole text in its box at 1280×720, no scrolling; no view button cut
+            assert fit["card"][0] <= fit["card"][1] and fit["text"][0] <= fit["text"][1], (stop["id"], fit)
+            assert not fit["more"] and fit["cut"] == [], (stop["id"], fit)
             if k == n:
                 break
             if k == 5 and not backed:
@@ -80,3 +120,28 @@ def test_walk_the_whole_lesson(browser, live_server, lang, present):
         assert errors == []
     finally:
         context.close()
+
+
+@pytest.fixture(scope="module")
+def real_server(smol, kv_home):
+    """The real SmolLM2 (its lesson has the most to say: rotary positions, grouped-query attention and the sink,
+    previous-token and induction heads it measurably has), alone on a server of its own."""
+    with serve_in_thread(make_state(Settings(models=(smol.name,), home=kv_home, session_ttl_s=600), smol)) as url:
+        yield url
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_real_models_longest_stops_fit_their_card_in_presenter_mode(browser, real_server, smol, lang):
+    """Inspect's stops and prefill carry every sentence the real model earns (the issue saw 518 px of text in a
+    401 px box at "One head's scores", the sink sentence hidden at "Softmax"): each still fits whole at 1280×720."""
+    last = next(i for i, s in enumerate(STOPS, start=1) if s["id"] == "prefill")
+    with browser_page(browser, viewport={"width": 1280, "height": 720}) as page:
+        page.goto(f"{real_server}/?model={smol.name}&lesson=1&present=1&lang={lang}")
+        for k in range(1, last + 1):
+            page.wait_for_function(READY, arg=k, timeout=120_000)
+            fit = page.evaluate(FIT)
+            assert fit["card"][0] <= fit["card"][1] and fit["text"][0] <= fit["text"][1], (k, lang, fit)
+            assert fit["cut"] == [], (k, lang, fit)
+            if k < last:
+                page.click("#lesson-next")
+        assert page.js_errors == []
