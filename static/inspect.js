@@ -249,18 +249,26 @@
       (c) => +c.dataset.layer === S.layer && +c.dataset.head === S.head, "aria-pressed");
   }
 
-  /* Unpack the server's matrix into rows; null marks cells the causal mask hides. */
-  function unpack(m) {
-    const vals = kv.b64ToF32(m.data);
-    const z = [];
-    let k = 0;
+  /* The server's matrix as it came: float32 cells, the lower triangle only where masked ("lower"): row i holds
+     past + i + 1 visible keys, starting at start(i). Read in place by the canvas (a 512-token head is 131 000
+     cells: rows of JS arrays with nulls for the future cost the first paint a few hundred ms of building and
+     collection); the rows Plotly wants are made once it is there (rows()). */
+  function packed(m) {
+    const vals = kv.b64ToF32(m.data), lower = m.packing === "lower";
+    const start = (i) => (lower ? i * (m.past + 1) + (i * (i - 1)) / 2 : i * m.cols);
+    const visible = (i) => (lower ? Math.min(m.cols, m.past + i + 1) : m.cols);
+    return { m, vals, start, visible, z: null };
+  }
+  /* Rows for Plotly and the row chart; null marks cells the causal mask hides. */
+  function rows(p) {
+    if (p.z) return p.z;
+    const { m, vals } = p, z = [];
     for (let i = 0; i < m.rows; i++) {
-      const row = new Array(m.cols);
-      const visible = m.packing === "lower" ? m.past + i + 1 : m.cols;
-      for (let j = 0; j < m.cols; j++) row[j] = j < visible ? vals[k++] : null;
+      const row = new Array(m.cols).fill(null), s = p.start(i), n = p.visible(i);
+      for (let j = 0; j < n; j++) row[j] = vals[s + j];
       z.push(row);
     }
-    return z;
+    return (p.z = z);
   }
 
   const title = (kind) => kv.t("js.kind." + kind);
@@ -276,22 +284,24 @@
     const want = `${S.layer}/${S.head}/${S.kind}`;
     const m = await kv.getJSON(`/api/traces/${S.key}/attention/${S.layer}/${S.head}?kind=${S.kind}`);
     if (want !== `${S.layer}/${S.head}/${S.kind}`) return; // a newer selection is on its way
-    const z = unpack(m);
-    S.matrix = { z, kind: m.kind };
+    const p = packed(m);
+    S.matrix = { p, kind: m.kind, get z() { return rows(p); } };
+    const mine = S.matrix;
     const box = document.getElementById("heatmap");
     if (!window.Plotly) {
       // First paint without Plotly: the same cells on a canvas now, the interactive chart once Plotly has loaded.
-      paintCanvas(m, z);
+      paintCanvas(p);
       await kv.plotlyWhenUsed();
-      if (want !== `${S.layer}/${S.head}/${S.kind}` || S.matrix.z !== z) return;
+      if (want !== `${S.layer}/${S.head}/${S.kind}` || S.matrix !== mine) return;
       box.textContent = "";
     } else if (box._fullLayout && box._fullLayout._size && S.cols === m.cols) {
       // Another head of the same prompt: its cells on a canvas laid over the chart's plot area at once (same
       // axes), while Plotly redraws its interactive chart underneath (a few hundred ms at T = 512).
-      overlayCanvas(box, m, z);
+      overlayCanvas(box, p);
       await new Promise((go) => requestAnimationFrame(() => requestAnimationFrame(go)));  // shown before Plotly's work
       if (want !== `${S.layer}/${S.head}/${S.kind}`) return;
     }
+    const z = rows(p);
     const idx = [...Array(m.cols).keys()];
     const { small, margin } = heatLayout(m.cols);
     const ticks = small ? { tickvals: idx, ticktext: idx.map((i) => S.labels[i]) } : {};
@@ -346,13 +356,13 @@
 
   /* The heatmap before Plotly has loaded: its cells on a canvas, cell colours as Plotly will draw them, in the
      frame Plotly will draw (heatframe.js: axes, token labels, titles, colour bar), so the first paint is whole. */
-  function paintCanvas(m, z) {
-    const box = document.getElementById("heatmap"), { small, margin } = heatLayout(m.cols);
+  function paintCanvas(p) {
+    const m = p.m, box = document.getElementById("heatmap"), { small, margin } = heatLayout(m.cols);
     const name = kv.t("js.inspect.head_label", { layer: S.layer, head: S.head, rows: m.rows, cols: m.cols });
     const frame = kv.heatFrame({
-      canvas: heatCanvas(m, z, "heat-canvas"), cols: m.cols, rows: m.rows, q: S.q, margin, narrow: kv.narrow(),
+      canvas: heatCanvas(p, "heat-canvas"), cols: m.cols, rows: m.rows, q: S.q, margin, narrow: kv.narrow(),
       boxWidth: box.clientWidth, boxHeight: box.clientHeight, labels: small ? S.labels : null,
-      xTitle: kv.t("js.inspect.axis_key"), yTitle: kv.t("js.inspect.axis_query"), bar: colourBar(m, z),
+      xTitle: kv.t("js.inspect.axis_key"), yTitle: kv.t("js.inspect.axis_query"), bar: colourBar(p),
     });
     frame.setAttribute("role", "img");
     frame.setAttribute("aria-label", name);
@@ -362,23 +372,24 @@
   }
 
   /* The colour bar of the first paint: weights 0…1 on the chosen scale, scores on the canvas's blue–white–red. */
-  function colourBar(m, z) {
-    if (m.kind === "weights") return { title: title(m.kind), stops: kv.weightScale(S.scale), lo: 0, hi: 1 };
-    const span = scoreSpan(z) || 1, stops = [];
+  function colourBar(p) {
+    const kind = p.m.kind;
+    if (kind === "weights") return { title: title(kind), stops: kv.weightScale(S.scale), lo: 0, hi: 1 };
+    const span = scoreSpan(p.vals) || 1, stops = [];
     for (let i = 0; i <= 10; i++) stops.push([i / 10, `rgb(${scoreColour(i / 5 - 1).join(",")})`]);
-    return { title: title(m.kind), stops, lo: -span, hi: span };
+    return { title: title(kind), stops, lo: -span, hi: span };
   }
   /* Scores on a blue (−span) – white (0) – red (+span) scale: u = score / span in [−1, 1]. */
   const scoreColour = (u) => (u >= 0 ? [255, 255 - 200 * u, 255 - 200 * u] : [255 + 200 * u, 255 + 200 * u, 255]);
-  function scoreSpan(z) {
+  function scoreSpan(vals) {  // every value sent is a visible cell (the masked future is not sent)
     let span = 0;
-    for (const row of z) for (const v of row) if (v !== null && isFinite(v)) span = Math.max(span, Math.abs(v));
+    for (let i = 0; i < vals.length; i++) if (isFinite(vals[i])) span = Math.max(span, Math.abs(vals[i]));
     return span;
   }
 
   /* The same cells over the Plotly chart's plot area (its axes stay), removed once Plotly has redrawn. */
-  function overlayCanvas(box, m, z) {
-    const { l, t, w, h } = box._fullLayout._size, c = heatCanvas(m, z, "heat-overlay");
+  function overlayCanvas(box, p) {
+    const m = p.m, { l, t, w, h } = box._fullLayout._size, c = heatCanvas(p, "heat-overlay");
     Object.assign(c.style, { left: l + "px", top: t + "px", width: w + "px", height: h + "px" });
     c.setAttribute("aria-hidden", "true");
     box.querySelectorAll(".heat-overlay").forEach((old) => old.remove());
@@ -388,21 +399,39 @@
     heatmapDrawn();
   }
 
+  /* A weight's colour through a table of LEVELS steps of f(w) (f: the chosen scale), not a call and an array per
+     cell: weightColour is linear between stops, at most ~400 colour units per unit of f, so a step of 1/4096 moves a
+     channel by 0.1 — the same 8-bit colour Plotly draws, give or take one unit where it rounds. */
+  const LEVELS = 4096;
+  function weightLut() {
+    const lut = new Uint8ClampedArray(3 * (LEVELS + 1));
+    for (let i = 0; i <= LEVELS; i++) {
+      const [r, g, b] = kv.weightColour(i / LEVELS);
+      lut[3 * i] = r; lut[3 * i + 1] = g; lut[3 * i + 2] = b;
+    }
+    return lut;
+  }
+
   /* One pixel per cell: weights on the chosen scale, scores on a blue–white–red scale around 0, masked cells in
-     the mask colour (the colours Plotly draws). */
-  function heatCanvas(m, z, cls) {
-    const c = kv.el("canvas", { width: m.cols, height: m.rows, class: cls });
-    const ctx = c.getContext("2d"), img = ctx.createImageData(m.cols, m.rows);
+     the mask colour (the colours Plotly draws), read straight from the packed cells. */
+  function heatCanvas(p, cls) {
+    const m = p.m, vals = p.vals, c = kv.el("canvas", { width: m.cols, height: m.rows, class: cls });
+    const ctx = c.getContext("2d"), img = ctx.createImageData(m.cols, m.rows), d = img.data;
     const weights = m.kind === "weights", f = kv.SCALES[S.scale].f, mask = kv.MASK_RGB;
-    const span = weights ? 0 : scoreSpan(z);
+    const span = weights ? 0 : scoreSpan(vals), lut = weights ? weightLut() : null;
     for (let i = 0; i < m.rows; i++) {
+      const s = p.start(i), n = p.visible(i);
       for (let j = 0; j < m.cols; j++) {
-        const v = z[i][j], o = 4 * (i * m.cols + j);
-        let rgb;
-        if (v === null || !isFinite(v)) rgb = mask;
-        else if (weights) rgb = kv.weightColour(f(v));
-        else rgb = scoreColour(span ? v / span : 0);
-        img.data[o] = rgb[0]; img.data[o + 1] = rgb[1]; img.data[o + 2] = rgb[2]; img.data[o + 3] = 255;
+        const o = 4 * (i * m.cols + j), v = j < n ? vals[s + j] : NaN;
+        d[o + 3] = 255;
+        if (!isFinite(v)) { d[o] = mask[0]; d[o + 1] = mask[1]; d[o + 2] = mask[2]; continue; }
+        if (weights) {
+          const at = 3 * Math.round(Math.min(1, Math.max(0, f(v))) * LEVELS);
+          d[o] = lut[at]; d[o + 1] = lut[at + 1]; d[o + 2] = lut[at + 2];
+        } else {
+          const rgb = scoreColour(span ? v / span : 0);
+          d[o] = rgb[0]; d[o + 1] = rgb[1]; d[o + 2] = rgb[2];
+        }
       }
     }
     ctx.putImageData(img, 0, 0);
