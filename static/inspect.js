@@ -17,17 +17,23 @@
       layer: +root.dataset.layer, head: +root.dataset.head, q: +root.dataset.q, kind: root.dataset.kind,
       KV: +root.dataset.kvHeads || +root.dataset.heads, labels: labels(), matrix: null, grid: null,
       scale: new URL(window.location.href).searchParams.get("scale") || "sqrt",
+      ...multiFromUrl(+root.dataset.tokens),
     };
     const scale = document.getElementById("sel-scale");
     if (!kv.SCALES[S.scale]) S.scale = "sqrt";
     scale.value = S.scale;
     scale.addEventListener("change", (e) => { S.scale = e.target.value; syncUrl(); paintGrid(); drawHead(); });
+    // A click picks one token; Shift/Ctrl/⌘ + click (or + Enter) adds it to the tokens summed, or takes it out.
+    // On a phone (no Shift key) the "pick several" box makes every tap add or remove.
+    const several = document.getElementById("multi-pick");
+    const adding = (e) => e.shiftKey || e.ctrlKey || e.metaKey || (several && several.checked);
     document.querySelectorAll("#token-strip .tok").forEach((el) => {
-      el.addEventListener("click", () => select({ q: +el.dataset.pos }));
+      el.addEventListener("click", (e) => pick(+el.dataset.pos, adding(e)));
       el.addEventListener("keydown", (e) => {
-        if (e.key === "Enter" || e.key === " ") { e.preventDefault(); select({ q: +el.dataset.pos }); }
+        if (e.key === "Enter" || e.key === " ") { e.preventDefault(); pick(+el.dataset.pos, adding(e)); }
       });
     });
+    initMulti();
     document.getElementById("grid-sinks").addEventListener("change", toggleSinks);
     // The strip is one tab stop (a listbox): the arrow keys move the selected token, as a click does.
     const strip = document.getElementById("token-strip");
@@ -51,6 +57,11 @@
     u.searchParams.set("q", S.q);
     u.searchParams.set("kind", S.kind);
     u.searchParams.set("scale", S.scale);
+    if (S.multi.length) {
+      u.searchParams.set("sum", S.multi.join(","));
+      u.searchParams.set("over", S.over);
+      u.searchParams.set("agg", S.agg);
+    } else ["sum", "over", "agg"].forEach((k) => u.searchParams.delete(k));
     window.history.replaceState(null, "", u.toString());
   }
 
@@ -91,7 +102,13 @@
   }
 
   function markToken() {
-    markOne(document.querySelectorAll("#token-strip .tok"), (el) => +el.dataset.pos === S.q, "aria-selected");
+    const tokens = document.querySelectorAll("#token-strip .tok"), summed = new Set(S.multi);
+    markOne(tokens, (el) => +el.dataset.pos === S.q, "aria-selected");
+    tokens.forEach((el) => {
+      const on = summed.has(+el.dataset.pos);
+      if (el.classList.contains("in-sum") !== on) el.classList.toggle("in-sum", on);
+      if (on) el.setAttribute("aria-selected", "true");  // the strip is a multi-select listbox while tokens are summed
+    });
     const strip = document.getElementById("token-strip"), on = strip && strip.querySelector(".tok.sel");
     if (on) showInStrip(strip, on);
   }
@@ -449,6 +466,15 @@
   function marks(cols, key) {
     const out = [{ type: "rect", xref: "x", yref: "y", x0: -0.5, x1: cols - 0.5, y0: S.q - 0.5, y1: S.q + 0.5,
       line: { color: "#d08a00", width: 3 }, fillcolor: "rgba(0,0,0,0)" }];
+    // The tokens summed: their rows (query tokens) or columns (key tokens), dashed.
+    const rows = S.matrix ? S.matrix.p.m.rows : cols;
+    for (const t of S.multi) {
+      out.push(S.over === "q"
+        ? { type: "rect", xref: "x", yref: "y", x0: -0.5, x1: cols - 0.5, y0: t - 0.5, y1: t + 0.5,
+          line: { color: "#b45309", width: 2, dash: "dash" }, fillcolor: "rgba(0,0,0,0)" }
+        : { type: "rect", xref: "x", yref: "y", x0: t - 0.5, x1: t + 0.5, y0: -0.5, y1: rows - 0.5,
+          line: { color: "#b45309", width: 2, dash: "dash" }, fillcolor: "rgba(0,0,0,0)" });
+    }
     if (key !== null && key !== undefined) out.push({ type: "rect", xref: "x", yref: "y", x0: key - 0.5, x1: key + 0.5,
       y0: -0.5, y1: S.matrix.z.length - 0.5, line: { color: "#6a3fb5", width: 2, dash: "dot" }, fillcolor: "rgba(0,0,0,0)" });
     return out;
@@ -463,10 +489,12 @@
     if (!S.matrix || !window.Plotly) return; // drawHead draws the row once Plotly has loaded
     S.hoverKey = undefined;
     markHeat(null);
+    if (showMulti()) { drawSum(); return; }
     const row = S.matrix.z[S.q] || [];
     const n = S.q + 1; // keys the query may read
     const x = [...Array(n).keys()];
     const y = row.slice(0, n);
+    delete document.getElementById("row-chart").dataset.sum;
     const small = n <= (kv.narrow() ? 24 : 48);
     Plotly.react("row-chart", [{
       type: "bar", x, y, marker: { color: "#3a72c4" },
@@ -480,6 +508,108 @@
     }, kv.PLOT_CONFIG);
     document.getElementById("row-label").textContent =
       kv.t("js.inspect.row_label", { q: S.q, token: S.labels[S.q] || "", layer: S.layer, head: S.head });
+  }
+
+  /* --- Several tokens summed (bertviz #125) -------------------------------------------------------------------
+     S.multi: the positions summed (two or more, sorted; [] when one token is selected), S.over: "q" (their rows:
+     what they read, together) or "k" (their columns: how much each query reads them), S.agg: "sum" or "mean".
+     The numbers are the head's softmax weights the page already has (the float32 matrix of /attention), added in
+     double precision here; nothing new is asked of the server. */
+  function multiFromUrl(T) {
+    const u = new URL(window.location.href).searchParams;
+    const multi = [...new Set((u.get("sum") || "").split(",").filter((x) => /^\d+$/.test(x)).map(Number))]
+      .filter((p) => p < T).sort((a, b) => a - b);
+    return { multi: multi.length >= 2 ? multi : [], over: u.get("over") === "k" ? "k" : "q",
+      agg: u.get("agg") === "mean" ? "mean" : "sum" };
+  }
+
+  function initMulti() {
+    const box = document.getElementById("multi-controls");
+    if (!box) return;  // a long prompt: the zoom map, no row chart
+    const line = document.getElementById("multi-line");
+    if (!line.dataset.hint) line.dataset.hint = line.textContent;
+    box.querySelectorAll("input[name=multi-over]").forEach((el) => {
+      el.checked = el.value === S.over;
+      el.addEventListener("change", () => { S.over = el.value; syncUrl(); drawRow(); });
+    });
+    box.querySelectorAll("input[name=multi-agg]").forEach((el) => {
+      el.checked = el.value === S.agg;
+      el.addEventListener("change", () => { S.agg = el.value; syncUrl(); drawRow(); });
+    });
+    document.getElementById("multi-clear").addEventListener("click", () => {
+      document.getElementById("multi-pick").checked = false;
+      pick(S.q, false);
+    });
+    const strip = document.getElementById("token-strip");
+    if (strip) strip.setAttribute("aria-multiselectable", "true");
+  }
+
+  /* A token clicked: alone (one token selected, as before) or added to / taken out of the tokens summed (the
+     selected token is the first one when a sum starts). */
+  function pick(pos, add) {
+    if (!add || !document.getElementById("multi-controls")) {
+      const had = S.multi.length;
+      S.multi = [];
+      if (pos === S.q && had) { syncUrl(); markToken(); drawRow(); return; }
+      select({ q: pos });
+      return;
+    }
+    const set = S.multi.length ? S.multi.slice() : [S.q], at = set.indexOf(pos);
+    if (at >= 0) set.splice(at, 1); else set.push(pos);
+    set.sort((a, b) => a - b);
+    S.multi = set.length >= 2 ? set : [];
+    syncUrl();
+    markToken();
+    drawRow();
+  }
+
+  /* The line saying what is summed, the controls' state; true when the chart shows a sum. */
+  function showMulti() {
+    const line = document.getElementById("multi-line");
+    if (!line) return false;
+    const on = S.multi.length >= 2, n = S.multi.length;
+    document.getElementById("multi-clear").hidden = !on;
+    document.getElementById("multi-controls").classList.toggle("active", on);
+    if (!on) { line.textContent = line.dataset.hint || ""; return false; }
+    if (S.matrix.kind !== "weights") {
+      line.textContent = kv.t("js.inspect.multi_weights_only", { n });
+      return false;
+    }
+    const MAX = 12, names = S.multi.slice(0, MAX).map((p) => kv.t("js.inspect.pos_token", { pos: p, token: S.labels[p] || "" }));
+    let list = names.join(kv.t("js.inspect.multi_sep"));
+    if (n > MAX) list += " " + kv.t("js.inspect.multi_more", { n: n - MAX });
+    line.textContent = kv.t(`js.inspect.multi_${S.over}_${S.agg}`, { n, list });
+    return true;
+  }
+
+  /* The sum (or mean) of the selected rows (query tokens: one bar per key) or columns (key tokens: one bar per
+     query); a cell in a query's future is a weight of exactly 0 (the causal mask). */
+  function sumOf(z, multi, over, agg) {
+    const rows = z.length, n = multi.length, at = (i, j) => z[i][j] || 0;
+    const x = over === "q" ? [...Array(Math.max(...multi) + 1).keys()]
+      : [...Array(rows - Math.min(...multi)).keys()].map((i) => i + Math.min(...multi));
+    const y = x.map((t) => multi.reduce((s, u) => s + (over === "q" ? at(u, t) : at(t, u)), 0) / (agg === "mean" ? n : 1));
+    return { x, y };
+  }
+
+  function drawSum() {
+    const n = S.multi.length, { x, y } = sumOf(S.matrix.z, S.multi, S.over, S.agg);
+    const small = x.length <= (kv.narrow() ? 24 : 48), q = S.over === "q";
+    const tok = x.map((i) => kv.t("js.inspect.pos_token", { pos: i, token: S.labels[i] || "" }));
+    Plotly.react("row-chart", [{
+      type: "bar", x, y, marker: { color: "#b45309" }, customdata: tok,
+      hovertemplate: kv.t(q ? "js.inspect.hover_key" : "js.inspect.hover_query", { k: "%{customdata}", q: "%{customdata}" }) +
+        "<br>" + kv.t(`js.inspect.y_${S.agg}_${S.over}`, { n }) + " = %{y:.6f}<extra></extra>",
+    }], {
+      margin: { l: 70, r: 10, t: 10, b: small ? 90 : 50 }, font: kv.plotFont,
+      xaxis: Object.assign({ title: { text: kv.t(q ? "js.inspect.axis_key_short" : "js.inspect.axis_query_short") } },
+        small ? { tickvals: x, ticktext: x.map((i) => S.labels[i]), tickangle: -60 } : {}),
+      yaxis: { title: { text: kv.t(`js.inspect.y_${S.agg}_${S.over}`, { n }) }, rangemode: "tozero" },
+    }, kv.PLOT_CONFIG);
+    const el = document.getElementById("row-chart");
+    el.dataset.sum = S.multi.join(",");  // what the bars add up (tests read it with the bars)
+    document.getElementById("row-label").textContent = kv.t(`js.inspect.multi_label_${S.over}`,
+      { agg: kv.t("js.inspect.agg_" + S.agg), n, layer: S.layer, head: S.head });
   }
 
   // Not page.view("result", …): that also redraws after the swaps inside the result (query panels, lens), which
