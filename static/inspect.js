@@ -455,11 +455,13 @@
     return c;
   }
 
-  /* Counted for tests and benchmarks; the explainer panels below (sinks, lens, ablation) are asked for on the
-     first one, so their requests never hold up the heatmap's. */
+  /* Counted for tests and benchmarks; the grid, the explainer panels below (sinks, lens, ablation) and the why
+     panel are asked for on the first one, so their requests never hold up the heatmap's. Told once the frame that
+     shows it has been painted: dispatched here, their listeners (a request each, htmx's processing of the slots)
+     ran in this task, before that frame, and the heatmap reached the screen tens of ms later on 2 busy cores. */
   function heatmapDrawn() {
     document.body.dataset.heatmapDrawn = String((+document.body.dataset.heatmapDrawn || 0) + 1);
-    document.body.dispatchEvent(new CustomEvent("kv-heatmap"));
+    requestAnimationFrame(() => setTimeout(() => document.body.dispatchEvent(new CustomEvent("kv-heatmap")), 0));
   }
 
   /* The selected query's row framed; the hovered key's column too (both as layout shapes: no redraw of cells). */

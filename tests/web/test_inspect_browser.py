@@ -30,6 +30,8 @@ def test_inspect_walkthrough(page, live_server):
     page.wait_for_function("document.getElementById('head-label').textContent.startsWith('layer 2 · head 5')")
     page.click("#token-strip .tok[data-pos='1']")
     page.wait_for_selector("#math-panel .shape:has-text('query ␣cat')")
+    # Below the fold the panel is not rendered (content-visibility: auto): scrolled to, as a reader does.
+    page.locator("#math-panel").scroll_into_view_if_needed()
     shown = page.locator("#math-table tr[data-pos='0'] td.w").inner_text()
 
     key = page.get_attribute("#inspect-view", "data-key")
