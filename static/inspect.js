@@ -572,6 +572,7 @@
     const on = S.multi.length >= 2, n = S.multi.length;
     document.getElementById("multi-clear").hidden = !on;
     document.getElementById("multi-controls").classList.toggle("active", on);
+    line.classList.toggle("on", on);  // said in presenter mode too, which hides the page's other explanations
     if (!on) { line.textContent = line.dataset.hint || ""; return false; }
     if (S.matrix.kind !== "weights") {
       line.textContent = kv.t("js.inspect.multi_weights_only", { n });
