@@ -30,9 +30,9 @@ def test_inspect_walkthrough(page, live_server):
     page.wait_for_function("document.getElementById('head-label').textContent.startsWith('layer 2 · head 5')")
     page.click("#token-strip .tok[data-pos='1']")
     page.wait_for_selector("#math-panel .shape:has-text('query ␣cat')")
-    # Below the fold the panel is not rendered (content-visibility: auto): scrolled to, as a reader does.
-    page.locator("#math-panel").scroll_into_view_if_needed()
-    shown = page.locator("#math-table tr[data-pos='0'] td.w").inner_text()
+    # Below the fold (the row chart's controls above it) the panel is not rendered yet (content-visibility: auto):
+    # its text, then.
+    shown = page.locator("#math-table tr[data-pos='0'] td.w").text_content().strip()
 
     key = page.get_attribute("#inspect-view", "data-key")
     a = api(f"{live_server}/api/traces/{key}/arithmetic/2/5/1")
@@ -241,4 +241,14 @@ def test_summed_attention_over_three_tokens_is_the_heads_rows_added(page, live_s
     x, y = chart()
     assert close(y, att[2, :3], bound[2, :3])
     assert page.locator("#token-strip .tok.in-sum").count() == 0 and "sum=" not in page.url
+
+    # No Shift key on a phone: with "pick several" on, a plain tap adds a token (2, then 4 and 5), still summed
+    # over key tokens as chosen above.
+    page.check("#multi-pick")
+    page.click("#token-strip .tok[data-pos='4']")
+    page.click("#token-strip .tok[data-pos='5']")
+    page.wait_for_function("document.getElementById('row-chart').dataset.sum === '2,4,5'")
+    x, y = chart()
+    assert x == list(range(2, 14))
+    assert close(y, att[2:, [2, 4, 5]].sum(1), bound[2:, [2, 4, 5]].sum(1))
     assert page.js_errors == []
