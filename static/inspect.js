@@ -612,7 +612,7 @@
     const el = document.getElementById("row-chart");
     el.dataset.sum = S.multi.join(",");  // what the bars add up (tests read it with the bars)
     document.getElementById("row-label").textContent = kv.t(`js.inspect.multi_label_${S.over}`,
-      { agg: kv.t("js.inspect.agg_" + S.agg), n, layer: S.layer, head: S.head });
+      { agg: kv.t(S.agg === "mean" ? "js.inspect.agg_mean" : "js.inspect.agg_sum"), n, layer: S.layer, head: S.head });
   }
 
   // Not page.view("result", …): that also redraws after the swaps inside the result (query panels, lens), which
