@@ -306,7 +306,8 @@ def bench_baseline(browser, lm, baseline: Path, sizes: list[int], repeats: int) 
                     prompt = prompt_of(lm, T, skip=1 + 13 * (2 * i + (name == "this tree")))[0]
                     runs[name].append(kvscope_first_heatmap(browser, base, prompt))
             out[T] = {name: {"cold_s": [r["seconds"] for r in rs], "bytes": [r["bytes"] for r in rs],
-                             "html_s": median([r["html_s"] for r in rs])} for name, rs in runs.items()}
+                             "html_s": median([r["html_s"] for r in rs]),
+                             "after_html_s": [r["seconds"] - r["html_s"] for r in rs]} for name, rs in runs.items()}
             print(f"  T={T}: baseline {median(out[T]['baseline']['cold_s']):.2f} s, this tree "
                   f"{median(out[T]['this tree']['cold_s']):.2f} s", flush=True)
     return out
@@ -322,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="largest T at which bertviz is really run (default 256, --quick 64); beyond: extrapolated")
     p.add_argument("--repeats", type=int, default=None, help="repeats for (1) (default 7, --quick 5)")
     p.add_argument("--clicks", type=int, default=None, help="clicks of each kind for (4) (default 10, --quick 5)")
+    p.add_argument("--nav-repeats", type=int, default=None,
+                   help="cold first heatmaps per size and tree in (3) and (5) (default 3, --quick 1)")
     p.add_argument("--no-browser", action="store_true", help="only (1)")
     p.add_argument("--baseline", type=Path, default=None,
                    help="another checkout (e.g. a git worktree of an older commit): (5) runs its server beside ours")
@@ -333,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     clicks = args.clicks or (5 if quick else 10)
     bv_max = args.bertviz_max if args.bertviz_max is not None else (64 if quick else 256)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
-    nav_repeats = 1 if quick else 3
+    nav_repeats = args.nav_repeats or (1 if quick else 3)
 
     setup_torch()
     OUT.mkdir(parents=True, exist_ok=True)
@@ -493,9 +496,11 @@ def report_baseline(browser, lm, baseline: Path, sizes: list[int], repeats: int)
         b, o = r["baseline"], r["this tree"]
         rows.append([T, f"{median(b['cold_s']):.2f} s", f"{median(o['cold_s']):.2f} s",
                      f"{median(b['cold_s']) / median(o['cold_s']):.2f}×", f"{b['html_s']:.2f} s / {o['html_s']:.2f} s",
+                     f"{median(b['after_html_s']):.2f} s / {median(o['after_html_s']):.2f} s",
                      mb(median(b["bytes"])), mb(median(o["bytes"]))])
     print(table(["T", "baseline cold", "this tree cold", "speed-up", "HTML arrived (baseline / this tree)",
-                 "baseline bytes", "this tree bytes"], rows))
+                 "HTML to heatmap (baseline / this tree)", "baseline bytes", "this tree bytes"], rows))
+    print(f"load average after (5): {os.getloadavg()[0]:.1f}", flush=True)
     return ab
 
 

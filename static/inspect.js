@@ -17,17 +17,23 @@
       layer: +root.dataset.layer, head: +root.dataset.head, q: +root.dataset.q, kind: root.dataset.kind,
       KV: +root.dataset.kvHeads || +root.dataset.heads, labels: labels(), matrix: null, grid: null,
       scale: new URL(window.location.href).searchParams.get("scale") || "sqrt",
+      ...multiFromUrl(+root.dataset.tokens),
     };
     const scale = document.getElementById("sel-scale");
     if (!kv.SCALES[S.scale]) S.scale = "sqrt";
     scale.value = S.scale;
     scale.addEventListener("change", (e) => { S.scale = e.target.value; syncUrl(); paintGrid(); drawHead(); });
+    // A click picks one token; Shift/Ctrl/⌘ + click (or + Enter) adds it to the tokens summed, or takes it out.
+    // On a phone (no Shift key) the "pick several" box makes every tap add or remove.
+    const several = document.getElementById("multi-pick");
+    const adding = (e) => e.shiftKey || e.ctrlKey || e.metaKey || (several && several.checked);
     document.querySelectorAll("#token-strip .tok").forEach((el) => {
-      el.addEventListener("click", () => select({ q: +el.dataset.pos }));
+      el.addEventListener("click", (e) => pick(+el.dataset.pos, adding(e)));
       el.addEventListener("keydown", (e) => {
-        if (e.key === "Enter" || e.key === " ") { e.preventDefault(); select({ q: +el.dataset.pos }); }
+        if (e.key === "Enter" || e.key === " ") { e.preventDefault(); pick(+el.dataset.pos, adding(e)); }
       });
     });
+    initMulti();
     document.getElementById("grid-sinks").addEventListener("change", toggleSinks);
     // The strip is one tab stop (a listbox): the arrow keys move the selected token, as a click does.
     const strip = document.getElementById("token-strip");
@@ -51,6 +57,11 @@
     u.searchParams.set("q", S.q);
     u.searchParams.set("kind", S.kind);
     u.searchParams.set("scale", S.scale);
+    if (S.multi.length) {
+      u.searchParams.set("sum", S.multi.join(","));
+      u.searchParams.set("over", S.over);
+      u.searchParams.set("agg", S.agg);
+    } else ["sum", "over", "agg"].forEach((k) => u.searchParams.delete(k));
     window.history.replaceState(null, "", u.toString());
   }
 
@@ -91,7 +102,13 @@
   }
 
   function markToken() {
-    markOne(document.querySelectorAll("#token-strip .tok"), (el) => +el.dataset.pos === S.q, "aria-selected");
+    const tokens = document.querySelectorAll("#token-strip .tok"), summed = new Set(S.multi);
+    markOne(tokens, (el) => +el.dataset.pos === S.q, "aria-selected");
+    tokens.forEach((el) => {
+      const on = summed.has(+el.dataset.pos);
+      if (el.classList.contains("in-sum") !== on) el.classList.toggle("in-sum", on);
+      if (on) el.setAttribute("aria-selected", "true");  // the strip is a multi-select listbox while tokens are summed
+    });
     const strip = document.getElementById("token-strip"), on = strip && strip.querySelector(".tok.sel");
     if (on) showInStrip(strip, on);
   }
@@ -249,18 +266,26 @@
       (c) => +c.dataset.layer === S.layer && +c.dataset.head === S.head, "aria-pressed");
   }
 
-  /* Unpack the server's matrix into rows; null marks cells the causal mask hides. */
-  function unpack(m) {
-    const vals = kv.b64ToF32(m.data);
-    const z = [];
-    let k = 0;
+  /* The server's matrix as it came: float32 cells, the lower triangle only where masked ("lower"): row i holds
+     past + i + 1 visible keys, starting at start(i). Read in place by the canvas (a 512-token head is 131 000
+     cells: rows of JS arrays with nulls for the future cost the first paint a few hundred ms of building and
+     collection); the rows Plotly wants are made once it is there (rows()). */
+  function packed(m) {
+    const vals = kv.b64ToF32(m.data), lower = m.packing === "lower";
+    const start = (i) => (lower ? i * (m.past + 1) + (i * (i - 1)) / 2 : i * m.cols);
+    const visible = (i) => (lower ? Math.min(m.cols, m.past + i + 1) : m.cols);
+    return { m, vals, start, visible, z: null };
+  }
+  /* Rows for Plotly and the row chart; null marks cells the causal mask hides. */
+  function rows(p) {
+    if (p.z) return p.z;
+    const { m, vals } = p, z = [];
     for (let i = 0; i < m.rows; i++) {
-      const row = new Array(m.cols);
-      const visible = m.packing === "lower" ? m.past + i + 1 : m.cols;
-      for (let j = 0; j < m.cols; j++) row[j] = j < visible ? vals[k++] : null;
+      const row = new Array(m.cols).fill(null), s = p.start(i), n = p.visible(i);
+      for (let j = 0; j < n; j++) row[j] = vals[s + j];
       z.push(row);
     }
-    return z;
+    return (p.z = z);
   }
 
   const title = (kind) => kv.t("js.kind." + kind);
@@ -276,22 +301,24 @@
     const want = `${S.layer}/${S.head}/${S.kind}`;
     const m = await kv.getJSON(`/api/traces/${S.key}/attention/${S.layer}/${S.head}?kind=${S.kind}`);
     if (want !== `${S.layer}/${S.head}/${S.kind}`) return; // a newer selection is on its way
-    const z = unpack(m);
-    S.matrix = { z, kind: m.kind };
+    const p = packed(m);
+    S.matrix = { p, kind: m.kind, get z() { return rows(p); } };
+    const mine = S.matrix;
     const box = document.getElementById("heatmap");
     if (!window.Plotly) {
       // First paint without Plotly: the same cells on a canvas now, the interactive chart once Plotly has loaded.
-      paintCanvas(m, z);
+      paintCanvas(p);
       await kv.plotlyWhenUsed();
-      if (want !== `${S.layer}/${S.head}/${S.kind}` || S.matrix.z !== z) return;
+      if (want !== `${S.layer}/${S.head}/${S.kind}` || S.matrix !== mine) return;
       box.textContent = "";
     } else if (box._fullLayout && box._fullLayout._size && S.cols === m.cols) {
       // Another head of the same prompt: its cells on a canvas laid over the chart's plot area at once (same
       // axes), while Plotly redraws its interactive chart underneath (a few hundred ms at T = 512).
-      overlayCanvas(box, m, z);
+      overlayCanvas(box, p);
       await new Promise((go) => requestAnimationFrame(() => requestAnimationFrame(go)));  // shown before Plotly's work
       if (want !== `${S.layer}/${S.head}/${S.kind}`) return;
     }
+    const z = rows(p);
     const idx = [...Array(m.cols).keys()];
     const { small, margin } = heatLayout(m.cols);
     const ticks = small ? { tickvals: idx, ticktext: idx.map((i) => S.labels[i]) } : {};
@@ -346,13 +373,13 @@
 
   /* The heatmap before Plotly has loaded: its cells on a canvas, cell colours as Plotly will draw them, in the
      frame Plotly will draw (heatframe.js: axes, token labels, titles, colour bar), so the first paint is whole. */
-  function paintCanvas(m, z) {
-    const box = document.getElementById("heatmap"), { small, margin } = heatLayout(m.cols);
+  function paintCanvas(p) {
+    const m = p.m, box = document.getElementById("heatmap"), { small, margin } = heatLayout(m.cols);
     const name = kv.t("js.inspect.head_label", { layer: S.layer, head: S.head, rows: m.rows, cols: m.cols });
     const frame = kv.heatFrame({
-      canvas: heatCanvas(m, z, "heat-canvas"), cols: m.cols, rows: m.rows, q: S.q, margin, narrow: kv.narrow(),
+      canvas: heatCanvas(p, "heat-canvas"), cols: m.cols, rows: m.rows, q: S.q, margin, narrow: kv.narrow(),
       boxWidth: box.clientWidth, boxHeight: box.clientHeight, labels: small ? S.labels : null,
-      xTitle: kv.t("js.inspect.axis_key"), yTitle: kv.t("js.inspect.axis_query"), bar: colourBar(m, z),
+      xTitle: kv.t("js.inspect.axis_key"), yTitle: kv.t("js.inspect.axis_query"), bar: colourBar(p),
     });
     frame.setAttribute("role", "img");
     frame.setAttribute("aria-label", name);
@@ -362,23 +389,24 @@
   }
 
   /* The colour bar of the first paint: weights 0…1 on the chosen scale, scores on the canvas's blue–white–red. */
-  function colourBar(m, z) {
-    if (m.kind === "weights") return { title: title(m.kind), stops: kv.weightScale(S.scale), lo: 0, hi: 1 };
-    const span = scoreSpan(z) || 1, stops = [];
+  function colourBar(p) {
+    const kind = p.m.kind;
+    if (kind === "weights") return { title: title(kind), stops: kv.weightScale(S.scale), lo: 0, hi: 1 };
+    const span = scoreSpan(p.vals) || 1, stops = [];
     for (let i = 0; i <= 10; i++) stops.push([i / 10, `rgb(${scoreColour(i / 5 - 1).join(",")})`]);
-    return { title: title(m.kind), stops, lo: -span, hi: span };
+    return { title: title(kind), stops, lo: -span, hi: span };
   }
   /* Scores on a blue (−span) – white (0) – red (+span) scale: u = score / span in [−1, 1]. */
   const scoreColour = (u) => (u >= 0 ? [255, 255 - 200 * u, 255 - 200 * u] : [255 + 200 * u, 255 + 200 * u, 255]);
-  function scoreSpan(z) {
+  function scoreSpan(vals) {  // every value sent is a visible cell (the masked future is not sent)
     let span = 0;
-    for (const row of z) for (const v of row) if (v !== null && isFinite(v)) span = Math.max(span, Math.abs(v));
+    for (let i = 0; i < vals.length; i++) if (isFinite(vals[i])) span = Math.max(span, Math.abs(vals[i]));
     return span;
   }
 
   /* The same cells over the Plotly chart's plot area (its axes stay), removed once Plotly has redrawn. */
-  function overlayCanvas(box, m, z) {
-    const { l, t, w, h } = box._fullLayout._size, c = heatCanvas(m, z, "heat-overlay");
+  function overlayCanvas(box, p) {
+    const m = p.m, { l, t, w, h } = box._fullLayout._size, c = heatCanvas(p, "heat-overlay");
     Object.assign(c.style, { left: l + "px", top: t + "px", width: w + "px", height: h + "px" });
     c.setAttribute("aria-hidden", "true");
     box.querySelectorAll(".heat-overlay").forEach((old) => old.remove());
@@ -388,38 +416,67 @@
     heatmapDrawn();
   }
 
+  /* A weight's colour through a table of LEVELS steps of f(w) (f: the chosen scale), not a call and an array per
+     cell: weightColour is linear between stops, at most ~400 colour units per unit of f, so a step of 1/4096 moves a
+     channel by 0.1 — the same 8-bit colour Plotly draws, give or take one unit where it rounds. */
+  const LEVELS = 4096;
+  function weightLut() {
+    const lut = new Uint8ClampedArray(3 * (LEVELS + 1));
+    for (let i = 0; i <= LEVELS; i++) {
+      const [r, g, b] = kv.weightColour(i / LEVELS);
+      lut[3 * i] = r; lut[3 * i + 1] = g; lut[3 * i + 2] = b;
+    }
+    return lut;
+  }
+
   /* One pixel per cell: weights on the chosen scale, scores on a blue–white–red scale around 0, masked cells in
-     the mask colour (the colours Plotly draws). */
-  function heatCanvas(m, z, cls) {
-    const c = kv.el("canvas", { width: m.cols, height: m.rows, class: cls });
-    const ctx = c.getContext("2d"), img = ctx.createImageData(m.cols, m.rows);
+     the mask colour (the colours Plotly draws), read straight from the packed cells. */
+  function heatCanvas(p, cls) {
+    const m = p.m, vals = p.vals, c = kv.el("canvas", { width: m.cols, height: m.rows, class: cls });
+    const ctx = c.getContext("2d"), img = ctx.createImageData(m.cols, m.rows), d = img.data;
     const weights = m.kind === "weights", f = kv.SCALES[S.scale].f, mask = kv.MASK_RGB;
-    const span = weights ? 0 : scoreSpan(z);
+    const span = weights ? 0 : scoreSpan(vals), lut = weights ? weightLut() : null;
     for (let i = 0; i < m.rows; i++) {
+      const s = p.start(i), n = p.visible(i);
       for (let j = 0; j < m.cols; j++) {
-        const v = z[i][j], o = 4 * (i * m.cols + j);
-        let rgb;
-        if (v === null || !isFinite(v)) rgb = mask;
-        else if (weights) rgb = kv.weightColour(f(v));
-        else rgb = scoreColour(span ? v / span : 0);
-        img.data[o] = rgb[0]; img.data[o + 1] = rgb[1]; img.data[o + 2] = rgb[2]; img.data[o + 3] = 255;
+        const o = 4 * (i * m.cols + j), v = j < n ? vals[s + j] : NaN;
+        d[o + 3] = 255;
+        if (!isFinite(v)) { d[o] = mask[0]; d[o + 1] = mask[1]; d[o + 2] = mask[2]; continue; }
+        if (weights) {
+          const at = 3 * Math.round(Math.min(1, Math.max(0, f(v))) * LEVELS);
+          d[o] = lut[at]; d[o + 1] = lut[at + 1]; d[o + 2] = lut[at + 2];
+        } else {
+          const rgb = scoreColour(span ? v / span : 0);
+          d[o] = rgb[0]; d[o + 1] = rgb[1]; d[o + 2] = rgb[2];
+        }
       }
     }
     ctx.putImageData(img, 0, 0);
     return c;
   }
 
-  /* Counted for tests and benchmarks; the explainer panels below (sinks, lens, ablation) are asked for on the
-     first one, so their requests never hold up the heatmap's. */
+  /* Counted for tests and benchmarks; the grid, the explainer panels below (sinks, lens, ablation) and the why
+     panel are asked for on the first one, so their requests never hold up the heatmap's. Told once the frame that
+     shows it has been painted: dispatched here, their listeners (a request each, htmx's processing of the slots)
+     ran in this task, before that frame, and the heatmap reached the screen tens of ms later on 2 busy cores. */
   function heatmapDrawn() {
     document.body.dataset.heatmapDrawn = String((+document.body.dataset.heatmapDrawn || 0) + 1);
-    document.body.dispatchEvent(new CustomEvent("kv-heatmap"));
+    requestAnimationFrame(() => setTimeout(() => document.body.dispatchEvent(new CustomEvent("kv-heatmap")), 0));
   }
 
   /* The selected query's row framed; the hovered key's column too (both as layout shapes: no redraw of cells). */
   function marks(cols, key) {
     const out = [{ type: "rect", xref: "x", yref: "y", x0: -0.5, x1: cols - 0.5, y0: S.q - 0.5, y1: S.q + 0.5,
       line: { color: "#d08a00", width: 3 }, fillcolor: "rgba(0,0,0,0)" }];
+    // The tokens summed: their rows (query tokens) or columns (key tokens), dashed.
+    const rows = S.matrix ? S.matrix.p.m.rows : cols;
+    for (const t of S.multi) {
+      out.push(S.over === "q"
+        ? { type: "rect", xref: "x", yref: "y", x0: -0.5, x1: cols - 0.5, y0: t - 0.5, y1: t + 0.5,
+          line: { color: "#b45309", width: 2, dash: "dash" }, fillcolor: "rgba(0,0,0,0)" }
+        : { type: "rect", xref: "x", yref: "y", x0: t - 0.5, x1: t + 0.5, y0: -0.5, y1: rows - 0.5,
+          line: { color: "#b45309", width: 2, dash: "dash" }, fillcolor: "rgba(0,0,0,0)" });
+    }
     if (key !== null && key !== undefined) out.push({ type: "rect", xref: "x", yref: "y", x0: key - 0.5, x1: key + 0.5,
       y0: -0.5, y1: S.matrix.z.length - 0.5, line: { color: "#6a3fb5", width: 2, dash: "dot" }, fillcolor: "rgba(0,0,0,0)" });
     return out;
@@ -434,10 +491,12 @@
     if (!S.matrix || !window.Plotly) return; // drawHead draws the row once Plotly has loaded
     S.hoverKey = undefined;
     markHeat(null);
+    if (showMulti()) { drawSum(); return; }
     const row = S.matrix.z[S.q] || [];
     const n = S.q + 1; // keys the query may read
     const x = [...Array(n).keys()];
     const y = row.slice(0, n);
+    delete document.getElementById("row-chart").dataset.sum;
     const small = n <= (kv.narrow() ? 24 : 48);
     Plotly.react("row-chart", [{
       type: "bar", x, y, marker: { color: "#3a72c4" },
@@ -451,6 +510,109 @@
     }, kv.PLOT_CONFIG);
     document.getElementById("row-label").textContent =
       kv.t("js.inspect.row_label", { q: S.q, token: S.labels[S.q] || "", layer: S.layer, head: S.head });
+  }
+
+  /* --- Several tokens summed (bertviz #125) -------------------------------------------------------------------
+     S.multi: the positions summed (two or more, sorted; [] when one token is selected), S.over: "q" (their rows:
+     what they read, together) or "k" (their columns: how much each query reads them), S.agg: "sum" or "mean".
+     The numbers are the head's softmax weights the page already has (the float32 matrix of /attention), added in
+     double precision here; nothing new is asked of the server. */
+  function multiFromUrl(T) {
+    const u = new URL(window.location.href).searchParams;
+    const multi = [...new Set((u.get("sum") || "").split(",").filter((x) => /^\d+$/.test(x)).map(Number))]
+      .filter((p) => p < T).sort((a, b) => a - b);
+    return { multi: multi.length >= 2 ? multi : [], over: u.get("over") === "k" ? "k" : "q",
+      agg: u.get("agg") === "mean" ? "mean" : "sum" };
+  }
+
+  function initMulti() {
+    const box = document.getElementById("multi-controls");
+    if (!box) return;  // a long prompt: the zoom map, no row chart
+    const line = document.getElementById("multi-line");
+    if (!line.dataset.hint) line.dataset.hint = line.textContent;
+    box.querySelectorAll("input[name=multi-over]").forEach((el) => {
+      el.checked = el.value === S.over;
+      el.addEventListener("change", () => { S.over = el.value; syncUrl(); drawRow(); });
+    });
+    box.querySelectorAll("input[name=multi-agg]").forEach((el) => {
+      el.checked = el.value === S.agg;
+      el.addEventListener("change", () => { S.agg = el.value; syncUrl(); drawRow(); });
+    });
+    document.getElementById("multi-clear").addEventListener("click", () => {
+      document.getElementById("multi-pick").checked = false;
+      pick(S.q, false);
+    });
+    const strip = document.getElementById("token-strip");
+    if (strip) strip.setAttribute("aria-multiselectable", "true");
+  }
+
+  /* A token clicked: alone (one token selected, as before) or added to / taken out of the tokens summed (the
+     selected token is the first one when a sum starts). */
+  function pick(pos, add) {
+    if (!add || !document.getElementById("multi-controls")) {
+      const had = S.multi.length;
+      S.multi = [];
+      if (pos === S.q && had) { syncUrl(); markToken(); drawRow(); return; }
+      select({ q: pos });
+      return;
+    }
+    const set = S.multi.length ? S.multi.slice() : [S.q], at = set.indexOf(pos);
+    if (at >= 0) set.splice(at, 1); else set.push(pos);
+    set.sort((a, b) => a - b);
+    S.multi = set.length >= 2 ? set : [];
+    syncUrl();
+    markToken();
+    drawRow();
+  }
+
+  /* The line saying what is summed, the controls' state; true when the chart shows a sum. */
+  function showMulti() {
+    const line = document.getElementById("multi-line");
+    if (!line) return false;
+    const on = S.multi.length >= 2, n = S.multi.length;
+    document.getElementById("multi-clear").hidden = !on;
+    document.getElementById("multi-controls").classList.toggle("active", on);
+    line.classList.toggle("on", on);  // said in presenter mode too, which hides the page's other explanations
+    if (!on) { line.textContent = line.dataset.hint || ""; return false; }
+    if (S.matrix.kind !== "weights") {
+      line.textContent = kv.t("js.inspect.multi_weights_only", { n });
+      return false;
+    }
+    const MAX = 12, names = S.multi.slice(0, MAX).map((p) => kv.t("js.inspect.pos_token", { pos: p, token: S.labels[p] || "" }));
+    let list = names.join(kv.t("js.inspect.multi_sep"));
+    if (n > MAX) list += " " + kv.t("js.inspect.multi_more", { n: n - MAX });
+    line.textContent = kv.t(`js.inspect.multi_${S.over}_${S.agg}`, { n, list });
+    return true;
+  }
+
+  /* The sum (or mean) of the selected rows (query tokens: one bar per key) or columns (key tokens: one bar per
+     query); a cell in a query's future is a weight of exactly 0 (the causal mask). */
+  function sumOf(z, multi, over, agg) {
+    const rows = z.length, n = multi.length, at = (i, j) => z[i][j] || 0;
+    const x = over === "q" ? [...Array(Math.max(...multi) + 1).keys()]
+      : [...Array(rows - Math.min(...multi)).keys()].map((i) => i + Math.min(...multi));
+    const y = x.map((t) => multi.reduce((s, u) => s + (over === "q" ? at(u, t) : at(t, u)), 0) / (agg === "mean" ? n : 1));
+    return { x, y };
+  }
+
+  function drawSum() {
+    const n = S.multi.length, { x, y } = sumOf(S.matrix.z, S.multi, S.over, S.agg);
+    const small = x.length <= (kv.narrow() ? 24 : 48), q = S.over === "q";
+    const tok = x.map((i) => kv.t("js.inspect.pos_token", { pos: i, token: S.labels[i] || "" }));
+    Plotly.react("row-chart", [{
+      type: "bar", x, y, marker: { color: "#b45309" }, customdata: tok,
+      hovertemplate: kv.t(q ? "js.inspect.hover_key" : "js.inspect.hover_query", { k: "%{customdata}", q: "%{customdata}" }) +
+        "<br>" + kv.t(`js.inspect.y_${S.agg}_${S.over}`, { n }) + " = %{y:.6f}<extra></extra>",
+    }], {
+      margin: { l: 70, r: 10, t: 10, b: small ? 90 : 50 }, font: kv.plotFont,
+      xaxis: Object.assign({ title: { text: kv.t(q ? "js.inspect.axis_key_short" : "js.inspect.axis_query_short") } },
+        small ? { tickvals: x, ticktext: x.map((i) => S.labels[i]), tickangle: -60 } : {}),
+      yaxis: { title: { text: kv.t(`js.inspect.y_${S.agg}_${S.over}`, { n }) }, rangemode: "tozero" },
+    }, kv.PLOT_CONFIG);
+    const el = document.getElementById("row-chart");
+    el.dataset.sum = S.multi.join(",");  // what the bars add up (tests read it with the bars)
+    document.getElementById("row-label").textContent = kv.t(`js.inspect.multi_label_${S.over}`,
+      { agg: kv.t(S.agg === "mean" ? "js.inspect.agg_mean" : "js.inspect.agg_sum"), n, layer: S.layer, head: S.head });
   }
 
   // Not page.view("result", …): that also redraws after the swaps inside the result (query panels, lens), which

@@ -23,7 +23,7 @@
         content: kv.fmt(w.content, 3), position: kv.fmt(w.position, 3), deciding })
       : kv.t("js.why.sentence_dim", { q: w.q_pos, k: w.key, token: w.key_token, score: kv.fmt(w.score, 3),
         n: w.parts.length, deciding });
-    const Plotly = await kv.plotly();
+    const Plotly = await kv.plotlyWhenUsed();  // as the heatmap's: Plotly loads once the reader moves
     const named = new Set(w.deciding);
     const hover = w.parts.map((p) => (pair
       ? kv.t("js.why.hover_pair", { p: p.i, a: p.dims[0], b: p.dims[1], theta: p.theta.toPrecision(4),
@@ -46,7 +46,10 @@
     page.view("why-panel", (panel) => {
       const pick = kv.$("why-key");
       pick.addEventListener("change", () => draw(panel, pick.value));
-      draw(panel, "");
+      // After the page's first heatmap: this panel is below it, and its request and Plotly (asked for as soon as
+      // the answer came) would share the 2 cores with the first paint, which does not need them.
+      if (+document.body.dataset.heatmapDrawn > 0) draw(panel, "");
+      else document.body.addEventListener("kv-heatmap", () => draw(panel, ""), { once: true });
     });
   });
 })();

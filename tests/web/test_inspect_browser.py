@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from urllib.parse import quote
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.browser
 
@@ -28,7 +30,9 @@ def test_inspect_walkthrough(page, live_server):
     page.wait_for_function("document.getElementById('head-label').textContent.startsWith('layer 2 · head 5')")
     page.click("#token-strip .tok[data-pos='1']")
     page.wait_for_selector("#math-panel .shape:has-text('query ␣cat')")
-    shown = page.locator("#math-table tr[data-pos='0'] td.w").inner_text()
+    # Below the fold (the row chart's controls above it) the panel is not rendered yet (content-visibility: auto):
+    # its text, then.
+    shown = page.locator("#math-table tr[data-pos='0'] td.w").text_content().strip()
 
     key = page.get_attribute("#inspect-view", "data-key")
     a = api(f"{live_server}/api/traces/{key}/arithmetic/2/5/1")
@@ -161,3 +165,90 @@ def test_a_paste_cut_by_the_boxs_limit_is_said_beside_it(page, live_server):
     assert note.is_visible() and note.inner_text() == expected
     box.fill("short again")
     assert not note.is_visible()
+
+
+SUM_PROMPT = "When Mary and John went to the store, John gave a drink to"  # 14 tokens on GPT-2's tokenizer
+
+
+def test_summed_attention_over_three_tokens_is_the_heads_rows_added(page, live_server, distil):
+    """Shift/Ctrl-click three tokens: the row chart shows their summed (then mean) attention, over query rows and
+    then over key columns. The page adds up the float32 weights it was sent; here they come a second way, from
+    transformers' own eager forward (output_attentions) on the same checkpoint, added in float64."""
+    layer, head, picked = 2, 5, [6, 9, 13]
+    page.goto(f"{live_server}/?prompt={quote(SUM_PROMPT)}&layer={layer}&head={head}&q=6")
+    page.wait_for_function("document.body.dataset.heatmapDrawn >= '1'")
+    page.mouse.move(5, 5)  # Plotly loads once the reader moves; the row chart is Plotly's
+    page.wait_for_function("+document.body.dataset.heatmapPlotly >= 1")
+    page.click("#token-strip .tok[data-pos='9']", modifiers=["Shift"])
+    page.click("#token-strip .tok[data-pos='13']", modifiers=["Control"])
+    page.wait_for_function("document.getElementById('row-chart').dataset.sum === '6,9,13'")
+
+    ids = [int(t) for t in page.locator("#token-strip .tok-id").all_inner_texts()]
+    assert len(ids) == 14
+    with torch.no_grad():
+        att = distil.model(input_ids=torch.tensor([ids]), output_attentions=True).attentions[layer][0, head].double()
+    # Each of the page's weights (exp(q·k·scale − lse) from SDPA's log-sum-exp, float32) agrees with transformers'
+    # eager softmax within what tests/model/test_capture.py holds for one weight, atol 1e-6 + rtol 1e-5 (fp32 on
+    # logits of order 10); a sum or mean of n of them within the sum (or mean) of those bounds. The additions
+    # themselves are float64 on both sides: nothing measurable.
+    bound = 1e-6 + 1e-5 * att
+
+    def chart() -> tuple[list, list]:
+        return (page.evaluate("document.getElementById('row-chart').data[0].x"),
+                page.evaluate("document.getElementById('row-chart').data[0].y"))
+
+    def close(got: list, want: torch.Tensor, tol: torch.Tensor) -> bool:
+        return len(got) == len(want) and bool(((torch.tensor(got, dtype=torch.float64) - want).abs() <= tol).all())
+
+    x, y = chart()  # query tokens, summed: one bar per key up to the last of them
+    assert x == list(range(14))
+    assert close(y, att[picked].sum(0), bound[picked].sum(0))
+    assert abs(sum(y) - 3) < 1e-5  # each row of weights sums to 1 (fp32 softmax: 1e-6 a row)
+    line = page.locator("#multi-line").inner_text()
+    assert line.startswith("Sum over 3 query tokens") and "9 “␣John”" in line and "13 “␣to”" in line
+    assert "sum of 3 query rows" in page.locator("#row-label").inner_text()
+    assert page.locator("#token-strip .tok.in-sum").evaluate_all("l => l.map(e => +e.dataset.pos)") == picked
+    # The heatmap frames the selected row and each summed row.
+    assert page.evaluate("document.getElementById('heatmap').layout.shapes.length") == 1 + 3
+
+    page.check("input[name=multi-agg][value=mean]")
+    page.wait_for_function("document.getElementById('multi-line').textContent.startsWith('Mean')")
+    x, y = chart()
+    assert close(y, att[picked].mean(0), bound[picked].mean(0))
+
+    page.check("input[name=multi-over][value=k]")  # key tokens: one bar per query, from the first of them
+    page.wait_for_function("document.getElementById('multi-line').textContent.includes('key tokens')")
+    x, y = chart()
+    assert x == list(range(6, 14))
+    assert close(y, att[6:, picked].mean(1), bound[6:, picked].mean(1))
+    page.check("input[name=multi-agg][value=sum]")
+    page.wait_for_function("document.getElementById('multi-line').textContent.startsWith('Sum')")
+    x, y = chart()
+    assert close(y, att[6:, picked].sum(1), bound[6:, picked].sum(1))
+    assert max(y) <= 1 + 1e-6  # a share of one query's attention
+
+    # The link holds the sum; a reload shows it again.
+    assert "sum=6%2C9%2C13" in page.url and "over=k" in page.url and "agg=sum" in page.url
+    page.goto(page.url)
+    page.wait_for_function("document.body.dataset.heatmapDrawn >= '1'")
+    page.mouse.move(6, 6)
+    page.wait_for_function("document.getElementById('row-chart').dataset.sum === '6,9,13'")
+    assert close(chart()[1], att[6:, picked].sum(1), bound[6:, picked].sum(1))
+
+    # A plain click goes back to one token: its own row again.
+    page.click("#token-strip .tok[data-pos='2']")
+    page.wait_for_function("document.getElementById('row-chart').dataset.sum === undefined")
+    x, y = chart()
+    assert close(y, att[2, :3], bound[2, :3])
+    assert page.locator("#token-strip .tok.in-sum").count() == 0 and "sum=" not in page.url
+
+    # No Shift key on a phone: with "pick several" on, a plain tap adds a token (2, then 4 and 5), still summed
+    # over key tokens as chosen above.
+    page.check("#multi-pick")
+    page.click("#token-strip .tok[data-pos='4']")
+    page.click("#token-strip .tok[data-pos='5']")
+    page.wait_for_function("document.getElementById('row-chart').dataset.sum === '2,4,5'")
+    x, y = chart()
+    assert x == list(range(2, 14))
+    assert close(y, att[2:, [2, 4, 5]].sum(1), bound[2:, [2, 4, 5]].sum(1))
+    assert page.js_errors == []
