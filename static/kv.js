@@ -218,6 +218,20 @@
       e.preventDefault();
     }
   });
+  // A form inside a panel may keep its refusals there, beside its control, rather than in the page-top banner
+  // (which may be off-screen): data-error-here="#slot" gets the server's error fragment, and what the form had
+  // shown (data-error-clears="#result") is emptied, so no stale result sits under the new, refused input.
+  document.addEventListener("htmx:beforeSwap", function (e) {
+    const d = e.detail || {};
+    const form = d.requestConfig && d.requestConfig.elt && d.requestConfig.elt.closest
+      ? d.requestConfig.elt.closest("[data-error-here]") : null;
+    if (!form || !d.xhr || d.xhr.status < 400) return;
+    const slot = document.querySelector(form.dataset.errorHere);
+    if (!slot) return;
+    d.target = slot;
+    const stale = form.dataset.errorClears && document.querySelector(form.dataset.errorClears);
+    if (stale) stale.replaceChildren();
+  });
   // A new request from a form that says so clears the previous error message.
   document.addEventListener("htmx:beforeRequest", function (e) {
     const elt = e.detail && e.detail.elt;

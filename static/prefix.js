@@ -1,5 +1,6 @@
 /* /prefix: the page is server-rendered (htmx swaps the result). This script only scrolls the
-   "requests side by side" table to where the requests first differ, so a narrow screen shows it. */
+   "requests side by side" table so the first difference is in view on a narrow screen, scrolling no further
+   than that: the shared start (the cached blocks) stays visible beside the sticky row labels wherever it fits. */
 window.kv.page("prefix", (page) => {
   "use strict";
   function showFirstDifference(result) {
@@ -7,10 +8,11 @@ window.kv.page("prefix", (page) => {
     if (!box) return;
     const diffs = [...box.querySelectorAll("td.k-diff")];
     if (!diffs.length) return;
-    const head = box.querySelector("th.rowhead");
-    const first = Math.min(...diffs.map((td) => td.offsetLeft));
-    // Leave a few cells of the shared prefix in view to the left of the first difference.
-    box.scrollLeft = Math.max(0, first - (head ? head.offsetWidth : 0) - 8 * diffs[0].offsetWidth);
+    const cell = diffs[0].offsetWidth;
+    const left = box.getBoundingClientRect().left - box.scrollLeft;
+    const right = Math.min(...diffs.map((td) => td.getBoundingClientRect().right - left));
+    // Just far enough that the first difference and two cells after it show at the right edge.
+    box.scrollLeft = Math.max(0, right + 2 * cell - box.clientWidth);
   }
   page.view("prefix-result", showFirstDifference);
 });

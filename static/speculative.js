@@ -39,9 +39,12 @@ window.kv.page("speculative", (page) => {
     traces.push({
       x: wi.map((w) => w.intensity), y: wi.map((w) => Math.min(m.peak, m.bandwidth * w.intensity) / 1e9),
       name: wi.length ? wi.map((w) => w.kind).filter((k, i, a) => a.indexOf(k) === i).join(" / ") + " (" + ctx + " " + wi[0].context + ")" : "",
-      type: "scatter", mode: "markers", marker: { symbol: "circle-open", size: 11, color: "#555", line: { width: 2 } },
-      text: wi.map((w) => w.kind + ", " + bs + " " + w.batch),
-      hovertemplate: "%{text}: %{x:.2f} FLOP/byte<extra></extra>",
+      // Each circle says on the chart which it is (MHA / GQA / MQA and its batch): presenter mode hides the legend.
+      type: "scatter", mode: "markers+text", marker: { symbol: "circle-open", size: 11, color: "#555", line: { width: 2 } },
+      text: wi.map((w) => w.kind + " ×" + w.batch), textfont: { size: 13, color: "#444" },
+      textposition: wi.map((_, i) => (i % 2 ? "top center" : "bottom center")),
+      customdata: wi.map((w) => w.kind + ", " + bs + " " + w.batch),
+      hovertemplate: "%{customdata}: %{x:.2f} FLOP/byte<extra></extra>",
     });
     const ridge = (r, colour) => ({
       x: Math.log10(r.ridge), y: Math.log10(r.peak / 1e9), xref: "x", yref: "y", text: kv.t("js.roof.ridge") + " " + r.ridge.toFixed(1),

@@ -29,7 +29,8 @@ window.kv.page("train", () => window.kv.plotly().then(() => {
     pill.textContent = kv.t("train.status." + s.status);
     pill.className = "pill" + (s.status === "done" ? " ok" : s.status === "failed" ? " bad" : "");
     const progress = $("train-progress");
-    progress.textContent = s.job ? kv.t("train.status.line", {
+    // A stopped run says where it stopped and what was kept (the served model is left as it was).
+    progress.textContent = s.job ? kv.t(s.status === "stopped" ? "train.status.stopped_line" : "train.status.line", {
       step: s.step, steps: s.steps, loss: s.last_loss === null ? "–" : s.last_loss.toFixed(4),
     }) : "";
     if (s.error) kv.showError(s.error);

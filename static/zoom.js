@@ -15,7 +15,8 @@
 (function () {
   "use strict";
   const kv = window.kv;
-  const M = { l: 100, t: 72, r: 30, b: 8 };   // plot margins inside the canvas: query labels left, key labels on top
+  // Plot margins inside the canvas: query labels left (l: set from the widest label, labelMargin), key labels on top.
+  const M = { l: 100, t: 72, r: 30, b: 8 };
   const LABEL_PX = 15;                         // px per token from which token texts replace position numbers
   const MAX_PX = 56;                           // the most px per token the deepest view level reaches
   const TILE_CACHE = 256;                      // coloured tiles kept (LRU)
@@ -43,8 +44,20 @@
     this.drawn = 0;
   }
 
+  /* The query labels' margin: as wide as the widest label the axis can draw ("text… 8191", the token cut as
+     paintAxes cuts it), so no label is cut on the left ("omplete 3718"). */
+  function tokenLabel(t) { return t.length > 9 ? t.slice(0, 8) + "…" : t; }
+  Zoom.prototype.labelMargin = function () {
+    const ctx = document.createElement("canvas").getContext("2d");
+    ctx.font = FONT;
+    const n = this.meta.rows, T = this.meta.tokens;
+    let widest = ctx.measureText((n - 1).toLocaleString()).width;
+    for (let q = 0; q < n; q++) widest = Math.max(widest, ctx.measureText(`${tokenLabel(T[q] || "")} ${q}`).width);
+    M.l = Math.ceil(widest) + 14;  // the tick (5 px) and a gap (8 px) before the plot
+  };
   Zoom.prototype.start = async function () {
     const m = (this.meta = await kv.getJSON(`/api/traces/${this.key}/zoom`));
+    this.labelMargin();
     this.N = Math.max(m.rows, m.cols);
     this.maxLevel = m.levels - 1;
     this.resize();
@@ -67,6 +80,8 @@
     const side = Math.round(Math.max(260, Math.min(avail - M.l - M.r, window.innerHeight - 190 - M.t - M.b, 1000)));
     const w = side + M.l + M.r, h = side + M.t + M.b;
     this.box.style.width = w + "px";
+    const xTitle = this.root.querySelector(".zoom-axis-x");
+    if (xTitle) xTitle.style.paddingLeft = M.l + "px";  // centred over the plot, whatever the labels' margin
     const dpr = window.devicePixelRatio || 1;
     this.W = w; this.H = h;
     this.canvas.width = Math.round(w * dpr); this.canvas.height = Math.round(h * dpr);
@@ -233,7 +248,7 @@
   Zoom.prototype.paintAxes = function (ctx, s, x0, y0) {
     ctx.font = FONT; ctx.fillStyle = "#1f2933"; ctx.strokeStyle = "#6b7280";
     const tokens = s >= LABEL_PX, T = this.meta.tokens;
-    const cut = (t) => (t.length > 9 ? t.slice(0, 8) + "…" : t);
+    const cut = tokenLabel;
     const visible = (lo, len, n) => [Math.max(0, Math.floor(lo)), Math.min(n - 1, Math.ceil(lo + len / s))];
     let step = 1;
     if (!tokens) {

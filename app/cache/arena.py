@@ -81,6 +81,12 @@ def attention_mass(weights: torch.Tensor, kept: torch.Tensor, kv_map) -> torch.T
     return torch.stack([weights[h, kept[kv]].sum() for h, kv in enumerate(kv_map)])
 
 
+def full_tokens(*, prompt: int, steps: int) -> int:
+    """Tokens the full cache holds after a run's last step: the prompt and the ``steps − 1`` tokens fed after it
+    (the last step's token is predicted, never fed). The one count the summary, the budget and the full row share."""
+    return prompt + steps - 1
+
+
 def budget_tokens(*, kind: str, value: float, total_tokens: int, bytes_per_token: int) -> int:
     """A budget in bytes or in % of the full cache (``total_tokens`` tokens) -> tokens per head (≥ 2)."""
     tokens = value // bytes_per_token if kind == "bytes" else round(value / 100 * total_tokens)
@@ -215,30 +221,44 @@ def _policy_run(lm: LoadedModel, name: str, prompt: list[int], reference: list[i
 
 @torch.no_grad()
 def run_arena(lm: LoadedModel, prompt: list[int], *, steps: int, budget: int, policies: list[str],
-              reference: list[int] | None = None, pace: Pace | None = None) -> dict:
+              reference: list[int] | None = None, pace: Pace | None = None, finished: list[dict] | None = None,
+              started: dict | None = None) -> dict:
     """Every policy in ``policies`` against full attention (see the module docstring); ``budget`` in tokens per head.
 
     Each forward is one piece of ``pace`` (default: straight through), so a lab runs it a forward at a time.
+    ``finished`` (a list) receives each policy run as it ends and ``started`` the reference pass, so a run stopped
+    midway (a lab's time limit) still has what it computed: ``arena_result`` of those.
     """
     pace = pace or Unpaced()
-    a = lm.adapter
     full = _full_run(lm, prompt, reference, steps, pace)
     ref = list(reference) if reference is not None else full.greedy
+    if started is not None:
+        started.update(full_greedy=full.greedy, full_margins=full.margins, reference=ref)
     names = ["full"] + [p for p in policies if p != "full"]
-    runs = [_policy_run(lm, name, prompt, ref, full, budget=budget, steps=steps, pace=pace,
-                        tell={"phase": "policy", "policy": i + 1, "policies": len(names)})
-            for i, name in enumerate(names)]
+    runs = finished if finished is not None else []
+    for i, name in enumerate(names):
+        runs.append(_policy_run(lm, name, prompt, ref, full, budget=budget, steps=steps, pace=pace,
+                                tell={"phase": "policy", "policy": i + 1, "policies": len(names)}))
+    return arena_result(lm, prompt, full_greedy=full.greedy, full_margins=full.margins, reference=ref,
+                        steps=steps, budget=budget, runs=runs, teacher_forced=reference is not None)
+
+
+def arena_result(lm: LoadedModel, prompt: list[int], *, full_greedy: list[int], full_margins: list[float],
+                 reference: list[int], steps: int, budget: int, runs: list[dict], teacher_forced: bool) -> dict:
+    """A run's numbers from the policy runs finished (the full row first): all of them, or those finished
+    before a time limit (the lab marks that result partial)."""
+    a = lm.adapter
     base = runs[0]
     full_ppl = math.exp(sum(base["nll"]) / len(base["nll"]))
     for r in runs:
         r["ppl_change"] = r["ppl"] / full_ppl - 1
         r["slowdown"] = r["decode_ms_per_step"] / max(base["decode_ms_per_step"], 1e-9)
     return {
-        "prompt": prompt, "reference": ref, "full_greedy": full.greedy, "full_margins": full.margins,
+        "prompt": prompt, "reference": reference, "full_greedy": full_greedy, "full_margins": full_margins,
         "steps": steps, "budget": budget,
         "bytes_per_token": float_bytes_per_token(n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim),
-        "total_tokens": len(prompt) + steps, "full_ppl": full_ppl, "runs": runs,
-        "teacher_forced_on": "text" if reference is not None else "greedy",
+        "total_tokens": full_tokens(prompt=len(prompt), steps=steps), "full_ppl": full_ppl, "runs": list(runs),
+        "teacher_forced_on": "text" if teacher_forced else "greedy",
     }
 
 
@@ -335,11 +355,21 @@ def prepare(lm: LoadedModel, *, source: str, prompt: str | None, steps: int, bud
         raise BadInput("err.arena.source")
     a = lm.adapter
     bpt = float_bytes_per_token(n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim)
-    budget = budget_tokens(kind=budget_kind, value=budget_value, total_tokens=len(ids) + steps, bytes_per_token=bpt)
+    budget = budget_tokens(kind=budget_kind, value=budget_value, total_tokens=full_tokens(prompt=len(ids), steps=steps),
+                           bytes_per_token=bpt)
     return ArenaRequest(ids, reference, steps, budget, policies)
 
 
-def run_prepared(lm: LoadedModel, req: ArenaRequest, pace: Pace | None = None) -> dict:
+def run_prepared(lm: LoadedModel, req: ArenaRequest, pace: Pace | None = None, finished: list[dict] | None = None,
+                 started: dict | None = None) -> dict:
     return run_arena(lm, req.prompt, steps=req.steps, budget=req.budget, policies=req.policies,
-                     reference=req.reference, pace=pace)
+                     reference=req.reference, pace=pace, finished=finished, started=started)
+
+
+def partial_result(lm: LoadedModel, req: ArenaRequest, finished: list[dict], started: dict) -> dict | None:
+    """What a run stopped midway had finished: the full row and at least one policy, or None."""
+    if len(finished) < 2 or not started:
+        return None
+    return arena_result(lm, req.prompt, steps=req.steps, budget=req.budget, runs=finished,
+                        teacher_forced=req.reference is not None, **started)
 

@@ -198,9 +198,11 @@ class PagedEngine:
         blocked, preempted = [], []
         self._deferred = [] if self.preemption == "auto" else None
         running = self._running()
+        decoded, grew = [], []  # for the log: who got a token this step, who took a new block for it
         i = 0
         while i < len(running):
             seq = running[i]
+            had = len(self.cache.block_tables.get(seq.seq_id, ()))
             try:
                 with self._lock:
                     logits = forward_through(self.lm, PagedSeqStore(self.cache, seq.seq_id), [seq.pending])
@@ -216,9 +218,17 @@ class PagedEngine:
                     break
                 continue  # retry seq with the freed blocks
             seq.tokens.append(seq.pending)
+            decoded.append(seq.seq_id)
+            table = self.cache.block_tables.get(seq.seq_id, [])
+            if len(table) > had:
+                grew.append((seq.seq_id, table[-1]))
             self._pick(seq, logits[-1])
             self._finish_if_done(seq)
             i += 1
+        if decoded:  # the decode step itself, in the log with what it allocated (admissions come after)
+            self.events.append(("ev.decoded", {"step": self.step_count, "seqs": decoded}))
+            for seq_id, block in grew:
+                self.events.append(("ev.grew", {"seq": seq_id, "block": block}))
         if not preempted:  # vLLM admits no waiting request in a step that had to preempt
             self._admit()
         for seq in self._deferred or []:

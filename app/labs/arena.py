@@ -20,10 +20,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from app.cache.arena import ArenaRequest, prepare, run_prepared
+from app.cache.arena import ArenaRequest, partial_result, prepare, run_prepared
 from app.cache.policies import POLICIES, available
 from app.labs.limits import Limits
-from app.labs.queue import Job, LabQueue
+from app.labs.queue import TIME_LIMIT, Job, LabQueue, Stopped
 from app.model.loading import LoadedModel, ModelRegistry
 from app.viz.arena import arena_view
 
@@ -56,8 +56,23 @@ class ArenaLab:
         return lm, req
 
     def submit(self, lm: LoadedModel, req: ArenaRequest, *, owner: str, address: str, follow: bool = True) -> Job:
-        return self.line.submit(lambda pace: run_prepared(lm, req, pace), key=req.key(lm), units=req.forwards(),
+        return self.line.submit(lambda pace: self._work(lm, req, pace), key=req.key(lm), units=req.forwards(),
                                 rate_key=lm.name, owner=owner, address=address, follow=follow, keep_alive=lm)
+
+    def _work(self, lm: LoadedModel, req: ArenaRequest, pace) -> dict:
+        """The run; stopped at the line's time limit after full attention and at least one policy, the policies
+        finished so far, marked partial (with the reason), instead of nothing."""
+        finished: list[dict] = []
+        started: dict = {}
+        try:
+            return run_prepared(lm, req, pace, finished=finished, started=started)
+        except Stopped as stop:
+            result = partial_result(lm, req, finished, started) if stop.reason == TIME_LIMIT else None
+            if result is None:
+                raise
+            return result | {"partial": {"reason": TIME_LIMIT, "done": len(finished) - 1,
+                                         "of": len([p for p in req.policies if p != "full"]),
+                                         "seconds": self.line.max_run_s}}
 
     def cached(self, lm: LoadedModel, req: ArenaRequest) -> dict | None:
         """The finished result of this very request, if the cache holds it (no waiting, no model work)."""

@@ -142,7 +142,7 @@ class LabQueue:
             now = time.monotonic()
             self._expire(now)
             hit = self._cached(key, keep_alive)
-            if hit is not None:
+            if hit is not None and not is_partial(hit):  # a partial result is shown (peek), never reused
                 self.cache_hits += 1
                 self.ended += 1
                 return Job(id=_new_id(), seq=next(self._seq), work=work, key=key, units=units, rate_key=rate_key,
@@ -381,7 +381,8 @@ class LabQueue:
             job.result, job.error = result, error
             self._end(job, status)
             if status == DONE:
-                self._learn_rate(job)
+                if not is_partial(result):  # a run cut short says nothing of a whole run's pace
+                    self._learn_rate(job)
                 if job.key is not None and (self.cache_items or self.cache_bytes):
                     self._keep(job.key, result, job.keep_alive)
             self._running = None
@@ -414,8 +415,15 @@ class LabQueue:
         self._rates[job.rate_key] = per_unit if old is None else 0.7 * old + 0.3 * per_unit
 
     def _left_s(self, job: Job) -> float | None:
-        """Seconds this job still needs, from the measured rate of its kind; None before any was measured."""
+        """Seconds this job still needs: the units left times a rate. A running job's own pace (seconds per unit so
+        far, waits for the model included) weighs in as it progresses, in full once half is done, so the estimate
+        counts down with what is measured now (a busy server's runs are slower than the quiet ones the learned
+        rate of its kind remembers); None before either was measured."""
         rate = self._rates.get(job.rate_key)
+        if job.status == RUNNING and job.started_at is not None and job.done_units > 0:
+            own = (time.monotonic() - job.started_at) / job.done_units
+            weight = min(1.0, 2 * job.done_units / job.units)
+            rate = own if rate is None else weight * own + (1 - weight) * rate
         if rate is None:
             return None
         return max(0.0, job.units - job.done_units) * rate
@@ -445,7 +453,8 @@ class LabQueue:
         seconds = round((job.finished_at or 0) - (job.started_at or job.finished_at or 0), 2)
         out = base | {"event": job.status, "ended": job.ended, "seconds": seconds}
         if job.status == DONE:
-            return out | {"cached": job.cached}
+            partial = job.result["partial"] if is_partial(job.result) else None
+            return out | {"cached": job.cached, "partial": partial}
         if job.status == STOPPED:
             return out | {"reason": job.reason or CANCELLED}
         return out | {"error": job.error}
@@ -496,6 +505,13 @@ class GatedPace:
             self.job.progress = progress
             self.lab._changed.notify_all()
         self.check()
+
+
+def is_partial(result: Any) -> bool:
+    """A result its work marked partial (``{"partial": {...}}``: stopped at the time limit, what it had finished):
+    shown to the run's browsers and kept for a link to it, but never answering a new request, whose run starts
+    afresh, and never taken as a whole run's pace."""
+    return isinstance(result, dict) and bool(result.get("partial"))
 
 
 def outcome(job: Job, owner: str, lab: LabQueue | None = None) -> Any:

@@ -32,6 +32,7 @@ from app.labs.limits import Limits
 from app.model.trace import Trace
 from app.viz import summaries
 from app.viz.attention import check_indexes
+from app.viz.inspect import opening_head
 from app.viz.models import model_card
 from app.viz.tokens import visible
 from app.viz.zoom import POOLS, TILE, HeadPyramid, check_pool, tiles_per_side
@@ -147,9 +148,13 @@ class ZoomLab:
                 "preview": " ".join("".join(trace.token_texts[:PREVIEW_TOKENS]).split())}
 
     def page(self, key: str) -> dict:
-        """The long prompt's page: its metadata and its model's card."""
+        """The long prompt's page: its metadata, its model's card, and the head it opens on (Inspect's choice for
+        the last query, ``opening_head``: a telling head, not layer 0 head 0; the URL's layer and head win)."""
         meta = self.meta(key)
-        return {"meta": meta, "card": model_card(self.inspect.registry.get(meta["model"])), "key": key}
+        _, trace = self.inspect.trace_by_key(key)
+        choice = opening_head(trace, trace.n_tokens - 1)
+        return {"meta": meta, "card": model_card(self.inspect.registry.get(meta["model"])), "key": key,
+                "choice": choice, "q": trace.n_tokens - 1}
 
     def tile(self, key: str, *, layer: int, head: int, level: int, row: int, col: int, pool: str) -> torch.Tensor:
         """Tile (row, col) of ``level`` of one head's map, pooled by ``pool``: (r, c) float32."""

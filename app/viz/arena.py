@@ -29,7 +29,7 @@ def arena_view(lm, run: dict) -> dict:
     """Table rows, per-step series, per-head matrices, kept maps and texts of one arena run."""
     a = lm.adapter
     full = run["runs"][0]
-    full_bytes = run["total_tokens"] * run["bytes_per_token"]
+    full_bytes = full["bytes_held"]  # what the full cache holds: run["total_tokens"] tokens, the same count
     rows, charts = [], []
     for r in run["runs"]:
         greedy = r["greedy"]
@@ -55,6 +55,7 @@ def arena_view(lm, run: dict) -> dict:
         "full_bytes": full_bytes, "bytes_per_token": run["bytes_per_token"], "prompt_tokens": len(run["prompt"]),
         "total_tokens": run["total_tokens"], "full_ppl": run["full_ppl"],
         "teacher_forced_on": run["teacher_forced_on"],
+        "partial": run.get("partial"),  # a run stopped at its time limit: {"reason", "done", "of", "seconds"}
         "prompt_text": _text(lm, run["prompt"]), "reference_text": _text(lm, run["reference"]),
         "full_text": _text(lm, run["full_greedy"]),
         "near_tie_limit": NEAR_TIE, "near_tie_pct": round(100 * math.exp(-NEAR_TIE)),

@@ -28,6 +28,19 @@ def query_view(trace: Trace, *, layer: int, head: int, q: int, limit: int | None
     }
 
 
+def opening_head(trace: Trace, q: int) -> dict:
+    """The head a page opens on when its URL names none (``app.viz.head_pick``), for query ``q``: Inspect's and the
+    zoom page's one choice. From q, k and the log-sum-exp: O(T) per head, no whole map. A reader's choice carries
+    its two tokens' texts (``key_text``, ``query_text``) for the sentence saying why."""
+    T = trace.n_tokens
+    choice = choose_head(previous_token_shares(trace) if T >= 4 else None,
+                         query_rows(trace, q) if 2 <= q < T else None, q)
+    if choice["role"] == "reader":
+        choice["key_text"] = visible(trace.token_texts[choice["key"]])
+        choice["query_text"] = visible(trace.token_texts[q])
+    return choice
+
+
 def inspect_view(
     lm: LoadedModel, key: str, trace: Trace, *, layer: int | None = None, head: int | None = None,
     q: int | None = None, kind: str = "weights", prompt: str | None = None,
@@ -41,13 +54,8 @@ def inspect_view(
     choice = None
     if layer is None and head is None:
         check_indexes(trace, pos=q)
-        T = trace.n_tokens  # from q, k and the log-sum-exp: O(T) per head, no whole map
-        choice = choose_head(previous_token_shares(trace) if T >= 4 else None,
-                             query_rows(trace, q) if 2 <= q < T else None, q)
+        choice = opening_head(trace, q)
         layer, head = choice["layer"], choice["head"]
-        if choice["role"] == "reader":
-            choice["key_text"] = visible(trace.token_texts[choice["key"]])
-            choice["query_text"] = visible(trace.token_texts[q])
     layer, head = layer or 0, head or 0
     sel = query_view(trace, layer=layer, head=head, q=q)
     return {

@@ -42,6 +42,9 @@ def event_view(snap: dict, lang: str, progress_text: Callable[[dict, str], str],
         text = progress_text(snap["progress"], lang) if snap["progress"] else translate("line.starting", lang)
         if eta is not None:
             text = translate("line.left", lang, text=text, eta=duration(eta, lang))
+    elif event == DONE and snap.get("partial"):  # stopped at the time limit, with what it had finished
+        part = snap["partial"]
+        text = translate("line.done_partial", lang, seconds=f"{part['seconds']:g}", done=part["done"], of=part["of"])
     elif event == DONE:
         text = (translate("line.done_cached", lang) if snap["cached"]
                 else translate("line.done", lang, seconds=f"{snap['seconds']:.1f}"))

@@ -42,7 +42,8 @@ SCRIPT_STRINGS = (
     "train.status.stopped", "train.status.publishing", "train.status.done", "train.status.failed",
     "train.param.no_grad", "train.param.no_state", "train.param.fused_note", "train.param.rows_cut",
     "train.param.part_q", "train.param.part_k", "train.param.part_v", "train.param.summary",
-    "train.status.line", "train.status.queued", "train.line.waiting", "train.line.waiting.one", "train.line.mine",
+    "train.status.line", "train.status.stopped_line", "train.status.queued", "train.line.waiting",
+    "train.line.waiting.one", "train.line.mine",
     "error.title",
 )
 

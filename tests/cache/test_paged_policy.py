@@ -92,3 +92,20 @@ def test_max_num_seqs_caps_the_running_sequences(tiny, ids):
     for k in range(3):
         engine.add(ids(3, k), 5)
     assert [s.status for s in engine.sequences.values()] == [RUNNING, RUNNING, WAITING]
+
+
+def test_the_log_lists_each_decode_step_and_the_blocks_it_took(tiny, ids):
+    """"What happened" says the decode steps too, not only arrivals and frees: who got a token, and which sequence
+    took a new block for it (its last block full), as the block tables show."""
+    from app.viz.paged import event_text
+
+    engine = PagedEngine(tiny, num_blocks=8, block_size=4, ignore_eos=True)
+    engine.add(ids(4), 20)  # seq 0: one full block
+    engine.add(ids(6, 3), 20)  # seq 1: two blocks, two free slots in its tail
+    before = {s: list(t) for s, t in engine.cache.block_tables.items()}
+    engine.step()
+    assert ("ev.decoded", {"step": 1, "seqs": [0, 1]}) in engine.events
+    new = engine.cache.block_tables[0][-1]
+    assert new not in before[0] and ("ev.grew", {"seq": 0, "block": new}) in engine.events  # 5th token: new block
+    assert not any(e == "ev.grew" and p["seq"] == 1 for e, p in engine.events)  # seq 1 wrote into its tail
+    assert event_text(("ev.decoded", {"step": 1, "seqs": [0, 1]}), "en") == "step 1: one token decoded for seq 0, 1"

@@ -40,6 +40,27 @@ def test_inspect_explainers(page, live_server):
     assert page.js_errors == []
 
 
+def test_an_ablation_refused_says_so_in_its_panel_and_drops_the_old_table(page, live_server):
+    page.goto(live_server + "/?model=builtin")
+    page.fill("#prompt", "the cat sat on the mat.")
+    page.click("#run")
+    page.wait_for_selector("#abl-heads", timeout=60_000)
+    page.fill("#abl-heads", "0.1")
+    page.click("#abl-run")
+    page.wait_for_selector("#abl-table")
+    page.fill("#abl-heads", "9.0")  # the built-in model has 2 layers
+    page.click("#abl-run")
+    page.wait_for_selector("#abl-error .error-box")
+    assert "9" in page.inner_text("#abl-error")  # the message beside the control, on screen with it
+    assert page.locator("#abl-table").count() == 0 and page.locator("#abl-summary").count() == 0  # no stale table
+    assert page.inner_text("#error").strip() == ""  # not only in the page-top banner
+    page.fill("#abl-heads", "1.0")  # a good request again: the panel redrawn, the message gone
+    page.click("#abl-run")
+    page.wait_for_selector("#abl-table")
+    assert page.locator("#abl-error .error-box").count() == 0
+    assert page.js_errors == []
+
+
 def test_an_arena_run_under_the_csp_clears_the_old_error_and_brings_its_models_notes(browser, live_server):
     """With the real Content-Security-Policy (no bypass): a run reports no violation and no page error, the
     error banner of a bad run is gone once a later run succeeds, and a run on another model brings that

@@ -112,3 +112,26 @@ def test_a_session_closed_to_make_room_says_so_and_one_click_rebuilds_it(browser
         page.click("#step")
         page.wait_for_function("document.body.dataset.decodeStep === '1'")
         assert page.js_errors == []
+
+
+def test_the_check_tables_header_stays_in_its_scrolled_box(browser, live_server):
+    """1280×720 in presenter mode: after 20 steps the check table's box is scrolled down to its newest rows, and its
+    header row is still at the top of the box (sticky), not scrolled out with the first rows."""
+    from tests.live import browser_page
+
+    with browser_page(browser, viewport={"width": 1280, "height": 720}) as page:
+        page.goto(live_server + "/decode?present=1")
+        page.fill("#prompt", "The cat sat on")
+        page.click("#prefill")
+        page.wait_for_function("document.body.dataset.decodeStep === '0'")
+        page.fill("#run-n", "20")
+        page.click("#run")
+        page.wait_for_function("document.body.dataset.decodeStep === '20'", timeout=60_000)
+        page.wait_for_function("document.querySelectorAll('#equiv tbody tr').length === 21")
+        at = page.evaluate("""() => { const box = document.getElementById("equiv-scroll");
+            box.scrollTop = box.scrollHeight;
+            const b = box.getBoundingClientRect(), h = box.querySelector("thead th").getBoundingClientRect();
+            return { scrolled: box.scrollTop, boxTop: b.top, headTop: h.top }; }""")
+        assert at["scrolled"] > 0 and abs(at["headTop"] - at["boxTop"]) <= 1.5, at
+        assert page.js_errors == []
+

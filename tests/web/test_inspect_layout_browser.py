@@ -176,3 +176,41 @@ def test_a_long_prompt_keeps_the_grid_and_the_heatmap_on_the_first_screen(page, 
     at = page.evaluate(FOLD)
     assert at["heatmapEnd"] <= at["fold"] and at["cell"] < at["fold"], at
     assert page.js_errors == []
+
+
+@pytest.fixture(scope="module")
+def deep_server(tmp_path_factory, kv_home):
+    """SmolLM2's 30 layers of 9 query heads on 3 KV heads in a tiny random Llama reading 1 400 positions (objects of
+    its own): the grid of heads is as tall as the real model's."""
+    from tests.shaped_model import build_tiny_family, load_random
+
+    path = build_tiny_family(tmp_path_factory.mktemp("deep"), "llama", num_hidden_layers=30, num_attention_heads=9,
+                             num_key_value_heads=3, hidden_size=36, head_dim=4, intermediate_size=48,
+                             max_position_embeddings=1400)
+    lm = load_random(path, name="tiny-deep", source="tiny random Llama, 30 layers (tests)")
+    with serve_in_thread(make_state(Settings(models=("tiny-deep",), home=kv_home), lm)) as url:
+        yield url
+
+
+# Where the one-head panel and its zoom map start, and the grid's first cell, against the fold.
+ONE_HEAD = """() => { const top = (s) => document.querySelector(s).getBoundingClientRect().top;
+  return { head: top("#head-panel h2"), grid: top("#grid-panel h2"), fold: window.innerHeight, scrollY: window.scrollY,
+           controls: document.querySelector("#sel-layer").getBoundingClientRect().bottom }; }"""
+
+
+@pytest.mark.parametrize("viewport", [WIDE, PROJECTOR], ids=["wide", "projector"])
+def test_a_long_prompt_on_a_deep_model_keeps_one_head_on_the_first_screen(page, deep_server, viewport):
+    """Past zoom_min_tokens (1 024) on 30 layers: the one head and the grid of heads both start on the first screen,
+    side by side; the grid's 30 rows scroll in their own box rather than push the one head 4 000 px down."""
+    prompt = "The" + "+token" * 1100
+    page.set_viewport_size(viewport)
+    present = "&present=1" if viewport is PROJECTOR else ""
+    page.goto(f"{deep_server}/?prompt={prompt}{present}")
+    page.wait_for_selector("#head-grid .head-cell", timeout=120_000)
+    page.wait_for_selector("#zoom-canvas", timeout=120_000)
+    at = page.evaluate(ONE_HEAD)
+    assert at["scrollY"] == 0 and at["head"] < at["fold"] and at["grid"] < at["fold"], at
+    box = page.evaluate("(() => { const g = document.getElementById('head-grid'); "
+                        "return [g.clientHeight, g.scrollHeight]; })()")
+    assert box[1] > box[0]  # the 30 rows scroll inside the grid's box
+    assert page.js_errors == []

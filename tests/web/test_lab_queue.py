@@ -321,7 +321,9 @@ def test_the_arena_page_shows_its_place_in_line_and_stop_takes_it_out(serve, bro
             second.wait_for_function("document.getElementById('arena-line-text').textContent === '1st in line'")
             assert second.is_visible("#arena-stop") and "budget=30" in second.url  # the run is a link
             second.click("#arena-stop")
-            second.wait_for_function("document.getElementById('arena-line-text').textContent === 'Stopped.'")
+            second.wait_for_function(  # it says it stopped, and what of it was kept
+                "document.getElementById('arena-line-text').textContent"
+                ".startsWith(\"Stopped: this run's work is dropped\")")
             until(lambda: state.arena.line.stats()["queued"] == 0, "the waiting run left the line")
             assert not second.is_visible("#arena-stop")
             first.click("#arena-stop")

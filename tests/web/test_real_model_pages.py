@@ -63,6 +63,19 @@ def test_inspect_opens_on_a_telling_head_and_explicit_indexes_win(real_client, s
     assert soup.select_one("#head-choice") is None
 
 
+def test_the_zoom_page_opens_on_the_head_inspect_chose(real_client, smol):
+    """One choice for both pages (app.viz.inspect.opening_head): the zoom page of a trace opens on Inspect's telling
+    head with the same sentence, not on layer 0 head 0 (a diffuse head)."""
+    soup = BeautifulSoup(real_client.get(f"/?prompt={PROMPT}&model={smol.name}").text, "html.parser")
+    view = soup.select_one("#inspect-view")
+    chosen = (view["data-layer"], view["data-head"])
+    assert chosen != ("0", "0")
+    zoom = BeautifulSoup(real_client.get(f"/zoom/{view['data-key']}").text, "html.parser")
+    assert (zoom.select_one("#zoom")["data-layer"], zoom.select_one("#zoom")["data-head"]) == chosen
+    assert zoom.select_one("#zoom-layer option[selected]").text == chosen[0]
+    assert zoom.select_one("#head-choice").text == soup.select_one("#head-choice").text
+
+
 def test_the_explainers_read_the_real_prompt(real_client, smol):
     key = BeautifulSoup(real_client.get(f"/?prompt={PROMPT}&model={smol.name}").text, "html.parser").select_one(
         "#inspect-view")["data-key"]

@@ -71,6 +71,10 @@ def test_the_roofline_chart_places_the_measured_steps(page, live_server):
     assert len(batched["x"]) == sum(p["phase"] == "decode" and p["batch"] > 1 for p in d["points"])
     # The ridge annotation sits where the measured roof bends.
     assert page.locator("#roofline-chart .annotation-text").first.text_content().startswith("ridge")
+    # The what-if circles are labelled on the chart itself (MHA / GQA / MQA, batch), not only in the legend.
+    labels = page.evaluate("() => [...document.querySelectorAll('#roofline-chart .scatterlayer .trace:last-child "
+                           ".textpoint')].map((e) => e.textContent)")
+    assert labels == [f"{w['kind']} ×{w['batch']}" for w in d["what_if"]] and any("MQA" in t for t in labels)
     assert page.js_errors == []
 
 

@@ -127,6 +127,8 @@ def test_start_see_the_curve_advance_then_stop(page, live_server):
     page.click("#train-stop")
     page.wait_for_selector("#train-status[data-status='stopped']", timeout=120_000)
     assert page.is_enabled("#train-resume") and page.is_enabled("#train-start")
+    said = page.inner_text("#train-progress")  # where it stopped and what was kept, not only "stopped"
+    assert "Resume" in said and "of 2000" in said and "unchanged" in said
     points = int(page.get_attribute("#loss-plot", "data-points"))
     time.sleep(1.2)  # two more polls: a stopped run adds no points
     assert int(page.get_attribute("#loss-plot", "data-points")) == points

@@ -195,6 +195,26 @@ def test_stop_mid_capture_frees_what_it_captured(distil):
     assert kept and all(ref() is None for ref in kept)
 
 
+def test_the_phase_after_the_last_layer_is_named_and_the_bar_is_not_full_there(distil):
+    """Every layer reports itself, then (once the logits are out) the phase that derives each head's q, k and v;
+    the job's units leave room for it, so "layer 6 of 6" is not a full bar while it runs."""
+    ids = distil.encode(PROMPT)
+    seen: list[tuple[float, dict]] = []
+
+    class Pace:
+        def step(self, units, **progress):
+            seen.append((units, progress))
+
+    with long_lab.layer_progress(distil.adapter, Pace()):
+        run_traced(distil.model, distil.adapter, ids, [str(i) for i in ids], keep_cache=False)
+    assert [p for _, p in seen] == [{"layer": i, "layers": 6} for i in range(1, 7)] + [
+        {"phase": "heads", "layer": 6, "layers": 6}]
+    done = sum(u for u, _ in seen)
+    assert done == 6 < 6 + long_lab.after_layers(6)  # units at the phase: 6 of 8, not 8 of 8
+    assert long_lab.progress_text(seen[-1][1], "en") == translate("long.progress.heads", "en", layers=6)
+    assert "6" in long_lab.progress_text(seen[-1][1], "zh")
+
+
 def test_two_long_captures_take_turns_within_the_budget(settings, distil):
     """Both asked for at once: the second waits in line while the first runs, and it lets go of the first's trace
     before it captures, so the kept traces never pass the budget."""

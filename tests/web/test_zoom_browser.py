@@ -57,6 +57,13 @@ def test_zoom_pan_and_hover_a_4096_token_prompt(browser, long_server):
         start = view(page)
         assert start["v"] == 0 and start["maxLevel"] == max_level(N) == 4
         assert page.locator("#zoom-label").inner_text() == "layer 0 · head 0 · (4,096 × 4,096)"
+        # The query labels' margin holds the widest label ("text… 4095"), measured here in the axis's font.
+        margin, widest = page.evaluate("""() => { const z = window.kvZoom, c = document.createElement("canvas");
+            const ctx = c.getContext("2d"); ctx.font = "14px system-ui, sans-serif";
+            const cut = (t) => (t.length > 9 ? t.slice(0, 8) + "\u2026" : t);
+            const w = z.meta.tokens.map((t, q) => ctx.measureText(cut(t) + " " + q).width);
+            return [z.W - z.pw - 30, Math.max(...w)]; }""")
+        assert margin >= widest + 8 and widest > 90, (margin, widest)  # 90: the fixed margin cut such labels
 
         page.evaluate("() => document.querySelector('#zoom .zoom-controls').scrollIntoView()")
         box = page.locator("#zoom-box").bounding_box()

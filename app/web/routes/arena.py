@@ -40,11 +40,14 @@ async def _prepare(lab: ArenaLab, body: ArenaRun):
     return await anyio.to_thread.run_sync(lambda: lab.prepare(**body.model_dump()))
 
 
-async def _run(request: Request, lab: ArenaLab, body: ArenaRun, owner: str, address: str):
-    """Wait for the run's numbers (from the finished results at once, or after its turn in the line)."""
+async def _run(request: Request, lab: ArenaLab, body: ArenaRun, owner: str, address: str, shown: bool = False):
+    """Wait for the run's numbers (from the finished results at once, or after its turn in the line). ``shown``:
+    the page showing a run it followed, which may have stopped at the time limit with what it had (partial)."""
     lm, req = await _prepare(lab, body)
-    job = lab.submit(lm, req, owner=owner, address=address)
-    run = await wait_job(request, lab.line, job, owner)
+    run = lab.cached(lm, req) if shown else None
+    if run is None:
+        job = lab.submit(lm, req, owner=owner, address=address)
+        run = await wait_job(request, lab.line, job, owner)
     return lm, (None if run is None else await anyio.to_thread.run_sync(lab.view, lm, run))
 
 
@@ -62,7 +65,7 @@ async def read_arena(
                     budget=budget, policies=policies)
     view, pending = None, False
     if source is not None and is_htmx(request):
-        lm, view = await _run(request, lab, form, owner, address)
+        lm, view = await _run(request, lab, form, owner, address, shown=True)
         if view is None:  # the client has gone
             return Response(status_code=204)
     elif source is not None:
