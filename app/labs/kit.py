@@ -368,8 +368,9 @@ class KitLab:
             if d.get("grid", True):
                 _, trace = self.inspect.trace_by_key(key)
                 if trace.n_tokens > self.inspect.limits.zoom_min_tokens or trace.meta.get("tail"):
-                    # the zoom page's first view (layer 0, head 0: its overview), then its grid of heads by layer
-                    self.zoom.tile(key, layer=0, head=0, level=0, row=0, col=0, pool="max")
+                    # the zoom page's first view (the head it opens on: ``ZoomLab.page``'s choice), then its grid
+                    choice = self.zoom.page(key)["choice"]
+                    self.zoom.tile(key, layer=choice["layer"], head=choice["head"], level=0, row=0, col=0, pool="max")
                     for layer in range(trace.adapter.n_layer):
                         self.zoom.head_grid(key, layer=layer)
                 else:
