@@ -12,11 +12,13 @@ Replay (``vllm/distributed/kv_events.py``, ``ZmqEventPublisher._service_replay``
 buffered batch with seq ≥ start, then (b"", b"", -1 as 8 bytes signed, b"").
 
 Nothing here takes an address from a request: the URLs are the link's own, fixed when the server started.
-The mirror and the status are read under ``lock``; ``changed`` is notified after each change.
+The mirror and the status are read under ``lock``; ``changed`` is notified after each change, and every stream that
+``watch``es is woken in its own event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -24,6 +26,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
@@ -89,6 +92,30 @@ class EngineLink:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._was_down = False
+        self._watchers: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+
+    # --- who is told of a change ----------------------------------------------------------------------------
+    def _notify(self) -> None:
+        """Wake the threads waiting on ``changed`` and every watching stream (their event loops, thread-safely).
+        Called with ``lock`` held, as ``notify_all`` must be."""
+        self.changed.notify_all()
+        for loop, event in tuple(self._watchers):
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # that loop is closed: its stream is gone
+                self._watchers.discard((loop, event))
+
+    def watch(self, loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> Callable[[], None]:
+        """Set ``event`` (in ``loop``) after each change; the function that stops it. A live page's stream waits on
+        it instead of looking at the clock, so a change reaches the page as soon as the line budget allows."""
+        with self.lock:
+            self._watchers.add((loop, event))
+
+        def unwatch() -> None:
+            with self.lock:
+                self._watchers.discard((loop, event))
+
+        return unwatch
 
     # --- the HTTP API (the link's own URL only) --------------------------------------------------------------
     def get(self, path: str) -> bytes:
@@ -167,7 +194,7 @@ class EngineLink:
             log.exception("engine link %s stopped", self.name)
             with self.changed:
                 self.http_status = ("engine.status.link_failed", {})
-                self.changed.notify_all()
+                self._notify()
         finally:
             if sub is not None:
                 sub.disable_monitor()
@@ -178,7 +205,7 @@ class EngineLink:
         connected = msg["event"] == zmq.EVENT_CONNECTED
         with self.changed:
             was, self.events_connected = self.events_connected, connected
-            self.changed.notify_all()
+            self._notify()
         if connected and not was:
             self.catch_up()
 
@@ -195,7 +222,7 @@ class EngineLink:
             with self.changed:
                 self.event_errors += 1
                 self.last_event_error = (exc.key, exc.params)
-                self.changed.notify_all()
+                self._notify()
             return None
 
     def _on_batch(self, batch: EventBatch, *, live: bool, replayed: bool = False) -> None:
@@ -215,7 +242,7 @@ class EngineLink:
                 for ev in batch.events:
                     for h, _, _ in getattr(ev, "blocks", lambda: [])():
                         self._texts.append((ev.group_idx or 0, ev.medium or "GPU", h))
-            self.changed.notify_all()
+            self._notify()
 
     # --- replay ----------------------------------------------------------------------------------------------
     def catch_up(self) -> int:
@@ -255,7 +282,7 @@ class EngineLink:
                         for ev in batch.events:
                             for h, _, _ in getattr(ev, "blocks", lambda: [])():
                                 self._texts.append((ev.group_idx or 0, ev.medium or "GPU", h))
-                    self.changed.notify_all()
+                    self._notify()
         finally:
             sock.close(linger=0)
         return applied
@@ -268,7 +295,7 @@ class EngineLink:
             with self.changed:
                 self.http_status = (exc.key, exc.params)
                 self._was_down = True
-                self.changed.notify_all()
+                self._notify()
             return
         with self.changed:
             back = self._was_down and self.metrics is not None
@@ -278,7 +305,7 @@ class EngineLink:
             self._was_down = False
             if back:  # it went away and answers again: a new process, an empty cache, sequence numbers from 0
                 self.mirror.restart("http")
-            self.changed.notify_all()
+            self._notify()
         if back:
             self.catch_up()
 
@@ -298,7 +325,7 @@ class EngineLink:
                 return
             with self.changed:
                 block.text = text.get("prompt", "")
-                self.changed.notify_all()
+                self._notify()
 
     # --- reading ---------------------------------------------------------------------------------------------
     def wait(self, version: int, timeout: float) -> int:

@@ -18,12 +18,14 @@ Drive runs one at a time per engine (its lock; a second one gets Busy); each bro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from itertools import islice
 
 from app import catalog
 from app.cache.prefix import PRESETS, scaled_presets
@@ -39,7 +41,7 @@ from app.labs.limits import Limits
 
 PRESET_SCALE = 5  # the prefix presets' shared parts said 5 times: 80-210 SmolLM2 tokens, 2-6 blocks of 32
 STATUS_OK = "engine.status.ok"
-STREAM_CHECK_S = 0.05  # how often a live page's stream looks for a change
+STREAM_IDLE_S = 1.0  # a waiting stream looks again after this long even unwoken (its end time, a missed wake)
 STREAM_MIN_GAP_S = 0.1  # at most ten lines a second to one page, however fast the engine publishes
 
 
@@ -204,7 +206,7 @@ class EngineLab:
         link = self.link(index)
         with link.lock:
             m = link.mirror
-            shown = list(m.blocks.values())[-self.limits.engine_max_shown_blocks:]
+            shown = list(islice(reversed(m.blocks.values()), self.limits.engine_max_shown_blocks))[::-1]
             blocks = [{"hash": _hex(b.block_hash), "parent": _hex(b.parent), "group": b.group_idx, "medium": b.medium,
                        "kind": b.spec_kind, "window": b.sliding_window, "tokens": len(b.token_ids), "text": b.text,
                        "seq": b.seq} for b in shown]
@@ -214,31 +216,44 @@ class EngineLab:
                                "cleared": m.cleared, "batches": m.batches, "replayed": m.replayed,
                                "dropped": m.dropped, "unknown_removed": m.unknown_removed, "next_seq": m.next_seq},
                     "groups": [{"group": g, "kind": k, "window": w,
-                                "held": sum(1 for key in m.blocks if key[0] == g)}
+                                "held": sum(n for (hg, _), n in m.held.items() if hg == g)}
                                for g, (k, w) in sorted(m.groups.items())],
-                    "media": sorted({key[1] for key in m.blocks}),
+                    "media": sorted({med for _, med in m.held}),
                     "gaps": [{"first": a, "last": b} for a, b in m.gaps],
                     "block_size": m.block_size, "blocks": blocks,
-                    "changes": list(m.changes)[-30:]}
+                    "changes": list(islice(reversed(m.changes), 30))[::-1]}
             view["changes"] = [{**c, "hash": _hex(c.get("hash")), "parent": _hex(c.get("parent"))}
                                for c in view["changes"]]
         view["metrics"] = self.metrics_view(link)
         return view
 
     async def stream(self, index: int, lang: str, since: int = -1) -> AsyncIterator[bytes]:
-        """One JSON line per change of engine ``index`` (looked at every ``STREAM_CHECK_S``, at most one line per
-        ``STREAM_MIN_GAP_S``), for at most ``engine_stream_max_s``. Waiting costs no thread: the version is an int."""
+        """One JSON line per change of engine ``index``, at most one line per ``STREAM_MIN_GAP_S``, for at most
+        ``engine_stream_max_s``. Waiting costs no thread: the link wakes this stream's event loop on each change
+        (``EngineLink.watch``), so a change is sent at once, or as soon as the line budget allows when the last line
+        went out less than ``STREAM_MIN_GAP_S`` ago (everything that changed meanwhile goes in that one line)."""
         link = self.link(index)
         end = time.monotonic() + self.limits.engine_stream_max_s
-        last_sent, last_metrics, last_time, last_status = since, None, 0.0, None
-        while time.monotonic() < end:
-            version, metrics, status = link.mirror.version, link.metrics, (link.http_status, link.events_connected)
-            if (version != last_sent or metrics is not last_metrics or status != last_status) \
-                    and time.monotonic() - last_time >= STREAM_MIN_GAP_S:
-                snap = await asyncio.to_thread(self.snapshot, index, lang)
-                yield (json.dumps(snap) + "\n").encode()
-                last_sent, last_metrics, last_status, last_time = version, metrics, status, time.monotonic()
-            await asyncio.sleep(STREAM_CHECK_S)
+        last_sent, last_metrics, last_time, last_status = since, None, float("-inf"), None
+        wake = asyncio.Event()
+        unwatch = link.watch(asyncio.get_running_loop(), wake)
+        try:
+            while (now := time.monotonic()) < end:
+                wake.clear()
+                version, metrics, status = link.mirror.version, link.metrics, (link.http_status, link.events_connected)
+                if version != last_sent or metrics is not last_metrics or status != last_status:
+                    if (ready := last_time + STREAM_MIN_GAP_S - now) > 0:
+                        await asyncio.sleep(ready)
+                        continue
+                    last_time = now
+                    snap = await asyncio.to_thread(self.snapshot, index, lang)
+                    yield (json.dumps(snap) + "\n").encode()
+                    last_sent, last_metrics, last_status = version, metrics, status  # read before the snapshot
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), timeout=min(STREAM_IDLE_S, max(0.0, end - now)))
+        finally:
+            unwatch()
 
     # --- drive and compare ----------------------------------------------------------------------------------------
     def drive(self, index: int, preset: str, owner: str, lang: str) -> dict:
