@@ -3,8 +3,9 @@
     EngineLink(name, url, events, replay)
       thread   SUB ``events``  ->  decode_frames  ->  mirror.apply          (a gap: replay first, then apply)
                a socket monitor says whether the SUB is connected or retrying (nothing listening there)
-               every ``poll_s``: GET url/metrics -> EngineMetrics; GET url/health
-               new blocks' tokens -> POST url/detokenize (the engine's own tokenizer), a few per loop
+      thread   every ``poll_s``: GET url/metrics -> EngineMetrics; GET url/health   (HTTP: its own thread, so a
+               new blocks' tokens -> POST url/detokenize, a few per loop             slow engine API never holds
+                                                                                     back the events)
       on (re)connect: catch up from sequence 0 through the replay socket (vLLM keeps ``buffer_steps`` batches)
 
 Replay (``vllm/distributed/kv_events.py``, ``ZmqEventPublisher._service_replay``): a DEALER sends
@@ -91,6 +92,8 @@ class EngineLink:
         self._texts: deque[tuple[int, str, int]] = deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._http_thread: threading.Thread | None = None
+        self._catch_up = threading.Event()  # the HTTP thread saw the engine come back: the events thread replays
         self._was_down = False
         self._watchers: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
 
@@ -145,13 +148,17 @@ class EngineLink:
         if self._thread is None:
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name=f"kvscope-engine-{self.name}", daemon=True)
+            self._http_thread = threading.Thread(target=self._run_http, name=f"kvscope-engine-{self.name}-http",
+                                                 daemon=True)
             self._thread.start()
+            self._http_thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self._thread = None
+        for thread in (self._thread, self._http_thread):
+            if thread is not None:
+                thread.join(timeout=5)
+        self._thread = self._http_thread = None
 
     def _run(self) -> None:
         ctx = zmq.Context.instance()
@@ -170,26 +177,28 @@ class EngineLink:
         if sub is not None:
             poller.register(sub, zmq.POLLIN)
             poller.register(monitor, zmq.POLLIN)
-        next_poll = 0.0
         try:
             while not self._stop.is_set():
-                now = time.monotonic()
-                if now >= next_poll:
-                    self._poll_http()
-                    next_poll = now + self.limits.poll_s
-                    self._fill_texts()
+                if self._catch_up.is_set():
+                    self._catch_up.clear()
+                    with self.changed:
+                        self.mirror.restart("http")
+                        self._notify()
+                    self.catch_up()
                 ready = dict(poller.poll(timeout=100)) if sub is not None else {}
                 if not ready and sub is None:
                     self._stop.wait(0.1)
                 if monitor is not None and monitor in ready:
                     self._on_monitor(recv_monitor_message(monitor))
                 if sub is not None and sub in ready:
-                    for _ in range(1000):  # drain what is there, then look at the clock again
+                    for _ in range(1000):  # drain what is there, then look at the flags again
                         try:
                             frames = sub.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
                         self._on_frames(frames, live=True)
+                        if self._catch_up.is_set():
+                            break
         except Exception:  # the link must never take the server down; it says so on the page
             log.exception("engine link %s stopped", self.name)
             with self.changed:
@@ -200,6 +209,21 @@ class EngineLink:
                 sub.disable_monitor()
                 monitor.close(linger=0)
                 sub.close(linger=0)
+
+    def _run_http(self) -> None:
+        """Every ``poll_s``: /metrics and /health, then a few new blocks' texts. A thread of its own, so a slow
+        engine API (a busy CPU, a long /detokenize) never holds back the events: those are the page's live part."""
+        try:
+            while not self._stop.is_set():
+                t0 = time.monotonic()
+                self._poll_http()
+                self._fill_texts()
+                self._stop.wait(max(0.0, self.limits.poll_s - (time.monotonic() - t0)))
+        except Exception:  # as the events thread: never the server's end
+            log.exception("engine link %s (HTTP) stopped", self.name)
+            with self.changed:
+                self.http_status = ("engine.status.link_failed", {})
+                self._notify()
 
     def _on_monitor(self, msg: dict) -> None:
         connected = msg["event"] == zmq.EVENT_CONNECTED
@@ -303,11 +327,9 @@ class EngineLink:
             self.metrics_log.append((time.time(), metrics))
             self.http_status = None
             self._was_down = False
-            if back:  # it went away and answers again: a new process, an empty cache, sequence numbers from 0
-                self.mirror.restart("http")
             self._notify()
-        if back:
-            self.catch_up()
+        if back:  # it went away and answers again: a new process, an empty cache, sequence numbers from 0
+            self._catch_up.set()  # the events thread empties the mirror and replays, between two of its batches
 
     def _fill_texts(self) -> None:
         """Decode a few new blocks' tokens with the engine's own tokenizer (``/detokenize``)."""

@@ -85,12 +85,20 @@ def test_garbage_on_the_socket_is_counted_and_named_and_the_stream_goes_on(publi
     link.start()
     try:
         assert wait_for(lambda: link.events_connected)
-        publisher.send_raw([b"kv-events", (0).to_bytes(8, "big"), b"\xc1\xc1 not msgpack"])
+        # A PUB drops what it sends before the SUB's subscription reaches it (connected is not yet subscribed):
+        # batches until one is heard live prove the subscription; then the garbage cannot be lost on the way.
+        seq = 0
+        while link.mirror.batches == link.mirror.replayed and seq < 100:
+            publisher.publish(seq, block(seq))
+            seq += 1
+            wait_for(lambda: link.mirror.batches > link.mirror.replayed, timeout=0.2)
+        assert link.mirror.batches > link.mirror.replayed
+        publisher.send_raw([b"kv-events", seq.to_bytes(8, "big"), b"\xc1\xc1 not msgpack"])
         publisher.send_raw([b"only one frame"])
         assert wait_for(lambda: link.event_errors == 2)
         assert link.last_event_error[0] == "err.engine.frames"
-        publisher.publish(0, block(0))
-        assert wait_for(lambda: link.mirror.hashes() == {1000})
+        publisher.publish(seq, block(seq))
+        assert wait_for(lambda: link.mirror.hashes() == {1000 + s for s in range(seq + 1)})
     finally:
         link.stop()
 
