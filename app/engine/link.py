@@ -6,7 +6,9 @@
       thread   every ``poll_s``: GET url/metrics -> EngineMetrics; GET url/health   (HTTP: its own thread, so a
                new blocks' tokens -> POST url/detokenize, a few per loop             slow engine API never holds
                                                                                      back the events)
-      on (re)connect: catch up from sequence 0 through the replay socket (vLLM keeps ``buffer_steps`` batches)
+      on (re)connect: catch up from sequence 0 through the replay socket (vLLM keeps ``buffer_steps`` batches);
+      and after ``IDLE_CATCH_UP_S`` without a frame, from the next expected one (a PUB drops what it sends before
+      the SUB's subscription reaches it, and a lost last batch has no later one to reveal the gap)
 
 Replay (``vllm/distributed/kv_events.py``, ``ZmqEventPublisher._service_replay``): a DEALER sends
 (b"", start seq as 8 bytes big-endian) to the engine's ROUTER, which answers (b"", topic, seq, payload) per
@@ -39,6 +41,7 @@ from app.engine.mirror import BlockMirror
 from app.errors import Busy
 
 log = logging.getLogger("kvscope.engine")
+IDLE_CATCH_UP_S = 2.0  # a connected link with no frame for this long asks the replay socket for anything newer
 
 
 class EngineDown(Busy):
@@ -177,8 +180,12 @@ class EngineLink:
         if sub is not None:
             poller.register(sub, zmq.POLLIN)
             poller.register(monitor, zmq.POLLIN)
+        quiet_since = time.monotonic()  # the last frame heard, or the last catch-up
         try:
             while not self._stop.is_set():
+                if self.events_connected and self.replay_endpoint and time.monotonic() - quiet_since >= IDLE_CATCH_UP_S:
+                    self.catch_up()  # what a SUB can lose unnoticed: a batch published before its subscription
+                    quiet_since = time.monotonic()  # took effect, or the last of a burst (no later seq shows the gap)
                 if self._catch_up.is_set():
                     self._catch_up.clear()
                     with self.changed:
@@ -197,6 +204,7 @@ class EngineLink:
                         except zmq.Again:
                             break
                         self._on_frames(frames, live=True)
+                        quiet_since = time.monotonic()
                         if self._catch_up.is_set():
                             break
         except Exception:  # the link must never take the server down; it says so on the page

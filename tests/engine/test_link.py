@@ -112,3 +112,15 @@ def test_an_endpoint_where_nothing_listens_says_so():
         assert not link.events_connected and link.mirror.batches == 0
     finally:
         link.stop()
+
+
+def test_a_batch_the_sub_never_heard_is_fetched_by_the_idle_catch_up(publisher):
+    link = make_link(publisher.events, publisher.replay)
+    link.start()
+    try:
+        assert wait_for(lambda: link.events_connected and publisher.replays == 1)  # the catch-up on connect: done
+        publisher.publish(0, block(0), send=False)  # lost on the way, and no later batch reveals the gap
+        assert wait_for(lambda: link.mirror.hashes() == {1000}, timeout=10)
+        assert publisher.replays >= 2 and link.mirror.replayed == 1 and link.mirror.gaps == []
+    finally:
+        link.stop()

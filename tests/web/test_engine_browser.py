@@ -90,6 +90,14 @@ def test_the_fleet_panel_shows_who_holds_what_and_where_a_prompt_goes(browser, f
                                  "The second engine heard about mountains and glaciers. " * 3), strict=True):
         httpx.post(e.url + "/v1/completions", json={"model": "smollm2", "prompt": SHARED + rest, "max_tokens": 1,
                                                     "temperature": 0}, timeout=120).raise_for_status()
+    def held_whole(word: str, i: int) -> bool:  # engine i's chain of that prompt, all of it held and decoded there
+        chains = httpx.get(fleet_server + "/api/engine/fleet", timeout=10).json()["chains"]
+        return any(None not in c["texts"] and word in "".join(c["texts"]) and c["held"][i] == c["blocks"]
+                   for c in chains)
+
+    from tests.engine.publisher import wait_for
+
+    assert wait_for(lambda: held_whole("rivers", 0) and held_whole("glaciers", 1), timeout=30)
     views = (("en", "", 1600, 1000), ("zh", "", 1600, 1000), ("en", "&present=1", 1280, 720),
              ("zh", "&present=1", 1280, 720))
     for lang, present, width, height in views:
