@@ -81,13 +81,16 @@ def fleet_server(engines, distil_dir, kv_home):
 
 
 SHARED = "A page about a fleet of engines. Every prompt here starts with the same two sentences. " * 2
+GLACIERS = ("The second engine heard about mountains and glaciers. " * 4).rstrip()
 
 
 def test_the_fleet_panel_shows_who_holds_what_and_where_a_prompt_goes(browser, fleet_server, engines):
     import httpx
 
-    for e, rest in zip(engines, ("The first engine heard about rivers and lakes. " * 3,
-                                 "The second engine heard about mountains and glaciers. " * 3), strict=True):
+    # Each prompt ends on "." (no trailing space: " " then " Why" would tokenize differently, and the block holding
+    # the last token would differ from the typed prompt's, rightly).
+    for e, rest in zip(engines, (("The first engine heard about rivers and lakes. " * 4).rstrip(),
+                                 GLACIERS), strict=True):
         httpx.post(e.url + "/v1/completions", json={"model": "smollm2", "prompt": SHARED + rest, "max_tokens": 1,
                                                     "temperature": 0}, timeout=120).raise_for_status()
     def held_whole(word: str, i: int) -> bool:  # engine i's chain of that prompt, all of it held and decoded there
@@ -106,7 +109,7 @@ def test_the_fleet_panel_shows_who_holds_what_and_where_a_prompt_goes(browser, f
             # both engines' chains, one row each, the shared prefix held by both (a cell "k / n" on each side)
             pg.wait_for_function("document.querySelectorAll('#fleet-table tbody tr td.held.all').length >= 2",
                                  timeout=30_000)
-            pg.fill("#fleet-prompt", SHARED + "The second engine heard about mountains and glaciers. " * 3 + "Why?")
+            pg.fill("#fleet-prompt", SHARED + GLACIERS + " Why?")
             pg.click("#fleet-form button[type=submit]")
             pg.wait_for_selector("#route-table tr.best", timeout=30_000)
             verdict = pg.inner_text("#fleet-verdict")
