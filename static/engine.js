@@ -12,6 +12,8 @@ window.kv.page("engine", (page) => {
   let index = pick ? +pick.value : 0, controller = null, lastVersion = -1, seen = new Set();
   const pct = (x) => (x === null || x === undefined ? "—" : (100 * x).toFixed(1) + " %");
   const short = (h) => (h ? h.slice(0, 8) : "—");
+  /* A block's text as its characters (newlines and tabs escaped, no quotes): a chain's blocks side by side. */
+  const raw = (text) => (text === null || text === undefined ? kv.t("engine.js.decoding") : JSON.stringify(text).slice(1, -1));
   const shown = (text) => (text === null || text === undefined ? kv.t("engine.js.decoding") : JSON.stringify(text));
 
   function drawStatus(snap) {
@@ -175,7 +177,7 @@ window.kv.page("engine", (page) => {
     } else {
       body.replaceChildren(...f.chains.map((c) => el("tr", null,
         el("td", { class: "fleet-text" }, c.from_start ? "" : el("small", null, kv.t("engine.fleet.mid"), " "),
-          ...c.texts.map((t, j) => el("span", { class: "fleet-blk", title: j === 0 ? c.first : "" }, shown(t)))),
+          ...c.texts.map((t, j) => el("span", { class: "fleet-blk", title: j === 0 ? c.first : "" }, raw(t)))),
         el("td", null, `${c.blocks} (${kv.int(c.tokens)})`),
         ...c.held.map((n) => el("td", { class: n ? (n === c.blocks ? "held all" : "held") : "" }, n ? `${n} / ${c.blocks}` : "—")))));
     }
