@@ -124,6 +124,8 @@ class Settings:
     engine_drive_max_tokens: int = 16
     engine_drive_timeout_s: float = 60.0
     engine_max_runs_kept: int = 64
+    # The fleet panel (several engines or ranks): at most this many prefixes (chains of cached blocks) listed.
+    engine_fleet_max_chains: int = 24
     # --- Inspect (/, app/labs/inspect.py) ------------------------------------------------------------------------
     # The all-heads grid's thumbnails: at most this many pixels a side. The query panels show this many key rows
     # (all of them on request).
@@ -389,7 +391,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "engine": ("engine", "engine_events", "engine_replay", "engine_poll_s", "engine_http_timeout_s",
                "engine_replay_timeout_s", "engine_max_blocks", "engine_max_changes", "engine_stream_max_s",
                "engine_max_shown_blocks", "engine_drive_max_requests", "engine_drive_max_tokens",
-               "engine_drive_timeout_s", "engine_max_runs_kept", "max_prompt_chars"),
+               "engine_drive_timeout_s", "engine_max_runs_kept", "engine_fleet_max_chains", "max_prompt_chars"),
     "lines": ("lab_queue_max", "lab_jobs_per_browser", "lab_max_wait_s"),
 }
 

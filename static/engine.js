@@ -1,7 +1,8 @@
 /* /engine: a real vLLM's KV cache, live. The server mirrors the engine's KV events and scrapes its /metrics; this
    script follows /api/engine/<i>/stream (one JSON snapshot a line, kv.follow) and draws the snapshot: status,
    counters, the blocks as a prefix tree (parent links), what just happened. Drive posts a preset to the engine
-   through the server and shows KVScope's own pool beside the engine's events and counters. */
+   through the server and shows KVScope's own pool beside the engine's events and counters. The fleet panel:
+   which engine holds which prefix, and where a typed prompt would find the most cached blocks. */
 window.kv.page("engine", (page) => {
   "use strict";
   const kv = window.kv, $ = kv.$, el = kv.el;
@@ -11,6 +12,8 @@ window.kv.page("engine", (page) => {
   let index = pick ? +pick.value : 0, controller = null, lastVersion = -1, seen = new Set();
   const pct = (x) => (x === null || x === undefined ? "—" : (100 * x).toFixed(1) + " %");
   const short = (h) => (h ? h.slice(0, 8) : "—");
+  /* A block's text as its characters (newlines and tabs escaped, no quotes): a chain's blocks side by side. */
+  const raw = (text) => (text === null || text === undefined ? kv.t("engine.js.decoding") : JSON.stringify(text).slice(1, -1));
   const shown = (text) => (text === null || text === undefined ? kv.t("engine.js.decoding") : JSON.stringify(text));
 
   function drawStatus(snap) {
@@ -159,15 +162,41 @@ window.kv.page("engine", (page) => {
     drawRun(run);
   });
 
+  /* The fleet: every engine's index as chains of blocks, merged (GET /api/engine/fleet), refreshed every few
+     seconds while the page is in view; a typed prompt scored on each engine (POST /api/engine/route). */
+  async function drawFleet() {
+    const f = await kv.getJSON("/api/engine/fleet").catch(() => null);
+    if (!f) return;
+    $("fleet-engines").replaceChildren(...f.engines.map((e) => el("li", { class: e.reproducible === false ? "st-warn" : "" },
+      e.reproducible === false ? kv.t("engine.fleet.unreproducible", { index: e.index })
+        : kv.t("engine.fleet.engine", { index: e.index, held: kv.int(e.held), size: e.block_size ?? "—",
+          algo: e.hash_algo ?? "—", usage: pct(e.usage) }))));
+    const body = $("fleet-table").querySelector("tbody");
+    if (!f.chains.length) {
+      body.replaceChildren(el("tr", null, el("td", { colspan: 2 + f.engines.length }, kv.t("engine.fleet.none"))));
+    } else {
+      body.replaceChildren(...f.chains.map((c) => el("tr", null,
+        el("td", { class: "fleet-text" }, c.from_start ? "" : el("small", null, kv.t("engine.fleet.mid"), " "),
+          ...c.texts.map((t, j) => el("span", { class: "fleet-blk", title: j === 0 ? c.first : "" }, raw(t)))),
+        el("td", null, `${c.blocks} (${kv.int(c.tokens)})`),
+        ...c.held.map((n) => el("td", { class: n ? (n === c.blocks ? "held all" : "held") : "" }, n ? `${n} / ${c.blocks}` : "—")))));
+    }
+    $("fleet-more").textContent = f.total > f.chains.length ? kv.t("engine.fleet.more", { n: f.total - f.chains.length }) : "";
+  }
+
   $("fleet-form").addEventListener("submit", async (e) => {
     e.preventDefault();
-    const r = await kv.act("POST", "/api/engine/route", { prompt: $("fleet-prompt").value });
+    const r = await kv.act("POST", "/api/engine/route", { prompt: $("fleet-prompt").value }, "fleet-busy");
     if (!r) return;
-    const best = r.rows.find((x) => x.index === r.best);
-    $("fleet-result").replaceChildren(
-      ...r.rows.map((x) => el("li", { class: x.index === r.best ? "best" : "" }, x.error ? `${x.url}: ${x.error}`
-        : kv.t("engine.fleet.row", { url: x.url, cached: x.cached, blocks: x.blocks, tokens: x.cached_tokens }))),
-      el("li", { class: "verdict" }, best ? kv.t("engine.js.best", { url: best.url }) : kv.t("engine.js.none_cached")));
+    $("fleet-verdict").textContent = r.verdict;
+    const table = $("route-table");
+    table.hidden = false;
+    table.querySelector("tbody").replaceChildren(...r.rows.map((x) => el("tr", { class: x.index === r.pick ? "best" : "" },
+      el("td", null, `${x.index} · `, el("code", null, x.url)),
+      ...(x.error ? [el("td", { colspan: 5 }, x.error)]
+        : [el("td", null, `${x.tokens} (${x.blocks})`), el("td", null, `${x.matched} / ${x.blocks}`),
+          el("td", null, kv.int(x.matched_tokens)), el("td", null, kv.int(x.hit_tokens)), el("td", null, pct(x.usage))]))));
+    drawFleet();
   });
 
   if (pick) pick.addEventListener("change", () => {
@@ -180,5 +209,7 @@ window.kv.page("engine", (page) => {
   const last = $("last-run");
   if (last) drawRun(JSON.parse(last.textContent));
   drawCalculator();
+  drawFleet();
+  setInterval(() => { if (document.visibilityState === "visible") drawFleet(); }, 3000);
   follow();
 });

@@ -15,7 +15,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from app.engine.install import DEFAULT_VENV, engine_python
-from app.engine.launch import EngineProcess, smollm2_folder
+from app.engine.launch import EngineProcess, free_port, free_port_pair, smollm2_folder
 from app.model.loading import LoadedModel, ModelRegistry, load_builtin
 from app.settings import Settings
 from app.state import AppState
@@ -204,15 +204,42 @@ def smollm2_dir() -> Path:
     return smollm2_folder(REAL_HOME)
 
 
+FLEET_SIZE = 2  # engines the session starts side by side: the fleet's tests need two, the others use the first
+
+
+def distinct_ports(n: int) -> list[tuple[int, int]]:
+    """``n`` (HTTP port, events port) pairs on loopback, no port shared (the events port's + 1 is its replay)."""
+    taken: set[int] = set()
+    out = []
+    while len(out) < n:
+        http, events = free_port(), free_port_pair()
+        ports = {http, events, events + 1}
+        if len(ports) == 3 and not ports & taken:
+            taken |= ports
+            out.append((http, events))
+    return out
+
+
 @pytest.fixture(scope="session")
-def engine(smollm2_dir, tmp_path_factory):
-    """One running vLLM for the whole session (~25 s on a quiet machine, 2-3 min on two busy cores)."""
+def engines(smollm2_dir, tmp_path_factory):
+    """Two running vLLMs for the whole session (two replicas: a fleet), started at once so the second costs little
+    more wall time than the first (~25 s on a quiet machine, 2-3 min on two busy cores)."""
     venv = engine_venv()
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    proc = EngineProcess(smollm2_dir, venv=venv, log_path=log)
-    proc.start()
+    logs = tmp_path_factory.mktemp("vllm")
+    procs = [EngineProcess(smollm2_dir, venv=venv, log_path=logs / f"vllm-{i}.log", port=http, events_port=events)
+             for i, (http, events) in enumerate(distinct_ports(FLEET_SIZE))]
     try:
-        proc.wait_healthy(timeout_s=420)
-        yield proc
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.wait_healthy(timeout_s=420)
+        yield procs
     finally:
-        proc.stop()
+        for proc in procs:
+            proc.stop()
+
+
+@pytest.fixture(scope="session")
+def engine(engines):
+    """The fleet's first vLLM: the one the single-engine tests and the Engine page's browser test watch."""
+    return engines[0]

@@ -3,20 +3,25 @@
     EngineLink(name, url, events, replay)
       thread   SUB ``events``  ->  decode_frames  ->  mirror.apply          (a gap: replay first, then apply)
                a socket monitor says whether the SUB is connected or retrying (nothing listening there)
-               every ``poll_s``: GET url/metrics -> EngineMetrics; GET url/health
-               new blocks' tokens -> POST url/detokenize (the engine's own tokenizer), a few per loop
-      on (re)connect: catch up from sequence 0 through the replay socket (vLLM keeps ``buffer_steps`` batches)
+      thread   every ``poll_s``: GET url/metrics -> EngineMetrics; GET url/health   (HTTP: its own thread, so a
+               new blocks' tokens -> POST url/detokenize, a few per loop             slow engine API never holds
+                                                                                     back the events)
+      on (re)connect: catch up from sequence 0 through the replay socket (vLLM keeps ``buffer_steps`` batches);
+      and after ``IDLE_CATCH_UP_S`` without a frame, from the next expected one (a PUB drops what it sends before
+      the SUB's subscription reaches it, and a lost last batch has no later one to reveal the gap)
 
 Replay (``vllm/distributed/kv_events.py``, ``ZmqEventPublisher._service_replay``): a DEALER sends
 (b"", start seq as 8 bytes big-endian) to the engine's ROUTER, which answers (b"", topic, seq, payload) per
 buffered batch with seq ≥ start, then (b"", b"", -1 as 8 bytes signed, b"").
 
 Nothing here takes an address from a request: the URLs are the link's own, fixed when the server started.
-The mirror and the status are read under ``lock``; ``changed`` is notified after each change.
+The mirror and the status are read under ``lock``; ``changed`` is notified after each change, and every stream that
+``watch``es is woken in its own event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -24,6 +29,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
@@ -35,6 +41,7 @@ from app.engine.mirror import BlockMirror
 from app.errors import Busy
 
 log = logging.getLogger("kvscope.engine")
+IDLE_CATCH_UP_S = 2.0  # a connected link with no frame for this long asks the replay socket for anything newer
 
 
 class EngineDown(Busy):
@@ -88,7 +95,33 @@ class EngineLink:
         self._texts: deque[tuple[int, str, int]] = deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._http_thread: threading.Thread | None = None
+        self._catch_up = threading.Event()  # the HTTP thread saw the engine come back: the events thread replays
         self._was_down = False
+        self._watchers: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+
+    # --- who is told of a change ----------------------------------------------------------------------------
+    def _notify(self) -> None:
+        """Wake the threads waiting on ``changed`` and every watching stream (their event loops, thread-safely).
+        Called with ``lock`` held, as ``notify_all`` must be."""
+        self.changed.notify_all()
+        for loop, event in tuple(self._watchers):
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # that loop is closed: its stream is gone
+                self._watchers.discard((loop, event))
+
+    def watch(self, loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> Callable[[], None]:
+        """Set ``event`` (in ``loop``) after each change; the function that stops it. A live page's stream waits on
+        it instead of looking at the clock, so a change reaches the page as soon as the line budget allows."""
+        with self.lock:
+            self._watchers.add((loop, event))
+
+        def unwatch() -> None:
+            with self.lock:
+                self._watchers.discard((loop, event))
+
+        return unwatch
 
     # --- the HTTP API (the link's own URL only) --------------------------------------------------------------
     def get(self, path: str) -> bytes:
@@ -118,13 +151,17 @@ class EngineLink:
         if self._thread is None:
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name=f"kvscope-engine-{self.name}", daemon=True)
+            self._http_thread = threading.Thread(target=self._run_http, name=f"kvscope-engine-{self.name}-http",
+                                                 daemon=True)
             self._thread.start()
+            self._http_thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self._thread = None
+        for thread in (self._thread, self._http_thread):
+            if thread is not None:
+                thread.join(timeout=5)
+        self._thread = self._http_thread = None
 
     def _run(self) -> None:
         ctx = zmq.Context.instance()
@@ -143,42 +180,64 @@ class EngineLink:
         if sub is not None:
             poller.register(sub, zmq.POLLIN)
             poller.register(monitor, zmq.POLLIN)
-        next_poll = 0.0
+        quiet_since = time.monotonic()  # the last frame heard, or the last catch-up
         try:
             while not self._stop.is_set():
-                now = time.monotonic()
-                if now >= next_poll:
-                    self._poll_http()
-                    next_poll = now + self.limits.poll_s
-                    self._fill_texts()
+                if self.events_connected and self.replay_endpoint and time.monotonic() - quiet_since >= IDLE_CATCH_UP_S:
+                    self.catch_up()  # what a SUB can lose unnoticed: a batch published before its subscription
+                    quiet_since = time.monotonic()  # took effect, or the last of a burst (no later seq shows the gap)
+                if self._catch_up.is_set():
+                    self._catch_up.clear()
+                    with self.changed:
+                        self.mirror.restart("http")
+                        self._notify()
+                    self.catch_up()
                 ready = dict(poller.poll(timeout=100)) if sub is not None else {}
                 if not ready and sub is None:
                     self._stop.wait(0.1)
                 if monitor is not None and monitor in ready:
                     self._on_monitor(recv_monitor_message(monitor))
                 if sub is not None and sub in ready:
-                    for _ in range(1000):  # drain what is there, then look at the clock again
+                    for _ in range(1000):  # drain what is there, then look at the flags again
                         try:
                             frames = sub.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
                         self._on_frames(frames, live=True)
+                        quiet_since = time.monotonic()
+                        if self._catch_up.is_set():
+                            break
         except Exception:  # the link must never take the server down; it says so on the page
             log.exception("engine link %s stopped", self.name)
             with self.changed:
                 self.http_status = ("engine.status.link_failed", {})
-                self.changed.notify_all()
+                self._notify()
         finally:
             if sub is not None:
                 sub.disable_monitor()
                 monitor.close(linger=0)
                 sub.close(linger=0)
 
+    def _run_http(self) -> None:
+        """Every ``poll_s``: /metrics and /health, then a few new blocks' texts. A thread of its own, so a slow
+        engine API (a busy CPU, a long /detokenize) never holds back the events: those are the page's live part."""
+        try:
+            while not self._stop.is_set():
+                t0 = time.monotonic()
+                self._poll_http()
+                self._fill_texts()
+                self._stop.wait(max(0.0, self.limits.poll_s - (time.monotonic() - t0)))
+        except Exception:  # as the events thread: never the server's end
+            log.exception("engine link %s (HTTP) stopped", self.name)
+            with self.changed:
+                self.http_status = ("engine.status.link_failed", {})
+                self._notify()
+
     def _on_monitor(self, msg: dict) -> None:
         connected = msg["event"] == zmq.EVENT_CONNECTED
         with self.changed:
             was, self.events_connected = self.events_connected, connected
-            self.changed.notify_all()
+            self._notify()
         if connected and not was:
             self.catch_up()
 
@@ -195,7 +254,7 @@ class EngineLink:
             with self.changed:
                 self.event_errors += 1
                 self.last_event_error = (exc.key, exc.params)
-                self.changed.notify_all()
+                self._notify()
             return None
 
     def _on_batch(self, batch: EventBatch, *, live: bool, replayed: bool = False) -> None:
@@ -215,7 +274,7 @@ class EngineLink:
                 for ev in batch.events:
                     for h, _, _ in getattr(ev, "blocks", lambda: [])():
                         self._texts.append((ev.group_idx or 0, ev.medium or "GPU", h))
-            self.changed.notify_all()
+            self._notify()
 
     # --- replay ----------------------------------------------------------------------------------------------
     def catch_up(self) -> int:
@@ -255,7 +314,7 @@ class EngineLink:
                         for ev in batch.events:
                             for h, _, _ in getattr(ev, "blocks", lambda: [])():
                                 self._texts.append((ev.group_idx or 0, ev.medium or "GPU", h))
-                    self.changed.notify_all()
+                    self._notify()
         finally:
             sock.close(linger=0)
         return applied
@@ -268,7 +327,7 @@ class EngineLink:
             with self.changed:
                 self.http_status = (exc.key, exc.params)
                 self._was_down = True
-                self.changed.notify_all()
+                self._notify()
             return
         with self.changed:
             back = self._was_down and self.metrics is not None
@@ -276,11 +335,9 @@ class EngineLink:
             self.metrics_log.append((time.time(), metrics))
             self.http_status = None
             self._was_down = False
-            if back:  # it went away and answers again: a new process, an empty cache, sequence numbers from 0
-                self.mirror.restart("http")
-            self.changed.notify_all()
-        if back:
-            self.catch_up()
+            self._notify()
+        if back:  # it went away and answers again: a new process, an empty cache, sequence numbers from 0
+            self._catch_up.set()  # the events thread empties the mirror and replays, between two of its batches
 
     def _fill_texts(self) -> None:
         """Decode a few new blocks' tokens with the engine's own tokenizer (``/detokenize``)."""
@@ -298,7 +355,7 @@ class EngineLink:
                 return
             with self.changed:
                 block.text = text.get("prompt", "")
-                self.changed.notify_all()
+                self._notify()
 
     # --- reading ---------------------------------------------------------------------------------------------
     def wait(self, version: int, timeout: float) -> int:

@@ -19,7 +19,7 @@ Not thread-safe: the link holds its lock around every call.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 
 from app.engine.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
@@ -46,6 +46,7 @@ class BlockMirror:
     def __init__(self, *, max_blocks: int = 50_000, max_changes: int = 4_000) -> None:
         self.max_blocks = max_blocks
         self.blocks: OrderedDict[Key, MirrorBlock] = OrderedDict()  # oldest stored first
+        self.held: Counter[tuple[int, str]] = Counter()  # blocks held per (group, medium), kept as blocks change
         self.changes: deque[dict] = deque(maxlen=max_changes)
         self.version = 0  # one more per change
         self.next_seq: int | None = None  # the sequence number expected next
@@ -83,6 +84,7 @@ class BlockMirror:
         """The engine started again: its cache is empty and its sequence numbers begin at 0."""
         self.restarts += 1
         self.blocks.clear()
+        self.held.clear()
         self.next_seq = None
         self._seen.clear()
         self._change({"op": "restart", "reason": reason})
@@ -105,6 +107,7 @@ class BlockMirror:
             elif isinstance(ev, AllBlocksCleared):
                 self.cleared += 1
                 self.blocks.clear()
+                self.held.clear()
                 self._change({"op": "cleared", "seq": batch.seq})
             else:
                 self.other += 1
@@ -116,13 +119,15 @@ class BlockMirror:
         self.block_size = ev.block_size
         for h, parent, tokens in ev.blocks():
             key = (group, medium, h)
-            self.blocks.pop(key, None)
+            if self.blocks.pop(key, None) is None:
+                self.held[group, medium] += 1
             self.blocks[key] = MirrorBlock(h, parent, tokens, group, medium, ev.kv_cache_spec_kind,
                                            ev.kv_cache_spec_sliding_window, seq)
             self.stored += 1
             self._change({"op": "stored", "hash": h, "parent": parent, "group": group, "medium": medium, "seq": seq})
         while len(self.blocks) > self.max_blocks:
-            self.blocks.popitem(last=False)
+            (g, med, _), _ = self.blocks.popitem(last=False)
+            self._drop(g, med)
             self.dropped += 1
 
     def _removed(self, ev: BlockRemoved) -> None:
@@ -130,8 +135,15 @@ class BlockMirror:
         for h in ev.block_hashes:
             if self.blocks.pop((group, medium, h), None) is None:
                 self.unknown_removed += 1
+            else:
+                self._drop(group, medium)
             self.removed += 1
             self._change({"op": "removed", "hash": h, "group": group, "medium": medium})
+
+    def _drop(self, group: int, medium: str) -> None:
+        self.held[group, medium] -= 1
+        if not self.held[group, medium]:
+            del self.held[group, medium]
 
     def _change(self, change: dict) -> None:
         self.version += 1

@@ -8,6 +8,7 @@ engine or name an address: a page picks an engine by its index among those confi
     snapshot(i, lang)               engine i's status, metrics, config line, calculator line, blocks as a tree
     stream(i, since)                NDJSON: a snapshot whenever the mirror changes (and every poll), bounded in time
     drive(i, preset, owner)         send a preset's requests to engine i, and the same through KVScope's own pool
+    fleet(lang)                     the fleet: which engine holds which prefix (chains of blocks, decoded)
     route(prompt, lang)             the fleet: where a new prompt would find the most cached blocks
 
 Drive runs one at a time per engine (its lock; a second one gets Busy); each browser's last comparison is kept
@@ -17,18 +18,21 @@ Drive runs one at a time per engine (its lock; a second one gets Busy); each bro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from itertools import islice
 
 from app import catalog
 from app.cache.prefix import PRESETS, scaled_presets
 from app.capacity.calculator import CalcInput, GiB, calculate
 from app.engine.compare import Observed, Predictor, first_difference
-from app.engine.hashing import HASH_ALGO, VllmBlockHasher
+from app.engine.fleet import EngineIndex, IndexBlock, decide, fleet_chains, score
+from app.engine.hashing import HASH_ALGO, VllmBlockHasher, external
 from app.engine.link import EngineDown, EngineLink, LinkLimits
 from app.engine.metrics import EngineMetrics
 from app.errors import BadInput, Busy, NotFound
@@ -37,7 +41,7 @@ from app.labs.limits import Limits
 
 PRESET_SCALE = 5  # the prefix presets' shared parts said 5 times: 80-210 SmolLM2 tokens, 2-6 blocks of 32
 STATUS_OK = "engine.status.ok"
-STREAM_CHECK_S = 0.05  # how often a live page's stream looks for a change
+STREAM_IDLE_S = 1.0  # a waiting stream looks again after this long even unwoken (its end time, a missed wake)
 STREAM_MIN_GAP_S = 0.1  # at most ten lines a second to one page, however fast the engine publishes
 
 
@@ -71,6 +75,7 @@ class EngineLimits(Limits):
     engine_drive_max_tokens: int
     engine_drive_timeout_s: float
     engine_max_runs_kept: int
+    engine_fleet_max_chains: int
     max_prompt_chars: int
 
 
@@ -201,7 +206,7 @@ class EngineLab:
         link = self.link(index)
         with link.lock:
             m = link.mirror
-            shown = list(m.blocks.values())[-self.limits.engine_max_shown_blocks:]
+            shown = list(islice(reversed(m.blocks.values()), self.limits.engine_max_shown_blocks))[::-1]
             blocks = [{"hash": _hex(b.block_hash), "parent": _hex(b.parent), "group": b.group_idx, "medium": b.medium,
                        "kind": b.spec_kind, "window": b.sliding_window, "tokens": len(b.token_ids), "text": b.text,
                        "seq": b.seq} for b in shown]
@@ -211,31 +216,44 @@ class EngineLab:
                                "cleared": m.cleared, "batches": m.batches, "replayed": m.replayed,
                                "dropped": m.dropped, "unknown_removed": m.unknown_removed, "next_seq": m.next_seq},
                     "groups": [{"group": g, "kind": k, "window": w,
-                                "held": sum(1 for key in m.blocks if key[0] == g)}
+                                "held": sum(n for (hg, _), n in m.held.items() if hg == g)}
                                for g, (k, w) in sorted(m.groups.items())],
-                    "media": sorted({key[1] for key in m.blocks}),
+                    "media": sorted({med for _, med in m.held}),
                     "gaps": [{"first": a, "last": b} for a, b in m.gaps],
                     "block_size": m.block_size, "blocks": blocks,
-                    "changes": list(m.changes)[-30:]}
+                    "changes": list(islice(reversed(m.changes), 30))[::-1]}
             view["changes"] = [{**c, "hash": _hex(c.get("hash")), "parent": _hex(c.get("parent"))}
                                for c in view["changes"]]
         view["metrics"] = self.metrics_view(link)
         return view
 
     async def stream(self, index: int, lang: str, since: int = -1) -> AsyncIterator[bytes]:
-        """One JSON line per change of engine ``index`` (looked at every ``STREAM_CHECK_S``, at most one line per
-        ``STREAM_MIN_GAP_S``), for at most ``engine_stream_max_s``. Waiting costs no thread: the version is an int."""
+        """One JSON line per change of engine ``index``, at most one line per ``STREAM_MIN_GAP_S``, for at most
+        ``engine_stream_max_s``. Waiting costs no thread: the link wakes this stream's event loop on each change
+        (``EngineLink.watch``), so a change is sent at once, or as soon as the line budget allows when the last line
+        went out less than ``STREAM_MIN_GAP_S`` ago (everything that changed meanwhile goes in that one line)."""
         link = self.link(index)
         end = time.monotonic() + self.limits.engine_stream_max_s
-        last_sent, last_metrics, last_time, last_status = since, None, 0.0, None
-        while time.monotonic() < end:
-            version, metrics, status = link.mirror.version, link.metrics, (link.http_status, link.events_connected)
-            if (version != last_sent or metrics is not last_metrics or status != last_status) \
-                    and time.monotonic() - last_time >= STREAM_MIN_GAP_S:
-                snap = await asyncio.to_thread(self.snapshot, index, lang)
-                yield (json.dumps(snap) + "\n").encode()
-                last_sent, last_metrics, last_status, last_time = version, metrics, status, time.monotonic()
-            await asyncio.sleep(STREAM_CHECK_S)
+        last_sent, last_metrics, last_time, last_status = since, None, float("-inf"), None
+        wake = asyncio.Event()
+        unwatch = link.watch(asyncio.get_running_loop(), wake)
+        try:
+            while (now := time.monotonic()) < end:
+                wake.clear()
+                version, metrics, status = link.mirror.version, link.metrics, (link.http_status, link.events_connected)
+                if version != last_sent or metrics is not last_metrics or status != last_status:
+                    if (ready := last_time + STREAM_MIN_GAP_S - now) > 0:
+                        await asyncio.sleep(ready)
+                        continue
+                    last_time = now
+                    snap = await asyncio.to_thread(self.snapshot, index, lang)
+                    yield (json.dumps(snap) + "\n").encode()
+                    last_sent, last_metrics, last_status = version, metrics, status  # read before the snapshot
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), timeout=min(STREAM_IDLE_S, max(0.0, end - now)))
+        finally:
+            unwatch()
 
     # --- drive and compare ----------------------------------------------------------------------------------------
     def drive(self, index: int, preset: str, owner: str, lang: str) -> dict:
@@ -331,8 +349,40 @@ class EngineLab:
             return self.runs.get(owner)
 
     # --- the fleet ----------------------------------------------------------------------------------------------
+    def _index(self, i: int, link: EngineLink, medium: str = "GPU") -> tuple[EngineIndex, bool | None]:
+        """Engine ``i``'s event-fed index (group 0, ``medium``) copied out under its lock, and whether its hashes are
+        reproducible here: one of its first blocks (no parent) re-hashed with vLLM's default seed gives its id."""
+        with link.lock:
+            m, metrics = link.mirror, link.metrics
+            own = [b for b in m.blocks.values() if b.group_idx == 0 and b.medium == medium]
+            blocks = {b.block_hash: IndexBlock(b.block_hash, b.parent, len(b.token_ids), b.text) for b in own}
+            first = next((b for b in reversed(own) if b.parent is None), None)
+            bs = m.block_size
+        algo = metrics.config.get("prefix_caching_hash_algo") if metrics else None
+        bs = bs or (metrics.config_int("block_size") if metrics else None)
+        checked = None if first is None else external(VllmBlockHasher()(None, first.token_ids)) == first.block_hash
+        return EngineIndex(index=i, name=link.name, block_size=bs, hash_algo=algo,
+                           usage=metrics.usage if metrics else None, blocks=blocks), checked
+
+    def fleet(self, lang: str) -> dict:
+        """Which engine holds which prefix: every engine's chains of cached blocks (from its live events), merged
+        across the fleet, with the text they hold and how deep each engine holds them."""
+        if not self.links:
+            raise NotFound("err.engine.none")
+        indexes = [self._index(i, link) for i, link in enumerate(self.links)]
+        chains, total = fleet_chains([ix for ix, _ in indexes], max_chains=self.limits.engine_fleet_max_chains)
+        return {"engines": [{"index": ix.index, "url": link.url, "events": link.events, "block_size": ix.block_size,
+                             "hash_algo": ix.hash_algo, "usage": ix.usage, "held": len(ix.blocks),
+                             "reproducible": ok, "connected": link.events_connected}
+                            for (ix, ok), link in zip(indexes, self.links, strict=True)],
+                "chains": [{"blocks": len(c.hashes), "tokens": c.tokens, "from_start": c.from_start,
+                            "first": _hex(c.hashes[0]), "last": _hex(c.hashes[-1]), "texts": c.texts,
+                            "held": [c.held.get(i, 0) for i in range(len(self.links))]} for c in chains],
+                "total": total}
+
     def route(self, prompt: str, lang: str) -> dict:
-        """Where ``prompt`` would find the most leading cached blocks, engine by engine (a KV-aware router's choice)."""
+        """Where ``prompt`` would find the most leading cached blocks, engine by engine (a KV-aware router's choice:
+        ``app/engine/fleet.py``), each engine scored with its own tokenizer, block size and hash function."""
         prompt = (prompt or "").strip()
         if not prompt:
             raise BadInput("err.engine.empty_prompt")
@@ -340,23 +390,34 @@ class EngineLab:
             raise BadInput("err.engine.prompt_long", n=self.limits.max_prompt_chars)
         if not self.links:
             raise NotFound("err.engine.none")
-        rows = []
+        rows, scores = [], []
         for i, link in enumerate(self.links):
+            ix, ok = self._index(i, link)
+            row = {"index": i, "url": link.url, "block_size": ix.block_size, "hash_algo": ix.hash_algo,
+                   "usage": ix.usage, "held": len(ix.blocks), "reproducible": ok}
+            rows.append(row)
+            if ix.hash_algo not in (None, HASH_ALGO):
+                row["error"] = translate("err.engine.hash_algo", lang, algo=ix.hash_algo, ours=HASH_ALGO)
+                continue
+            if not ix.block_size:
+                row["error"] = translate("engine.fleet.no_size", lang)
+                continue
             try:
                 ids = link.tokenize(prompt)
             except EngineDown as exc:
-                rows.append({"index": i, "url": link.url, "error": translate(exc.key, lang, **exc.params)})
+                row["error"] = translate(exc.key, lang, **exc.params)
                 continue
-            with link.lock:
-                bs = link.mirror.block_size or 0
-                held = link.mirror.hashes()
-            hashes = VllmBlockHasher().request(ids, bs) if bs else []
-            hit = 0
-            for h in hashes:
-                if h not in held:
-                    break
-                hit += 1
-            rows.append({"index": i, "url": link.url, "tokens": len(ids), "blocks": len(hashes), "cached": hit,
-                         "cached_tokens": hit * bs})
-        best = max((r for r in rows if "cached" in r), key=lambda r: r["cached"], default=None)
-        return {"rows": rows, "best": best["index"] if best and best["cached"] else None}
+            s = score(ix, ids, VllmBlockHasher().request(ids, ix.block_size))
+            scores.append(s)
+            row.update(tokens=s.tokens, blocks=s.blocks, matched=s.matched, matched_tokens=s.matched_tokens,
+                       reused=s.reused, hit_tokens=s.hit_tokens)
+        d = decide(scores, {r["index"]: r["usage"] for r in rows})
+        if d.pick is None:
+            verdict = translate("engine.fleet.nobody", lang)
+        elif len(d.tied) > 1:
+            verdict = translate("engine.fleet.tie", lang, engines=", ".join(str(i) for i in d.tied),
+                                tokens=d.best_tokens, pick=d.pick)
+        else:
+            verdict = translate("engine.fleet.pick", lang, engine=d.pick, url=self.links[d.pick].url,
+                                tokens=d.best_tokens)
+        return {"rows": rows, "pick": d.pick, "tied": list(d.tied), "best_tokens": d.best_tokens, "verdict": verdict}

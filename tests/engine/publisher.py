@@ -20,6 +20,7 @@ class Publisher:
         self.port = free_port_pair()
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.set_hwm(100_000)  # as vLLM's ZmqEventPublisher (hwm=100_000): pyzmq's 1 000 drops bursts
         self.pub.bind(f"tcp://127.0.0.1:{self.port}")
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.bind(f"tcp://127.0.0.1:{self.port + 1}")

@@ -85,12 +85,20 @@ def test_garbage_on_the_socket_is_counted_and_named_and_the_stream_goes_on(publi
     link.start()
     try:
         assert wait_for(lambda: link.events_connected)
-        publisher.send_raw([b"kv-events", (0).to_bytes(8, "big"), b"\xc1\xc1 not msgpack"])
+        # A PUB drops what it sends before the SUB's subscription reaches it (connected is not yet subscribed):
+        # batches until one is heard live prove the subscription; then the garbage cannot be lost on the way.
+        seq = 0
+        while link.mirror.batches == link.mirror.replayed and seq < 100:
+            publisher.publish(seq, block(seq))
+            seq += 1
+            wait_for(lambda: link.mirror.batches > link.mirror.replayed, timeout=0.2)
+        assert link.mirror.batches > link.mirror.replayed
+        publisher.send_raw([b"kv-events", seq.to_bytes(8, "big"), b"\xc1\xc1 not msgpack"])
         publisher.send_raw([b"only one frame"])
         assert wait_for(lambda: link.event_errors == 2)
         assert link.last_event_error[0] == "err.engine.frames"
-        publisher.publish(0, block(0))
-        assert wait_for(lambda: link.mirror.hashes() == {1000})
+        publisher.publish(seq, block(seq))
+        assert wait_for(lambda: link.mirror.hashes() == {1000 + s for s in range(seq + 1)})
     finally:
         link.stop()
 
@@ -102,5 +110,17 @@ def test_an_endpoint_where_nothing_listens_says_so():
     try:
         assert wait_for(lambda: link.http_status is not None and link.http_status[0] == "err.engine.unreachable")
         assert not link.events_connected and link.mirror.batches == 0
+    finally:
+        link.stop()
+
+
+def test_a_batch_the_sub_never_heard_is_fetched_by_the_idle_catch_up(publisher):
+    link = make_link(publisher.events, publisher.replay)
+    link.start()
+    try:
+        assert wait_for(lambda: link.events_connected and publisher.replays == 1)  # the catch-up on connect: done
+        publisher.publish(0, block(0), send=False)  # lost on the way, and no later batch reveals the gap
+        assert wait_for(lambda: link.mirror.hashes() == {1000}, timeout=10)
+        assert publisher.replays >= 2 and link.mirror.replayed == 1 and link.mirror.gaps == []
     finally:
         link.stop()

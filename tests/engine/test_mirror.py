@@ -39,3 +39,18 @@ def test_the_mirror_and_its_change_log_are_bounded():
     assert [b.block_hash for b in m.blocks.values()] == [12, 13, 14] and m.dropped == 2
     assert m.changes_since(0) is None  # the first changes are gone: a reader starts again
     assert [c["hash"] for c in m.changes_since(m.version - 2)] == [13, 14]
+
+
+def test_the_blocks_held_per_group_and_medium_are_counted_as_they_change():
+    m = BlockMirror(max_blocks=3)
+    apply(m, 0, [stored([1, 2], None, range(8)), stored([1], None, range(4), medium="CPU")])
+    apply(m, 1, [stored([2], 1, range(4))])  # stored again: still one block
+    assert m.held == {(0, "GPU"): 2, (0, "CPU"): 1}
+    apply(m, 2, [removed([2]), removed([5]), stored([7, 8], None, range(8), group=1)])  # 5: never seen
+    assert len(m.blocks) == 3 and m.dropped == 1  # the oldest (GPU 1) dropped for the bound
+    counted = {}
+    for g, med, _ in m.blocks:  # the counts a second way: from the blocks themselves
+        counted[g, med] = counted.get((g, med), 0) + 1
+    assert m.held == counted
+    apply(m, 3, [cleared()])
+    assert not m.held

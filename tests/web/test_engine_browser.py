@@ -67,3 +67,59 @@ def test_drive_a_preset_and_watch_the_blocks_arrive(browser, engine_server):
         pg.set_viewport_size({"width": 390, "height": 900})
         shot(pg, "engine-zh-390")
         assert not pg.js_errors
+
+
+@pytest.fixture(scope="module")
+def fleet_server(engines, distil_dir, kv_home):
+    from tests.shaped_model import load_random
+
+    lm = load_random(distil_dir, name="distilgpt2", source="DistilGPT-2-shaped model with random weights (tests)")
+    settings = Settings(models=("distilgpt2",), home=kv_home, engine=tuple(e.url for e in engines),
+                        engine_events=tuple(e.events for e in engines), engine_poll_s=0.5)
+    with serve_in_thread(make_state(settings, lm)) as url:
+        yield url
+
+
+SHARED = "A page about a fleet of engines. Every prompt here starts with the same two sentences. " * 2
+GLACIERS = ("The second engine heard about mountains and glaciers. " * 4).rstrip()
+
+
+def test_the_fleet_panel_shows_who_holds_what_and_where_a_prompt_goes(browser, fleet_server, engines):
+    import httpx
+
+    # Each prompt ends on "." (no trailing space: " " then " Why" would tokenize differently, and the block holding
+    # the last token would differ from the typed prompt's, rightly).
+    for e, rest in zip(engines, (("The first engine heard about rivers and lakes. " * 4).rstrip(),
+                                 GLACIERS), strict=True):
+        httpx.post(e.url + "/v1/completions", json={"model": "smollm2", "prompt": SHARED + rest, "max_tokens": 1,
+                                                    "temperature": 0}, timeout=120).raise_for_status()
+    def held_whole(word: str, i: int) -> bool:  # engine i's chain of that prompt, all of it held and decoded there
+        chains = httpx.get(fleet_server + "/api/engine/fleet", timeout=10).json()["chains"]
+        return any(None not in c["texts"] and word in "".join(c["texts"]) and c["held"][i] == c["blocks"]
+                   for c in chains)
+
+    from tests.engine.publisher import wait_for
+
+    assert wait_for(lambda: held_whole("rivers", 0) and held_whole("glaciers", 1), timeout=30)
+    views = (("en", "", 1600, 1000), ("zh", "", 1600, 1000), ("en", "&present=1", 1280, 720),
+             ("zh", "&present=1", 1280, 720))
+    for lang, present, width, height in views:
+        with browser_page(browser, viewport={"width": width, "height": height}) as pg:
+            pg.goto(f"{fleet_server}/engine?lang={lang}{present}")
+            # both engines' chains, one row each, the shared prefix held by both (a cell "k / n" on each side)
+            pg.wait_for_function("document.querySelectorAll('#fleet-table tbody tr td.held.all').length >= 2",
+                                 timeout=30_000)
+            pg.fill("#fleet-prompt", SHARED + GLACIERS + " Why?")
+            pg.click("#fleet-form button[type=submit]")
+            pg.wait_for_selector("#route-table tr.best", timeout=30_000)
+            verdict = pg.inner_text("#fleet-verdict")
+            assert ("engine 1" in verdict) if lang == "en" else ("引擎 1" in verdict), verdict
+            assert pg.inner_text("#route-table tr.best td").startswith("1")
+            assert not pg.js_errors
+            panel = pg.locator("#engine-fleet-panel")
+            if SHOTS:
+                Path(SHOTS).mkdir(parents=True, exist_ok=True)
+                panel.screenshot(path=f"{SHOTS}/fleet-{lang}-{width}{'-present' if present else ''}.png")
+                if not present:
+                    pg.set_viewport_size({"width": 390, "height": 900})
+                    panel.screenshot(path=f"{SHOTS}/fleet-{lang}-390.png")

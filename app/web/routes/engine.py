@@ -36,6 +36,12 @@ def read_engine_page(request: Request, lab: EngineDep, owner: OwnerDep):
                   last_run=lab.last_run(owner))
 
 
+@router.get("/api/engine/fleet", tags=["engine"], responses=errors(404))
+def read_fleet(request: Request, lab: EngineDep) -> dict:
+    """Which engine holds which prefix: every engine's chains of cached blocks (its live events), decoded, merged."""
+    return lab.fleet(request_lang(request))
+
+
 @router.get("/api/engine/{index}", tags=["engine"], responses=errors(404))
 def read_engine(request: Request, lab: EngineDep, index: int) -> dict:
     """Engine ``index`` as KVScope mirrors it: status, metrics, its blocks as a prefix tree (newest shown)."""
@@ -68,5 +74,6 @@ def drive_engine(request: Request, lab: EngineDep, owner: OwnerDep, body: DriveB
 
 @router.post("/api/engine/route", tags=["engine"], responses=errors(404, 422))
 def route_prompt(request: Request, lab: EngineDep, body: RouteBody) -> dict:
-    """For each engine: how many leading blocks of this prompt it holds now (a KV-aware router's choice)."""
+    """For each engine: how many leading blocks of this prompt it holds now, and the engine a KV-aware router picks
+    (the highest score in tokens; a tie named and broken by KV usage, then index)."""
     return lab.route(body.prompt, request_lang(request))

@@ -1,0 +1,45 @@
+"""The Engine lab's live stream against a pyzmq publisher of vLLM's shape: a batch published reaches the stream as
+a line that counts it (the link wakes the stream: no clock to wait for), the line budget merges what comes fast,
+and a stream that ends stops being woken. (Against a real vLLM: tests/engine/.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from app.labs.engine import EngineLab, EngineLimits
+from app.settings import Settings
+from tests.engine.frames import stored
+from tests.engine.publisher import Publisher, wait_for
+
+
+def test_a_published_batch_reaches_the_stream_and_a_closed_stream_is_no_longer_woken(tmp_path):
+    pub = Publisher()
+    settings = Settings(home=tmp_path, engine=("http://127.0.0.1:9",), engine_events=(pub.events,),
+                        engine_replay=(pub.replay,), engine_poll_s=30.0, engine_stream_max_s=60.0)
+    lab = EngineLab(limits=EngineLimits.of(settings))
+    lab.start()
+    link = lab.links[0]
+    try:
+        assert wait_for(lambda: link.events_connected, 10)
+
+        async def follow() -> list[dict]:
+            lines = []
+            stream = lab.stream(0, "en")
+            lines.append(json.loads(await anext(stream)))  # the first line: what the mirror holds now
+            assert len(link._watchers) == 1
+            for seq in range(5):  # five batches at once: one line or a few, the last counting all five
+                pub.publish(seq, [stored([100 + seq], None, range(4))])
+            while (lines[-1]["counts"]["next_seq"] or 0) < 5:
+                lines.append(json.loads(await asyncio.wait_for(anext(stream), timeout=20)))
+            await stream.aclose()
+            return lines
+
+        lines = asyncio.run(follow())
+        assert lines[0]["counts"]["stored"] == 0 and lines[-1]["counts"]["stored"] == 5
+        assert {b["hash"] for b in lines[-1]["blocks"]} == {f"{100 + s:016x}" for s in range(5)}
+        assert len(lines) <= 1 + 5  # never more than one line per change
+        assert not link._watchers  # the closed stream unregistered itself
+    finally:
+        lab.stop()
+        pub.close()
