@@ -30,7 +30,7 @@ from app.i18n import translate
 from app.labs.inspect import InspectLab
 from app.labs.limits import Limits
 from app.labs.queue import GatedPace, Job, LabQueue
-from app.model.adapters import ModelAdapter
+from app.model.adapters import ModelAdapter, for_this_thread
 from app.model.loading import LoadedModel
 from app.model.prompts import encode_prompt
 from app.model.store import trace_bytes
@@ -46,7 +46,8 @@ def long_text() -> str:
 @contextmanager
 def layer_progress(adapter: ModelAdapter, pace: GatedPace) -> Iterator[None]:
     """While the block runs, each layer's first hook point reports ``layer`` (1-based) of ``layers`` to the job and
-    checks its stop flag (``pace.step`` raises ``Stopped``, which ends the forward). Hooks removed in ``finally``."""
+    checks its stop flag (``pace.step`` raises ``Stopped``, which ends the forward); for this thread's forward only (a
+short one of another browser runs between the layers). Hooks removed in ``finally``."""
     layers = adapter.n_layer
     seen: set[int] = set()
     handles = []
@@ -63,7 +64,7 @@ def layer_progress(adapter: ModelAdapter, pace: GatedPace) -> Iterator[None]:
         for point in adapter.hook_points():
             parts = point.name.split(".")
             if parts[0] == "blocks" and int(parts[1]) not in seen:
-                handles.append(point.module.register_forward_pre_hook(on_layer(int(parts[1]))))
+                handles.append(point.module.register_forward_pre_hook(for_this_thread(on_layer(int(parts[1])))))
                 seen.add(int(parts[1]))
         seen.clear()
         yield

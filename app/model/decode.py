@@ -98,7 +98,7 @@ class DecodeSession:
         t0 = time.perf_counter()
         cache = self.cache
         if len(fed) > 1:  # a prefill: all but the last token with no hooks, so only their K/V are kept
-            cache = fill_cache(lm.model, fed[:-1], cache)
+            cache = fill_cache(lm.model, fed[:-1], cache, adapter=lm.adapter)
         # The last fed token through the capture: the logits that choose, its q and k in every layer. Only the last
         # position's logits are computed (a long prompt's others would be T × vocab).
         trace = run_traced(lm.model, lm.adapter, fed[-1:], lm.token_texts(fed[-1:]), cache=cache, all_logits=False)

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from app.errors import BadInput
+from app.model.adapters import for_this_thread
 from app.model.loading import LoadedModel
 
 GREEDY, SAMPLE = "greedy", "sample"
@@ -159,7 +160,7 @@ class Runner:
         def stop(_module, _args, output):
             raise _Exit(output[0] if isinstance(output, tuple) else output)
 
-        handle = point.module.register_forward_hook(stop)
+        handle = point.module.register_forward_hook(for_this_thread(stop))
         try:
             self.lm.model(input_ids=x, cache=self.cache, use_cache=True)
         except _Exit as done:
