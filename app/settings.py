@@ -135,6 +135,9 @@ class Settings:
     queue_max_waiting: int = 48
     queue_per_browser: int = 4
     queue_max_wait_s: float = 60.0
+    # A long forward (a capture, a long prefill) lets waiting short work (decode steps) through the model between
+    # its layers, then goes on ahead of other long work. False: it holds the model for its whole forward.
+    queue_yield_long: bool = True
     # How often expired sessions, pools and labs are released.
     purge_interval_s: float = 15.0
     # --- Compression arena (/arena, app/labs/arena.py) ----------------------------------------------------------------

@@ -152,7 +152,8 @@ class AppState:
                                    limits=Limits.shared(max_items=s.max_prefix_labs, per_owner=1,
                                                         share=s.address_share, max_bytes=s.prefix_cache_bytes)),
             model_lock=ModelGate(max_waiting=s.queue_max_waiting, per_owner=s.queue_per_browser,
-                                 max_wait_s=s.queue_max_wait_s, per_address=gate_limits.per_address),
+                                 max_wait_s=s.queue_max_wait_s, per_address=gate_limits.per_address,
+                                 yield_long=s.queue_yield_long),
             head_surveys=SurveyCache(),
         )
         # Each lab gets its own limits (``XLimits.of``: its group in ``Settings.GROUPS``), never the whole Settings.
