@@ -126,7 +126,8 @@ class LongLab:
         def work(pace: GatedPace) -> dict:
             # the store drops older traces first if this one needs the room
             with pace.piece(), layer_progress(lm.adapter, pace):
-                trace = inspect.traces.get_or_compute(key, lambda: inspect.compute_trace(lm, ids), expected=expected)
+                trace = inspect.traces.get_or_compute(key, lambda: inspect.compute_trace(lm, ids), expected=expected,
+                                                      owner=owner)  # kept for the browser that asked (the store)
             return {"key": key, "n_tokens": trace.n_tokens, "url": f"/zoom/{key}"}
 
         return self.line.submit(work, key=f"long:{key}", units=lm.adapter.n_layer, rate_key=lm.name, owner=owner,
