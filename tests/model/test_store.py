@@ -112,7 +112,7 @@ def test_the_bound_holds_at_every_moment_for_any_sequence():
         for who in "abcde":
             assert store.owner_bytes(who) <= 200
 
-    for i in range(600):
+    for _ in range(600):
         who, size = rng.choice("abcde"), rng.choice([5, 20, 60, 120, 190, 250, 400])
         key = f"{who}{rng.randrange(8)}-{size}"
 
