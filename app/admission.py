@@ -16,14 +16,15 @@ lock that does it, with three rules a class of 40 browsers needs::
   header, instead of piling up in the server's threads. The per-address bound is what holds against a
   script that drops its cookie: each request would be a new browser, never a new address.
 - **Waiting is bounded.** A request that has waited ``max_wait_s`` gives up with the same answer.
-- **A long forward lets short work through between its layers.** A capture (``app/model/capture.py``) calls
-  ``pause_point()`` before each layer: when the thread holds the gate for long work and a short request waits,
-  it hands the gate over (``ModelGate.yield_turn``) and takes it back, as long work, ahead of every long request
-  queued meanwhile, once the short ones are served. A decode step of another browser waits for one layer of an
-  8K capture, never for all of it; two captures never run interleaved (their activations are never both held).
-  Every hook a capture, an ablation or a patch attaches fires for its own thread's forward only
-  (``app/model/adapters/base.py``, ``for_this_thread``), so the short forward in between sees the plain model.
-  ``yield_long=False`` (``Settings.queue_yield_long``) turns it off: the behaviour before, for the bench.
+- **A long forward lets short work through between its parts.** A capture (``app/model/capture.py``) calls
+  ``pause_point()`` before each part of each layer: when the thread holds the gate for long work and a short
+  request waits, it hands the gate over (``ModelGate.yield_turn``) and takes it back, as long work, ahead of every
+  long request queued meanwhile, once the short ones are served. A decode step of another browser waits for one
+  part of a layer of an 8K capture (its attention, one projection), never for all of it; two captures never run
+  interleaved (their activations are never both held). Every hook a capture, an ablation or a patch attaches fires
+  for its own thread's forward only (``app/model/adapters/base.py``, ``for_this_thread``), so the short forward in
+  between sees the plain model. ``yield_long=False`` (``Settings.queue_yield_long``) turns it off: the behaviour
+  before, for the bench.
 - **Long runs take it piece by piece.** An arena run or a training run (``app/labs/queue.py``) holds the gate
   for one forward or one training step at a time and then queues again as long work, so a decode step of
   another browser waits for one piece, never for the whole run. Such a waiter passes a cancel flag: when its
