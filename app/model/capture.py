@@ -15,8 +15,8 @@ layer's attention module returns, in place of the weights eager attention would,
 (``Trace.attention_block``), so memory grows with T, not T².
 
 A long forward does not hold the model for all its layers: before each part of a layer, short work of other
-browsers waiting at the model gate runs (``layer_pauses``, ``app/admission.py``). Every hook here fires for its own thread's forward
-only and the attention switch is undone around each hand-over, so that work sees the plain model.
+browsers waiting at the model gate runs (``layer_pauses``, ``app/admission.py``). Every hook here fires for its own
+thread's forward only and the attention switch is undone around each hand-over, so that work sees the plain model.
 """
 
 from __future__ import annotations
