@@ -172,12 +172,14 @@ class ModelGate:
             self._let_go()
             ticket = _Ticket(LONG, current_owner.get(), current_address.get())
             self._queues[LONG].appendleft(ticket)
+            gone = time.monotonic()
             try:
                 while not (self._holder is None and self._next() is ticket):
                     self._cond.wait()
             finally:
                 self._queues[LONG].remove(ticket)
                 self._cond.notify_all()
+                _held.yielded_s = getattr(_held, "yielded_s", 0.0) + time.monotonic() - gone
             self._take(me, LONG)
             self._depth = depth
             self.yields += 1
@@ -239,6 +241,11 @@ class ModelGate:
                     "served": self.served, "yields": self.yields,
                     "refused": self.refused,
                     "avg_ms": {k: round(v * 1000, 1) for k, v in self.avg_s.items()}}
+
+
+def yielded_s() -> float:
+    """Seconds this thread has spent, in all, without the gate it had yielded (a timing subtracts what it spans)."""
+    return getattr(_held, "yielded_s", 0.0)
 
 
 def pause_point(before: Callable[[], None] | None = None, after: Callable[[], None] | None = None) -> bool:

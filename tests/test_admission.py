@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from app.admission import LONG, SHORT, ModelGate, pause_point
+from app.admission import LONG, SHORT, ModelGate, pause_point, yielded_s
 
 
 def wait_until(cond, timeout=10.0):
@@ -29,9 +29,11 @@ def queued(gate: ModelGate, kind: str, order: list, name: str) -> threading.Thre
 
 def test_nothing_waiting_nothing_yielded():
     gate = ModelGate()
+    lent = yielded_s()
     with gate:
         assert gate.yield_turn() is False
         assert pause_point() is False
+    assert yielded_s() == lent  # no time without the gate to subtract
     assert gate.yields == 0
     assert pause_point() is False  # holding no gate: a no-op
 
@@ -97,11 +99,13 @@ def test_a_yielded_holder_is_never_refused_by_the_queue_caps():
             time.sleep(0.2)  # longer than max_wait_s
             order.append("short")
 
+    lent = yielded_s()
     with gate:
         t = threading.Thread(target=slow_short)
         t.start()
         wait_until(lambda: gate.waiting() == 1)
         assert gate.yield_turn() is True
+        assert yielded_s() > lent  # the time the short work held it, for a timing to leave out
         order.append("holder back")
     t.join(5)
     assert order == ["short", "holder back"] and gate.refused == 0
