@@ -132,7 +132,7 @@ def one_mode(mode: str, args) -> dict:
                 time.sleep(0.5)
         from app.labs.long import long_text
 
-        text = long_text() if args.chars is None else long_text()[: args.chars]
+        body = {"builtin": True} if args.chars is None else {"prompt": long_text()[: args.chars]}
         students = [Student(base, args.think, i) for i in range(args.browsers)]
         for s in students:  # warm-up: a few steps each, not counted
             s.browser.json("POST", f"/api/decode/{s.sid}/step")
@@ -142,7 +142,7 @@ def one_mode(mode: str, args) -> dict:
         t_quiet = time.perf_counter()
         time.sleep(args.quiet)
         t_start = time.perf_counter()
-        with Browser(base).request("POST", "/api/long/jobs", {"prompt": text}) as r:
+        with Browser(base).request("POST", "/api/long/jobs", body) as r:  # the essay cut to what the model reads
             events = [json.loads(line) for line in r if line.strip()]
         t_end = time.perf_counter()
         for s in students:
