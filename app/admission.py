@@ -16,6 +16,15 @@ lock that does it, with three rules a class of 40 browsers needs::
   header, instead of piling up in the server's threads. The per-address bound is what holds against a
   script that drops its cookie: each request would be a new browser, never a new address.
 - **Waiting is bounded.** A request that has waited ``max_wait_s`` gives up with the same answer.
+- **A long forward lets short work through between its parts.** A capture (``app/model/capture.py``) calls
+  ``pause_point()`` before each part of each layer: when the thread holds the gate for long work and a short
+  request waits, it hands the gate over (``ModelGate.yield_turn``) and takes it back, as long work, ahead of every
+  long request queued meanwhile, once the short ones are served. A decode step of another browser waits for one
+  part of a layer of an 8K capture (its attention, one projection), never for all of it; two captures never run
+  interleaved (their activations are never both held). Every hook a capture, an ablation or a patch attaches fires
+  for its own thread's forward only (``app/model/adapters/base.py``, ``for_this_thread``), so the short forward in
+  between sees the plain model. ``yield_long=False`` (``Settings.queue_yield_long``) turns it off: the behaviour
+  before, for the bench.
 - **Long runs take it piece by piece.** An arena run or a training run (``app/labs/queue.py``) holds the gate
   for one forward or one training step at a time and then queues again as long work, so a decode step of
   another browser waits for one piece, never for the whole run. Such a waiter passes a cancel flag: when its
@@ -30,7 +39,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -38,6 +47,7 @@ from app.errors import Busy
 from app.quota import ADDRESS, OWNER, Full, Held, Limits, Quota
 
 SHORT, LONG = "short", "long"
+_held = threading.local()  # per thread: the gates it holds (``pause_point`` finds them)
 CANCEL_POLL_S = 0.1  # how often a waiter with a cancel flag looks at it
 
 # The browser on whose behalf the current request runs, and the network address it came from (both set by
@@ -65,7 +75,7 @@ class ModelGate:
     """The model lock, with priorities and a bounded queue (see the module docstring)."""
 
     def __init__(self, *, max_waiting: int = 48, per_owner: int = 4, max_wait_s: float = 60.0,
-                 per_address: int | None = None) -> None:
+                 per_address: int | None = None, yield_long: bool = True) -> None:
         # The queue's caps (``app/quota.py``): a waiting request is always in use, so nothing is reclaimed and
         # a request beyond a cap is refused with the queue's estimate of its wait.
         self.limits = Limits(max_items=max_waiting, per_owner=per_owner,
@@ -81,6 +91,8 @@ class ModelGate:
         self.avg_s = {SHORT: 0.05, LONG: 0.5}  # moving averages of how long each kind holds the gate
         self.refused = 0
         self.served = 0
+        self.yield_long = yield_long
+        self.yields = 0  # how many times a long holder let short work through
 
     # --- the lock protocol (``with gate:`` is long work) ----------------------------------------------
     def __enter__(self) -> ModelGate:
@@ -140,15 +152,57 @@ class ModelGate:
             self._depth -= 1
             if self._depth:
                 return
-            held = time.monotonic() - self._since
-            self.avg_s[self._kind] = 0.8 * self.avg_s[self._kind] + 0.2 * held
-            self._holder = None
-            self._cond.notify_all()
+            self._let_go()
+
+    def yield_turn(self, before: Callable[[], None] | None = None, after: Callable[[], None] | None = None) -> bool:
+        """Called by the thread holding the gate for long work, between two pieces of one forward: when a short
+        request waits, hand the gate over and take it back (same depth, as long work, first among the long
+        waiters, never refused: the work was already admitted) once the short ones are served. ``before()`` runs
+        just before the gate goes, ``after()`` just after it is back (holding it both times). True if it yielded."""
+        me = threading.get_ident()
+        with self._cond:
+            if self._holder != me:
+                raise RuntimeError("the model gate is yielded by a thread that does not hold it")
+            if not (self.yield_long and self._kind == LONG and self._queues[SHORT]):
+                return False
+        if before is not None:
+            before()
+        with self._cond:
+            depth = self._depth
+            self._let_go()
+            ticket = _Ticket(LONG, current_owner.get(), current_address.get())
+            self._queues[LONG].appendleft(ticket)
+            gone = time.monotonic()
+            try:
+                while not (self._holder is None and self._next() is ticket):
+                    self._cond.wait()
+            finally:
+                self._queues[LONG].remove(ticket)
+                self._cond.notify_all()
+                _held.yielded_s = getattr(_held, "yielded_s", 0.0) + time.monotonic() - gone
+            self._take(me, LONG)
+            self._depth = depth
+            self.yields += 1
+        if after is not None:
+            after()
+        return True
+
+    def _let_go(self) -> None:
+        held = time.monotonic() - self._since
+        self.avg_s[self._kind] = 0.8 * self.avg_s[self._kind] + 0.2 * held
+        self._holder = None
+        gates = getattr(_held, "gates", None)
+        if gates is not None and self in gates:
+            gates.remove(self)
+        self._cond.notify_all()
 
     # --- internals --------------------------------------------------------------------------------
     def _take(self, me: int, kind: str) -> None:
         self._holder, self._depth, self._since, self._kind = me, 1, time.monotonic(), kind
         self.served += 1
+        if not hasattr(_held, "gates"):
+            _held.gates = []
+        _held.gates.append(self)
 
     def _next(self) -> _Ticket | None:
         for kind in (SHORT, LONG):
@@ -184,6 +238,21 @@ class ModelGate:
             return {"busy": self._holder is not None, "waiting_short": len(self._queues[SHORT]),
                     "waiting_long": len(self._queues[LONG]), "max_waiting": self.limits.max_items,
                     "per_browser": self.limits.per_owner, "per_address": self.limits.per_address,
-                    "served": self.served,
+                    "served": self.served, "yields": self.yields,
                     "refused": self.refused,
                     "avg_ms": {k: round(v * 1000, 1) for k, v in self.avg_s.items()}}
+
+
+def yielded_s() -> float:
+    """Seconds this thread has spent, in all, without the gate it had yielded (a timing subtracts what it spans)."""
+    return getattr(_held, "yielded_s", 0.0)
+
+
+def pause_point(before: Callable[[], None] | None = None, after: Callable[[], None] | None = None) -> bool:
+    """Between two pieces of a long forward (a capture's layers): let waiting short work through every gate this
+    thread holds for long work (``ModelGate.yield_turn``; ``before``/``after`` around each hand-over). A no-op
+    (False) outside any gate, for short work, or when no short request waits."""
+    yielded = False
+    for gate in list(getattr(_held, "gates", ())):
+        yielded = gate.yield_turn(before, after) or yielded
+    return yielded

@@ -48,6 +48,11 @@ class Settings:
     # forward (``max_context_tokens`` below). 0: never keep a trace over the budget. Older traces are dropped
     # before a forward whose trace would not fit beside them, so the store holds at most the larger of the two.
     trace_keep_one_bytes: int = 960 * 1024**2
+    # Each trace is its browser's (the one whose request computed it). A long one (over ``trace_cache_bytes``) is
+    # never dropped for another browser's short trace: only by its TTL, by its own browser's newer traces past this
+    # many bytes (all of one browser's traces together), or by another browser's long trace when the store is full
+    # (least recently used first). The store still holds at most the larger of the two budgets above.
+    trace_browser_bytes: int = 960 * 1024**2
     # Prompts up to this many tokens get every position's logits (the shape trace shows (1, T, V), as the
     # article does); longer ones only the last position's, the ones that choose the next token. On GPT-2 the
     # rest cost 0.2 MB per token and, at T=512, 40% of the forward pass.
@@ -137,6 +142,9 @@ class Settings:
     queue_max_waiting: int = 48
     queue_per_browser: int = 4
     queue_max_wait_s: float = 60.0
+    # A long forward (a capture, a long prefill) lets waiting short work (decode steps) through the model between
+    # its layers, then goes on ahead of other long work. False: it holds the model for its whole forward.
+    queue_yield_long: bool = True
     # How often expired sessions, pools and labs are released.
     purge_interval_s: float = 15.0
     # --- Compression arena (/arena, app/labs/arena.py) ----------------------------------------------------------------

@@ -12,7 +12,9 @@ model_lock         ``ModelGate``: one forward  the server                      s
                    at a time, short work first,
                    a bounded queue
 traces             captured traces, slimmed    shared (content-addressed: the  idle ``trace_ttl_s``, LRU within
-                   to what the pages show      same model + tokens, same key)  ``trace_cache_bytes``
+                   to what the pages show      same model + tokens, same key); ``trace_cache_bytes``; a long one
+                                               kept for the browser that made  only for its browser's newer or
+                                               it (``trace_browser_bytes``)    another's long one
 inspect.index      trace key -> model, tokens  shared                          10 000 newest keys (recomputable)
 sessions           decode sessions             the browser that made them      idle ``session_ttl_s``, or the
                                                                                browser's 4th; ``session_cache_bytes``
@@ -146,7 +148,8 @@ class AppState:
         state = cls(
             settings=s,
             registry=registry,
-            traces=TraceStore(s.trace_cache_bytes, ttl_s=s.trace_ttl_s, keep_one_bytes=s.trace_keep_one_bytes),
+            traces=TraceStore(s.trace_cache_bytes, ttl_s=s.trace_ttl_s, keep_one_bytes=s.trace_keep_one_bytes,
+                              browser_bytes=s.trace_browser_bytes),
             sessions=SessionStore(ttl_s=ttl, max_steps=s.max_decode_steps, protect_s=protect,
                                   limits=Limits.shared(max_items=s.max_sessions, per_owner=s.max_sessions_per_browser,
                                                        share=s.address_share, max_bytes=s.session_cache_bytes)),
@@ -158,7 +161,8 @@ class AppState:
                                    limits=Limits.shared(max_items=s.max_prefix_labs, per_owner=1,
                                                         share=s.address_share, max_bytes=s.prefix_cache_bytes)),
             model_lock=ModelGate(max_waiting=s.queue_max_waiting, per_owner=s.queue_per_browser,
-                                 max_wait_s=s.queue_max_wait_s, per_address=gate_limits.per_address),
+                                 max_wait_s=s.queue_max_wait_s, per_address=gate_limits.per_address,
+                                 yield_long=s.queue_yield_long),
             head_surveys=SurveyCache(),
         )
         # Each lab gets its own limits (``XLimits.of``: its group in ``Settings.GROUPS``), never the whole Settings.

@@ -4,7 +4,8 @@ docs/operating.md names.
 The budgets are found from the Settings fields themselves (every ``*_bytes`` field), so a budget added later is
 counted without touching this file. Each is counted at its full size and once, a request body and a download as
 one in flight; the trace store as the larger of ``trace_cache_bytes`` and ``trace_keep_one_bytes`` (it makes room
-before a forward, tested in tests/model/test_store.py). Bounded by settings that are not ``*_bytes`` fields and
+before a forward, tested in tests/model/test_store.py), ``trace_browser_bytes`` (one browser's part of it) counted
+in that maximum too. Bounded by settings that are not ``*_bytes`` fields and
 counted here by name: the roofline panel's probe arrays and K/V cache (``roofline_max_context``,
 ``roofline_max_batch``). Not counted, because no setting claims to bound it: the transient tensors of one capture
 while it runs (one at a time, under the model lock), and several downloads packed at the same moment.
@@ -78,7 +79,7 @@ def roofline_lab_bytes(s: Settings) -> int:
     return max(roofline_bytes(SpecLimits.of(s), kv_bytes_per_token(name)) for name in s.models)
 
 
-TRACE_STORE = ("trace_cache_bytes", "trace_keep_one_bytes")
+TRACE_STORE = ("trace_cache_bytes", "trace_keep_one_bytes", "trace_browser_bytes")  # one browser's: within the store
 
 
 def counted(s: Settings) -> dict[str, int]:

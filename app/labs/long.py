@@ -30,7 +30,7 @@ from app.i18n import translate
 from app.labs.inspect import InspectLab
 from app.labs.limits import Limits
 from app.labs.queue import GatedPace, Job, LabQueue
-from app.model.adapters import ModelAdapter
+from app.model.adapters import ModelAdapter, for_this_thread
 from app.model.loading import LoadedModel
 from app.model.prompts import encode_prompt
 from app.model.store import trace_bytes
@@ -48,7 +48,8 @@ def layer_progress(adapter: ModelAdapter, pace: GatedPace) -> Iterator[None]:
     """While the block runs, each layer's first hook point reports ``layer`` (1-based) of ``layers`` to the job and
     checks its stop flag (``pace.step`` raises ``Stopped``, which ends the forward); once the logits are out, the
     phase after the last layer is named (``phase="heads"``: each head's q, k and v derived from what was captured,
-    AFTER_LAYERS of the job's units). Hooks removed in ``finally``."""
+    AFTER_LAYERS of the job's units). For this thread's forward only (a short one of another browser runs between
+    the layers). Hooks removed in ``finally``."""
     layers = adapter.n_layer
     seen: set[int] = set()
     handles = []
@@ -68,10 +69,10 @@ def layer_progress(adapter: ModelAdapter, pace: GatedPace) -> Iterator[None]:
         for point in adapter.hook_points():
             parts = point.name.split(".")
             if parts[0] == "blocks" and int(parts[1]) not in seen:
-                handles.append(point.module.register_forward_pre_hook(on_layer(int(parts[1]))))
+                handles.append(point.module.register_forward_pre_hook(for_this_thread(on_layer(int(parts[1])))))
                 seen.add(int(parts[1]))
             elif point.name == "logits":
-                handles.append(point.module.register_forward_hook(after_last))
+                handles.append(point.module.register_forward_hook(for_this_thread(after_last)))
         seen.clear()
         yield
     finally:
@@ -141,7 +142,8 @@ class LongLab:
         def work(pace: GatedPace) -> dict:
             # the store drops older traces first if this one needs the room
             with pace.piece(), layer_progress(lm.adapter, pace):
-                trace = inspect.traces.get_or_compute(key, lambda: inspect.compute_trace(lm, ids), expected=expected)
+                trace = inspect.traces.get_or_compute(key, lambda: inspect.compute_trace(lm, ids), expected=expected,
+                                                      owner=owner)  # kept for the browser that asked (the store)
             return {"key": key, "n_tokens": trace.n_tokens, "url": f"/zoom/{key}"}
 
         units = lm.adapter.n_layer + after_layers(lm.adapter.n_layer)

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from app.admission import ModelGate
+from app.admission import ModelGate, pause_point
 from app.cache.spec_blocks import BlockLedger, watch
 from app.errors import BadInput
 from app.labs.limits import Limits
@@ -216,6 +216,7 @@ class SpeculativeLab:
         def on_round(r: spec.Round) -> None:
             blocks.append({"target": t_ledger.snapshot(r.target_start),
                            "draft": d_ledger.snapshot(r.draft_start) if d_ledger is not None else None})
+            pause_point()  # between rounds: other browsers' waiting short work (decode steps) goes through
 
         # A chat turn ends at the template's end-of-turn token (the tokenizer's eos): both decodings stop there.
         stop = lm.tokenizer.eos_token_id if ask.chat else None
@@ -289,14 +290,15 @@ class SpeculativeLab:
 
     def roofline(self, model: str | None) -> dict:
         """Measure this machine (bandwidth, matmul) and time decode steps of the model, all under the model gate so
-        no other forward shares the cores while it runs."""
+        no other forward shares the cores while it runs; between two points waiting short work goes through."""
         lm = self.registry.pick(model)
         contexts, batches = roofline_plan(self.limits, lm.max_positions)
         with self.gate:
             bandwidth = rl.measure_bandwidth(mib=BANDWIDTH_MIB)
             peak = rl.measure_peak_flops(n=MATMUL_N)
             points = rl.measure_points(lm, contexts=contexts, batches=batches,
-                                       prefill_tokens=min(PREFILL_TOKENS, lm.max_positions // 2))
+                                       prefill_tokens=min(PREFILL_TOKENS, lm.max_positions // 2),
+                                       between=pause_point)
         return roofline_view(RooflineRun(lm=lm, bandwidth=bandwidth, peak=peak, points=points,
                                          threads=torch.get_num_threads()))
 

@@ -13,21 +13,26 @@ The forward itself runs through SDPA's fused kernel (``lse_attention``): no atte
 layer's attention module returns, in place of the weights eager attention would, every query row's log-sum-exp
 (B, H, T), hooked as ``blocks.{i}.attn.lse``. With the rotated q and k it gives any weight exactly
 (``Trace.attention_block``), so memory grows with T, not T².
+
+A long forward does not hold the model for all its layers: before each part of a layer, short work of other
+browsers waiting at the model gate runs (``layer_pauses``, ``app/admission.py``). Every hook here fires for its own
+thread's forward only and the attention switch is undone around each hand-over, so that work sees the plain model.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from app.admission import pause_point
 from app.memory import release_mkl_scratch
 from app.model import attention
-from app.model.adapters import HookPoint, ModelAdapter
+from app.model.adapters import HookPoint, ModelAdapter, for_this_thread
 from app.model.trace import ShapeStep, Trace
 
 # --- the forward's attention: SDPA, with each row's log-sum-exp ------------------------------------------------
@@ -60,30 +65,94 @@ AttentionInterface.register(LSE_ATTENTION, sdpa_lse_forward)
 AttentionMaskInterface.register(LSE_ATTENTION, sdpa_mask)
 
 _switch = threading.Lock()
-_users: dict[int, tuple[int, str]] = {}  # id(model) -> (captures running on it, the implementation before)
+_users: dict[int, tuple[int, str]] = {}  # id(model) -> (blocks open on it, the implementation before)
+_mine = threading.local()  # per thread: id(model) -> this thread's blocks open on it
+
+
+def _open(model: torch.nn.Module, n: int) -> None:
+    key = id(model)
+    with _switch:
+        users, before = _users.get(key, (0, model.config._attn_implementation))
+        if users == 0:
+            model.set_attn_implementation(LSE_ATTENTION)
+        _users[key] = (users + n, before)
+
+
+def _close(model: torch.nn.Module, n: int) -> None:
+    key = id(model)
+    with _switch:
+        users, before = _users[key]
+        if users == n:
+            del _users[key]
+            model.set_attn_implementation(before)
+        else:
+            _users[key] = (users - n, before)
+
+
+def _depth() -> dict[int, int]:
+    if not hasattr(_mine, "depth"):
+        _mine.depth = {}
+    return _mine.depth
 
 
 @contextmanager
 def lse_attention(model: torch.nn.Module) -> Iterator[None]:
     """Inside the block ``model`` attends through ``sdpa_lse_forward``; after the last of overlapping blocks it
     is back to what it was (eager for a model loaded to show weights: ``output_attentions`` still works there).
-    A forward that runs meanwhile elsewhere gets correct outputs either way."""
-    key = id(model)
-    with _switch:
-        n, before = _users.get(key, (0, model.config._attn_implementation))
-        if n == 0:
-            model.set_attn_implementation(LSE_ATTENTION)
-        _users[key] = (n + 1, before)
+
+    While this thread lets the model gate go in the middle of its forward (``layer_pauses``), its blocks are
+    closed (``lse_paused``): the short forward of another browser that runs meanwhile attends as the model does
+    outside any capture, exactly as it would alone."""
+    depth = _depth()
+    _open(model, 1)
+    depth[id(model)] = depth.get(id(model), 0) + 1
     try:
         yield
     finally:
-        with _switch:
-            n, before = _users[key]
-            if n == 1:
-                del _users[key]
-                model.set_attn_implementation(before)
-            else:
-                _users[key] = (n - 1, before)
+        depth[id(model)] -= 1
+        if not depth[id(model)]:
+            del depth[id(model)]
+        _close(model, 1)
+
+
+def lse_paused(model: torch.nn.Module) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(leave, come back): close this thread's ``lse_attention`` blocks on ``model`` and open them again; the two
+    run holding the model gate, around its hand-over (``pause_point``)."""
+    def leave() -> None:
+        n = _depth().get(id(model), 0)
+        if n:
+            _close(model, n)
+
+    def back() -> None:
+        n = _depth().get(id(model), 0)
+        if n:
+            _open(model, n)
+
+    return leave, back
+
+
+@contextmanager
+def layer_pauses(model: torch.nn.Module, adapter: ModelAdapter) -> Iterator[None]:
+    """For this thread's forwards inside the block: before each part of each layer (every module a block's hook
+    points name: norms, projections, attention, MLP ...), let short work of other browsers through the model gate
+    (``app/admission.py``, ``pause_point``; a no-op when none waits or the gate is not held for long work), this
+    thread's attention switched back around the hand-over. At 8K tokens one layer of SmolLM2 takes seconds; its
+    parts, a fraction of that. Hooks removed in ``finally:``."""
+    leave, back = lse_paused(model)
+    handles, seen = [], set()
+
+    def pause(*_):
+        pause_point(leave, back)
+
+    try:
+        for point in adapter.hook_points():
+            if point.name.startswith("blocks.") and id(point.module) not in seen:
+                seen.add(id(point.module))
+                handles.append(point.module.register_forward_pre_hook(for_this_thread(pause)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 class Recorder:
@@ -109,7 +178,7 @@ class Recorder:
 
 def _hook_for(point: HookPoint, rec: Recorder):
     if point.take == "input0":
-        return point.module.register_forward_pre_hook(lambda _m, args: rec.keep(point, args[0]))
+        return point.module.register_forward_pre_hook(for_this_thread(lambda _m, args: rec.keep(point, args[0])))
 
     def on_output(_module, _args, output):
         if point.take == "output0":
@@ -118,13 +187,14 @@ def _hook_for(point: HookPoint, rec: Recorder):
             output = output[1]
         rec.keep(point, output)
 
-    return point.module.register_forward_hook(on_output)
+    return point.module.register_forward_hook(for_this_thread(on_output))
 
 
 @contextmanager
 def capture(adapter: ModelAdapter, shape_only: Callable[[str], bool] | None = None,
             tail_only: Callable[[str], bool] | None = None, tail: int = 0) -> Iterator[Recorder]:
-    """Attach one hook per hook point for the duration of the block; ``shape_only(name)``: record that one's shape;
+    """Attach one hook per hook point for the duration of the block, recording this thread's forwards only
+    (``for_this_thread``); ``shape_only(name)``: record that one's shape;
     ``tail_only(name)``: keep that one (B, T, ...) at its last ``tail`` positions."""
     rec = Recorder(shape_only, tail_only, tail)
     handles = []
@@ -171,14 +241,15 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def fill_cache(model: torch.nn.Module, token_ids: list[int], cache=None):
+def fill_cache(model: torch.nn.Module, token_ids: list[int], cache=None, adapter: ModelAdapter | None = None):
     """One forward over ``token_ids`` (after ``cache`` if given) with no hooks, through the same fused attention
     as ``run_traced``; returns the cache with their K/V appended. Nothing else outlives the call: each layer's
-    activations are freed as the forward goes (a prefill's bulk, before its last token is captured)."""
+    activations are freed as the forward goes (a prefill's bulk, before its last token is captured). With
+    ``adapter``: short work of other browsers runs between its layers (``layer_pauses``)."""
     if cache is None:
         cache = DynamicCache(config=model.config)
     input_ids = torch.tensor([token_ids], dtype=torch.long, device=next(model.parameters()).device)
-    with lse_attention(model):
+    with lse_attention(model), layer_pauses(model, adapter) if adapter is not None else nullcontext():
         out = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
     release_mkl_scratch()
     return out.cache
@@ -203,13 +274,14 @@ def run_traced(
     ``all_logits=False`` computes the logits of the last position only, the ones that choose the next token
     (as serving engines and ``generate`` do): at T=512 on GPT-2 the others would be 103 MB and 40% of the pass.
     ``shape_only(name)`` true: that hooked tensor is recorded by its shape alone; ``tail_only(name)`` true: kept at
-    the last ``tail`` positions (see the module docstring).
+    the last ``tail`` positions (see the module docstring). Held for long work, the model gate lets other browsers'
+    short work through between the layers (``layer_pauses``); the trace is the same as without.
     """
     past = cache.get_seq_length() if cache is not None else 0
     if keep_cache and cache is None:
         cache = DynamicCache(config=model.config)
     input_ids = torch.tensor([token_ids], dtype=torch.long, device=next(model.parameters()).device)
-    with lse_attention(model), capture(adapter, shape_only, tail_only, tail) as rec:
+    with lse_attention(model), capture(adapter, shape_only, tail_only, tail) as rec, layer_pauses(model, adapter):
         out = model(input_ids=input_ids, cache=cache if keep_cache else None, use_cache=keep_cache,
                     logits_to_keep=0 if all_logits else 1)
     # MKL's scratch for this pass (~64 MB at T=200 on DistilGPT-2) would stay with this server thread: one pool per

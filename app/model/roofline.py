@@ -21,6 +21,7 @@ attention (QKᵀ and the weighted sum of V). Its time is measured on the real mo
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -181,16 +182,20 @@ class Point:
 
 
 def measure_points(lm: LoadedModel, *, contexts: list[int], batches: list[int], prefill_tokens: int = 0,
-                   repeats: int = 3) -> list[Point]:
-    """Decode steps at each context (batch 1) and each batch (the first context), then one prefill."""
+                   repeats: int = 3, between: Callable[[], object] | None = None) -> list[Point]:
+    """Decode steps at each context (batch 1) and each batch (the first context), then one prefill; ``between()``
+    after each point (outside any timed forward: the lab lets other browsers' short work through the model there)."""
     points = []
+    pause = between or (lambda: None)
     for c in contexts:
         points.append(Point(step_cost(lm, context=c), time_step(lm, context=c, repeats=repeats)))
+        pause()
     for b in batches:
         if b == 1:
             continue
         c = contexts[0]
         points.append(Point(step_cost(lm, context=c, batch=b), time_step(lm, context=c, batch=b, repeats=repeats)))
+        pause()
     if prefill_tokens:
         cost = step_cost(lm, context=0, new_tokens=prefill_tokens, phase="prefill")
         points.append(Point(cost, time_step(lm, context=0, new_tokens=prefill_tokens, repeats=1)))

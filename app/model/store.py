@@ -24,6 +24,7 @@ from collections.abc import Callable, Hashable
 
 import torch
 
+from app.admission import current_owner
 from app.model.trace import Trace
 
 # Tensor names the pages read (by suffix): the inspect views, the arithmetic panel and the embedding rows.
@@ -102,18 +103,34 @@ def slim(trace: Trace) -> Trace:
 
 
 class TraceStore:
-    """Least-recently-used cache of traces; the total of ``Trace.nbytes()`` stays under ``max_bytes``.
+    """Traces kept while browsers click around, each one its browser's (the one that computed it), bounded in bytes.
 
-    A trace larger than the whole budget is kept alone (every other trace evicted) if it is at most
-    ``keep_one_bytes``, so a long prompt's page does not recompute it for each panel; a bigger one is returned
-    to the caller but not kept. Memory held: at most max(max_bytes, keep_one_bytes).
+    Two kinds, by size against ``max_bytes`` (``Settings.trace_cache_bytes``):
+
+    - **short** traces (at most ``max_bytes``) share ``max_bytes`` among all browsers, least recently used first out:
+      cheap to recompute;
+    - **long** ones (larger, at most ``keep_one_bytes``: a long prompt's page reads it for every panel and tile) are
+      never dropped for another browser's short trace. One goes only when its TTL passes (``purge``), when its own
+      browser's newer traces need the room (each browser holds at most ``browser_bytes`` in all,
+      ``Settings.trace_browser_bytes``), or when another browser's *long* trace needs the room and it is the least
+      recently used long one. A short trace that does not fit beside the long ones kept is returned, not kept.
+
+    A trace larger than both budgets is returned to the caller but not kept. Memory held, at every moment (room is
+    made before the forward, from its ``expected`` size): at most ``max(max_bytes, keep_one_bytes)`` in all, at most
+    ``max_bytes`` of it short traces, at most ``browser_bytes`` of it one browser's.
+
+    A trace is shared by key (the same model and tokens); the browser whose request computed it owns it (``owner``,
+    by default ``app/admission.py``'s ``current_owner``: "" outside a request, one anonymous browser).
     """
 
-    def __init__(self, max_bytes: int, ttl_s: float = float("inf"), keep_one_bytes: int = 0) -> None:
+    def __init__(self, max_bytes: int, ttl_s: float = float("inf"), keep_one_bytes: int = 0,
+                 browser_bytes: int | None = None) -> None:
         self.max_bytes = max_bytes
         self.keep_one_bytes = keep_one_bytes
+        self.browser_bytes = browser_bytes  # None: a browser may hold the whole store
         self.ttl_s = ttl_s  # a trace nobody looked at for this long is dropped by ``purge`` (recomputable)
         self._items: OrderedDict[Hashable, tuple[Trace, int]] = OrderedDict()
+        self._owner: dict[Hashable, str] = {}
         self._used: dict[Hashable, float] = {}
         self._computing: dict[Hashable, threading.Lock] = {}  # keys being computed now
         self._lock = threading.Lock()
@@ -121,13 +138,24 @@ class TraceStore:
         self.hits = 0
         self.misses = 0
 
-    def get_or_compute(self, key: Hashable, compute: Callable[[], Trace], expected: int = 0) -> Trace:
+    @property
+    def cap(self) -> int:
+        """The most the store holds in all."""
+        return max(self.max_bytes, self.keep_one_bytes)
+
+    def _browser_cap(self) -> int:
+        return self.cap if self.browser_bytes is None else min(self.browser_bytes, self.cap)
+
+    def get_or_compute(self, key: Hashable, compute: Callable[[], Trace], expected: int = 0,
+                       owner: str | None = None) -> Trace:
         """The kept trace, or ``compute()`` once: concurrent misses on one key wait for the first one's result
         (a page asks for the grid, a heatmap and the arithmetic of one trace at once).
 
-        ``expected``: the bytes the new trace will hold (``trace_bytes``). Least recently used traces are dropped
-        before the forward until the kept ones and the new one fit max(max_bytes, keep_one_bytes) together, so a
-        long capture never runs beside a full cache: that maximum bounds the store at every moment."""
+        ``expected``: the bytes the new trace will hold (``trace_bytes``). Room is made before the forward, by the
+        rules of the class docstring, so a long capture never runs beside a full store. ``owner``: the browser
+        the new trace is kept for (default: the request's, ``current_owner``)."""
+        if owner is None:
+            owner = current_owner.get()
         with self._lock:
             hit = self._hit(key)
             if hit is not None:
@@ -138,7 +166,8 @@ class TraceStore:
                 hit = self._hit(key)
                 if hit is not None:
                     return hit
-            self._make_room(expected)
+                if expected:
+                    self._make_room(expected, owner)
             try:
                 trace = compute()
             finally:
@@ -147,22 +176,52 @@ class TraceStore:
             size = trace.nbytes()
             with self._lock:
                 self.misses += 1
-                if size <= max(self.max_bytes, self.keep_one_bytes) and key not in self._items:
-                    while self._items and self.bytes + size > self.max_bytes:
-                        old_key, (_, old) = self._items.popitem(last=False)
-                        self._used.pop(old_key, None)
-                        self.bytes -= old
+                if size <= self.cap and key not in self._items and self._make_room(size, owner):
                     self._items[key] = (trace, size)
+                    self._owner[key] = owner
                     self._used[key] = time.monotonic()
                     self.bytes += size
             return trace
 
-    def _make_room(self, expected: int) -> None:
-        with self._lock:
-            while self._items and self.bytes + expected > max(self.max_bytes, self.keep_one_bytes):
-                old_key, (_, old) = self._items.popitem(last=False)
-                self._used.pop(old_key, None)
-                self.bytes -= old
+    # --- internals (store lock held) -----------------------------------------------------------------------------
+    def _long(self, size: int) -> bool:
+        return size > self.max_bytes
+
+    def _drop(self, key: Hashable) -> None:
+        _, size = self._items.pop(key)
+        self._owner.pop(key, None)
+        self._used.pop(key, None)
+        self.bytes -= size
+
+    def _lru(self, pick: Callable[[Hashable, int], bool]) -> Hashable | None:
+        return next((k for k, (_, size) in self._items.items() if pick(k, size)), None)
+
+    def _make_room(self, size: int, owner: str) -> bool:
+        """Drop what the rules allow until a trace of ``size`` bytes for ``owner`` fits; True if it does now."""
+        long = self._long(size)
+        # 1. the browser's own budget: its least recently used traces first
+        while sum(s for k, (_, s) in self._items.items() if self._owner.get(k) == owner) + size > self._browser_cap():
+            victim = self._lru(lambda k, _s: self._owner.get(k) == owner)
+            if victim is None:
+                break
+            self._drop(victim)
+        # 2. short traces share max_bytes
+        if not long:
+            while sum(s for _, s in self._items.values() if not self._long(s)) + size > self.max_bytes:
+                victim = self._lru(lambda _k, s: not self._long(s))
+                if victim is None:
+                    break
+                self._drop(victim)
+        # 3. the store's whole bound: short traces go first; a long one only for another long one
+        while self.bytes + size > self.cap:
+            victim = self._lru(lambda _k, s: not self._long(s))
+            if victim is None and long:
+                victim = self._lru(lambda _k, s: self._long(s))
+            if victim is None:
+                break
+            self._drop(victim)
+        own = sum(s for k, (_, s) in self._items.items() if self._owner.get(k) == owner)
+        return self.bytes + size <= self.cap and own + size <= self._browser_cap()
 
     def _hit(self, key: Hashable) -> Trace | None:
         if key not in self._items:
@@ -172,15 +231,18 @@ class TraceStore:
         self.hits += 1
         return self._items[key][0]
 
+    def owner_bytes(self, owner: str) -> int:
+        """Bytes kept for one browser."""
+        with self._lock:
+            return sum(s for k, (_, s) in self._items.items() if self._owner.get(k) == owner)
+
     def purge(self) -> int:
         """Drop traces idle for more than ``ttl_s``; returns how many."""
         now = time.monotonic()
         with self._lock:
             old = [k for k in self._items if now - self._used.get(k, now) > self.ttl_s]
             for k in old:
-                _, size = self._items.pop(k)
-                self._used.pop(k, None)
-                self.bytes -= size
+                self._drop(k)
             return len(old)
 
     def __len__(self) -> int:
@@ -189,5 +251,6 @@ class TraceStore:
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._owner.clear()
             self._used.clear()
             self.bytes = 0

@@ -48,3 +48,35 @@ def test_a_bound_out_of_range_is_refused_before_any_model_work(settings, tiny, c
     if change.keys() - {"mode", "draft"}:  # the comparison is greedy and runs every draft, whatever these say
         with pytest.raises(BadInput):
             state.speculative.compare(SpecAsk(model="builtin", **change), "en")
+
+
+def test_a_run_lets_short_work_through_between_rounds_and_gives_the_same_result(settings, tiny):
+    """Between two rounds the run hands the model gate to waiting short work (a decode step of another browser) and
+    takes it back; the run's tokens and every round's verdict are those of the run alone (same seed, same ops)."""
+    import threading
+    import time
+
+    state = make_state(settings, tiny)
+    ask = SpecAsk(model="builtin", max_new_tokens=24)
+    alone = state.speculative.run(ask).result
+    gate = state.model_lock
+    done, served = threading.Event(), []
+
+    def other_browser():
+        while not done.is_set():
+            with gate.short():
+                served.append(1)
+            time.sleep(0.002)  # a browser's next click: the run gets the gate between two of them
+
+    t = threading.Thread(target=other_browser)
+    with gate:  # the run waits behind this; the other browser is queued by the time it starts
+        t.start()
+        while gate.waiting() < 1:
+            pass
+    run = state.speculative.run(ask).result
+    done.set()
+    t.join(10)
+    assert gate.yields >= 1 and served  # the run handed the gate over to it at least once
+    assert run.output == alone.output
+    assert [(r.drafted, r.accepted, r.token) for r in run.rounds] == [(r.drafted, r.accepted, r.token)
+                                                                      for r in alone.rounds]

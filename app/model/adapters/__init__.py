@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from app.model.adapters.base import HookPoint, ModelAdapter
+from app.model.adapters.base import HookPoint, ModelAdapter, for_this_thread
 
-__all__ = ["HookPoint", "ModelAdapter", "adapter_for", "adapter_class", "supported_model_types"]
+__all__ = ["HookPoint", "ModelAdapter", "for_this_thread", "adapter_for", "adapter_class", "supported_model_types"]
 
 
 def _families() -> list[type[ModelAdapter]]:

@@ -57,6 +57,7 @@ Each family adds its own (``embed.wpe`` and ``attn.qkv`` for GPT-2; ``attn.q_pro
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -159,6 +160,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """x (B, n, T, Dh), cos/sin (B, T, Dh): the rotation transformers applies (same ops, same floats)."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     return (x * cos) + (rotate_half(x) * sin)
+
+
+def for_this_thread(hook: Callable) -> Callable:
+    """``hook`` made to fire only for forwards run by the thread that made it (called here, at registration):
+    in any other thread it does nothing (returns None: no change). A long capture lets the model gate go between
+    its layers (``app/admission.py``, ``pause_point``) and a short forward of another browser runs meanwhile on the
+    same modules: it must not be recorded, ablated or patched by the capture's hooks."""
+    me = threading.get_ident()
+
+    def guarded(*args, **kwargs):
+        if threading.get_ident() != me:
+            return None
+        return hook(*args, **kwargs)
+
+    return guarded
 
 
 @dataclass(frozen=True)
@@ -441,7 +457,7 @@ class ModelAdapter(ABC):
 
     @contextmanager
     def ablate(self, heads: dict[int, list[int]]) -> Iterator[None]:
-        """Zero the outputs of ``heads`` ({layer: [head, ...]}) for the forwards run inside the block."""
+        """Zero the outputs of ``heads`` ({layer: [head, ...]}) for the forwards this thread runs inside the block."""
         handles = []
         dh = self.head_dim
 
@@ -457,7 +473,8 @@ class ModelAdapter(ABC):
         try:
             for layer, hs in heads.items():
                 if hs:
-                    handles.append(self.output_projection(layer).register_forward_pre_hook(make(list(hs))))
+                    handles.append(self.output_projection(layer).register_forward_pre_hook(
+                        for_this_thread(make(list(hs)))))
             yield
         finally:
             for handle in handles:
@@ -475,9 +492,9 @@ class ModelAdapter(ABC):
     @contextmanager
     def intervene(self, edits: list[tuple[HookPoint, Callable[[torch.Tensor], torch.Tensor | None]]]
                   ) -> Iterator[None]:
-        """For the forwards run inside the block, each point's tensor is handed to its function: a tensor it returns
-        replaces the original in the forward (patching), None leaves it as it was (reading). Hooks are removed in
-        ``finally:``, also when the forward raises."""
+        """For the forwards this thread runs inside the block, each point's tensor is handed to its function: a tensor
+        it returns replaces the original in the forward (patching), None leaves it as it was (reading). Hooks are
+        removed in ``finally:``, also when the forward raises."""
         handles = []
 
         def pre(fn):
@@ -499,9 +516,9 @@ class ModelAdapter(ABC):
         try:
             for point, fn in edits:
                 if point.take == "input0":
-                    handles.append(point.module.register_forward_pre_hook(pre(fn)))
+                    handles.append(point.module.register_forward_pre_hook(for_this_thread(pre(fn))))
                 elif point.take in ("output", "output0"):
-                    handles.append(point.module.register_forward_hook(post(fn, point.take)))
+                    handles.append(point.module.register_forward_hook(for_this_thread(post(fn, point.take))))
                 else:
                     raise ValueError(f"{point.name}: a {point.take} tensor cannot be replaced")
             yield
