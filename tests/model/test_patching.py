@@ -157,6 +157,11 @@ def test_batched_equals_one_at_a_time(family):
         assert patcher.forwards - before == forwards_needed(kind, family.adapter, patcher.T) == family.adapter.n_layer
         packed = patch_map(patcher, kind, max_rows=2 * patcher.T)  # two or more blocks in one forward
         assert torch.allclose(batched, packed, atol=ATOL), kind
+        if kind == "head" and family.adapter.n_head * family.adapter.n_layer > 48:
+            # DistilGPT-2's shape: 6 × 12 heads × T positions one forward each (52 s of the suite). The head path is
+            # the same code for every family (the small ones compare it here) and DistilGPT-2's head cells are
+            # compared with plain hooks in test_every_cell_equals_plain_hooks_one_forward_per_cell.
+            continue
         single = patch_map(patcher, kind, one_at_a_time=True)
         assert torch.allclose(batched, single, atol=ATOL), kind
 
