@@ -32,14 +32,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from http.cookiejar import CookieJar
 from pathlib import Path
 from urllib.parse import urlencode
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import OUT, ROOT, machine, table  # noqa: E402
+from bench.common import OUT, ROOT, Browser, machine, table  # noqa: E402
 
 STEPS = 16  # the arena's default run: 16 steps, every default policy that applies to GPT-2 (+ full attention)
 POLICIES = ["window", "streaming", "h2o", "snapkv", "kivi", "int8-head", "int4-head"]
@@ -62,25 +61,6 @@ def serve(port: int) -> None:
     uvicorn.run(create_app(state=state), host="127.0.0.1", port=port, log_level="warning")
 
 
-class Browser:
-    def __init__(self, base: str) -> None:
-        self.base = base
-        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(CookieJar()))
-
-    def request(self, method: str, path: str, body: dict | None = None, headers: dict | None = None):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"content-type": "application/json", **(headers or {})})
-        return self.opener.open(req, timeout=900)
-
-    def json(self, method: str, path: str, body: dict | None = None) -> dict:
-        with self.request(method, path, body) as r:
-            return json.loads(r.read())
-
-    def follow(self, path: str, body: dict) -> list[dict]:
-        """The run's JSON lines as they come, to the last one."""
-        with self.request("POST", path, body) as r:
-            return [json.loads(line) for line in r if line.strip()]
 
 
 def arena_body(budget: float) -> dict:

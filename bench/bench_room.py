@@ -30,13 +30,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from http.cookiejar import CookieJar
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import OUT, ROOT, machine, table  # noqa: E402
+from bench.common import OUT, ROOT, Browser, machine, table  # noqa: E402
 
 SMOL = "smollm2-135m-instruct"
 REAL_HOME = Path(os.environ.get("KVSCOPE_TEST_HOME", ROOT / "tests" / ".cache" / "kvscope-home"))
@@ -66,20 +65,6 @@ def serve(port: int, model: str) -> None:
     uvicorn.run(create_app(state=state), host="127.0.0.1", port=port, log_level="warning")
 
 
-class Browser:
-    def __init__(self, base: str) -> None:
-        self.base = base
-        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(CookieJar()))
-
-    def request(self, method: str, path: str, body: dict | None = None):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"content-type": "application/json"})
-        return self.opener.open(req, timeout=900)
-
-    def json(self, method: str, path: str, body: dict | None = None) -> dict:
-        with self.request(method, path, body) as r:
-            return json.loads(r.read())
 
 
 class Student(threading.Thread):

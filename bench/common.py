@@ -8,12 +8,15 @@ attention patterns; the hub cannot be reached from the machines this runs on.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from http.cookiejar import CookieJar
 from pathlib import Path
 
 import torch
@@ -162,3 +165,26 @@ def chromium() -> Iterator[object]:
             yield browser
         finally:
             browser.close()
+
+
+class Browser:
+    """One simulated browser: its own cookie jar (so its own owner cookie), JSON requests to a live server."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(CookieJar()))
+
+    def request(self, method: str, path: str, body: dict | None = None, headers: dict | None = None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers={"content-type": "application/json", **(headers or {})})
+        return self.opener.open(req, timeout=900)
+
+    def json(self, method: str, path: str, body: dict | None = None) -> dict:
+        with self.request(method, path, body) as r:
+            return json.loads(r.read())
+
+    def follow(self, path: str, body: dict) -> list[dict]:
+        """The run's JSON lines as they come, to the last one."""
+        with self.request("POST", path, body) as r:
+            return [json.loads(line) for line in r if line.strip()]
