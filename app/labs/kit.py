@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from app.errors import BadInput, Expired, Forbidden, NotFound
+from app.errors import BadInput, Expired, Forbidden, NotFound, UserError
 from app.labs.arena import DEFAULT_POLICIES, ArenaLab
 from app.labs.heads import HeadsLab
 from app.labs.inspect import InspectLab
@@ -345,7 +345,12 @@ class KitLab:
         out = []
         for i, d in enumerate(demos):
             progress(i, len(demos), f"{d['kind']}: {d['name']}")
-            out.append(self._prepare_one(d, owner=owner, address=address))
+            try:
+                out.append(self._prepare_one(d, owner=owner, address=address))
+            except UserError:
+                raise
+            except (TypeError, ValueError) as exc:  # a field of the wrong type in the file (a page's form is typed)
+                raise BadInput("err.kit.field", name=d["name"], detail=str(exc)[:200]) from None
         progress(len(demos), len(demos), "done")
         return out
 

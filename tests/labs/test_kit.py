@@ -245,3 +245,8 @@ def test_a_bad_kit_file_is_refused_before_any_run(tiny, tmp_path, capsys, monkey
     broken = tmp_path / "broken.json"
     broken.write_text("{not json", encoding="utf-8")
     assert cli_main(["kit", "prepare", str(broken)]) == 2
+    typed = tmp_path / "typed.json"  # a field of the wrong type: a message naming the demo, not a traceback
+    typed.write_text(json.dumps([{"kind": "spec", "name": "Drafts", "model": "builtin", "prompt": "the cat",
+                                  "max_new_tokens": "many"}]), encoding="utf-8")
+    assert cli_main(["kit", "prepare", str(typed)]) == 1
+    assert "Drafts" in capsys.readouterr().err
