@@ -75,7 +75,7 @@ class ModelGate:
     """The model lock, with priorities and a bounded queue (see the module docstring)."""
 
     def __init__(self, *, max_waiting: int = 48, per_owner: int = 4, max_wait_s: float = 60.0,
-                 per_address: int | None = None, yield_long: bool = True) -> None:
+                 per_address: int | None = None, yield_long: bool = True, short_tokens: int = 0) -> None:
         # The queue's caps (``app/quota.py``): a waiting request is always in use, so nothing is reclaimed and
         # a request beyond a cap is refused with the queue's estimate of its wait.
         self.limits = Limits(max_items=max_waiting, per_owner=per_owner,
@@ -92,6 +92,7 @@ class ModelGate:
         self.refused = 0
         self.served = 0
         self.yield_long = yield_long
+        self.short_tokens = short_tokens  # a forward over at most this many tokens is short work (``for_tokens``)
         self.yields = 0  # how many times a long holder let short work through
 
     # --- the lock protocol (``with gate:`` is long work) ----------------------------------------------
@@ -112,6 +113,11 @@ class ModelGate:
 
     def short(self):
         return self.use(SHORT)
+
+    def for_tokens(self, n_tokens: int):
+        """The gate for a forward over ``n_tokens`` new tokens: short work up to ``short_tokens`` (a short prompt's
+        capture or prefill is served between a long capture's layers, like a decode step), long work beyond."""
+        return self.use(SHORT if n_tokens <= self.short_tokens else LONG)
 
     def acquire(self, kind: str = LONG, cancel: threading.Event | None = None) -> bool:
         """Wait for the gate (see the module docstring). With ``cancel``: give up, holding nothing, once it is

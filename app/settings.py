@@ -145,6 +145,9 @@ class Settings:
     # A long forward (a capture, a long prefill) lets waiting short work (decode steps) through the model between
     # its layers, then goes on ahead of other long work. False: it holds the model for its whole forward.
     queue_yield_long: bool = True
+    # A capture or a decode prefill of at most this many tokens is short work: served between a long capture's
+    # layers (a student's short prompt while the teacher captures 8K) instead of after it. 0: every capture is long.
+    queue_short_tokens: int = 32
     # How often expired sessions, pools and labs are released.
     purge_interval_s: float = 15.0
     # --- Compression arena (/arena, app/labs/arena.py) ----------------------------------------------------------------

@@ -109,3 +109,29 @@ def test_a_yielded_holder_is_never_refused_by_the_queue_caps():
         order.append("holder back")
     t.join(5)
     assert order == ["short", "holder back"] and gate.refused == 0
+
+
+def test_a_short_prompts_forward_is_short_work_a_long_ones_long():
+    gate = ModelGate(short_tokens=32)
+    order: list[str] = []
+
+    def forward(n_tokens: int, name: str) -> threading.Thread:
+        def run():
+            with gate.for_tokens(n_tokens):
+                order.append(name)
+
+        t = threading.Thread(target=run)
+        t.start()
+        return t
+
+    with gate:  # a long capture
+        long_t = forward(33, "33 tokens")
+        wait_until(lambda: gate.waiting() == 1)
+        short_t = forward(32, "32 tokens")
+        wait_until(lambda: gate.waiting() == 2)
+        assert pause_point() is True  # between two layers: the short prompt's forward is served, not the long one
+        order.append("capture goes on")
+    for t in (long_t, short_t):
+        t.join(5)
+    assert order == ["32 tokens", "capture goes on", "33 tokens"]
+    assert ModelGate().short_tokens == 0  # the gate alone: every forward over tokens is long work

@@ -174,7 +174,8 @@ class DecodeLab:
     def _prefilled(self, lm: LoadedModel, ids: list[int], sampling: Sampling, owner: str) -> DecodeSession:
         session = self.sessions.create(lm, ids, sampling, owner=owner)
         try:
-            with self.sessions.hold(session.id, owner), self.sessions.room(session, len(ids)), self.gate:
+            with self.sessions.hold(session.id, owner), self.sessions.room(session, len(ids)), \
+                    self.gate.for_tokens(len(ids)):  # a short prompt's prefill is short work
                 session.prefill()
         except Exception:
             self.sessions.delete(session.id, owner)  # a refused or failed prefill leaves nothing behind

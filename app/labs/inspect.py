@@ -78,7 +78,7 @@ class InspectLab:
 
     def _compute(self, lm: LoadedModel, ids: list[int]) -> Trace:
         long = len(ids) > self.limits.full_trace_max_tokens
-        with self.gate:
+        with self.gate.for_tokens(len(ids)):  # a short prompt's capture runs between a long one's layers
             # Token texts as the pages show them: a byte piece of a multi-byte character by its byte values. What
             # ``slim`` drops is not held while the forward runs: activations by shape only, no copy of K/V in a cache,
             # a long prompt's per-position activations cut to its last positions as they are hooked.
