@@ -19,7 +19,10 @@ def test_kl_agreement_perplexity_and_attention_mass_recomputed(tiny):
     steps, budget = 4, 12
     run = run_arena(lm, prompt, steps=steps, budget=budget, policies=["h2o", "kivi"])
     ref = run["reference"]
-    assert run["runs"][0]["name"] == "full" and all(k == 0 for k in run["runs"][0]["kl"])
+    # The full row and the reference are two runs of the same ops through two stores: equal logits but for MKL's
+    # run-to-run freedom (MKL_DYNAMIC may pick another thread count, and with it another order of its sums), which
+    # moves fp32 logits by ~1e-6 relative and the KL by ~1e-12 nats. Seen once in a whole suite, never alone.
+    assert run["runs"][0]["name"] == "full" and all(abs(k) < 1e-9 for k in run["runs"][0]["kl"])
     for r in run["runs"][1:]:
         store = make_store(r["name"], a, budget=budget, reserve=steps - 1, sinks=3)
         logits, kept = [forward_through(lm, store, prompt)[-1]], []
