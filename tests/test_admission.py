@@ -17,14 +17,19 @@ def wait_until(cond, timeout=10.0):
         time.sleep(0.002)
 
 
-def queued(gate: ModelGate, kind: str, order: list, name: str) -> threading.Thread:
+def entered(enter, order: list, name: str) -> threading.Thread:
+    """A thread that enters ``enter()`` (a gate's context manager) and records ``name`` once inside."""
     def run():
-        with gate.use(kind):
+        with enter():
             order.append(name)
 
     t = threading.Thread(target=run)
     t.start()
     return t
+
+
+def queued(gate: ModelGate, kind: str, order: list, name: str) -> threading.Thread:
+    return entered(lambda: gate.use(kind), order, name)
 
 
 def test_nothing_waiting_nothing_yielded():
@@ -116,13 +121,7 @@ def test_a_short_prompts_forward_is_short_work_a_long_ones_long():
     order: list[str] = []
 
     def forward(n_tokens: int, name: str) -> threading.Thread:
-        def run():
-            with gate.for_tokens(n_tokens):
-                order.append(name)
-
-        t = threading.Thread(target=run)
-        t.start()
-        return t
+        return entered(lambda: gate.for_tokens(n_tokens), order, name)
 
     with gate:  # a long capture
         long_t = forward(33, "33 tokens")
