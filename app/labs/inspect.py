@@ -112,6 +112,12 @@ class InspectLab:
         pinned = self.pinned.get(key)
         if pinned is not None:
             return self._served(*pinned)
+        lm, ids = self._indexed(key)
+        return lm, self.traces.get_or_compute(key, lambda: self._compute(lm, list(ids)),
+                                              expected=self.expected_bytes(lm, len(ids)))
+
+    def _indexed(self, key: str) -> tuple[LoadedModel, tuple[int, ...]]:
+        """The served model and the token ids a key was made from; 410 saying why when they are gone."""
         if key not in self.index:
             raise Expired("err.trace.expired")
         name, ids, ref = self.index[key]
@@ -120,8 +126,7 @@ class InspectLab:
             raise Expired("err.model.gone", model=name)
         if ref() is not lm:  # the model this view was made with is no longer served
             raise Expired("limits.model_changed", model=name)
-        return lm, self.traces.get_or_compute(key, lambda: self._compute(lm, list(ids)),
-                                              expected=self.expected_bytes(lm, len(ids)))
+        return lm, ids
 
     def _served(self, lm: LoadedModel, trace: Trace) -> tuple[LoadedModel, Trace]:
         if self.registry.models.get(lm.name) is not lm:
@@ -134,12 +139,7 @@ class InspectLab:
         pinned = self.pinned.get(key)
         if pinned is not None:
             return self._served(*pinned)
-        if key not in self.index:
-            raise Expired("err.trace.expired")
-        name, _, ref = self.index[key]
-        lm = self.registry.models.get(name)
-        if lm is None or ref() is not lm:
-            raise Expired("err.model.gone", model=name)
+        lm, _ = self._indexed(key)
 
         def gone() -> Trace:
             raise Expired("err.kit.gone")
