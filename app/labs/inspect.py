@@ -5,9 +5,10 @@ trace store (content-addressed, shared by every browser: the same model and toke
 index from a key back to what made it, so a page's link recomputes a trace the store has dropped. A capture runs
 under the model gate; everything else reads a trace already made.
 
+    prepare(model, prompt)        tokenize and check, no model work: (model, ids, key)
     trace_prompt(model, prompt)   tokenize, capture (or find) the trace: (model, key, trace)
     trace_by_key(key)             the trace a page's link names (recomputed if dropped; 410 if its model went)
-    page / trace_view / grid / attention / arithmetic / why / embedding / query_panels / embedding_panel
+    page / page_in_parts / trace_view / grid / attention / arithmetic / why / embedding / query_panels / embedding_panel
                                   what the routes call: plain view data out
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.admission import ModelGate
@@ -27,7 +29,7 @@ from app.model.prompts import encode_prompt
 from app.model.store import LENS_POSITIONS, TraceStore, check_trace_fits, shape_only, slim, tail_only, trace_bytes
 from app.model.trace import Trace
 from app.viz.attention import arithmetic, embedding_rows, grid_thumbnails, head_matrix
-from app.viz.inspect import inspect_view, query_view
+from app.viz.inspect import check_selection, inspect_view, query_view
 from app.viz.models import model_card
 from app.viz.tokens import honest_texts
 from app.viz.why import why_attends
@@ -99,14 +101,23 @@ class InspectLab:
         """What the trace of ``n_tokens`` will hold once kept (``trace_bytes``); room is made before its forward."""
         return trace_bytes(lm.adapter, n_tokens, full=n_tokens <= self.limits.full_trace_max_tokens)
 
-    def trace_prompt(self, model: str | None, prompt: str | None, *, chat: bool = False
-                     ) -> tuple[LoadedModel, str, Trace]:
+    def prepare(self, model: str | None, prompt: str | None, *, chat: bool = False
+                ) -> tuple[LoadedModel, list[int], str]:
+        """A prompt checked and tokenized, before any model work: every error its own input can cause (the model's
+        name, the length, the fit) is raised here. The model, the token ids, the trace's key."""
         lm = self.registry.pick(model)
         ids = encode_prompt(lm, prompt, max_chars=self.limits.max_prompt_chars, chat=chat)
         check_trace_fits(lm.adapter, len(ids), self.limits)
-        key = self._key(lm, ids)
-        return lm, key, self.traces.get_or_compute(key, lambda: self._compute(lm, ids),
-                                                   expected=self.expected_bytes(lm, len(ids)))
+        return lm, ids, self._key(lm, ids)
+
+    def _trace(self, lm: LoadedModel, ids: list[int], key: str) -> Trace:
+        return self.traces.get_or_compute(key, lambda: self._compute(lm, ids),
+                                          expected=self.expected_bytes(lm, len(ids)))
+
+    def trace_prompt(self, model: str | None, prompt: str | None, *, chat: bool = False
+                     ) -> tuple[LoadedModel, str, Trace]:
+        lm, ids, key = self.prepare(model, prompt, chat=chat)
+        return lm, key, self._trace(lm, ids, key)
 
     def trace_by_key(self, key: str) -> tuple[LoadedModel, Trace]:
         pinned = self.pinned.get(key)
@@ -157,6 +168,21 @@ class InspectLab:
             view = inspect_view(lm, key, trace, layer=layer, head=head, q=q, kind=kind, prompt=prompt)
         card = view["model"] if view is not None else model_card(lm)  # the view's own card: made once per page
         return {"view": view, "prompt": prompt or "", "card": card, "chat": chat, "limits": self.limits}
+
+    def page_in_parts(self, *, model: str | None, prompt: str, layer: int | None, head: int | None, q: int | None,
+                      kind: str, chat: bool) -> tuple[dict, Callable[[], dict]]:
+        """``page`` in two parts, for a page sent while its prompt is captured (``app/web/render.py``
+        ``render_in_parts``): the frame's context now, with every input checked (so a bad one is answered with its
+        status before anything is sent), and a function that captures the prompt and returns the view."""
+        lm, ids, key = self.prepare(model, prompt, chat=chat)
+        check_selection(lm.adapter, len(ids), layer=layer, head=head, q=q, kind=kind)
+
+        def view() -> dict:
+            trace = self._trace(lm, ids, key)
+            return inspect_view(lm, key, trace, layer=layer, head=head, q=q, kind=kind, prompt=prompt)
+
+        frame = {"view": None, "prompt": prompt, "card": model_card(lm), "chat": chat, "limits": self.limits}
+        return frame, view
 
     def key_page(self, key: str, *, prompt: str) -> dict:
         """The page's context for a trace found by key (a pinned one: ``app/labs/kit.py``), as ``page`` makes it."""

@@ -35,13 +35,18 @@ def b64_i32(t: torch.Tensor) -> str:
 
 
 def check_indexes(trace: Trace, *, layer: int | None = None, head: int | None = None, pos: int | None = None) -> None:
-    a = trace.adapter
-    if layer is not None and not 0 <= layer < a.n_layer:
-        raise BadInput("err.index.layer", layer=layer, last=a.n_layer - 1)
-    if head is not None and not 0 <= head < a.n_head:
-        raise BadInput("err.index.head", head=head, last=a.n_head - 1)
-    if pos is not None and not 0 <= pos < trace.n_tokens:
-        raise BadInput("err.index.pos", pos=pos, last=trace.n_tokens - 1)
+    check_bounds(trace.adapter, trace.n_tokens, layer=layer, head=head, pos=pos)
+
+
+def check_bounds(adapter, n_tokens: int, *, layer: int | None = None, head: int | None = None,
+                 pos: int | None = None) -> None:
+    """A layer, head and position checked against a model and a prompt's length (before or after its capture)."""
+    if layer is not None and not 0 <= layer < adapter.n_layer:
+        raise BadInput("err.index.layer", layer=layer, last=adapter.n_layer - 1)
+    if head is not None and not 0 <= head < adapter.n_head:
+        raise BadInput("err.index.head", head=head, last=adapter.n_head - 1)
+    if pos is not None and not 0 <= pos < n_tokens:
+        raise BadInput("err.index.pos", pos=pos, last=n_tokens - 1)
 
 
 def lower_triangle(m: torch.Tensor, past: int = 0) -> torch.Tensor:

@@ -6,7 +6,7 @@ from app.errors import BadInput
 from app.model.loading import LoadedModel
 from app.model.sampling import top_candidates
 from app.model.trace import Trace
-from app.viz.attention import KINDS, arithmetic, check_indexes, embedding_rows
+from app.viz.attention import KINDS, arithmetic, check_bounds, check_indexes, embedding_rows
 from app.viz.head_pick import choose_head
 from app.viz.models import model_card
 from app.viz.rotary import rotary_view
@@ -41,6 +41,15 @@ def opening_head(trace: Trace, q: int) -> dict:
     return choice
 
 
+def check_selection(adapter, n_tokens: int, *, layer: int | None, head: int | None, q: int | None,
+                    kind: str) -> None:
+    """What a page's URL selects (layer, head, query position, matrix kind), checked against the model and the
+    prompt's length: before its capture (``InspectLab.page_in_parts``), and by ``inspect_view``."""
+    if kind not in KINDS:
+        raise BadInput("err.inspect.kind", kind=repr(kind), kinds=", ".join(KINDS))
+    check_bounds(adapter, n_tokens, layer=layer, head=head, pos=q)
+
+
 def inspect_view(
     lm: LoadedModel, key: str, trace: Trace, *, layer: int | None = None, head: int | None = None,
     q: int | None = None, kind: str = "weights", prompt: str | None = None,
@@ -48,12 +57,10 @@ def inspect_view(
     """Everything the Inspect page shows for one trace; ``prompt`` (the text) lets the page name the
     characters that became ``<unk>``. With neither ``layer`` nor ``head`` given, the page opens on a telling
     head (``app.viz.head_pick``); with one given, the other is 0."""
-    if kind not in KINDS:
-        raise BadInput("err.inspect.kind", kind=repr(kind), kinds=", ".join(KINDS))
+    check_selection(trace.adapter, trace.n_tokens, layer=layer, head=head, q=q, kind=kind)
     q = trace.n_tokens - 1 if q is None else q
     choice = None
     if layer is None and head is None:
-        check_indexes(trace, pos=q)
         choice = opening_head(trace, q)
         layer, head = choice["layer"], choice["head"]
     layer, head = layer or 0, head or 0

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
+from starlette.concurrency import run_in_threadpool
 
+from app.errors import UserError
 from app.i18n import (
     DEFAULT_LANG,
     LANG_COOKIE,
@@ -21,6 +26,8 @@ from app.i18n import (
 )
 from app.viz.shapes import fmt_shape
 
+log = logging.getLogger(__name__)
+
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = Jinja2Templates(directory=str(ROOT / "templates"))
 TEMPLATES.env.filters["shape"] = fmt_shape
@@ -28,6 +35,8 @@ TEMPLATES.env.filters["num"] = lambda x, d=4: f"{x:.{d}f}"
 TEMPLATES.env.filters["bytes"] = lambda n: human_bytes(n)
 TEMPLATES.env.globals["localize"] = lambda text, lang: localize(text, lang)
 TEMPLATES.env.globals["asset"] = lambda url: _asset(url)
+TEMPLATES.env.globals["scripts"] = lambda *urls: Markup(f'<script src="{_bundle(*urls)}" defer></script>')
+TEMPLATES.env.globals["styles"] = lambda *urls: Markup(f'<link rel="stylesheet" href="{_bundle(*urls)}">')
 
 
 class MatrixJSON(JSONResponse):
@@ -45,6 +54,12 @@ def _asset(url: str) -> str:
     from app.web.assets import asset
 
     return asset(url)
+
+
+def _bundle(*urls: str) -> str:
+    from app.web.assets import bundle
+
+    return bundle(*urls)
 
 
 def human_bytes(n: float) -> str:
@@ -92,6 +107,45 @@ def render(request: Request, template: str, status_code: int = 200, headers: dic
            script_keys: tuple[str, ...] = (), **context):
     """A page or fragment in the request's language. Page scripts read strings with ``kv.t(key)``: every
     "js." key, plus ``script_keys`` (a page's own keys its script fills in)."""
+    _page_context(request, context, script_keys)
+    return TEMPLATES.TemplateResponse(request, template, context, status_code=status_code, headers=headers)
+
+
+# Where a page sent in two parts is cut: the template writes ``slot`` once, where the second part goes.
+SLOT = Markup("<!--kv:slot-->")
+
+
+def render_in_parts(request: Request, template: str, fragment: str, fill: Callable[[], dict], **context
+                    ) -> StreamingResponse:
+    """A page sent while its content is computed: ``template`` at once, up to where it writes ``slot`` (the browser
+    fetches the styles and scripts, and paints the frame, meanwhile), then ``fill()``'s view (run in a worker
+    thread) rendered by ``fragment`` as ``view``, then the rest. The inputs were checked before (a bad one is
+    answered with its status); an error ``fill`` still meets (the model busy, a store too full) is the page's
+    error box in place of the fragment, its message from the catalog."""
+    _page_context(request, context, ())
+    context.setdefault("request", request)
+    first, rest = TEMPLATES.get_template(template).render({**context, "slot": SLOT}).split(SLOT)
+    lang = context["lang"]
+
+    async def parts():
+        yield first
+        try:
+            view = await run_in_threadpool(fill)
+            middle = TEMPLATES.get_template(fragment).render({**context, "view": view})
+        except UserError as exc:
+            middle = TEMPLATES.get_template("partials/_error.html").render({**context, "message": exc.text(lang)})
+        except Exception:  # never a stack trace in the page: the server's log has it
+            log.exception("unexpected error while filling %s", request.url.path)
+            middle = TEMPLATES.get_template("partials/_error.html").render(
+                {**context, "message": translator(lang)("err.server")})
+        yield middle
+        yield rest
+
+    return StreamingResponse(parts(), media_type="text/html; charset=utf-8")
+
+
+def _page_context(request: Request, context: dict, script_keys: tuple[str, ...]) -> None:
+    """What every page's template reads, filled into ``context`` where the caller gave none."""
     lang = request_lang(request)
     context.setdefault("_", translator(lang))
     context.setdefault("lang", lang)
@@ -107,4 +161,3 @@ def render(request: Request, template: str, status_code: int = 200, headers: dic
     if "card" not in context:
         name = request.query_params.get("model")
         context["card"] = model_card(registry.models.get(name) or registry.get(None))
-    return TEMPLATES.TemplateResponse(request, template, context, status_code=status_code, headers=headers)

@@ -157,3 +157,71 @@ def test_grid_carries_each_heads_share_of_attention_on_the_first_token(client, k
     assert np.allclose(g["sink_share"], table.numpy(), atol=1e-4)
     T = g["tokens"]
     assert g["sink_uniform"] == pytest.approx(sum(1 / (q + 1) for q in range(1, T)) / (T - 1), abs=1e-4)
+
+
+def _read_until(resp, marker: str) -> str:
+    """What the server has sent of a streamed page, read until ``marker`` (the socket's timeout bounds the wait)."""
+    seen = b""
+    while marker.encode() not in seen:
+        chunk = resp.read1(65536)
+        assert chunk, f"the page ended before {marker!r}"
+        seen += chunk
+    return seen.decode()
+
+
+def _page(url: str, prompt: str):
+    import http.client
+    from urllib.parse import quote, urlsplit
+
+    where = urlsplit(url)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=60)
+    conn.request("GET", f"/?prompt={quote(prompt)}&lang=zh", headers={"Accept": "text/html"})
+    return conn, conn.getresponse()
+
+
+def test_the_pages_frame_is_sent_before_its_capture_and_the_view_follows(state):
+    """While the model is busy, the browser already has the page's styles, scripts and a line saying what runs;
+    the view follows once the capture is done, in the same answer."""
+    from tests.live import serve_in_thread
+
+    gate = state.inspect.gate
+    with serve_in_thread(state) as url:
+        gate.acquire()  # the capture cannot start: only the frame can be sent
+        held = True
+        try:
+            conn, resp = _page(url, "The cat sat on the warm mat")
+            assert resp.status == 200
+            first = _read_until(resp, 'id="capture-pending"')
+            assert first.count("/bundle/") == 3  # the scripts and styles, asked for while the model runs
+            assert "正在用模型运行" in first and 'id="inspect-view"' not in first
+            gate.release()
+            held = False
+            rest = resp.read().decode()
+            conn.close()
+        finally:
+            if held:
+                gate.release()
+    assert 'id="inspect-view"' in rest and rest.rstrip().endswith("</html>")
+    assert 'rel="preload" as="fetch"' in rest  # the first heatmap's matrix, asked for as the view arrives
+    assert (first + rest).count('id="capture-pending"') == 1
+
+
+def test_a_capture_that_cannot_run_is_a_message_in_the_sent_page_and_keeps_nothing(state):
+    from tests.live import serve_in_thread
+
+    gate = state.inspect.gate
+    before = (len(state.traces), state.traces.bytes)
+    with serve_in_thread(state) as url:
+        gate.acquire()
+        wait, gate.max_wait_s = gate.max_wait_s, 0.2  # the page's capture gives up waiting for the model
+        try:
+            conn, resp = _page(url, "A prompt the busy model never reads")
+            page = resp.read().decode()
+            conn.close()
+        finally:
+            gate.max_wait_s = wait
+            gate.release()
+    assert resp.status == 200  # the frame was already sent: the error is said inside it
+    assert 'class="error-box"' in page and "服务器繁忙" in page and "Traceback" not in page
+    assert 'id="inspect-view"' not in page and page.rstrip().endswith("</html>")
+    assert (len(state.traces), state.traces.bytes) == before

@@ -252,3 +252,21 @@ def test_summed_attention_over_three_tokens_is_the_heads_rows_added(page, live_s
     assert x == list(range(2, 14))
     assert close(y, att[2:, [2, 4, 5]].sum(1), bound[2:, [2, 4, 5]].sum(1))
     assert page.js_errors == []
+
+
+def test_the_frame_says_the_model_runs_until_the_view_replaces_it(page, state):
+    """Sent before the capture ends, the page says what runs; once the view follows, the line is gone."""
+    from tests.live import serve_in_thread
+
+    gate = state.inspect.gate
+    with serve_in_thread(state) as url:
+        gate.acquire()
+        try:
+            page.goto(url + "/?prompt=" + quote("The cat sat on the mat"), wait_until="commit")
+            page.wait_for_selector("#capture-pending", state="visible")
+            assert page.locator("#inspect-view").count() == 0
+        finally:
+            gate.release()
+        page.wait_for_function("document.body.dataset.heatmapDrawn >= '1'")
+        assert page.locator("#capture-pending").is_hidden()
+        assert page.locator("#inspect-view").is_visible()

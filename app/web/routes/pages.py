@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Request
 
 from app.web.deps import InspectDep, is_htmx
-from app.web.render import render
+from app.web.render import render, render_in_parts
 
 router = APIRouter(include_in_schema=False)
 
@@ -22,6 +22,10 @@ def read_inspect(
     kind: str = "weights",
     chat: bool = False,  # the prompt as a user turn in the model's chat template
 ):
+    if prompt is not None and not is_htmx(request):  # the page's frame first, its view once the prompt is captured
+        frame, fill = lab.page_in_parts(model=model, prompt=prompt, layer=layer, head=head, q=q, kind=kind, chat=chat)
+        return render_in_parts(request, "inspect.html", "partials/_inspect_page.html", fill, page="inspect",
+                               chat_option=True, **frame)
     page = lab.page(model=model, prompt=prompt, layer=layer, head=head, q=q, kind=kind, chat=chat)
     template = "partials/_inspect.html" if is_htmx(request) and page["view"] else "inspect.html"
     return render(request, template, page="inspect", chat_option=True, **page)
