@@ -174,16 +174,40 @@ def render_bertviz(browser, path: Path, cdn: dict[str, bytes]) -> float:
 
 # --- KVScope in the browser -------------------------------------------------------------------------
 
-def kvscope_first_heatmap(browser, base: str, prompt: str) -> dict:
-    """Navigate straight to /?prompt=...; bytes and time until the page says the first heatmap is drawn."""
+def cpu_seconds(server_pid: int) -> dict[str, float]:
+    """CPU seconds used so far by the server's process and by Chromium's renderers and other processes (/proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"server": 0.0, "Chromium renderer": 0.0, "Chromium browser, GPU, network": 0.0}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:  # a process that ended meanwhile
+            continue
+        used = (int(fields[11]) + int(fields[12])) / tick
+        if int(pid) == server_pid:
+            out["server"] += used
+        elif b"chrom" in cmd.split(b"\0")[0]:
+            out["Chromium renderer" if b"--type=renderer" in cmd else "Chromium browser, GPU, network"] += used
+    return out
+
+
+def kvscope_first_heatmap(browser, base: str, prompt: str, server_pid: int | None = None) -> dict:
+    """Navigate straight to /?prompt=...; bytes and time until the page says the first heatmap is drawn, and the CPU
+    seconds each side spent meanwhile (``server_pid``: the server's process; default this one)."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     context.add_init_script(FRAME_CLOCK)
     page = context.new_page()
     finished: list = []
     page.on("requestfinished", lambda r: finished.append(r))
+    pid = server_pid or os.getpid()
     try:
+        before = cpu_seconds(pid)
         page.goto(f"{base}/?prompt={quote(prompt)}", wait_until="commit", timeout=300_000)
         t = page.wait_for_function(KV_DRAWN, arg=0, polling="raf", timeout=300_000).json_value()
+        after = cpu_seconds(pid)
         done = list(finished)
         nav = page.evaluate("(() => { const e = performance.getEntriesByType('navigation')[0];"
                             " return [e.responseStart, e.domContentLoadedEventEnd]; })()")
@@ -199,7 +223,8 @@ def kvscope_first_heatmap(browser, base: str, prompt: str) -> dict:
         # would find the next cold run's emptied trace store and capture the prompt again beside it.
         page.wait_for_load_state("networkidle", timeout=300_000)
         return {"seconds": t / 1e3, "bytes": sum(r[1] for r in rows), "requests": rows,
-                "html_s": nav[0] / 1e3, "scripts_s": nav[1] / 1e3}
+                "html_s": nav[0] / 1e3, "scripts_s": nav[1] / 1e3,
+                "cpu_s": {k: after[k] - before[k] for k in after}}
     finally:
         context.close()
 
@@ -287,7 +312,7 @@ def tree_server(tree: Path):
                 if proc.poll() is not None:
                     raise SystemExit(f"{tree}: its server exited ({proc.returncode})") from None
                 time.sleep(0.5)
-        yield base
+        yield base, proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -297,17 +322,19 @@ def bench_baseline(browser, lm, baseline: Path, sizes: list[int], repeats: int) 
     """Cold first heatmaps of this tree and ``baseline``, alternated, a new prompt each run."""
     out: dict[int, dict] = {}
     with tree_server(Path(__file__).resolve().parents[1]) as ours, tree_server(baseline) as theirs:
-        kvscope_first_heatmap(browser, ours, prompt_of(lm, 8)[0])
-        kvscope_first_heatmap(browser, theirs, prompt_of(lm, 8)[0])
+        kvscope_first_heatmap(browser, ours[0], prompt_of(lm, 8)[0], server_pid=ours[1])
+        kvscope_first_heatmap(browser, theirs[0], prompt_of(lm, 8)[0], server_pid=theirs[1])
         for T in sizes:
             runs: dict[str, list[dict]] = {"baseline": [], "this tree": []}
             for i in range(repeats):
                 for name, base in (("baseline", theirs), ("this tree", ours)):
                     prompt = prompt_of(lm, T, skip=1 + 13 * (2 * i + (name == "this tree")))[0]
-                    runs[name].append(kvscope_first_heatmap(browser, base, prompt))
+                    runs[name].append(kvscope_first_heatmap(browser, base[0], prompt, server_pid=base[1]))
             out[T] = {name: {"cold_s": [r["seconds"] for r in rs], "bytes": [r["bytes"] for r in rs],
                              "html_s": median([r["html_s"] for r in rs]),
-                             "after_html_s": [r["seconds"] - r["html_s"] for r in rs]} for name, rs in runs.items()}
+                             "after_html_s": [r["seconds"] - r["html_s"] for r in rs],
+                             "cpu_s": {k: median([r["cpu_s"][k] for r in rs]) for k in rs[0]["cpu_s"]}}
+                      for name, rs in runs.items()}
             print(f"  T={T}: baseline {median(out[T]['baseline']['cold_s']):.2f} s, this tree "
                   f"{median(out[T]['this tree']['cold_s']):.2f} s", flush=True)
     return out
@@ -500,6 +527,11 @@ def report_baseline(browser, lm, baseline: Path, sizes: list[int], repeats: int)
                      mb(median(b["bytes"])), mb(median(o["bytes"]))])
     print(table(["T", "baseline cold", "this tree cold", "speed-up", "HTML arrived (baseline / this tree)",
                  "HTML to heatmap (baseline / this tree)", "baseline bytes", "this tree bytes"], rows))
+    print("\nCPU seconds spent during one cold first heatmap (medians): on 2 cores, the wall time is at least their "
+          "sum ÷ 2. Both sides compete for the same cores here; a class's browsers run on their own machines.")
+    rows = [[T, name, *(f"{v:.2f}" for v in r[name]["cpu_s"].values()), f"{sum(r[name]['cpu_s'].values()):.2f}",
+             f"{median(r[name]['cold_s']):.2f} s"] for T, r in ab.items() for name in ("baseline", "this tree")]
+    print(table(["T", "tree", *next(iter(ab.values()))["baseline"]["cpu_s"], "sum", "cold wall"], rows))
     print(f"load average after (5): {os.getloadavg()[0]:.1f}", flush=True)
     return ab
 
