@@ -56,9 +56,16 @@ test: test-deps engine-deps chromium axe-deps
 # not first on another machine. Short: the tests that compare numbers computed two ways.
 NUMERICS := tests/viz tests/model/test_capture.py tests/model/test_long_capture.py tests/model/test_decode.py \
             tests/cache/test_policies.py tests/cache/test_real_cache.py tests/web/test_zoom_api.py
+# Not again here: the real-model arena (two minutes of forwards at these kernels' speed). Its asserts are
+# tolerances and thresholds, none an exact equality between two paths (its KL re-run by hand, over 16 steps:
+# 2.0e-6 relative at SSE4.2 and portable kernels, tolerance 5e-5); the real model's cached decode, paged decode
+# and prefix reuse in the same file stay.
+NUMERICS_SKIP := $(addprefix --deselect tests/cache/test_real_cache.py::test_, \
+                   the_built_in_text_is_long_enough_for_policies_to_differ \
+                   each_policys_kl_and_agreement_recomputed_by_hand the_papers_claims_hold_on_the_real_model)
 numerics: test-deps
 	MKL_ENABLE_INSTRUCTIONS=SSE4_2 ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q -m "not browser" \
-	  -p no:cacheprovider $(NUMERICS)
+	  -p no:cacheprovider $(NUMERICS) $(NUMERICS_SKIP)
 
 lint: test-deps
 	$(BIN)/ruff check app tests bench

@@ -103,6 +103,8 @@ def test_prefix_reuse_equals_a_scratch_prefill(smol, record_property):
 
 # --- the compression arena at a 25 % budget on the built-in text --------------------------------------------------
 
+# 32 steps, not the page's default 16: the int8 claim below (top-1 on >= 90 % of the steps) allows 3 near-tie flips
+# in 32 but 1 in 16, and with MKL at SSE4.2 and ATen's portable kernels int8 already flipped 1 of 16.
 STEPS = 32
 POLICIES = ["window", "streaming", "h2o", "snapkv", "int8-head"]
 
@@ -137,7 +139,8 @@ def _margin(logits: torch.Tensor) -> float:
 def test_the_built_in_text_is_long_enough_for_policies_to_differ(smol, arena):
     assert len(smol.encode(LONG_TEXT)) >= 400 + STEPS
     assert len(arena["prompt"]) >= 400 and arena["reference"] == smol.encode(LONG_TEXT)[len(arena["prompt"]):][:STEPS]
-    assert arena["budget"] == round(0.25 * (len(arena["prompt"]) + STEPS))  # tokens per head
+    # tokens per head: 25 % of what the full cache holds after the last step (the last predicted token is never fed)
+    assert arena["budget"] == round(0.25 * (len(arena["prompt"]) + STEPS - 1))
     runs = {r["name"]: r for r in arena["runs"]}
     for name in ("window", "streaming", "h2o", "snapkv"):
         assert runs[name]["tokens_held"] == arena["budget"]

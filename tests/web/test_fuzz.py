@@ -1,12 +1,14 @@
 """A bounded schemathesis run over /openapi.json against both models: no input causes a 5xx, every answer is one
 the schema documents (its status code, media type, headers and body), and invalid input is refused.
 
-Every operation gets ``KVSCOPE_FUZZ_EXAMPLES`` generated requests (default 3) of valid data and as many of
-invalid data (schemathesis's negative mode: wrong types, missing fields, values out of bounds) on each of two
-servers: DistilGPT-2-shaped + built-in, and the built-in model alone. A generated request that names a model
-gets one of the served names half of the time, so the model code is reached and not only the validation.
-Prompts are capped at 300 characters and arena runs at 4 steps of 64 tokens here so the run stays bounded
-(longer ones are tested elsewhere).
+Every operation gets ``KVSCOPE_FUZZ_EXAMPLES`` generated requests (default 3) of valid data on each of two
+servers, DistilGPT-2-shaped + built-in and the built-in model alone, and as many of invalid data (schemathesis's
+negative mode: wrong types, missing fields, values out of bounds) on the first. Invalid data is refused by the
+request's validation, which the schema defines; both servers publish the same schema (checked below), so the
+derandomized fuzzer would send the second one the same invalid requests again. A generated request that names a
+model gets one of the served names half of the time, so the model code is reached and not only the validation.
+Prompts are capped at 300 characters, arena runs at 4 steps of 64 tokens and the decode timing at 3 repeats on
+64 tokens here so the run stays bounded (longer ones are tested elsewhere).
 
 The fuzzer sends one request at a time, so the server is never busy. Training runs are stopped after each
 training request (a run waiting in line is the state of the server, not an answer to the input; the lines have
@@ -47,11 +49,22 @@ def _stop_training(state) -> None:
     state.training.wait(timeout=120)
 
 
-@pytest.mark.parametrize("served", ["distilgpt2+builtin", "builtin"])
-def test_every_answer_is_documented_and_none_is_a_server_error(served, settings, distil, tiny):
+def _fuzzed_settings(settings):
+    return settings.with_(max_prompt_chars=300, arena_max_steps=4, arena_max_prompt_tokens=64, train_max_s=2.0,
+                          decode_timing_repeats=3, decode_timing_tokens=64)
+
+
+def test_both_servers_publish_the_same_schema(settings, distil, tiny):
+    """What lets the invalid requests be sent to one of them only."""
+    one, both = (create_app(state=make_state(_fuzzed_settings(settings), *m)) for m in ((tiny,), (distil, tiny)))
+    assert one.openapi() == both.openapi()
+
+
+@pytest.mark.parametrize("served, modes", [("distilgpt2+builtin", tuple(GenerationMode)),
+                                           ("builtin", (GenerationMode.POSITIVE,))])
+def test_every_answer_is_documented_and_none_is_a_server_error(served, modes, settings, distil, tiny):
     models = (distil, tiny) if served == "distilgpt2+builtin" else (tiny,)
-    state = make_state(settings.with_(max_prompt_chars=300, arena_max_steps=4, arena_max_prompt_tokens=64,
-                                      train_max_s=2.0), *models)
+    state = make_state(_fuzzed_settings(settings), *models)
     app = create_app(state=state)
     names = [m.name for m in models]
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
@@ -78,7 +91,7 @@ def test_every_answer_is_documented_and_none_is_a_server_error(served, settings,
             operation = result.ok()
             raw = operation.definition.raw
             takes_input = bool(raw.get("parameters") or raw.get("requestBody"))
-            for mode in GenerationMode if takes_input else [GenerationMode.POSITIVE]:  # nothing to get wrong
+            for mode in modes if takes_input else [GenerationMode.POSITIVE]:  # nothing to get wrong
                 run = settings_for(given(case=operation.as_strategy(generation_mode=mode))(check))
                 try:
                     run(mode=mode)
@@ -88,7 +101,9 @@ def test_every_answer_is_documented_and_none_is_a_server_error(served, settings,
         _stop_training(state)
     assert not failures, "\n\n".join(failures)
     n_ops = len(list(schema.get_all_operations()))
-    assert calls[GenerationMode.POSITIVE] >= 2 * n_ops and calls[GenerationMode.NEGATIVE] >= n_ops // 2
+    assert calls[GenerationMode.POSITIVE] >= 2 * n_ops
+    if GenerationMode.NEGATIVE in modes:
+        assert calls[GenerationMode.NEGATIVE] >= n_ops // 2
 
 
 def settings_for(test):
