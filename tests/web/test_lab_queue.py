@@ -303,6 +303,13 @@ def test_a_training_run_followed_live_waits_its_turn_and_stops_when_its_client_g
     until(lambda: state.training.line.stats()["running"] is None, "a's run stopped")
     assert state.training.job.status == "stopped" and state.training.job.stopped == "cancelled"
     assert state.registry.names == ["builtin"]
+    # Resumed and followed live (the stream's first answer comes while its submit ran off the event loop): it
+    # continues from where it stopped to the new total, then ends done.
+    stopped_at = state.training.job.next_step
+    with a.follow("/api/train/jobs/resume", {"steps": stopped_at + 2}) as resumed:
+        events = [e["event"] for e in resumed]
+    assert events[-1] == "done" and "running" in events
+    assert state.training.job.next_step == stopped_at + 2
 
 
 @pytest.mark.browser

@@ -75,7 +75,9 @@ async def follow_training_run(request: Request, lab: TrainingDep, owner: OwnerDe
 async def follow_resumed_run(request: Request, lab: TrainingDep, owner: OwnerDep, address: AddressDep,
                              body: ResumeRequest | None = None) -> FollowResponse:
     """Resume the stopped run (it waits its turn again) and follow it live, as ``/api/train/jobs``."""
-    job = lab.resume(body.steps if body else None, owner=owner, address=address, follow=True)
+    # In a worker thread, as a new run's submit is: the line's lock is never waited for on the event loop.
+    job = await anyio.to_thread.run_sync(
+        lambda: lab.resume(body.steps if body else None, owner=owner, address=address, follow=True))
     return follow_job(request, lab.line, job, owner, train_progress)
 
 
