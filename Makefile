@@ -27,10 +27,12 @@ test-deps: $(BIN)/python
 engine-deps:
 	$(PY) -m app.engine.install
 
-# Chromium, and CJK fonts so the Chinese UI's browser tests and screenshots show characters, not boxes.
+# Chromium and its headless build (what the tests and benches drive: tests/live.py says why), and CJK fonts so the
+# Chinese UI's browser tests and screenshots show characters, not boxes.
 chromium:
-	@{ command -v chromium && fc-list :lang=zh | grep -q .; } >/dev/null 2>&1 || \
-	  { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium fonts-noto-cjk; }
+	@{ command -v chromium && test -x /usr/lib/chromium/chromium-headless-shell && fc-list :lang=zh | grep -q .; } \
+	  >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+	  $(SUDO) apt-get install -y -qq chromium chromium-headless-shell fonts-noto-cjk; }
 
 # axe-core for the accessibility scan (tests/web/test_a11y_browser.py): npm's axe-core, pinned, under tests/.node,
 # never committed (git-ignored). Debian's npm is installed when the machine has none.

@@ -53,6 +53,7 @@ from bench.common import (
     spread,
     table,
 )
+from tests.live import chromium_path
 
 # bertviz 1.4.1 head_view as measured in REFERENCE.md (same machine type): HTML bytes, render seconds.
 REFERENCE_BERTVIZ = {64: (7.9e6, 1.7), 256: (128e6, 14.9), 512: (518e6, 63.0)}
@@ -356,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", type=Path, default=None,
                    help="another checkout (e.g. a git worktree of an older commit): (5) runs its server beside ours")
     p.add_argument("--only-baseline", action="store_true", help="skip (1)–(4): only (5)")
+    p.add_argument("--chromium", default=None,
+                   help="the Chromium binary (default: Debian's headless build, else /usr/bin/chromium)")
     p.add_argument("--json", type=Path, default=OUT / "bench_inspect.json", help="also write the raw figures here")
     args = p.parse_args(argv)
     quick = args.quick
@@ -369,15 +372,18 @@ def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     print(f"# Inspect benchmark — {dt.date.today().isoformat()}{' (quick)' if quick else ''}")
     print(f"Machine: {machine()}; load average at start {os.getloadavg()[0]:.1f}")
+    browser_path = args.chromium or chromium_path() or "none installed"
+    print(f"Browser: {browser_path}")
     print("Model: DistilGPT-2-shaped GPT-2, random weights (6 layers × 12 heads, d=768, real GPT-2 tokenizer)\n",
           flush=True)
     lm = load_model()
-    results: dict = {"date": dt.date.today().isoformat(), "machine": machine(), "quick": quick}
+    results: dict = {"date": dt.date.today().isoformat(), "machine": machine(), "quick": quick,
+                     "browser": browser_path}
 
     if args.only_baseline:
         if not args.baseline:
             raise SystemExit("--only-baseline needs --baseline PATH")
-        with chromium() as browser:
+        with chromium(args.chromium) as browser:
             results["baseline"] = report_baseline(browser, lm, args.baseline, sizes, nav_repeats)
         _dump(args.json, results)
         return 0
@@ -401,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     cdn = cdn_files() if bv_max else None
     first: dict[int, dict] = {}
     bert: dict[int, dict] = {}
-    with live_server(state) as base, chromium() as browser:
+    with live_server(state) as base, chromium(args.chromium) as browser:
         kvscope_first_heatmap(browser, base, prompt_of(lm, 8)[0])  # warm-up: templates, imports, first request
         for T in sizes:
             prompt, ids = prompt_of(lm, T)

@@ -24,13 +24,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"  # git-ignored: the model, generated HTML, downloaded CDN scripts
 
-CHROMIUM = os.environ.get("KVSCOPE_CHROMIUM", "/usr/bin/chromium")
-# Same flags as tests/conftest.py CHROMIUM_ARGS.
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-]
-
 # Real English text, repeated to reach any length (the built-in corpus is too short for 1024 tokens).
 ENGLISH = (
     "When a language model reads a sentence, every new token asks a question of the tokens before it. "
@@ -153,14 +146,17 @@ def live_server(state) -> Iterator[str]:
 
 
 @contextmanager
-def chromium() -> Iterator[object]:
-    """Real headless Chromium (the Debian package) driven by Playwright; yields the Browser."""
+def chromium(path: str | None = None) -> Iterator[object]:
+    """Real headless Chromium (Debian's headless build, else the full one; tests/live.py) via Playwright."""
     from playwright.sync_api import sync_playwright
 
-    if not Path(CHROMIUM).exists():
-        raise SystemExit(f"Chromium not found at {CHROMIUM}: apt-get install chromium")
+    from tests.live import launch_chromium
+
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            browser = launch_chromium(p, path)
+        except RuntimeError as e:
+            raise SystemExit(str(e)) from None
         try:
             yield browser
         finally:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.live import launch_chromium  # noqa: E402
 
 
 def main() -> None:
@@ -22,7 +24,7 @@ def main() -> None:
     p.add_argument("--then", default=None, help="CSS selector to wait for after the clicks")
     args = p.parse_args()
     with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=ARGS)
+        b = launch_chromium(pw)
         page = b.new_page(viewport={"width": args.width, "height": args.height})
         page.on("pageerror", lambda e: print("JS error:", e))
         page.goto(args.url)

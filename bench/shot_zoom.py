@@ -16,8 +16,8 @@ from playwright.sync_api import sync_playwright
 
 from app.labs.long import long_text
 from app.settings import Settings
-from tests.conftest import CHROMIUM, CHROMIUM_ARGS, make_state
-from tests.live import serve_in_thread
+from tests.conftest import make_state
+from tests.live import launch_chromium, serve_in_thread
 from tests.shaped_model import build_tiny_family, load_random
 
 tmp = Path(tempfile.mkdtemp())
@@ -28,7 +28,7 @@ state = make_state(Settings(models=("tiny-long",), home=tmp / "home"), lm)
 out = Path(sys.argv[1])
 out.mkdir(exist_ok=True, parents=True)
 with serve_in_thread(state) as url, sync_playwright() as p:
-    b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+    b = launch_chromium(p)
     zurl = None
     for lang in ("en", "zh"):
         for (w, h) in ((1600, 1000), (1280, 720)):

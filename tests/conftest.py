@@ -19,7 +19,7 @@ from app.engine.launch import EngineProcess, free_port, free_port_pair, smollm2_
 from app.model.loading import LoadedModel, ModelRegistry, load_builtin
 from app.settings import Settings
 from app.state import AppState
-from tests.live import browser_page, serve_in_thread
+from tests.live import browser_page, launch_chromium, serve_in_thread
 from tests.shaped_model import (
     TINY_FAMILIES,
     build_byte_fallback_tokenizer,
@@ -156,20 +156,12 @@ def live_server(distil_dir, tiny, kv_home):
         yield url
 
 
-CHROMIUM = os.environ.get("KVSCOPE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-]
-
-
 @pytest.fixture(scope="session")
 def browser():
     from playwright.sync_api import sync_playwright
 
-    assert Path(CHROMIUM).exists(), f"Chromium not found at {CHROMIUM}: apt-get install chromium"
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        b = launch_chromium(p)
         yield b
         b.close()
 
