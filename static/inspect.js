@@ -27,16 +27,19 @@
     // On a phone (no Shift key) the "pick several" box makes every tap add or remove.
     const several = document.getElementById("multi-pick");
     const adding = (e) => e.shiftKey || e.ctrlKey || e.metaKey || (several && several.checked);
-    document.querySelectorAll("#token-strip .tok").forEach((el) => {
-      el.addEventListener("click", (e) => pick(+el.dataset.pos, adding(e)));
-      el.addEventListener("keydown", (e) => {
-        if (e.key === "Enter" || e.key === " ") { e.preventDefault(); pick(+el.dataset.pos, adding(e)); }
+    // One listener on the strip, not two on each of its tokens.
+    const strip = document.getElementById("token-strip");
+    const chip = (e) => e.target.closest && e.target.closest("#token-strip .tok");
+    if (strip) {
+      strip.addEventListener("click", (e) => { const el = chip(e); if (el) pick(+el.dataset.pos, adding(e)); });
+      strip.addEventListener("keydown", (e) => {
+        const el = chip(e);
+        if (el && (e.key === "Enter" || e.key === " ")) { e.preventDefault(); pick(+el.dataset.pos, adding(e)); }
       });
-    });
+    }
     initMulti();
     document.getElementById("grid-sinks").addEventListener("change", toggleSinks);
     // The strip is one tab stop (a listbox): the arrow keys move the selected token, as a click does.
-    const strip = document.getElementById("token-strip");
     if (strip) kv.rovingKeys(strip, ".tok", { onMove: (el) => select({ q: +el.dataset.pos }) });
     document.getElementById("sel-layer").addEventListener("change", (e) => select({ layer: +e.target.value }));
     document.getElementById("sel-head").addEventListener("change", (e) => select({ head: +e.target.value }));

@@ -12,6 +12,7 @@ One module, one live server, one browser context per viewport:
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -169,6 +170,13 @@ def drive_inspect_by_keyboard(page, base: str) -> None:
     # The token strip is one tab stop, on the selected token; arrows move the selection as a click does.
     a = _tab_until(page, lambda a: a["inStrip"])
     assert (a["pos"], a["selected"]) == ("2", "true") and a["outline"] != "none"
+    # A token is named by what it reads, its id and position said once each (the visible numbers are hidden from
+    # screen readers; one hidden span says them): "␣cat, id 3797, position 2" (Chromium puts a space after the text's
+    # line, a block).
+    chip = page.locator("#token-strip .tok[data-pos='2']")
+    text, tid = chip.locator(".tok-text").inner_text(), chip.locator(".tok-id").inner_text()
+    named = re.compile(rf"^{re.escape(text)} ?, id {tid}, position 2$")
+    assert page.get_by_role("option", name=named).count() == 1
     page.keyboard.press("ArrowRight")
     _wait(page, "new URL(location.href).searchParams.get('q') === '3'")
     a = _active(page)
