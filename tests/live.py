@@ -78,7 +78,11 @@ def chromium_path() -> str | None:
 
 def launch_chromium(playwright, path: str | None = None, **options):
     """Launch headless Chromium through Playwright with the project's flags; a clear error when none is installed."""
+    import os
+
     path = path or chromium_path()
     if path is None:
-        raise RuntimeError(f"no Chromium at {' or '.join(CHROMIUM_CANDIDATES)}: run `make chromium`")
+        named = os.environ.get("KVSCOPE_CHROMIUM")
+        where = f"$KVSCOPE_CHROMIUM ({named})" if named else " or ".join(CHROMIUM_CANDIDATES)
+        raise RuntimeError(f"no Chromium at {where}: run `make chromium`")
     return playwright.chromium.launch(executable_path=path, headless=True, args=list(CHROMIUM_ARGS), **options)
