@@ -13,6 +13,7 @@ from app.model.loading import ModelRegistry
 from app.model.patching import Patcher, patch_map
 from app.settings import Settings
 from app.state import AppState
+from tests.numerics import thread_close
 
 CAPITAL = {"clean": "The capital of France is", "corrupted": "The capital of Italy is", "answer": " Paris",
            "wrong": " Rome"}
@@ -65,9 +66,10 @@ def test_the_lab_run_is_the_engine_s_map_and_tells_its_progress(lab, distil):
     result = lab.line.wait(job, "a")
     direct = Patcher(distil.model, distil.adapter, req.setup())
     clean, corrupted = direct.baselines()
-    assert (result.clean, result.corrupted) == (clean, corrupted)  # the same forwards, batch 1: exact
-    # A batch of T rows against a batch of T rows: the same shapes and ops, so the same numbers bit for bit.
-    assert torch.equal(result.values, patch_map(direct, "mlp", max_rows=lab.limits.patch_max_batch_rows))
+    # The lab ran on its line's worker thread, ``direct`` on this one: the same forwards, batch for batch, but a
+    # BLAS sum may be split differently on another thread (tests/numerics.py), so within fp32 reordering noise.
+    assert thread_close(torch.tensor([result.clean, result.corrupted]), torch.tensor([clean, corrupted]))
+    assert thread_close(result.values, patch_map(direct, "mlp", max_rows=lab.limits.patch_max_batch_rows))
     assert result.forwards == req.forwards(lm, lab.limits.patch_max_batch_rows) == 2 + 1  # 6 × 5 rows fit 64
     assert job.progress == {"done": result.forwards, "total": result.forwards}  # its last step: N of N
 

@@ -70,6 +70,8 @@ def test_first_start_converts_once_and_later_starts_load_the_saved_copy(real_ggu
     ids = torch.tensor([later.encode("The capital of France is")])
     with torch.no_grad():
         a, b, c = (m.model(ids).logits for m in (first, later, smol))
+    # Three loads of the same saved tensors, one forward each on this thread: same weights, ops and shapes, so the
+    # logits are bit-equal by construction (a wrong or re-dequantized weight would not be).
     assert torch.equal(a, b) and torch.equal(a, c)
     assert later.meta["quantization"] == "Q4_1"
     assert "dequantized to fp32" in later.source
@@ -81,7 +83,7 @@ def test_the_saved_copy_equals_transformers_reading_the_gguf_directly(real_gguf,
     direct = AutoModelForCausalLM.from_pretrained(real_gguf.parent, gguf_file=real_gguf.name, dtype=torch.float32,
                                                   attn_implementation="eager")
     ids = torch.tensor([smol.encode("The cat sat on the mat because")])
-    with torch.no_grad():
+    with torch.no_grad():  # the same dequantized weights, the same eager Llama forward, this thread: bit-equal
         assert torch.equal(direct(ids).logits, smol.model(ids).logits)
 
 

@@ -1,0 +1,52 @@
+"""How close two runs of the same fp32 computation must be when they need not be bit-equal.
+
+Exact equality holds by construction only for the same ops on the same shapes in the same thread. A forward in a
+worker thread and the same forward on the main thread may split a BLAS reduction differently: MKL's and
+OpenMP's thread counts are per-thread settings, so the worker may run a matmul on another number of threads and
+add its partial sums in another order. Each reordered sum of n terms moves the result by at most ~n·eps of the sum
+of the terms' magnitudes; in these models' activations (d_model ≤ 768, a few layers, LayerNorm renormalising each
+layer) that stays below a few hundred eps of the largest value of a tensor. ``THREAD_REL`` is 2 000 eps32
+(≈ 2.4e-4 × max|x|): far above that reordering noise, far below any real difference the tests look for (a hook
+leaking into another run changes a tensor by O(max|x|), a wrong head or position by O(1) in attention weights).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+EPS32 = torch.finfo(torch.float32).eps
+THREAD_REL = 2_000 * EPS32
+
+T = TypeVar("T")
+
+
+def thread_close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Same shape, and equal up to reordered fp32 sums (``THREAD_REL`` of the larger magnitude of ``want``)."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    if not want.is_floating_point():
+        return torch.equal(got, want)
+    scale = float(want.abs().max()) if want.numel() else 0.0
+    return bool((got - want).abs().max() <= THREAD_REL * max(scale, 1.0)) if want.numel() else True
+
+
+def in_fresh_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` run on a new thread (as a worker runs it), its result or its exception returned here."""
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # re-raised on the caller's thread
+            out["error"] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
