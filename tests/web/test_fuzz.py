@@ -7,12 +7,14 @@ negative mode: wrong types, missing fields, values out of bounds) on the first. 
 request's validation, which the schema defines; both servers publish the same schema (checked below), so the
 derandomized fuzzer would send the second one the same invalid requests again. A generated request that names a
 model gets one of the served names half of the time, so the model code is reached and not only the validation.
-Prompts are capped at 300 characters, arena runs at 4 steps of 64 tokens and the decode timing at 3 repeats on
-64 tokens here so the run stays bounded (longer ones are tested elsewhere).
+Prompts are capped at 300 characters, arena runs at 4 steps of 64 tokens, the decode timing at 1 repeat on 32
+tokens, speculative runs at 8 new tokens of a 64-token prompt, the roofline at 128 tokens and batches of 4, the
+capacity check at 4 requests of 16 + 8 tokens and training runs at 0.5 s, so the run stays bounded: these limits
+move where a request is refused, not which code a request reaches (longer runs are tested elsewhere).
 
 The fuzzer sends one request at a time, so the server is never busy. Training runs are stopped after each
 training request (a run waiting in line is the state of the server, not an answer to the input; the lines have
-their own tests), and may train for 2 s at most: a streamed run (/api/train/jobs) answers until its run ends.
+their own tests), and may train for 0.5 s at most: a streamed run (/api/train/jobs) answers until its run ends.
 """
 
 from __future__ import annotations
@@ -50,8 +52,10 @@ def _stop_training(state) -> None:
 
 
 def _fuzzed_settings(settings):
-    return settings.with_(max_prompt_chars=300, arena_max_steps=4, arena_max_prompt_tokens=64, train_max_s=2.0,
-                          decode_timing_repeats=3, decode_timing_tokens=64)
+    return settings.with_(max_prompt_chars=300, arena_max_steps=4, arena_max_prompt_tokens=64, train_max_s=0.5,
+                          decode_timing_repeats=1, decode_timing_tokens=32, spec_max_new_tokens=8,
+                          spec_max_prompt_tokens=64, roofline_max_context=128, roofline_max_batch=4,
+                          capacity_check_max_requests=4, capacity_check_max_prompt=16, capacity_check_max_output=8)
 
 
 def test_both_servers_publish_the_same_schema(settings, distil, tiny):
