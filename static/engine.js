@@ -97,15 +97,19 @@ window.kv.page("engine", (page) => {
   }
 
   async function drawCalculator() {
-    const c = await kv.getJSON(`/api/engine/${index}/calculator`).catch(() => null);
+    const i = index;
+    const c = await kv.getJSON(`/api/engine/${i}/calculator`).catch(() => null);
+    if (i !== index) return;  // another engine was picked meanwhile: its own call draws
     const body = $("calc-table").querySelector("tbody");
     if (!c || !c.model) {
       $("calc-explain").textContent = kv.t("engine.calc.unknown");
       body.replaceChildren();
       return;
     }
-    $("calc-explain").textContent = kv.t("engine.calc.explain", { bytes: kv.bytes(c.kv_memory_bytes), size: c.block_size,
-      context: kv.int(c.context), dtype: c.dtype, model: c.model });
+    $("calc-explain").textContent = [kv.t("engine.calc.explain", { bytes: kv.bytes(c.kv_memory_bytes), size: c.block_size,
+      context: kv.int(c.context), dtype: c.dtype, model: c.model }),
+      c.groups > 1 ? kv.t("engine.calc.groups", { groups: c.groups, layers: c.group_size, block: kv.bytes(c.block_bytes) }) : "",
+      c.windowed ? kv.t("engine.calc.windowed", { batched: kv.int(c.batched_tokens) }) : ""].filter(Boolean).join(" ");
     const row = (key, a, b) => el("tr", { class: a === b ? "same" : "differ" }, el("th", null, kv.t(key)),
       el("td", null, a), el("td", null, b));
     const conc = (x) => (x === null || x === undefined ? "—" : x.toFixed(2) + "×");
