@@ -223,7 +223,8 @@ class EngineLab:
                     "status": self.status(link, lang), "connected": link.events_connected,
                     "counts": {"held": len(m.blocks), "shown": len(blocks), "stored": m.stored, "removed": m.removed,
                                "cleared": m.cleared, "batches": m.batches, "replayed": m.replayed,
-                               "dropped": m.dropped, "unknown_removed": m.unknown_removed, "next_seq": m.next_seq},
+                               "dropped": m.dropped, "unknown_removed": m.unknown_removed, "next_seq": m.next_seq,
+                               "streams": streams},
                     "groups": [{"group": g, "kind": k, "window": w,
                                 "held": sum(n for (hg, _), n in m.held.items() if hg == g)}
                                for g, (k, w) in sorted(m.groups.items())],
@@ -306,6 +307,8 @@ class EngineLab:
             with link.lock:
                 v0 = link.mirror.version
             t0 = time.monotonic()
+            # One token: the engine then caches the prompt's full blocks only (a sampled token is never computed
+            # into the cache), the blocks KVScope's pool predicts from the same prompt.
             out = link.complete(text, max_tokens=1, timeout=self.limits.engine_drive_timeout_s)
             latency = time.monotonic() - t0
             pred = predictor.run(ids)
