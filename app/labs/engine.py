@@ -213,6 +213,7 @@ class EngineLab:
 
     def snapshot(self, index: int, lang: str) -> dict:
         link = self.link(index)
+        streams = link.streams  # pages following it now (taken before the lock: it takes the lock itself)
         with link.lock:
             m = link.mirror
             shown = list(islice(reversed(m.blocks.values()), self.limits.engine_max_shown_blocks))[::-1]
