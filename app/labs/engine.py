@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -191,8 +192,10 @@ class EngineLab:
                                max_num_batched_tokens=batched)
         engine_conc = m.config.get("kv_cache_max_concurrency")
         try:
-            theirs_conc = float(engine_conc) if engine_conc not in (None, "None") else None
+            theirs_conc: float | None = float(engine_conc) if engine_conc not in (None, "None") else None
         except ValueError:
+            theirs_conc = None
+        if theirs_conc is not None and not math.isfinite(theirs_conc):  # not a figure, and not JSON
             theirs_conc = None
         return {"model": model.name, "dtype": dtype, "context": context, "block_size": bs, "kv_memory_bytes": mem,
                 "groups": calc["groups"], "group_size": calc["group_size"], "block_bytes": calc["block_bytes"],

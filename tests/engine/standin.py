@@ -13,7 +13,8 @@ SMOLLM2_METRICS = ('vllm:cache_config_info{block_size="32",cache_dtype="auto",kv
 
 
 class StandIn(ThreadingHTTPServer):
-    def __init__(self, *, metrics: str = SMOLLM2_METRICS, model: str = "smollm2", max_model_len: int = 2048) -> None:
+    def __init__(self, *, metrics: str = SMOLLM2_METRICS, model: str = "HuggingFaceTB/SmolLM2-135M-Instruct",
+                 max_model_len: int = 2048) -> None:
         bodies = {"/metrics": metrics.encode(), "/health": b"",
                   "/v1/models": json.dumps({"data": [{"id": model, "root": model,
                                                       "max_model_len": max_model_len}]}).encode()}

@@ -75,3 +75,25 @@ def test_the_calculator_line_on_gemma3_counts_blocks_as_vllm_does(tmp_path):
     finally:
         lab.stop()
         engine.close()
+
+
+def test_a_calculator_line_the_engine_says_nonsense_in_is_still_json(tmp_path):
+    """A concurrency of NaN (not a figure, and not JSON) is no figure of the engine's; a cache dtype KVScope does not
+    know leaves the line empty, said on the page, rather than counted in the wrong bytes."""
+    from tests.engine.standin import SMOLLM2_METRICS, StandIn
+
+    engines = [StandIn(metrics=SMOLLM2_METRICS.replace('"22.75"', '"nan"')),
+               StandIn(metrics=SMOLLM2_METRICS.replace('"auto"', '"fp4_e2m1"'))]
+    lab = EngineLab(limits=EngineLimits.of(Settings(home=tmp_path, engine=tuple(e.url for e in engines),
+                                                    engine_poll_s=30.0)))
+    lab.start()
+    try:
+        assert wait_for(lambda: all(link.metrics is not None for link in lab.links), 10)
+        nan, unknown = (lab.calculator_line(link) for link in lab.links)
+        assert nan["theirs"]["max_concurrency"] is None and nan["ours"]["max_concurrency"] == 22.75
+        json.dumps(nan, allow_nan=False)
+        assert unknown == {"model": None}
+    finally:
+        lab.stop()
+        for e in engines:
+            e.close()
