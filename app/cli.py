@@ -19,22 +19,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from app.memory import tune_allocators
     from app.web.boot import serve
 
-    settings = Settings.from_env()
-    changes: dict = {"host": args.host or settings.host, "port": args.port or settings.port}
-    if args.model:
-        changes["models"] = tuple(args.model)
-    if args.device:
-        changes["device"] = args.device
-    if args.engine:
-        changes["engine"] = tuple(args.engine)
-    if args.engine_events:
-        changes["engine_events"] = tuple(args.engine_events)
-    settings = settings.with_(**changes)
+    settings = serve_settings(args, Settings.from_env())
     resolve_device(settings)  # a GPU asked for where there is none: say so before anything loads
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # Before torch loads and starts threads: glibc's arena bound holds only for arenas made after it (app/memory.py).
     tune_allocators(settings)
     return serve(settings)
+
+
+def serve_settings(args: argparse.Namespace, settings: Settings) -> Settings:
+    """The environment's settings with the ``serve`` flags given over them (checked again: ``BadSetting``)."""
+    changes: dict = {"host": args.host or settings.host, "port": args.port or settings.port}
+    if args.model:
+        changes["models"] = tuple(args.model)
+    if args.device:
+        changes["device"] = args.device
+    for flag in ("engine", "engine_events", "engine_replay"):  # repeated, or comma-separated as in KVSCOPE_ENGINE*
+        if getattr(args, flag):
+            changes[flag] = tuple(v.strip() for given in getattr(args, flag) for v in given.split(",") if v.strip())
+    return settings.with_(**changes)
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
@@ -254,6 +257,18 @@ def cmd_settings_doc(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except BadSetting as exc:  # a KVSCOPE_* variable the server cannot run with: say which, and stop
+        from app.web.boot import console, console_lang
+
+        console("boot.console.bad_setting", why=exc.text(console_lang()))
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every command and its flags."""
     parser = argparse.ArgumentParser(prog="kvscope", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the web app")
@@ -272,7 +287,10 @@ def main(argv: list[str] | None = None) -> int:
                             "replicas or data-parallel ranks); `kvscope engine` starts one here")
     serve.add_argument("--engine-events", action="append", metavar="SOCKET",
                        help="that engine's KV-event socket (tcp://host:5557; one per --engine, same order); its replay "
-                            "socket is the next port unless KVSCOPE_ENGINE_REPLAY says otherwise")
+                            "socket is the next port unless --engine-replay says otherwise")
+    serve.add_argument("--engine-replay", action="append", metavar="SOCKET",
+                       help="that engine's replay socket (tcp://host:5558; one per --engine, same order; default: its "
+                            "events port + 1, as `kvscope engine` starts it)")
     serve.set_defaults(func=cmd_serve)
     engine = sub.add_parser("engine", help="install and start a real vLLM (CPU) on the offline SmolLM2, for the "
                                            "Engine page")
@@ -300,14 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = sub.add_parser("settings-doc", help="print docs/settings.md: every KVSCOPE_* variable, from Settings")
     doc.add_argument("--out", default=None, help="write it to this file instead (docs/settings.md)")
     doc.set_defaults(func=cmd_settings_doc)
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except BadSetting as exc:  # a KVSCOPE_* variable the server cannot run with: say which, and stop
-        from app.web.boot import console, console_lang
-
-        console("boot.console.bad_setting", why=exc.text(console_lang()))
-        return 2
+    return parser
 
 
 if __name__ == "__main__":

@@ -123,11 +123,15 @@ class Settings:
     # A live page's stream ends after this long (the page opens a new one); blocks drawn at most on the page.
     engine_stream_max_s: float = 300.0
     engine_max_shown_blocks: int = 400
-    # Driving an engine from the page: at most this many requests a run, tokens generated per request, seconds
-    # one request may take; the comparisons kept (one per browser, the least recently used dropped).
+    # Driving an engine from the page: at most this many requests a run (each generates one token: the comparison
+    # is over the prompt's blocks), seconds one request may take; the comparisons kept (one per browser, the least
+    # recently used dropped).
     engine_drive_max_requests: int = 8
-    engine_drive_max_tokens: int = 16
     engine_drive_timeout_s: float = 60.0
+    # The engines' step token budget (vLLM's --max-num-batched-tokens; `vllm serve`'s default on CPU and on GPUs
+    # under 70 GiB), which they do not report: vLLM sizes a sliding-window layer's share of a request by it, so the
+    # calculator line's concurrency for such a model counts it.
+    engine_max_num_batched_tokens: int = 2048
     engine_max_runs_kept: int = 64
     # The fleet panel (several engines or ranks): at most this many prefixes (chains of cached blocks) listed.
     engine_fleet_max_chains: int = 24
@@ -401,8 +405,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
                  "capacity_check_max_blocks", "capacity_check_max_block_size", "capacity_check_max_seqs"),
     "engine": ("engine", "engine_events", "engine_replay", "engine_poll_s", "engine_http_timeout_s",
                "engine_replay_timeout_s", "engine_max_blocks", "engine_max_changes", "engine_stream_max_s",
-               "engine_max_shown_blocks", "engine_drive_max_requests", "engine_drive_max_tokens",
-               "engine_drive_timeout_s", "engine_max_runs_kept", "engine_fleet_max_chains", "max_prompt_chars"),
+               "engine_max_shown_blocks", "engine_drive_max_requests", "engine_drive_timeout_s",
+               "engine_max_num_batched_tokens", "engine_max_runs_kept", "engine_fleet_max_chains", "max_prompt_chars"),
     "lines": ("lab_queue_max", "lab_jobs_per_browser", "lab_max_wait_s"),
 }
 

@@ -97,15 +97,19 @@ window.kv.page("engine", (page) => {
   }
 
   async function drawCalculator() {
-    const c = await kv.getJSON(`/api/engine/${index}/calculator`).catch(() => null);
+    const i = index;
+    const c = await kv.getJSON(`/api/engine/${i}/calculator`).catch(() => null);
+    if (i !== index) return;  // another engine was picked meanwhile: its own call draws
     const body = $("calc-table").querySelector("tbody");
     if (!c || !c.model) {
       $("calc-explain").textContent = kv.t("engine.calc.unknown");
       body.replaceChildren();
       return;
     }
-    $("calc-explain").textContent = kv.t("engine.calc.explain", { bytes: kv.bytes(c.kv_memory_bytes), size: c.block_size,
-      context: kv.int(c.context), dtype: c.dtype, model: c.model });
+    $("calc-explain").textContent = [kv.t("engine.calc.explain", { bytes: kv.bytes(c.kv_memory_bytes), size: c.block_size,
+      context: kv.int(c.context), dtype: c.dtype, model: c.model }),
+      c.groups > 1 ? kv.t("engine.calc.groups", { groups: c.groups, layers: c.group_size, block: kv.bytes(c.block_bytes) }) : "",
+      c.windowed ? kv.t("engine.calc.windowed", { batched: kv.int(c.batched_tokens) }) : ""].filter(Boolean).join(" ");
     const row = (key, a, b) => el("tr", { class: a === b ? "same" : "differ" }, el("th", null, kv.t(key)),
       el("td", null, a), el("td", null, b));
     const conc = (x) => (x === null || x === undefined ? "—" : x.toFixed(2) + "×");
@@ -115,15 +119,21 @@ window.kv.page("engine", (page) => {
       row("engine.calc.row.concurrency", conc(c.ours.max_concurrency), conc(c.theirs.max_concurrency)));
   }
 
-  /* Follow the stream; when it ends (its time is up, the server restarted) or breaks, open a new one. */
+  /* Follow engine `index`'s stream, one at a time: each call aborts the loop before it (an engine switch) and
+     runs until its own controller is aborted; when its stream ends (its time is up, the server restarted) or
+     breaks, it opens a new one. A loop reads only its own controller: the shared one is the newest loop's. */
   async function follow() {
-    for (;;) {
-      controller = new AbortController();
+    if (controller) controller.abort();
+    const mine = new AbortController(), i = index;
+    controller = mine;
+    while (!mine.signal.aborted) {
       try {
-        await kv.follow(`/api/engine/${index}/stream`, { since: -1 }, draw, controller.signal);
+        await kv.follow(`/api/engine/${i}/stream`, { since: -1 }, (snap) => { if (!mine.signal.aborted) draw(snap); },
+          mine.signal);
       } catch (e) {
-        if (controller.signal.aborted) return;
+        if (mine.signal.aborted) return;
       }
+      if (mine.signal.aborted) return;
       $("engine-status").append(el("li", { class: "st-info" }, kv.t("engine.js.reconnecting")));
       await new Promise((r) => setTimeout(r, 1500));
     }
@@ -202,7 +212,6 @@ window.kv.page("engine", (page) => {
   if (pick) pick.addEventListener("change", () => {
     index = +pick.value;
     lastVersion = -1;
-    if (controller) controller.abort();
     drawCalculator();
     follow();
   });

@@ -224,14 +224,16 @@ class KVCacheGroup:
 def kv_cache_groups(specs: Sequence[KVCacheSpec]) -> list[KVCacheGroup]:
     """Split the layers into groups of one spec and (nearly) one size, full attention first, as vLLM does
     (``_get_kv_cache_groups_uniform_page_size``): one kind is one group of all its layers; otherwise the group size
-    is the smallest kind's layer count, or the largest one's when all kinds are within 1.25x of each other, and each
-    kind's layers are cut into chunks of that size."""
+    is the smallest kind's layer count, or the largest one's when the largest kind has fewer than 1.5x the smallest
+    one's layers (vLLM pads the smaller kinds' groups), and each kind's layers are cut into chunks of that size.
+    (vLLM deals a kind's layers out round-robin, ``layers[i::num_groups]``, where this cuts them in runs: the
+    groups' sizes and so every block count are the same.)"""
     kinds = layer_kinds(specs)
     if len(kinds) == 1:
         ((spec, layers),) = kinds
         return [KVCacheGroup(spec, layers)]
     counts = [len(layers) for _, layers in kinds]
-    size = max(counts) if max(counts) < 1.25 * min(counts) else min(counts)
+    size = max(counts) if max(counts) < 1.5 * min(counts) else min(counts)
     return [KVCacheGroup(spec, layers[i : i + size]) for spec, layers in kinds for i in range(0, len(layers), size)]
 
 

@@ -19,11 +19,16 @@ Per-layer windows are counted as vLLM counts each KV-cache spec (``app/cache/spe
 
     request bytes = Σ over layer kinds  layers · blocks held · block_size · bytes per token per layer
     max concurrency = KV memory / request bytes                       (windowed models)
+
+What a running vLLM prints for its KV memory (``engine_capacity``, the Engine page's calculator line) is counted in
+blocks of its KV-cache groups, not of every layer: a block holds one page of each layer of one group, so Gemma 3's
+six groups of 3 layers make blocks of 3 layers' pages, and vLLM's ``num_gpu_blocks`` is 6x a count in 18-layer pages.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from math import ceil
 
 from app import kv_bytes
 from app.cache import spec as kv_spec
@@ -175,6 +180,46 @@ def calculate(model: ModelConfig, inp: CalcInput) -> dict:
         "tp_fit": smallest_fitting_tp(model, inp, weight_bytes) if search else None,
         "chart": chart(model, inp),
     }
+
+
+# vLLM's ``--kv-cache-dtype`` (``cache_config_info``'s ``cache_dtype``) in our names; "auto" is the model's dtype, which
+# the engine does not report: bf16, what the catalog's models are served in.
+VLLM_CACHE_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
+                     "float": "fp32", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+
+
+def engine_capacity(model: ModelConfig, *, dtype: str, block_size: int, kv_memory_bytes: int, max_model_len: int,
+                    max_num_batched_tokens: int) -> dict:
+    """vLLM's figures for ``kv_memory_bytes`` of KV memory on one worker, counted as vLLM counts them
+    (``vllm/v1/core/kv_cache_utils.py``), from the model's layer specs and KV-cache groups (``app/cache/spec.py``)::
+
+        bytes per block      = group_size · page of one layer       (_get_kv_cache_bytes_per_block: the largest
+                                                                     group's pages; every group has group_size layers)
+        num_gpu_blocks       = KV memory // bytes per block         (get_kv_cache_config_from_groups)
+        blocks per request   = Σ over groups  cdiv(max_memory_usage_bytes, page)
+                                                                    (get_max_concurrency_for_kv_cache_config)
+        max concurrency      = num_gpu_blocks / blocks per request
+        kv_cache_size_tokens = int(max concurrency · max_model_len) (get_kv_cache_capacity)
+
+    A full-attention group's request takes every block of ``max_model_len`` tokens; a sliding-window group's the
+    blocks of ``window - 1 + max_num_batched_tokens`` tokens (at most ``max_model_len``) and one more
+    (``SlidingWindowSpec.max_memory_usage_bytes``: vLLM sizes a request for a whole step in flight, not for the
+    window alone). One batch in flight (vLLM's ``max_concurrent_batches`` without pipeline parallelism), no tensor
+    parallelism (the engine reports neither), fp8 with one scale per tensor (vLLM's)."""
+    if dtype not in kv_bytes.DTYPE_BYTES:
+        raise BadInput("err.capacity.dtype", dtype=dtype, known=", ".join(kv_bytes.DTYPE_BYTES))
+    groups = kv_spec.kv_cache_groups(kv_spec.from_config(model))
+    page = groups[0].spec.page_size_bytes(block_size, dtype, scales="tensor")
+    per_block = kv_spec.group_size(groups) * page
+    num_blocks = int(kv_memory_bytes // per_block)
+    per_request = sum(ceil(g.spec.max_memory_usage_bytes(max_model_len=max_model_len, block_size=block_size,
+                                                          dtype=dtype, max_num_batched_tokens=max_num_batched_tokens,
+                                                          scales="tensor") / page) for g in groups)
+    concurrency = num_blocks / per_request
+    return {"num_blocks": num_blocks, "tokens": int(concurrency * max_model_len), "max_concurrency": concurrency,
+            "block_bytes": per_block, "page_bytes": page, "group_size": kv_spec.group_size(groups),
+            "groups": len(groups), "blocks_per_request": per_request,
+            "windowed": any(g.window is not None for g in groups)}
 
 
 TP_DEGREES = (1, 2, 4, 8, 16, 32, 64)  # the tensor-parallel degrees the calculator offers

@@ -14,7 +14,6 @@ digest; only the events shorten it. ``extra_keys`` is None for a plain text requ
 from __future__ import annotations
 
 import hashlib
-import os
 import pickle
 from collections.abc import Sequence
 from functools import lru_cache
@@ -55,8 +54,3 @@ class VllmBlockHasher:
     def request(self, token_ids: Sequence[int], block_size: int) -> list[int]:
         """The event ids of every full block of a request, first block first (the chain: ``hash_request_tokens``)."""
         return [external(h) for h in hash_request_tokens(token_ids, block_size, None, hash_block=self)]
-
-
-def engine_seed(env: dict[str, str] | None = None) -> str | None:
-    """The seed a vLLM started with this environment uses (None: its fixed default)."""
-    return (os.environ if env is None else env).get("PYTHONHASHSEED")

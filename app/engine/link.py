@@ -123,6 +123,12 @@ class EngineLink:
 
         return unwatch
 
+    @property
+    def streams(self) -> int:
+        """Streams watching this link now (one per open page following it: a page that leaves unwatches)."""
+        with self.lock:
+            return len(self._watchers)
+
     # --- the HTTP API (the link's own URL only) --------------------------------------------------------------
     def get(self, path: str) -> bytes:
         return http(self.url + path, timeout=self.limits.http_timeout_s)

@@ -11,7 +11,6 @@ Lines that are not samples (comments, blanks) are skipped; a line that cannot be
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 
@@ -66,31 +65,6 @@ def histogram_mean(samples: Samples, name: str) -> tuple[float | None, int]:
     if s is None or not c:
         return None, int(c or 0)
     return s / c, int(c)
-
-
-def histogram_quantile(samples: Samples, name: str, q: float) -> float | None:
-    """Prometheus' ``histogram_quantile``: linear inside the bucket that holds rank q · count (buckets summed over
-    label sets). None without observations."""
-    buckets: dict[float, float] = {}
-    for labels, v in samples.get(f"{name}_bucket", []):
-        le = float(labels.get("le", "nan"))
-        if not math.isnan(le):
-            buckets[le] = buckets.get(le, 0.0) + v
-    if not buckets:
-        return None
-    bounds = sorted(buckets)
-    count = buckets[bounds[-1]]
-    if count <= 0:
-        return None
-    rank, lo, prev = q * count, 0.0, 0.0
-    for b in bounds:
-        if buckets[b] >= rank:
-            if math.isinf(b):
-                return lo
-            width = buckets[b] - prev
-            return lo + (b - lo) * ((rank - prev) / width if width else 1.0)
-        lo, prev = b, buckets[b]
-    return lo
 
 
 @dataclass(frozen=True)

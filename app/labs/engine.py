@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -29,7 +30,7 @@ from itertools import islice
 
 from app import catalog
 from app.cache.prefix import PRESETS, scaled_presets
-from app.capacity.calculator import CalcInput, GiB, calculate
+from app.capacity.calculator import VLLM_CACHE_DTYPES, engine_capacity
 from app.engine.compare import Observed, Predictor, first_difference
 from app.engine.fleet import EngineIndex, IndexBlock, decide, fleet_chains, score
 from app.engine.hashing import HASH_ALGO, VllmBlockHasher, external
@@ -72,8 +73,8 @@ class EngineLimits(Limits):
     engine_stream_max_s: float
     engine_max_shown_blocks: int
     engine_drive_max_requests: int
-    engine_drive_max_tokens: int
     engine_drive_timeout_s: float
+    engine_max_num_batched_tokens: int
     engine_max_runs_kept: int
     engine_fleet_max_chains: int
     max_prompt_chars: int
@@ -170,7 +171,10 @@ class EngineLab:
                                                         "enable_prefix_caching", "sliding_window")}}
 
     def calculator_line(self, link: EngineLink) -> dict | None:
-        """KVScope's calculator on the engine's own configuration, beside its ``cache_config_info``."""
+        """KVScope's calculator on the engine's own configuration (its model, KV memory, block size, cache dtype and
+        max model length), counted as vLLM counts (``engine_capacity``: blocks of its KV-cache groups), beside the
+        engine's ``cache_config_info``. ``{"model": None}`` when something it needs is unknown or not a number the
+        formula can take (no model in the catalog, no KV memory reported, an unknown cache dtype)."""
         m = link.metrics
         if m is None:
             return None
@@ -178,19 +182,27 @@ class EngineLab:
         bs, mem = m.config_int("block_size"), m.config_int("kv_cache_memory_bytes")
         try:
             context = int(json.loads(link.get("/v1/models"))["data"][0]["max_model_len"])
-        except (EngineDown, KeyError, ValueError, IndexError):
+        except (EngineDown, KeyError, ValueError, IndexError, TypeError, OverflowError):
             context = None
-        if model is None or not bs or not mem or not context:
+        dtype = VLLM_CACHE_DTYPES.get(str(m.config.get("cache_dtype", "auto")))
+        if model is None or dtype is None or not all(isinstance(x, int) and x > 0 for x in (bs, mem, context)):
             return {"model": None}
-        dtype = "bf16" if m.config.get("cache_dtype", "auto") == "auto" else m.config["cache_dtype"].replace(
-            "float16", "fp16").replace("bfloat16", "bf16")
-        calc = calculate(model, CalcInput(dtype=dtype, block_size=bs, context=context, kv_memory_gib=mem / GiB))
+        batched = self.limits.engine_max_num_batched_tokens
+        calc = engine_capacity(model, dtype=dtype, block_size=bs, kv_memory_bytes=mem, max_model_len=context,
+                               max_num_batched_tokens=batched)
         engine_conc = m.config.get("kv_cache_max_concurrency")
+        try:
+            theirs_conc: float | None = float(engine_conc) if engine_conc not in (None, "None") else None
+        except ValueError:
+            theirs_conc = None
+        if theirs_conc is not None and not math.isfinite(theirs_conc):  # not a figure, and not JSON
+            theirs_conc = None
         return {"model": model.name, "dtype": dtype, "context": context, "block_size": bs, "kv_memory_bytes": mem,
-                "ours": {"num_blocks": calc["num_blocks"], "tokens": calc["tokens"],
-                         "max_concurrency": calc["max_concurrency"], "bytes_per_token": calc["bytes_per_token"]},
+                "groups": calc["groups"], "group_size": calc["group_size"], "block_bytes": calc["block_bytes"],
+                "windowed": calc["windowed"], "batched_tokens": batched,
+                "ours": {k: calc[k] for k in ("num_blocks", "tokens", "max_concurrency", "blocks_per_request")},
                 "theirs": {"num_blocks": m.config_int("num_gpu_blocks"), "tokens": m.config_int("kv_cache_size_tokens"),
-                           "max_concurrency": float(engine_conc) if engine_conc not in (None, "None") else None}}
+                           "max_concurrency": theirs_conc}}
 
     def engine_model(self, link: EngineLink) -> catalog.ModelConfig | None:
         """The catalog's entry for the engine's model (matched on its served name or the path it loaded)."""
@@ -204,6 +216,7 @@ class EngineLab:
 
     def snapshot(self, index: int, lang: str) -> dict:
         link = self.link(index)
+        streams = link.streams  # pages following it now (taken before the lock: it takes the lock itself)
         with link.lock:
             m = link.mirror
             shown = list(islice(reversed(m.blocks.values()), self.limits.engine_max_shown_blocks))[::-1]
@@ -214,7 +227,8 @@ class EngineLab:
                     "status": self.status(link, lang), "connected": link.events_connected,
                     "counts": {"held": len(m.blocks), "shown": len(blocks), "stored": m.stored, "removed": m.removed,
                                "cleared": m.cleared, "batches": m.batches, "replayed": m.replayed,
-                               "dropped": m.dropped, "unknown_removed": m.unknown_removed, "next_seq": m.next_seq},
+                               "dropped": m.dropped, "unknown_removed": m.unknown_removed, "next_seq": m.next_seq,
+                               "streams": streams},
                     "groups": [{"group": g, "kind": k, "window": w,
                                 "held": sum(n for (hg, _), n in m.held.items() if hg == g)}
                                for g, (k, w) in sorted(m.groups.items())],
@@ -297,6 +311,8 @@ class EngineLab:
             with link.lock:
                 v0 = link.mirror.version
             t0 = time.monotonic()
+            # One token: the engine then caches the prompt's full blocks only (a sampled token is never computed
+            # into the cache), the blocks KVScope's pool predicts from the same prompt.
             out = link.complete(text, max_tokens=1, timeout=self.limits.engine_drive_timeout_s)
             latency = time.monotonic() - t0
             pred = predictor.run(ids)

@@ -82,12 +82,12 @@ def test_groups_are_made_once_from_the_specs():
     plain = spec.from_config(catalog.get("smollm2-135m"))
     (one,) = kv_cache_groups(plain)
     assert one.layers == tuple(range(30)) and spec.block_bytes([one], 16, "bf16") == 16 * 23_040
-    # Kinds within 1.25x of each other: groups as large as the largest kind (vLLM pads the smaller one).
-    mixed = [SlidingWindowSpec(1, 2, 8)] * 9 + [FullAttentionSpec(1, 2)] * 8
-    assert [len(g.layers) for g in kv_cache_groups(mixed)] == [8, 9]
-    # Otherwise as large as the smallest kind: 5 local layers and 4 full ones are cut into groups of 4.
-    apart = [SlidingWindowSpec(1, 2, 8)] * 5 + [FullAttentionSpec(1, 2)] * 4
-    assert [len(g.layers) for g in kv_cache_groups(apart)] == [4, 4, 1]
+    # The largest kind under 1.5x the smallest: groups as large as the largest kind (vLLM pads the smaller one).
+    mixed = [SlidingWindowSpec(1, 2, 8)] * 7 + [FullAttentionSpec(1, 2)] * 5
+    assert [len(g.layers) for g in kv_cache_groups(mixed)] == [5, 7]
+    # Otherwise as large as the smallest kind: 6 local layers and 4 full ones are cut into groups of 4.
+    apart = [SlidingWindowSpec(1, 2, 8)] * 6 + [FullAttentionSpec(1, 2)] * 4
+    assert [len(g.layers) for g in kv_cache_groups(apart)] == [4, 4, 2]
 
 
 def test_the_calculator_and_the_model_sizes_read_the_specs():

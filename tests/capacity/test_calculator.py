@@ -285,3 +285,39 @@ def test_mistral_windows_every_layer_and_plain_models_none():
     q = catalog.from_config_json('{"model_type": "qwen2", "num_hidden_layers": 4, "num_attention_heads": 8,'
                                  ' "hidden_size": 512, "sliding_window": 64, "use_sliding_window": false}')
     assert q.windows == ()
+
+
+# --- what a running vLLM prints (the Engine page's calculator line) ------------------------------------------------
+
+def test_vllms_blocks_hold_one_kv_cache_groups_pages_not_every_layers():
+    """Gemma 3 270M: 6 groups of 3 layers (3 full, 15 local: vLLM's group size is the smallest kind's count), so a
+    block is 3 layers' pages (vLLM's ``_get_kv_cache_bytes_per_block``: the largest group's pages) and
+    ``num_gpu_blocks = memory // (3 · page)`` (``get_kv_cache_config_from_groups``): 6x a count in 18-layer pages."""
+    from app.capacity.calculator import engine_capacity
+
+    page = 2 * 32 * 1 * 256 * 2  # K and V · block of 32 · 1 KV head · head_dim 256 · bf16
+    r = engine_capacity(catalog.get("gemma-3-270m"), dtype="bf16", block_size=32, kv_memory_bytes=GiB,
+                        max_model_len=32768, max_num_batched_tokens=2048)
+    assert r["page_bytes"] == page and r["block_bytes"] == 3 * page and r["groups"] == 6
+    assert r["num_blocks"] == GiB // (3 * page) == 10_922
+    assert calc("gemma-3-270m", dtype="bf16", block_size=32, kv_memory_gib=1)["num_blocks"] == GiB // (18 * page)
+    # One request (``SlidingWindowSpec.max_memory_usage_bytes``): 1 024 blocks of 32 768 tokens in the full group;
+    # in each of the 5 local groups the window's 511 earlier tokens and a step of 2 048 in flight, 80 blocks, + 1
+    assert r["blocks_per_request"] == 1024 + 5 * 81
+    assert r["max_concurrency"] == 10_922 / 1429 and r["tokens"] == int(10_922 / 1429 * 32768)
+
+
+@pytest.mark.parametrize("case", ["gemma3", "gemma3-fp8-long-steps", "seven-five", "smollm2", "deepseek-mla"])
+def test_the_engine_figures_are_the_ones_vllm_computes(case):
+    """Full, sliding (Gemma 3, and kinds 7:5 whose groups vLLM pads), MLA, fp8: the figures vLLM's own
+    ``get_kv_cache_configs`` and ``get_kv_cache_capacity`` give for the same layers and memory, in the engine's venv.
+    Equal exactly: both divide the same integers once (the block count, then blocks / blocks per request)."""
+    from app.capacity.calculator import engine_capacity
+    from tests.capacity.vllm_reference import CASES, vllm_figures
+
+    model, dtype, _, block_size, n, batched, mem = CASES[case]
+    vllm = vllm_figures()[case]
+    ours = engine_capacity(model, dtype=dtype, block_size=block_size, kv_memory_bytes=mem, max_model_len=n,
+                           max_num_batched_tokens=batched)
+    assert (ours["num_blocks"], ours["tokens"], ours["max_concurrency"]) == (
+        vllm["num_gpu_blocks"], vllm["kv_cache_size_tokens"], vllm["kv_cache_max_concurrency"])

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
-from app.engine.metrics import EngineMetrics, histogram_quantile, parse_prometheus
+from app.engine.metrics import EngineMetrics, parse_prometheus
 
 TEXT = r'''# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
 # TYPE vllm:prefix_cache_hits_total counter
@@ -40,9 +38,3 @@ def test_the_figures_the_page_shows():
     assert m.config_int("num_gpu_blocks") == 1456 and m.config_int("missing") is None
     later = EngineMetrics.of(TEXT.replace("} 96.0", "} 160.0").replace("} 256.0", "} 384.0"))
     assert later.hit_rate_since(m) == 0.5  # (192 - 128) / (384 - 256)
-
-
-def test_histogram_quantile_interpolates_inside_the_bucket():
-    samples, _ = parse_prometheus(TEXT)
-    # rank 0.5 · 4 = 2 falls in (0.1, 1.0] holding observations 2..3: 0.1 + 0.9 · (2 - 1) / (3 - 1)
-    assert histogram_quantile(samples, "vllm:time_to_first_token_seconds", 0.5) == pytest.approx(0.55)

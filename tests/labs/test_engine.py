@@ -1,6 +1,7 @@
 """The Engine lab's live stream against a pyzmq publisher of vLLM's shape: a batch published reaches the stream as
 a line that counts it (the link wakes the stream: no clock to wait for), the line budget merges what comes fast,
-and a stream that ends stops being woken. (Against a real vLLM: tests/engine/.)"""
+and a stream that ends stops being woken. The calculator line on a hybrid model (Gemma 3) against an HTTP stand-in
+that prints what vLLM prints for it. (Against a real vLLM: tests/engine/.)"""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from app.labs.engine import EngineLab, EngineLimits
 from app.settings import Settings
 from tests.engine.frames import stored
 from tests.engine.publisher import Publisher, wait_for
+from tests.engine.standin import StandIn
 
 
 def test_a_published_batch_reaches_the_stream_and_a_closed_stream_is_no_longer_woken(tmp_path):
@@ -43,3 +45,55 @@ def test_a_published_batch_reaches_the_stream_and_a_closed_stream_is_no_longer_w
     finally:
         lab.stop()
         pub.close()
+
+
+def test_the_calculator_line_on_gemma3_counts_blocks_as_vllm_does(tmp_path):
+    """vLLM serving Gemma 3 270M (6 KV-cache groups of 3 layers) prints num_gpu_blocks in blocks of 3 layers' pages:
+    the line's own count is that one, and its tokens and concurrency too (a step of 2 048 tokens, the default)."""
+    from tests.capacity.vllm_reference import CASES, vllm_figures
+
+    _, _, _, block_size, n, _, mem = CASES["gemma3"]
+    vllm = vllm_figures()["gemma3"]
+    info = {"block_size": block_size, "cache_dtype": "auto", "kv_cache_memory_bytes": mem,
+            "num_gpu_blocks": vllm["num_gpu_blocks"], "kv_cache_size_tokens": vllm["kv_cache_size_tokens"],
+            "kv_cache_max_concurrency": vllm["kv_cache_max_concurrency"], "enable_prefix_caching": True}
+    labels = ",".join(f'{k}="{v}"' for k, v in info.items())
+    engine = StandIn(metrics=f"vllm:cache_config_info{{{labels}}} 1.0\n", model="google/gemma-3-270m",
+                     max_model_len=n)
+    lab = EngineLab(limits=EngineLimits.of(Settings(home=tmp_path, engine=(engine.url,), engine_poll_s=30.0)))
+    lab.start()
+    try:
+        link = lab.links[0]
+        assert wait_for(lambda: link.metrics is not None, 10), lab.status(link, "en")
+        line = lab.calculator_line(link)
+        assert line["model"] == "Gemma 3 270M"
+        assert line["ours"]["num_blocks"] == line["theirs"]["num_blocks"] == 10_922  # not 1 820 pages of 18 layers
+        assert (line["groups"], line["group_size"]) == (6, 3)
+        assert line["ours"]["tokens"] == line["theirs"]["tokens"]
+        # vLLM's float, printed with repr and read back: the same double
+        assert line["ours"]["max_concurrency"] == line["theirs"]["max_concurrency"]
+    finally:
+        lab.stop()
+        engine.close()
+
+
+def test_a_calculator_line_the_engine_says_nonsense_in_is_still_json(tmp_path):
+    """A concurrency of NaN (not a figure, and not JSON) is no figure of the engine's; a cache dtype KVScope does not
+    know leaves the line empty, said on the page, rather than counted in the wrong bytes."""
+    from tests.engine.standin import SMOLLM2_METRICS, StandIn
+
+    engines = [StandIn(metrics=SMOLLM2_METRICS.replace('"22.75"', '"nan"')),
+               StandIn(metrics=SMOLLM2_METRICS.replace('"auto"', '"fp4_e2m1"'))]
+    lab = EngineLab(limits=EngineLimits.of(Settings(home=tmp_path, engine=tuple(e.url for e in engines),
+                                                    engine_poll_s=30.0)))
+    lab.start()
+    try:
+        assert wait_for(lambda: all(link.metrics is not None for link in lab.links), 10)
+        nan, unknown = (lab.calculator_line(link) for link in lab.links)
+        assert nan["theirs"]["max_concurrency"] is None and nan["ours"]["max_concurrency"] == 22.75
+        json.dumps(nan, allow_nan=False)
+        assert unknown == {"model": None}
+    finally:
+        lab.stop()
+        for e in engines:
+            e.close()

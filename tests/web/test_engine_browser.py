@@ -123,3 +123,46 @@ def test_the_fleet_panel_shows_who_holds_what_and_where_a_prompt_goes(browser, f
                 if not present:
                     pg.set_viewport_size({"width": 390, "height": 900})
                     panel.screenshot(path=f"{SHOTS}/fleet-{lang}-390.png")
+
+
+@pytest.fixture(scope="module")
+def standin_server(distil_dir, kv_home):
+    """A server watching two HTTP stand-ins for engines (no vLLM needed: what is tested is the page's streams)."""
+    from tests.engine.standin import StandIn
+    from tests.shaped_model import load_random
+
+    lm = load_random(distil_dir, name="distilgpt2", source="DistilGPT-2-shaped model with random weights (tests)")
+    standins = [StandIn(), StandIn()]
+    settings = Settings(models=("distilgpt2",), home=kv_home, engine=tuple(e.url for e in standins),
+                        engine_poll_s=0.5)
+    try:
+        with serve_in_thread(make_state(settings, lm)) as url:
+            yield url
+    finally:
+        for e in standins:
+            e.close()
+
+
+def test_switching_engines_ten_times_leaves_one_stream_open(browser, standin_server):
+    """Each switch aborts the page's stream and opens the new engine's: after ten, the server counts one open stream
+    (not eleven, holding the browser's six connections to the host), on the engine picked last, and a fetch from the
+    page still completes."""
+    import httpx
+
+    from tests.engine.publisher import wait_for
+
+    def streams() -> list[int]:  # open streams on the server, engine by engine
+        return [httpx.get(f"{standin_server}/api/engine/{i}", timeout=10).json()["counts"]["streams"] for i in (0, 1)]
+
+    with browser_page(browser, viewport={"width": 1280, "height": 900}) as pg:
+        pg.goto(standin_server + "/engine")
+        assert wait_for(lambda: streams() == [1, 0], timeout=30), streams()
+        for k in range(10):
+            pg.select_option("#engine-index", str((k + 1) % 2))  # 1, 0, 1 … ending on engine 0
+        assert wait_for(lambda: streams() == [1, 0], timeout=30), streams()
+        # A loop left behind reopens its stream after the page's 1.5 s pause; none may in twice that.
+        assert not wait_for(lambda: sum(streams()) > 1, timeout=3), streams()
+        done = pg.evaluate("""() => Promise.race([fetch('/api/engine/fleet').then((r) => r.status),
+                                                  new Promise((r) => setTimeout(() => r('pending'), 8000))])""")
+        assert done == 200
+        assert not pg.js_errors
