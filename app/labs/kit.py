@@ -98,11 +98,19 @@ def owner_hash(owner: str) -> str:
 
 
 def is_loopback(address: str) -> bool:
-    """The machine the server runs on (the teacher's): 127.0.0.0/8 or ::1 (an IPv6 address arrives as its /64)."""
+    """The machine the server runs on (the teacher's): 127.0.0.0/8, ``::1`` or ``::ffff:127.x.y.z``, as an address
+    or as a network lying wholly inside one of them (``client_address`` hands over an IPv6 peer as its /64, which
+    holds other machines' addresses: never loopback)."""
     try:
-        return ipaddress.ip_network(address, strict=False).network_address.is_loopback
+        net = ipaddress.ip_network(address, strict=False)
     except ValueError:
         return False
+    return all(_loopback(a) for a in (net.network_address, net.broadcast_address))
+
+
+def _loopback(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return (mapped or ip).is_loopback
 
 
 def check_code(code: str) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import urllib.request
 
 import pytest
 from fastapi.testclient import TestClient
@@ -13,6 +15,7 @@ from app.model.loading import ModelRegistry
 from app.settings import Settings
 from app.state import AppState
 from app.web.main import create_app
+from tests.live import serve_in_thread
 
 PROMPT = "the cat sat on the mat and the dog sat on the log"
 HX = {"HX-Request": "true"}
@@ -146,3 +149,29 @@ def test_the_kit_page_in_both_languages_and_the_menu(kit_app):
         zh = c.get("/kit", params={"lang": "zh"}).text
         assert "课堂资料包" in zh and "按代码打开" in zh
         assert "present" in c.get("/kit", params={"present": "1"}).text
+
+
+def _ipv6_loopback() -> str | None:
+    """Why this machine cannot listen on ``[::1]``, or None when it can."""
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError as exc:
+        return f"no IPv6 loopback on this machine ({exc})"
+    return None
+
+
+@pytest.mark.skipif(_ipv6_loopback() is not None, reason=str(_ipv6_loopback()))
+def test_the_server_s_own_machine_deletes_a_pin_over_ipv6(tiny, tmp_path):
+    """``kvscope serve --host ::1``: a DELETE from ``[::1]`` without the pinning browser's cookie is the teacher's
+    own machine, as from 127.0.0.1; one from another browser elsewhere would be 403 (the test above)."""
+    _, st = make_app(tiny, tmp_path)
+    _, key, _ = st.inspect.trace_prompt("builtin", PROMPT)
+    pin = st.kit.pin("trace", name="from another browser", owner="browser-a", key=key)
+    with serve_in_thread(st, host="::1") as url:
+        assert url.startswith("http://[::1]:")
+        listed = json.loads(urllib.request.urlopen(f"{url}/api/kit", timeout=30).read())
+        assert listed["pins"][0]["mine"] is True  # the page offers the teacher's machine its Delete button
+        r = urllib.request.urlopen(urllib.request.Request(f"{url}/api/kit/{pin.code}", method="DELETE"), timeout=30)
+        assert r.status == 200 and json.loads(r.read()) == {"deleted": pin.code}
+    assert st.kit.pins()["pins"] == [] and not (tmp_path / "kit" / pin.code).exists()
