@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import socket
+import time
 import urllib.request
 
 import pytest
@@ -175,3 +177,156 @@ def test_the_server_s_own_machine_deletes_a_pin_over_ipv6(tiny, tmp_path):
         r = urllib.request.urlopen(urllib.request.Request(f"{url}/api/kit/{pin.code}", method="DELETE"), timeout=30)
         assert r.status == 200 and json.loads(r.read()) == {"deleted": pin.code}
     assert st.kit.pins()["pins"] == [] and not (tmp_path / "kit" / pin.code).exists()
+
+
+# --- damaged pins: skipped with a line on /kit, the server starts, every other pin opens --------------------------
+
+def _pin_five(tiny, home) -> dict[str, str]:
+    """Five pins on ``home``: the trace a test damages (with its grid of heads), and four good ones beside it."""
+    _, st = make_app(tiny, home)
+    codes = {}
+    for role, prompt in (("victim", PROMPT), ("trace", "a different prompt for the second trace")):
+        _, key, _ = st.inspect.trace_prompt("builtin", prompt)
+        st.inspect.grid(key, 16)
+        codes[role] = st.kit.pin("trace", name=role, owner="teacher", key=key).code
+    st.heads.view("builtin")
+    codes["heads"] = st.kit.pin("heads", name="roles", owner="teacher", model="builtin").code
+    from app.labs.speculative import SpecAsk
+
+    spec = st.speculative.view(SpecAsk(model="builtin", prompt="the cat sat on the", max_new_tokens=4, gamma=2))
+    codes["spec"] = st.kit.pin("spec", name="spec", owner="teacher", run_id=spec["run_id"]).code
+    form = {"model": "builtin", "source": "prompt", "prompt": "the cat sat on", "steps": 2, "policies": ["window"]}
+    lm, req = st.arena.prepare(**{"budget_kind": "percent", "budget": 25.0} | form)
+    st.arena.run(lm, req, owner="teacher", address="10.0.0.2")
+    codes["arena"] = st.kit.pin("arena", name="arena", owner="teacher", arena=form).code
+    st.stop_labs()
+    return codes
+
+
+@pytest.fixture(scope="module")
+def five_pins(tiny, tmp_path_factory):
+    """A kit of five pins written once; each test damages its own copy (``kit_copy``)."""
+    home = tmp_path_factory.mktemp("five-pins")
+    return home, _pin_five(tiny, home)
+
+
+@pytest.fixture
+def kit_copy(five_pins, tmp_path):
+    home, codes = five_pins
+    shutil.copytree(home / "kit", tmp_path / "kit")
+    return tmp_path, codes
+
+
+def _edit_json(path, change):
+    data = json.loads(path.read_text(encoding="utf-8"))
+    change(data)
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+
+def _replace(path, old, new):
+    text = path.read_text(encoding="utf-8")
+    assert old in text
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+
+
+def _cut(path, size):
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+# name -> (which pin, what is done to its folder, the reason /kit gives). The issue's reproductions first.
+DAMAGE = {
+    "trace cut to 1 000 B": ("victim", lambda d: _cut(d / "trace.safetensors", 1000), "err.kit.bad_file"),
+    "trace cut to half": ("victim", lambda d: _cut(d / "trace.safetensors", (d / "trace.safetensors").stat().st_size
+                                                   // 2), "err.kit.bad_file"),
+    "trace emptied": ("victim", lambda d: _cut(d / "trace.safetensors", 0), "err.kit.bad_file"),
+    "trace deleted": ("victim", lambda d: (d / "trace.safetensors").unlink(), "err.kit.missing_file"),
+    "pin.json without record": ("victim", lambda d: _edit_json(d / "pin.json", lambda j: j.pop("record")),
+                                "err.kit.bad_field"),
+    "record.grid = 5": ("victim", lambda d: _edit_json(d / "pin.json", lambda j: j["record"].update(grid=5)),
+                        "err.kit.bad_field"),
+    "pin.json cut short": ("victim", lambda d: _cut(d / "pin.json", (d / "pin.json").stat().st_size // 2),
+                           "err.kit.bad_json"),
+    "pin.json deleted": ("victim", lambda d: (d / "pin.json").unlink(), "err.kit.missing_file"),
+    "bytes edited to text": ("victim", lambda d: _edit_json(d / "pin.json", lambda j: j["pin"].update(bytes="big")),
+                             "err.kit.bad_field"),
+    "a view edited by hand": ("heads", lambda d: _edit_json(d / "pin.json", lambda j: j["record"]["view"].update(
+        roles="none")), "err.kit.bad_field"),
+    "a NaN in a view": ("spec", lambda d: _replace(d / "pin.json", '"speedup": ', '"speedup": NaN, "was": '),
+                        "err.kit.bad_json"),
+}
+
+
+def _boot(settings, registry):
+    """``kvscope serve``'s start-up (app/web/boot.py): the boot app's lifespan runs the loader in a thread, then the
+    real app's lifespan; the loader is ``load_real_app`` but for the models (the session's built-in one)."""
+    from app.web import boot
+
+    failures: list[BaseException] = []
+
+    def loader(s):
+        return create_app(s, state=AppState.create(s, registry))
+
+    return boot.BootApp(settings, loader=loader, on_failure=failures.append), failures
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_pin_is_skipped_and_named_the_server_starts_and_the_others_open(damage, kit_copy, tiny):
+    home, codes = kit_copy
+    victim, hurt, reason = DAMAGE[damage]
+    hurt(home / "kit" / codes[victim])
+    registry = ModelRegistry(models={"builtin": tiny}, default="builtin", failures={})
+    app, failures = _boot(Settings(models=("builtin",), home=home, allowed_hosts=("testserver",)), registry)
+    with TestClient(app) as c:
+        end = time.monotonic() + 60  # a guard against hanging, not a timing assertion
+        while app.real is None and not failures and time.monotonic() < end:
+            time.sleep(0.02)
+        assert not failures and c.get("/healthz").status_code == 200
+        listed = c.get("/api/kit").json()
+        good = {role: code for role, code in codes.items() if role != victim}
+        assert sorted(p["code"] for p in listed["pins"]) == sorted(good.values())
+        assert [s["code"] for s in listed["skipped"]] == [codes[victim]] and listed["skipped"][0]["key"] == reason
+        page = c.get("/kit").text
+        assert 'id="kit-skipped"' in page and f'data-code="{codes[victim]}"' in page
+        assert f"Pin {codes[victim]} could not be read" in page
+        assert f"无法读取固定内容 {codes[victim]}" in c.get("/kit", params={"lang": "zh"}).text
+        for role, code in good.items():
+            r = c.get(f"/kit/{code}")
+            assert r.status_code == 200 and 'id="kit-banner"' in r.text, role
+            assert c.get(f"/api/kit/{code}").status_code == 200, role
+        for url in (f"/kit/{codes[victim]}", f"/api/kit/{codes[victim]}"):
+            r = c.get(url, headers={"accept": "application/json"})
+            assert r.status_code == 410 and "could not be read" in r.json()["detail"], url
+        assert c.get(f"/api/traces/kit-{codes[victim]}/grid").status_code in (404, 410)
+
+
+# name -> (which pin, what happens to its folder while the server runs, status after, listed as skipped)
+WHILE_RUNNING = {
+    "pin.json removed": ("heads", lambda d: (d / "pin.json").unlink(), True),
+    "pin.json cut short": ("arena", lambda d: _cut(d / "pin.json", 100), True),
+    "pin.json of a trace garbled": ("victim", lambda d: (d / "pin.json").write_bytes(b"\xff\xfe not json"), True),
+    "the folder deleted": ("spec", lambda d: shutil.rmtree(d), False),
+    "a trace's folder deleted": ("victim", lambda d: shutil.rmtree(d), False),
+    "the trace file cut short": ("victim", lambda d: _cut(d / "trace.safetensors", 4096), True),
+}
+
+
+@pytest.mark.parametrize("change", list(WHILE_RUNNING))
+def test_a_pin_damaged_or_removed_while_the_server_runs_is_410_never_500(change, kit_copy, tiny):
+    home, codes = kit_copy
+    role, hurt, skipped = WHILE_RUNNING[change]
+    app, st = make_app(tiny, home)
+    with TestClient(app) as c:
+        assert c.get(f"/kit/{codes[role]}").status_code == 200  # opened once before: mapped, read
+        hurt(home / "kit" / codes[role])
+        # Found on the next open: 410 saying why; after a removal the code is then unknown (404), else still 410.
+        for url, status in ((f"/kit/{codes[role]}", 410), (f"/api/kit/{codes[role]}", 410 if skipped else 404)):
+            r = c.get(url, headers={"accept": "application/json"})
+            assert r.status_code == status, (url, r.text)
+            assert ("could not be read" if skipped else "removed" if status == 410 else "No pin") in r.json()["detail"]
+        listed = c.get("/api/kit").json()
+        assert codes[role] not in [p["code"] for p in listed["pins"]] and len(listed["pins"]) == 4
+        assert ([s["code"] for s in listed["skipped"]] == [codes[role]]) is skipped
+        assert c.get("/kit").status_code == 200
+        other = next(code for r, code in codes.items() if r not in (role, "victim"))
+        assert c.get(f"/kit/{other}").status_code == 200
