@@ -110,9 +110,9 @@ def read_pin(folder: Path) -> tuple[dict, dict]:
         raise bad("pin.summary.policies")
     if not isinstance(record, dict):
         raise bad("record")
+    _check_record(pin["kind"], record, bad)
     if "digest" in data and data["digest"] != digest(record):
         raise bad("record")  # changed since it was written (by hand, or another program)
-    _check_record(pin["kind"], record, bad)
     fields = {f: pin[f] for f in PIN_FIELDS} | {"summary": summary}
     return fields, record
 
