@@ -373,15 +373,13 @@ class KitLab:
 
     def _record(self, pin: Pin) -> dict:
         """The pin's record, read again (checked as at start-up): 410 when its folder was removed or its pin.json
-        damaged since, and the pin is no longer listed."""
+        damaged since, and the pin is no longer listed; 404 when it was deleted while being opened."""
         try:
             return read_pin(self.folder / pin.code)[1]
         except FileNotFoundError:
-            self._forget(pin.code)
-            raise Expired("err.kit.removed", code=pin.code) from None
+            raise self._found_damaged(pin, Expired("err.kit.removed", code=pin.code)) from None
         except Damaged as why:
-            self._skip(pin.code, why)
-            raise
+            raise self._found_damaged(pin, why) from None
 
     def _check_mapped(self, pin: Pin) -> None:
         """The trace file a pinned trace maps is still there at the size it was mapped at (a file cut shorter would
@@ -389,13 +387,23 @@ class KitLab:
         try:
             size = (self.folder / pin.code / "trace.safetensors").stat().st_size
         except FileNotFoundError:
-            why = Damaged("err.kit.missing_file", code=pin.code, file="trace.safetensors")
-            self._skip(pin.code, why)
-            raise why from None
+            raise self._found_damaged(pin, Damaged("err.kit.missing_file", code=pin.code,
+                                                   file="trace.safetensors")) from None
         if size != self._mapped.get(pin.code):
-            why = Damaged("err.kit.bad_file", code=pin.code, file="trace.safetensors")
+            raise self._found_damaged(pin, Damaged("err.kit.bad_file", code=pin.code, file="trace.safetensors"))
+
+    def _found_damaged(self, pin: Pin, why: UserError) -> UserError:
+        """What to answer for a pin found damaged (``Damaged``: skipped from now on) or removed (forgotten) on open;
+        one that ``delete`` took out meanwhile (its folder half removed) is just unknown now."""
+        with self._lock:
+            listed = self._pins.get(pin.code) is pin
+        if not listed:
+            return NotFound("err.kit.unknown", code=pin.code)
+        if isinstance(why, Damaged):
             self._skip(pin.code, why)
-            raise why
+        else:
+            self._forget(pin.code)
+        return why
 
     def _forget(self, code: str) -> None:
         with self._lock:

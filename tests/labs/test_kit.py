@@ -251,3 +251,19 @@ def test_a_bad_kit_file_is_refused_before_any_run(tiny, tmp_path, capsys, monkey
                                   "max_new_tokens": "many"}]), encoding="utf-8")
     assert cli_main(["kit", "prepare", str(typed)]) == 1
     assert "Drafts" in capsys.readouterr().err
+
+
+def test_a_pin_deleted_while_it_opens_is_unknown_not_damaged(tiny, tmp_path):
+    """``delete`` takes the pin out of the list, then removes its folder file by file: an open that got the pin just
+    before finds pin.json gone (or the whole folder). It answers 404, and /kit names no damaged pin."""
+    st = make(tiny, tmp_path)
+    st.heads.view("builtin")
+    for leave_folder in (True, False):
+        pin = st.kit.pin("heads", name="roles", owner="a", model="builtin")
+        held = st.kit.get(pin.code)  # what ``open`` holds when the delete lands
+        st.kit.delete(pin.code, owner="a", address="10.0.0.9")
+        if leave_folder:
+            (tmp_path / "kit" / pin.code).mkdir()  # removal half done: the folder still there, pin.json gone
+        with pytest.raises(NotFound):
+            st.kit._record(held)
+        assert st.kit.pins()["skipped"] == [] and st.kit.pins()["pins"] == []
