@@ -150,6 +150,7 @@ class KitLab:
         self._pins: dict[str, Pin] = {}
         self.skipped: dict[str, Damaged] = {}  # code -> why its files could not be read (not listed, not opened)
         self._mapped: dict[str, int] = {}  # code -> the size of the trace file its pinned trace maps
+        self._unsigned: set[str] = set()  # codes whose pin.json has no digest (written before digests)
         self._reserved = 0  # bytes of pins being written now
         self._lock = threading.Lock()
         self._load()
@@ -165,7 +166,7 @@ class KitLab:
                 shutil.rmtree(d, ignore_errors=True)
             elif CODE.fullmatch(d.name) and d.is_dir():
                 try:
-                    fields, record = read_pin(d)
+                    fields, record, signed = read_pin(d)
                 except FileNotFoundError:
                     continue  # removed while we looked
                 except Damaged as why:
@@ -173,6 +174,8 @@ class KitLab:
                     continue
                 pin = Pin(**fields)
                 self._pins[pin.code] = pin
+                if not signed:
+                    self._unsigned.add(pin.code)
                 if pin.kind == "trace":
                     try:
                         self._mount(pin, record)
@@ -375,7 +378,10 @@ class KitLab:
         """The pin's record, read again (checked as at start-up): 410 when its folder was removed or its pin.json
         damaged since, and the pin is no longer listed; 404 when it was deleted while being opened."""
         try:
-            return read_pin(self.folder / pin.code)[1]
+            _, record, signed = read_pin(self.folder / pin.code)
+            if not signed:
+                self._unsigned.add(pin.code)
+            return record
         except FileNotFoundError:
             raise self._found_damaged(pin, Expired("err.kit.removed", code=pin.code)) from None
         except Damaged as why:
@@ -391,6 +397,14 @@ class KitLab:
                                                    file="trace.safetensors")) from None
         if size != self._mapped.get(pin.code):
             raise self._found_damaged(pin, Damaged("err.kit.bad_file", code=pin.code, file="trace.safetensors"))
+
+    def view_failed(self, pin: Pin) -> UserError | None:
+        """Its page could not be drawn from its view: for a pin without a digest (whose view nothing vouches for),
+        what to answer (410; skipped from now on); for any other, None (the view is the lab's own: a bug to raise)."""
+        if pin.code not in self._unsigned:
+            return None
+        return self._found_damaged(pin, Damaged("err.kit.bad_field", code=pin.code, file="pin.json",
+                                                field="record.view"))
 
     def _found_damaged(self, pin: Pin, why: UserError) -> UserError:
         """What to answer for a pin found damaged (``Damaged``: skipped from now on) or removed (forgotten) on open;

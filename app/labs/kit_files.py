@@ -1,7 +1,9 @@
 """What a pin's ``pin.json`` must hold, checked where it is read (start-up and every open), so that a truncated,
 damaged, hand-edited or foreign file is refused here, with the file and the field named, and never reaches a page.
 
-    read_pin(folder) -> (fields, record)   the pin's fields (types and ranges checked) and its record
+    read_pin(folder) -> (fields, record, signed)
+                                           the pin's fields (types and ranges checked), its record, and whether the
+                                           record carried its digest (and matched it)
     check_trace_record(record, trace)      a trace pin's grid of heads and zoom rows against the trace they belong to
     check_bases(bases, trace)              the zoom's pooled maps (zoom.safetensors) against the same trace
     digest(record)                         what ``pin.json`` keeps to tell a record written whole from one changed since
@@ -9,8 +11,8 @@ damaged, hand-edited or foreign file is refused here, with the file and the fiel
 Every refusal is a ``Damaged`` (410) whose catalog key says what is wrong: ``err.kit.bad_json`` (not complete JSON),
 ``err.kit.bad_field`` (a field missing, of the wrong type or out of range), ``err.kit.bad_file`` (a tensor file
 empty, truncated or foreign), ``err.kit.missing_file``. A lab's view (the result a heads, arena or speculative page
-shows) is not re-checked field by field: it is the JSON the lab returned, and its ``digest`` says whether it still is
-(a pin written without one is read as it is).
+shows) is not re-checked field by field: it is the JSON the lab returned, and its ``digest`` says whether it still is.
+A pin written without one is read as it is, and ``KitLab.view_failed`` skips it if its page cannot be drawn.
 """
 
 from __future__ import annotations
@@ -67,9 +69,9 @@ def digest(record: dict) -> str:
                           .encode("utf-8")).hexdigest()
 
 
-def read_pin(folder: Path) -> tuple[dict, dict]:
-    """``folder/pin.json`` as the pin's checked fields and its record; ``Damaged`` naming what is wrong, or
-    ``FileNotFoundError`` when the folder itself is gone."""
+def read_pin(folder: Path) -> tuple[dict, dict, bool]:
+    """``folder/pin.json`` as the pin's checked fields, its record and whether a digest vouches for the record;
+    ``Damaged`` naming what is wrong, or ``FileNotFoundError`` when the folder itself is gone."""
     code = folder.name
     try:
         text = (folder / "pin.json").read_bytes().decode("utf-8")
@@ -114,7 +116,7 @@ def read_pin(folder: Path) -> tuple[dict, dict]:
     if "digest" in data and data["digest"] != digest(record):
         raise bad("record")  # changed since it was written (by hand, or another program)
     fields = {f: pin[f] for f in PIN_FIELDS} | {"summary": summary}
-    return fields, record
+    return fields, record, "digest" in data
 
 
 def _strings(value: object) -> bool:

@@ -34,9 +34,9 @@ def _fields(kind: str) -> list[tuple[str, str]]:
 
 def test_a_pin_as_written_reads_back(written):
     for kind, folder in written.items():
-        fields, record = read_pin(folder)
+        fields, record, signed = read_pin(folder)
         stored = json.loads((folder / "pin.json").read_text(encoding="utf-8"))
-        assert fields == stored["pin"] and record == stored["record"] and fields["kind"] == kind
+        assert fields == stored["pin"] and record == stored["record"] and fields["kind"] == kind and signed
 
 
 @pytest.mark.parametrize(("kind", "field"), _fields("trace") + _fields("heads"))
@@ -89,4 +89,5 @@ def test_a_pin_written_before_digests_reads_back(written, tmp_path):
     data = json.loads((written["heads"] / "pin.json").read_text(encoding="utf-8"))
     data.pop("digest")
     (folder / "pin.json").write_text(json.dumps(data), encoding="utf-8")
-    assert read_pin(folder)[1] == data["record"]
+    _, record, signed = read_pin(folder)
+    assert record == data["record"] and not signed

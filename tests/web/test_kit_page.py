@@ -330,3 +330,25 @@ def test_a_pin_damaged_or_removed_while_the_server_runs_is_410_never_500(change,
         assert c.get("/kit").status_code == 200
         other = next(code for r, code in codes.items() if r not in (role, "victim"))
         assert c.get(f"/kit/{other}").status_code == 200
+
+
+@pytest.mark.parametrize("role", ["heads", "spec", "arena"])
+def test_a_view_edited_in_a_pin_without_a_digest_is_410_when_its_page_cannot_be_drawn(role, kit_copy, tiny):
+    """A pin.json written before digests (or by hand without one) is read as it is; when its view cannot be drawn
+    (half its fields gone), the pin is skipped with why, never a 500, and the other pins open."""
+    home, codes = kit_copy
+
+    def halve(j):
+        j.pop("digest")
+        view = j["record"]["view"]
+        for k in sorted(view)[: len(view) // 2 + 1]:
+            view.pop(k)
+
+    _edit_json(home / "kit" / codes[role] / "pin.json", halve)
+    app, st = make_app(tiny, home)
+    with TestClient(app) as c:
+        r = c.get(f"/kit/{codes[role]}", headers={"accept": "application/json"})
+        assert r.status_code == 410 and "record.view" in r.json()["detail"]
+        listed = c.get("/api/kit").json()
+        assert [s["code"] for s in listed["skipped"]] == [codes[role]] and len(listed["pins"]) == 4
+        assert all(c.get(f"/kit/{code}").status_code == 200 for r_, code in codes.items() if r_ != role)

@@ -55,12 +55,18 @@ def read_pin_page(request: Request, lab: KitDep, code: str):
         return render(request, "inspect.html", page="inspect", chat_option=True, kit_pin=pin, **shown["inspect"])
     template, page = PAGES[pin.kind]
     if pin.kind == "heads":
-        return render(request, template, page=page, kit_pin=pin, view=shown["view"])
-    if pin.kind == "arena":
-        return render(request, template, page=page, kit_pin=pin, view=shown["view"], form=shown["form"], oob=False,
-                      pending=False, **shown["page"])
-    return render(request, template, page=page, kit_pin=pin, view=shown["view"], roof=None, cmp=None,
-                  spec=shown["page"])
+        context = {"view": shown["view"]}
+    elif pin.kind == "arena":
+        context = {"view": shown["view"], "form": shown["form"], "oob": False, "pending": False, **shown["page"]}
+    else:
+        context = {"view": shown["view"], "roof": None, "cmp": None, "spec": shown["page"]}
+    try:
+        return render(request, template, page=page, kit_pin=pin, **context)
+    except Exception:
+        why = lab.view_failed(pin)  # a view from a file nothing vouches for: that pin, not the server, is at fault
+        if why is None:
+            raise
+        raise why from None
 
 
 @router.post("/kit/pin", include_in_schema=False)
