@@ -257,26 +257,22 @@ DAMAGE = {
 }
 
 
-def _boot(settings, registry):
-    """``kvscope serve``'s start-up (app/web/boot.py): the boot app's lifespan runs the loader in a thread, then the
-    real app's lifespan; the loader is ``load_real_app`` but for the models (the session's built-in one)."""
+def _boot(settings):
+    """``kvscope serve``'s start-up (app/web/boot.py) as it runs: the boot app's lifespan runs ``load_real_app`` in a
+    thread (the models, then ``AppState.create``: the kit is read there), then the real app's lifespan."""
     from app.web import boot
 
     failures: list[BaseException] = []
-
-    def loader(s):
-        return create_app(s, state=AppState.create(s, registry))
-
-    return boot.BootApp(settings, loader=loader, on_failure=failures.append), failures
+    return boot.BootApp(settings, on_failure=failures.append), failures
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_a_damaged_pin_is_skipped_and_named_the_server_starts_and_the_others_open(damage, kit_copy, tiny):
+def test_a_damaged_pin_is_skipped_and_named_the_server_starts_and_the_others_open(damage, kit_copy, kv_home):
     home, codes = kit_copy
     victim, hurt, reason = DAMAGE[damage]
     hurt(home / "kit" / codes[victim])
-    registry = ModelRegistry(models={"builtin": tiny}, default="builtin", failures={})
-    app, failures = _boot(Settings(models=("builtin",), home=home, allowed_hosts=("testserver",)), registry)
+    shutil.copytree(kv_home / "builtin-v2", home / "builtin-v2")  # the built-in model as trained: loaded, not retrained
+    app, failures = _boot(Settings(models=("builtin",), home=home, allowed_hosts=("testserver",)))
     with TestClient(app) as c:
         end = time.monotonic() + 60  # a guard against hanging, not a timing assertion
         while app.real is None and not failures and time.monotonic() < end:
