@@ -9,21 +9,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
 @contextmanager
-def serve_in_thread(state) -> Iterator[str]:
-    """Serve ``create_app(state=state)`` and yield its base URL; the server stops on exit."""
+def serve_in_thread(state, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve ``create_app(state=state)`` on ``host`` (``::1``: IPv6) and yield its base URL; the server stops on
+    exit."""
     import uvicorn
 
     from app.web.main import create_app
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(state=state), host="127.0.0.1", port=port,
+    port = free_port(host)
+    server = uvicorn.Server(uvicorn.Config(create_app(state=state), host=host, port=port,
                                            log_level="warning", h11_max_incomplete_event_size=512 * 1024))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -33,7 +34,7 @@ def serve_in_thread(state) -> Iterator[str]:
     if not server.started:
         raise RuntimeError("uvicorn did not start")
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=10)

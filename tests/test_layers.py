@@ -90,8 +90,9 @@ def test_the_scan_catches_an_upward_import(tmp_path):
     assert RANKS[layer("app.training.trainer")] == RANKS[layer("app.capacity.simulator")]  # siblings: refused
 
 
-# Modules of app/labs/ that are a lab's helpers, not a lab: the limits, the lines and how a run in one is shown.
-LAB_HELPERS = {"limits", "queue", "lines"}
+# Modules of app/labs/ that are a lab's helpers, not a lab: the limits, the lines, how a run in one is shown,
+# what a pin's files must hold.
+LAB_HELPERS = {"limits", "queue", "lines", "kit_files"}
 TYPED_ELSEWHERE: set[str] = set()
 
 

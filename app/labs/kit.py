@@ -9,6 +9,7 @@ has been dropped), and reopening reads what the pin wrote.
     pin(kind, name, owner, ...)     copy a result onto disk under a new code; -> the pin
     pins() / open(code)             the kit as listed / one pin with what its page shows
     delete(code, owner, address)    only the browser that pinned it, or the machine itself (loopback), may
+    skipped                         the pins whose files could not be read, with why (``app/labs/kit_files.py``)
     prepare(demos, progress)        run a list of demos through the labs' own methods and pin each (the CLI)
 
 On disk, one folder per pin, named by its code (server-made: ``CODE``; nothing a browser types becomes a path)::
@@ -22,6 +23,10 @@ On disk, one folder per pin, named by its code (server-made: ``CODE``; nothing a
 A pinned trace goes into ``InspectLab.pinned`` under ``kit-CODE`` (read before the trace store, never expired or
 evicted), its grid of heads with it (Inspect's thumbnails in the trace's meta, the zoom's rows in
 ``ZoomLab.pinned_grid``). The budget is bytes on disk (``kit_disk_bytes``); a pin that would pass it is refused.
+
+A pin whose files cannot be read (truncated, emptied, removed, hand-edited into something else: ``kit_files``
+checks every field it reads) is skipped -- a line in the log and on /kit naming it and why -- and every other pin
+opens; a pin damaged or removed while the server runs is found so on its next open (410) and skipped from then on.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import logging
 import re
 import secrets
 import shutil
@@ -42,13 +48,22 @@ from app.errors import BadInput, Expired, Forbidden, NotFound, UserError
 from app.labs.arena import DEFAULT_POLICIES, ArenaLab
 from app.labs.heads import HeadsLab
 from app.labs.inspect import InspectLab
+from app.labs.kit_files import KINDS, Damaged, check_bases, check_trace_record, digest, read_pin
 from app.labs.limits import Limits
 from app.labs.long import LongLab
 from app.labs.speculative import SpecAsk, SpeculativeLab
 from app.labs.zoom import ZoomLab
-from app.model.trace_file import file_bytes, read_tensors, read_trace, tensors_bytes, write_tensors, write_trace
+from app.model.trace_file import (
+    TraceFileError,
+    file_bytes,
+    read_tensors,
+    read_trace,
+    tensors_bytes,
+    write_tensors,
+    write_trace,
+)
 
-KINDS = ("trace", "heads", "arena", "spec")
+log = logging.getLogger(__name__)
 # Codes a class reads off a projector and types: no 0/O, 1/I/L, 5/S or 8/B to confuse.
 ALPHABET = "ACDEFGHJKMNPQRTUVWXY234679"
 CODE_LEN = 5
@@ -98,11 +113,19 @@ def owner_hash(owner: str) -> str:
 
 
 def is_loopback(address: str) -> bool:
-    """The machine the server runs on (the teacher's): 127.0.0.0/8 or ::1 (an IPv6 address arrives as its /64)."""
+    """The machine the server runs on (the teacher's): 127.0.0.0/8, ``::1`` or ``::ffff:127.x.y.z``, as an address
+    or as a network lying wholly inside one of them (``client_address`` hands over an IPv6 peer as its /64, which
+    holds other machines' addresses: never loopback)."""
     try:
-        return ipaddress.ip_network(address, strict=False).network_address.is_loopback
+        net = ipaddress.ip_network(address, strict=False)
     except ValueError:
         return False
+    return all(_loopback(a) for a in (net.network_address, net.broadcast_address))
+
+
+def _loopback(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return (mapped or ip).is_loopback
 
 
 def check_code(code: str) -> str:
@@ -125,43 +148,75 @@ class KitLab:
         self.long = long
         self.limits = limits
         self._pins: dict[str, Pin] = {}
+        self.skipped: dict[str, Damaged] = {}  # code -> why its files could not be read (not listed, not opened)
+        self._mapped: dict[str, int] = {}  # code -> the size of the trace file its pinned trace maps
+        self._unsigned: set[str] = set()  # codes whose pin.json has no digest (written before digests)
         self._reserved = 0  # bytes of pins being written now
         self._lock = threading.Lock()
         self._load()
 
     # --- start-up -----------------------------------------------------------------------------------------
     def _load(self) -> None:
-        """Every complete pin on disk; a folder left half-written by a stopped process is removed."""
+        """Every complete pin on disk; a folder left half-written by a stopped process is removed; a pin whose files
+        cannot be read is skipped (``skipped``), the others load."""
         if not self.folder.is_dir():
             return
         for d in sorted(self.folder.iterdir()):
             if d.name.startswith(".tmp-") and d.is_dir():
                 shutil.rmtree(d, ignore_errors=True)
-            elif CODE.fullmatch(d.name) and (d / "pin.json").is_file():
+            elif CODE.fullmatch(d.name) and d.is_dir():
                 try:
-                    record = json.loads((d / "pin.json").read_text(encoding="utf-8"))
-                    pin = Pin(**record["pin"])
-                except (ValueError, KeyError, TypeError):
-                    continue  # not a pin this version wrote: left alone, not listed
+                    fields, record, signed = read_pin(d)
+                except FileNotFoundError:
+                    continue  # removed while we looked
+                except Damaged as why:
+                    self._skip(d.name, why)
+                    continue
+                pin = Pin(**fields)
                 self._pins[pin.code] = pin
+                if not signed:
+                    self._unsigned.add(pin.code)
                 if pin.kind == "trace":
-                    self._mount(pin, record["record"])
+                    try:
+                        self._mount(pin, record)
+                    except Damaged as why:
+                        self._skip(pin.code, why)
+
+    def _skip(self, code: str, why: Damaged) -> None:
+        """``code`` is not listed nor opened from now on; /kit and the log say why."""
+        log.warning("kit: pin %s skipped: %s", code, why.message)
+        with self._lock:
+            self._pins.pop(code, None)
+            self.skipped[code] = why
+        self._unmount(code)
+
+    def _unmount(self, code: str) -> None:
+        self.inspect.pinned.pop(PIN_PREFIX + code, None)
+        self.zoom.unpin_grid(PIN_PREFIX + code)
+        self._mapped.pop(code, None)
 
     def _mount(self, pin: Pin, record: dict) -> None:
-        """A pinned trace into Inspect's pinned traces (memory-mapped: nothing read until a view reads it)."""
+        """A pinned trace into Inspect's pinned traces (memory-mapped: nothing read until a view reads it), its files
+        checked first (``Damaged`` naming the one that is not as written)."""
         lm = self.inspect.registry.models.get(pin.model)
         if lm is None:
             return  # its model is not served now: listed, opened with a clear message
-        trace, meta = read_trace(self.folder / pin.code / "trace.safetensors", lm.adapter)
+        folder = self.folder / pin.code
+        trace, meta = _read_file(pin.code, folder / "trace.safetensors", lambda p: read_trace(p, lm.adapter))
         if meta.get("sizes") != _sizes(lm.adapter):
             return  # another model is served under that name now: its views could not read these tensors
+        check_trace_record(pin.code, record, trace)
+        bases = None
+        if (folder / "zoom.safetensors").is_file():
+            bases, _ = _read_file(pin.code, folder / "zoom.safetensors", read_tensors)
+            check_bases(pin.code, bases, trace)
         if record.get("grid") is not None:
             size, thumbs = record["grid"]
             trace.meta["grid"] = (size, thumbs)
+        self._mapped[pin.code] = (folder / "trace.safetensors").stat().st_size
         self.inspect.pinned[pin.key] = (lm, trace)
         self.zoom.pin_grid(pin.key, {int(k): v for k, v in record.get("zoom_grid", {}).items()})
-        if (self.folder / pin.code / "zoom.safetensors").is_file():
-            bases, _ = read_tensors(self.folder / pin.code / "zoom.safetensors")
+        if bases:
             self.zoom.pin_pyramids(pin.key, trace, bases)
 
     # --- pinning ------------------------------------------------------------------------------------------
@@ -277,9 +332,12 @@ class KitLab:
 
     # --- reading ------------------------------------------------------------------------------------------
     def get(self, code: str) -> Pin:
+        """The pin listed under ``code``; 410 with why for a pin skipped (its files unreadable), else 404."""
         c = check_code(code)
         with self._lock:
-            pin = self._pins.get(c)
+            pin, skipped = self._pins.get(c), self.skipped.get(c)
+        if skipped is not None:
+            raise Damaged(skipped.key, **skipped.params)
         if pin is None:
             raise NotFound("err.kit.unknown", code=c)
         return pin
@@ -289,18 +347,20 @@ class KitLab:
         with self._lock:
             pins = sorted(self._pins.values(), key=lambda p: -p.created)
             used = self._used()
+            skipped = [{"code": c, "key": why.key, "params": why.params} for c, why in sorted(self.skipped.items())]
         return {"pins": [p.view(owner, address) for p in pins], "used": used, "limit": self.limits.kit_disk_bytes,
-                "name_chars": self.limits.kit_max_name_chars, "code_len": CODE_LEN}
+                "name_chars": self.limits.kit_max_name_chars, "code_len": CODE_LEN, "skipped": skipped}
 
     def open(self, code: str) -> tuple[Pin, dict]:
         """One pin and what its page shows: a trace's key (its page reads it as any trace), a result's view."""
         pin = self.get(code)
         if pin.kind == "trace":
+            record = self._record(pin)
             if pin.key not in self.inspect.pinned:
                 raise Expired("err.model.gone", model=pin.model)
+            self._check_mapped(pin)
             lm, trace = self.inspect.trace_by_key(pin.key)
             long = bool(trace.meta.get("tail")) or trace.n_tokens > self.inspect.limits.zoom_min_tokens
-            record = self._record(pin)
             page = None if long else self.inspect.key_page(pin.key, prompt=record.get("prompt", ""))
             return pin, {"key": pin.key, "long": long, "inspect": page}
         record = self._record(pin)
@@ -315,7 +375,54 @@ class KitLab:
         return pin, out
 
     def _record(self, pin: Pin) -> dict:
-        return json.loads((self.folder / pin.code / "pin.json").read_text(encoding="utf-8"))["record"]
+        """The pin's record, read again (checked as at start-up): 410 when its folder was removed or its pin.json
+        damaged since, and the pin is no longer listed; 404 when it was deleted while being opened."""
+        try:
+            _, record, signed = read_pin(self.folder / pin.code)
+            if not signed:
+                self._unsigned.add(pin.code)
+            return record
+        except FileNotFoundError:
+            raise self._found_damaged(pin, Expired("err.kit.removed", code=pin.code)) from None
+        except Damaged as why:
+            raise self._found_damaged(pin, why) from None
+
+    def _check_mapped(self, pin: Pin) -> None:
+        """The trace file a pinned trace maps is still there at the size it was mapped at (a file cut shorter would
+        fault on the first page read past its new end)."""
+        try:
+            size = (self.folder / pin.code / "trace.safetensors").stat().st_size
+        except FileNotFoundError:
+            raise self._found_damaged(pin, Damaged("err.kit.missing_file", code=pin.code,
+                                                   file="trace.safetensors")) from None
+        if size != self._mapped.get(pin.code):
+            raise self._found_damaged(pin, Damaged("err.kit.bad_file", code=pin.code, file="trace.safetensors"))
+
+    def view_failed(self, pin: Pin) -> UserError | None:
+        """Its page could not be drawn from its view: for a pin without a digest (whose view nothing vouches for),
+        what to answer (410; skipped from now on); for any other, None (the view is the lab's own: a bug to raise)."""
+        if pin.code not in self._unsigned:
+            return None
+        return self._found_damaged(pin, Damaged("err.kit.bad_field", code=pin.code, file="pin.json",
+                                                field="record.view"))
+
+    def _found_damaged(self, pin: Pin, why: UserError) -> UserError:
+        """What to answer for a pin found damaged (``Damaged``: skipped from now on) or removed (forgotten) on open;
+        one that ``delete`` took out meanwhile (its folder half removed) is just unknown now."""
+        with self._lock:
+            listed = self._pins.get(pin.code) is pin
+        if not listed:
+            return NotFound("err.kit.unknown", code=pin.code)
+        if isinstance(why, Damaged):
+            self._skip(pin.code, why)
+        else:
+            self._forget(pin.code)
+        return why
+
+    def _forget(self, code: str) -> None:
+        with self._lock:
+            self._pins.pop(code, None)
+        self._unmount(code)
 
     def result(self, code: str) -> dict:
         """A pinned result's JSON, as its lab's API returned it (a trace: its key and size)."""
@@ -329,10 +436,7 @@ class KitLab:
         pin = self.get(code)
         if not pin.may_delete(owner, address):
             raise Forbidden("err.kit.not_yours", code=pin.code)
-        with self._lock:
-            self._pins.pop(pin.code, None)
-        self.inspect.pinned.pop(pin.key, None)
-        self.zoom.unpin_grid(pin.key)
+        self._forget(pin.code)
         shutil.rmtree(self.folder / pin.code, ignore_errors=True)
         return {"deleted": pin.code}
 
@@ -413,7 +517,19 @@ def _sizes(adapter) -> dict:
 
 
 def _dump(pin: Pin, record: dict) -> bytes:
-    return json.dumps({"pin": asdict(pin), "record": record}, ensure_ascii=False).encode("utf-8")
+    """pin.json: the pin, its record and the record's digest (as read back: a tuple is written as a list)."""
+    return json.dumps({"pin": asdict(pin), "record": record, "digest": digest(json.loads(json.dumps(record)))},
+                      ensure_ascii=False).encode("utf-8")
+
+
+def _read_file(code: str, path: Path, read):
+    """``read(path)``, a file that is missing or not as written turned into why the pin cannot be read."""
+    try:
+        return read(path)
+    except FileNotFoundError:
+        raise Damaged("err.kit.missing_file", code=code, file=path.name) from None
+    except (OSError, TraceFileError):
+        raise Damaged("err.kit.bad_file", code=code, file=path.name) from None
 
 
 def _mib(n: int) -> str:

@@ -22,6 +22,7 @@ reach the file. Pages read a trace, they never write to it.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 from pathlib import Path
 
@@ -105,13 +106,27 @@ def _write(path: Path, tensors: dict[str, torch.Tensor], header: bytes, order: l
     return written
 
 
+class TraceFileError(ValueError):
+    """The file is not one ``write_trace``/``write_tensors`` wrote whole: empty, truncated, damaged or foreign."""
+
+
 def read_trace(path: Path, adapter: ModelAdapter) -> tuple[Trace, dict]:
-    """The trace ``write_trace`` wrote, every tensor a view of the file mapped copy-on-write; and the metadata."""
+    """The trace ``write_trace`` wrote, every tensor a view of the file mapped copy-on-write; and the metadata.
+    ``TraceFileError`` (or ``OSError``) for anything else: every field is checked before a ``Trace`` is made."""
     tensors, meta = _read(path)
+    ids, texts, steps = meta.get("token_ids"), meta.get("token_texts"), meta.get("steps")
+    _need(_ints(ids) and len(ids) > 0, path, "token_ids")
+    _need(isinstance(texts, list) and len(texts) == len(ids) and all(isinstance(t, str) for t in texts),
+          path, "token_texts")
+    _need(meta.get("past_length") == 0, path, "past_length")  # only a prefill's trace is written
+    _need(isinstance(steps, list) and all(_step(s) for s in steps), path, "steps")
+    _need(isinstance(meta.get("meta"), dict), path, "meta")
+    tail = meta["meta"].get("tail")
+    _need(tail is None or (type(tail) is int and 0 < tail <= len(ids)), path, "meta.tail")
     steps = [ShapeStep(name=n, shape=tuple(shape), params=tuple((p, tuple(s)) for p, s in params), derived=derived)
-             for n, shape, params, derived in meta["steps"]]
-    trace = Trace(token_ids=list(meta["token_ids"]), token_texts=list(meta["token_texts"]), tensors=tensors,
-                  steps=steps, adapter=adapter, past_length=meta["past_length"], cache=None, meta=dict(meta["meta"]))
+             for n, shape, params, derived in steps]
+    trace = Trace(token_ids=list(ids), token_texts=list(texts), tensors=tensors, steps=steps, adapter=adapter,
+                  past_length=0, cache=None, meta=dict(meta["meta"]))
     return trace, meta["kit"]
 
 
@@ -122,21 +137,54 @@ def read_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
 
 
 def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """The tensors and the metadata, once the layout is checked: a header that fits the file, every named tensor in
+    it with a known dtype, a shape and a byte range that agree with each other and lie inside the file."""
     with open(path, "rb") as f:
+        if not f.seek(0, 2):
+            raise TraceFileError(f"{path.name}: empty")
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     size = int.from_bytes(mapped[:8], "little")
-    header = json.loads(mapped[8 : 8 + size])
-    meta = json.loads(header.pop("__metadata__")["kvscope"])
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{path.name}: not a pinned trace")
+    _need(len(mapped) >= 8 and 8 + size <= len(mapped), path, "header length")
+    try:
+        header = json.loads(mapped[8 : 8 + size])
+        meta = json.loads(header.pop("__metadata__")["kvscope"])
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        raise TraceFileError(f"{path.name}: not a pinned trace (its header is unreadable)") from None
+    _need(isinstance(meta, dict) and meta.get("format") == FORMAT, path, "format")
+    names = meta.get("names")
+    _need(isinstance(names, list) and all(isinstance(n, str) and isinstance(header.get(n), dict) for n in names),
+          path, "names")
+    _need(isinstance(meta.get("kit"), dict), path, "kit")
     start = 8 + size
     tensors: dict[str, torch.Tensor] = {}
-    for name in meta["names"]:
+    for name in names:
         e = header[name]
-        dtype, (lo, hi) = BY_NAME[e["dtype"]], e["data_offsets"]
+        dtype, shape, offsets = BY_NAME.get(e.get("dtype")), e.get("shape"), e.get("data_offsets")
+        _need(dtype is not None and _ints(shape) and all(n >= 0 for n in shape), path, f"{name}: dtype or shape")
+        _need(_ints(offsets) and len(offsets) == 2 and 0 <= offsets[0] <= offsets[1] <= len(mapped) - start,
+              path, f"{name}: byte range")
+        lo, hi = offsets
+        _need(hi - lo == math.prod(shape) * dtype.itemsize and lo % dtype.itemsize == 0, path, f"{name}: byte range")
         if hi == lo:
-            tensors[name] = torch.empty(e["shape"], dtype=dtype)
+            tensors[name] = torch.empty(shape, dtype=dtype)
             continue
         flat = torch.frombuffer(mapped, dtype=torch.uint8, count=hi - lo, offset=start + lo)
-        tensors[name] = flat.view(dtype).reshape(e["shape"])
+        tensors[name] = flat.view(dtype).reshape(shape)
     return tensors, meta
+
+
+def _need(ok: bool, path: Path, what: str) -> None:
+    if not ok:
+        raise TraceFileError(f"{path.name}: not a pinned trace written whole ({what})")
+
+
+def _ints(value: object) -> bool:
+    return isinstance(value, list) and all(type(v) is int for v in value)
+
+
+def _step(s: object) -> bool:
+    """One ``ShapeStep`` as ``_header`` wrote it: [name, shape, [[param, shape], ...], derived]."""
+    return (isinstance(s, list) and len(s) == 4 and isinstance(s[0], str) and _ints(s[1])
+            and isinstance(s[2], list) and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
+                                               and _ints(p[1]) for p in s[2])
+            and isinstance(s[3], bool))

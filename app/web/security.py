@@ -96,7 +96,10 @@ def verified_owner(value: str | None, key: bytes) -> str | None:
 
 def client_address(scope) -> str:
     """Who is asking, as far as a script cannot change it for free: the peer's IP address (an IPv6 one by its
-    /64 network, which one machine is handed whole). Without a peer (a Unix socket), one shared name."""
+    /64 network, which one machine is handed whole). Without a peer (a Unix socket), one shared name.
+
+    An IPv4 address seen through an IPv6 socket (``::ffff:a.b.c.d``) is that IPv4 address, and the IPv6 loopback
+    ``::1`` stays ``::1``: it is this machine alone, and its /64 (``::/64``) would name no machine at all."""
     host = (scope.get("client") or ("local", 0))[0]
     try:
         ip = ipaddress.ip_address(host)
@@ -105,6 +108,8 @@ def client_address(scope) -> str:
     if isinstance(ip, ipaddress.IPv6Address):
         if ip.ipv4_mapped is not None:
             return str(ip.ipv4_mapped)
+        if ip.is_loopback:
+            return str(ip)
         return str(ipaddress.ip_network(f"{ip}/64", strict=False))
     return str(ip)
 

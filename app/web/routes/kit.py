@@ -55,12 +55,18 @@ def read_pin_page(request: Request, lab: KitDep, code: str):
         return render(request, "inspect.html", page="inspect", chat_option=True, kit_pin=pin, **shown["inspect"])
     template, page = PAGES[pin.kind]
     if pin.kind == "heads":
-        return render(request, template, page=page, kit_pin=pin, view=shown["view"])
-    if pin.kind == "arena":
-        return render(request, template, page=page, kit_pin=pin, view=shown["view"], form=shown["form"], oob=False,
-                      pending=False, **shown["page"])
-    return render(request, template, page=page, kit_pin=pin, view=shown["view"], roof=None, cmp=None,
-                  spec=shown["page"])
+        context = {"view": shown["view"]}
+    elif pin.kind == "arena":
+        context = {"view": shown["view"], "form": shown["form"], "oob": False, "pending": False, **shown["page"]}
+    else:
+        context = {"view": shown["view"], "roof": None, "cmp": None, "spec": shown["page"]}
+    try:
+        return render(request, template, page=page, kit_pin=pin, **context)
+    except Exception:
+        why = lab.view_failed(pin)  # a view from a file nothing vouches for: that pin, not the server, is at fault
+        if why is None:
+            raise
+        raise why from None
 
 
 @router.post("/kit/pin", include_in_schema=False)
@@ -88,7 +94,8 @@ def delete_pin_form(request: Request, lab: KitDep, owner: OwnerDep, address: Add
 @router.get("/api/kit", tags=["kit"])
 def read_kit(lab: KitDep, owner: OwnerDep, address: AddressDep) -> dict:
     """Every pin (newest first: code, name, kind, model, bytes on disk, whether this browser may delete it), the
-    bytes used and the budget (``Settings.kit_disk_bytes``)."""
+    bytes used and the budget (``Settings.kit_disk_bytes``); ``skipped``: the pins whose files could not be read
+    (code, the catalog key saying why and its parameters)."""
     return lab.pins(owner=owner, address=address)
 
 
@@ -104,11 +111,12 @@ def pin_item(lab: KitDep, owner: OwnerDep, body: PinBody) -> dict:
 
 @router.get("/api/kit/{code}", tags=["kit"], responses=errors(404, 410, 422))
 def read_pin(lab: KitDep, code: str) -> dict:
-    """One pin and its result as its lab's API returned it (a trace: the key its pages read it under)."""
+    """One pin and its result as its lab's API returned it (a trace: the key its pages read it under). 410 when its
+    files could not be read (skipped: /api/kit's ``skipped`` says why) or were removed while the server ran."""
     return lab.result(check_code(code))
 
 
-@router.delete("/api/kit/{code}", tags=["kit"], responses=errors(403, 404, 422))
+@router.delete("/api/kit/{code}", tags=["kit"], responses=errors(403, 404, 410, 422))
 def delete_pin(lab: KitDep, owner: OwnerDep, address: AddressDep, code: str) -> dict:
     """Delete a pin: only the browser that pinned it, or a request from the server's own machine (loopback); 403
     for any other."""
