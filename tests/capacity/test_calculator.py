@@ -308,7 +308,7 @@ def test_vllms_blocks_hold_one_kv_cache_groups_pages_not_every_layers():
 
 
 @pytest.mark.parametrize("case", ["gemma3", "gemma3-fp8-long-steps", "seven-five", "smollm2", "deepseek-mla"])
-def test_the_engine_figures_are_the_ones_vllm_computes(case):
+def test_the_engine_figures_are_the_ones_vllm_computes(case, engine_venv_dir):  # with the other real-vLLM tests
     """Full, sliding (Gemma 3, and kinds 7:5 whose groups vLLM pads), MLA, fp8: the figures vLLM's own
     ``get_kv_cache_configs`` and ``get_kv_cache_capacity`` give for the same layers and memory, in the engine's venv.
     Equal exactly: both divide the same integers once (the block count, then blocks / blocks per request)."""
