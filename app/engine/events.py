@@ -100,6 +100,7 @@ class EventBatch:
 
 
 MAX_BLOCK_SIZE = 4096  # the default bound on ``block_size`` (``Settings.engine_max_block_size``)
+MAX_BYTES = 32 * 2**20  # the default bound on one payload (``Settings.engine_max_message_mib``)
 MAX_GROUP_IDX = 1023  # KV-cache groups of one engine: a hybrid model has a few
 MAX_TOKEN_ID = 2**32 - 1  # vLLM's token ids are int32 in its tensors
 MAX_SEQ = 2**62  # a sequence number a running engine could reach; the replay socket's end marker is -1
@@ -279,9 +280,10 @@ def decode_payload(payload: bytes, *, seq: int = 0, topic: str = "", max_block_s
     return EventBatch(seq=seq, ts=ts, events=tuple(events), data_parallel_rank=rank, topic=topic)
 
 
-def decode_frames(frames: list[bytes], *, max_block_size: int = MAX_BLOCK_SIZE) -> EventBatch:
-    """One ZMQ message (topic, sequence number, payload) as an ``EventBatch``; a ``BadEvents`` raised after the
-    sequence number was read carries it (``seq``)."""
+def decode_frames(frames: list[bytes], *, max_block_size: int = MAX_BLOCK_SIZE, max_bytes: int = MAX_BYTES) \
+        -> EventBatch:
+    """One ZMQ message (topic, sequence number, payload of at most ``max_bytes``) as an ``EventBatch``; a
+    ``BadEvents`` raised after the sequence number was read carries it (``seq``)."""
     if len(frames) != 3:
         raise BadEvents("err.engine.frames", n=len(frames))
     topic, seq_bytes, payload = frames
@@ -291,6 +293,8 @@ def decode_frames(frames: list[bytes], *, max_block_size: int = MAX_BLOCK_SIZE) 
     if not 0 <= seq <= MAX_SEQ:
         raise BadEvents("err.engine.field_range", field="sequence number", value=seq, low=0, high=MAX_SEQ)
     try:
+        if len(payload) > max_bytes:  # never unpacked: msgpack would build every object it describes
+            raise BadEvents("err.engine.payload_long", n=len(payload), most=max_bytes)
         return decode_payload(payload, seq=seq, topic=shown(topic.decode("utf-8", "replace"), 200),
                               max_block_size=max_block_size)
     except BadEvents as exc:

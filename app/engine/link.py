@@ -27,7 +27,9 @@ Whatever the engine sends, the link goes on:
     again (events), or its own counters go backwards or its ``process_start_time_seconds`` changes (/metrics);
   * each thread runs under ``_supervised``: an exception that escapes anyway is logged, counted on the page
     (``thread_failures``) and the thread's loop starts again after a short back-off.
-Bounded: one message at most ``max_message_bytes`` (ZMQ and HTTP), the texts waiting for ``/detokenize`` at most
+Bounded: one message at most ``max_message_bytes`` (an HTTP answer is not read further, a longer KV-event payload is
+a bad batch, never decoded; zmq's own MAXMSGSIZE is not used: after it cuts a multipart message libzmq 4.3.5 stops
+reconnecting, or aborts the process in ``fq.cpp``), the texts waiting for ``/detokenize`` at most
 ``max_pending_texts`` (newest first; those of blocks no longer held are dropped, the others counted in
 ``texts_dropped``), at most ``max_streams`` streams watching, the metrics log ``metrics_kept`` scrapes.
 """
@@ -73,6 +75,7 @@ IDLE_CATCH_UP_S = 2.0  # a connected link with no frame for this long asks the r
 THREAD_BACKOFF_S = (0.1, 5.0)  # a failed thread's loop starts again after 0.1 s, doubling up to 5 s
 BAD_BATCHES_LOGGED = 10  # the first bad batches are logged one by one, then one in LOG_EVERY
 LOG_EVERY = 1000
+BAD_SEQS_KEPT = 64
 TEXT_CHARS_PER_TOKEN = 64  # a block's decoded text is cut there: no tokenizer's token is longer
 
 
@@ -154,6 +157,7 @@ class EngineLink:
         self.event_errors = 0  # messages or batches skipped
         # The last one skipped: (catalog key, its parameters, its batch's sequence number, the event's index).
         self.last_event_error: tuple[str, dict, int | None, int | None] | None = None
+        self._bad_seqs: OrderedDict[int, None] = OrderedDict()  # the last bad batches' numbers, counted once
         self.thread_failures: dict[str, int] = {}  # "events" | "http" -> times its loop failed and started again
         self.last_thread_failure: tuple[str, str] | None = None  # (which thread, the exception's type)
         self.model: str | None = None
@@ -315,7 +319,6 @@ class EngineLink:
             sub.setsockopt(zmq.SUBSCRIBE, b"")
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.RCVHWM, 100_000)
-            sub.setsockopt(zmq.MAXMSGSIZE, self.limits.max_message_bytes)  # a longer frame: the peer is dropped
             sub.setsockopt(zmq.RECONNECT_IVL, 200)
             sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
             monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
@@ -387,13 +390,22 @@ class EngineLink:
     def _decode(self, frames: list[bytes]) -> EventBatch | None:
         """The frames' batch, or None after counting them as bad (the message that names why is kept)."""
         try:
-            return decode_frames(frames, max_block_size=self.limits.max_block_size)
+            return decode_frames(frames, max_block_size=self.limits.max_block_size,
+                                 max_bytes=self.limits.max_message_bytes)
         except BadEvents as exc:
             self._skipped(exc.key, exc.params, exc.seq, exc.event)
             return None
 
     def _skipped(self, key: str, params: dict, seq: int | None, event: int | None) -> None:
+        """Count one unreadable message (once per sequence number: live, then replayed, is one) and step over it."""
         with self.changed:
+            if seq is not None:
+                self.mirror.skip(seq)
+                if seq in self._bad_seqs:
+                    return
+                self._bad_seqs[seq] = None
+                if len(self._bad_seqs) > BAD_SEQS_KEPT:
+                    self._bad_seqs.popitem(last=False)
             self.event_errors += 1
             self.last_event_error = (key, params, seq, event)
             n = self.event_errors
@@ -469,7 +481,6 @@ class EngineLink:
             return 0
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_message_bytes)
         applied = 0
         try:
             sock.connect(self.replay_endpoint)

@@ -147,8 +147,9 @@ class EngineMetrics:
         return int(value) if value is not None and 0 <= value <= 2**53 else None
 
     def counters(self) -> tuple[float | None, ...]:
-        """The engine's own totals since it started: they never go down while the same process runs."""
-        return self.prefix_queries, self.prefix_hits, float(self.ttft_count), float(self.itl_count)
+        """The engine's own totals since it started (None where it does not export one): they never go down while
+        the same process runs."""
+        return self.prefix_queries, self.prefix_hits
 
     def restarted_since(self, before: EngineMetrics) -> bool:
         """Whether this scrape comes from another engine process than ``before`` did: its start time changed, or

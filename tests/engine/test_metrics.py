@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
+
 import pytest
 
 from app.engine.metrics import EngineMetrics, histogram_quantile, parse_prometheus
@@ -46,3 +50,32 @@ def test_histogram_quantile_interpolates_inside_the_bucket():
     samples, _ = parse_prometheus(TEXT)
     # rank 0.5 · 4 = 2 falls in (0.1, 1.0] holding observations 2..3: 0.1 + 0.9 · (2 - 1) / (3 - 1)
     assert histogram_quantile(samples, "vllm:time_to_first_token_seconds", 0.5) == pytest.approx(0.55)
+
+
+def test_infinities_and_nan_never_become_a_figure():
+    text = TEXT.replace("kv_cache_usage_perc{engine=\"0\",model_name=\"smollm2\"} 0.25",
+                        "kv_cache_usage_perc{engine=\"0\",model_name=\"smollm2\"} NaN")
+    text = text.replace("seconds_count 4.0", "seconds_count +Inf").replace("running{engine=\"0\"} 2.0",
+                                                                          "running{engine=\"0\"} -Inf")
+    m = EngineMetrics.of(text)  # before: int(inf) in the histogram's count raised (the HTTP thread ended)
+    assert m.usage is None and m.running is None and (m.ttft_mean_s, m.ttft_count) == (None, 0)
+    json.dumps(dataclasses.asdict(m), allow_nan=False)
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "None", "x", "-3", "1e300"])
+def test_a_config_label_that_is_no_whole_number_in_range_is_none(value):
+    m = EngineMetrics.of(f'vllm:cache_config_info{{block_size="{value}",kv_cache_max_concurrency="{value}"}} 1\n')
+    assert m.config_int("block_size") is None  # before: int(float("inf")) raised OverflowError
+    c = m.config_float("kv_cache_max_concurrency")
+    assert c is None or math.isfinite(c)
+
+
+def test_a_restart_is_the_engines_own_counters_going_back_or_a_new_start_time():
+    before = EngineMetrics.of(TEXT)
+    assert not EngineMetrics.of(TEXT).restarted_since(before)
+    more = EngineMetrics.of(TEXT.replace("} 256.0", "} 300.0"))
+    assert not more.restarted_since(before) and before.restarted_since(more)  # queries 300 -> 256: a new process
+    started = "process_start_time_seconds 1000.0\n"
+    a, b = EngineMetrics.of(TEXT + started), EngineMetrics.of(TEXT + started.replace("1000", "2000"))
+    assert b.restarted_since(a) and not a.restarted_since(a)
+    assert not EngineMetrics.of("").restarted_since(before)  # nothing to compare: no evidence of a restart
