@@ -397,10 +397,12 @@ class EngineLink:
             return None
 
     def _skipped(self, key: str, params: dict, seq: int | None, event: int | None) -> None:
-        """Count one unreadable message (once per sequence number: live, then replayed, is one) and step over it."""
+        """Count one unreadable message, once per sequence number (heard live, then replayed for the gap it left, is
+        one). Its number does not move the mirror on: garbage can carry any number, even the one the engine's next
+        batch will carry; a batch of the engine's own that is unreadable is missing, and a gap when replay cannot
+        give it either."""
         with self.changed:
             if seq is not None:
-                self.mirror.skip(seq)
                 if seq in self._bad_seqs:
                     return
                 self._bad_seqs[seq] = None

@@ -59,7 +59,6 @@ class BlockMirror:
         self.batches = 0
         self.replayed = 0  # batches that came through the replay socket
         self.stored = self.removed = self.cleared = self.other = self.dropped = 0
-        self.skipped = 0  # unreadable batches stepped over (``skip``)
         self.unknown_removed = 0  # removes of a block the mirror never saw stored (before it connected)
         self.groups: dict[int, tuple[str | None, int | None]] = {}  # group -> (spec kind, sliding window)
         self.block_size: int | None = None
@@ -78,17 +77,6 @@ class BlockMirror:
         if self.next_seq is None or batch.seq >= self.next_seq:
             return False
         return self._seen.get(batch.seq) != batch.ts
-
-    def skip(self, seq: int) -> bool:
-        """A batch that could not be read but whose sequence number could: when it is the one expected next, the
-        stream goes on after it (no gap, nothing to replay). Any other number proves nothing (garbage may carry
-        any number), so nothing changes."""
-        if self.next_seq is None or seq != self.next_seq:
-            return False
-        self.next_seq = seq + 1
-        self.skipped += 1
-        self._change({"op": "skipped", "seq": seq})
-        return True
 
     def record_gap(self, first: int, last: int) -> None:
         if len(self.gaps) < MAX_GAPS:
