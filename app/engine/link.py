@@ -46,6 +46,7 @@ import urllib.request
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from http.client import HTTPException
 from typing import Any
 
 import zmq
@@ -120,7 +121,8 @@ def http(url: str, *, body: dict | None = None, timeout: float = 5.0, max_bytes:
     except urllib.error.HTTPError as exc:
         detail = exc.read(300).decode("utf-8", "replace")
         raise EngineDown("err.engine.http_status", url=url, status=exc.code, detail=detail) from None
-    except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:  # ValueError: http.client's, on garbage
+    except (urllib.error.URLError, OSError, TimeoutError, ValueError, HTTPException) as exc:
+        # HTTPException: a status line or a body that is not HTTP (BadStatusLine, IncompleteRead …)
         reason = getattr(exc, "reason", exc)
         raise EngineDown("err.engine.unreachable", url=url, why=shown(reason, 200)) from None
     if len(out) > max_bytes:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?\s*$")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+MAX_LINE = 65_536  # longer lines are counted unreadable unread (the sample pattern backtracks on what is not one)
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -42,6 +43,9 @@ def parse_prometheus(text: str) -> tuple[Samples, int]:
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
+            continue
+        if len(line) > MAX_LINE:
+            bad += 1
             continue
         m = _SAMPLE.match(line)
         try:

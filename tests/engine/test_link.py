@@ -5,6 +5,8 @@ listens. The same link against a real vLLM, killed and started again, is in test
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,8 +14,10 @@ from hypothesis import strategies as st
 
 from app.engine.events import BadEvents
 from app.engine.launch import free_port, free_port_pair
-from app.engine.link import EngineLink, LinkLimits
+from app.engine.link import EngineDown, EngineLink, LinkLimits
 from app.errors import Busy
+from app.labs.engine import EngineLab, EngineLimits
+from app.settings import Settings
 from tests.engine.frames import frames, removed, stored
 from tests.engine.hostile import HostileEngine, metrics, vllm_answers
 from tests.engine.publisher import Publisher, wait_for
@@ -176,14 +180,18 @@ def test_badly_typed_batches_are_skipped_and_named_on_catch_up_and_live(publishe
         link.stop()
 
 
-def test_a_link_thread_that_fails_anyway_is_started_again_and_says_so():
+def test_a_link_thread_that_fails_anyway_is_started_again_and_says_so(hostile, tmp_path):
     # An endpoint zmq refuses at connect (settings would refuse it too): a real exception inside the events loop.
-    link = make_link("tcp://127.0.0.1:not-a-port", None)
+    link = EngineLink(name="test", url=hostile.url, events="tcp://127.0.0.1:not-a-port", replay=None, limits=LIMITS)
+    lab = EngineLab(limits=EngineLimits.of(Settings(home=tmp_path)), links=[link])
     link.start()
     try:
         assert wait_for(lambda: link.thread_failures.get("events", 0) >= 2, timeout=10)
         assert link.last_thread_failure == ("events", "ZMQError")
         assert link.alive() == {"events": True, "http": True}  # the same supervised threads, never ended
+        assert polls(hostile, 2) and link.http_status is None  # the metrics poll fine meanwhile, yet the page
+        keys = [s["key"] for s in lab.status(link, "en")]  # says what happened, never "connected"
+        assert "engine.status.events_restarted" in keys and "engine.status.ok" not in keys
     finally:
         link.stop()
     assert link.alive() == {}
@@ -333,3 +341,33 @@ def test_after_any_garbage_on_the_socket_the_next_valid_batch_is_applied(fuzzed,
             break
     assert h in link.mirror.hashes()
     assert link.alive() == {"events": True, "http": True} and not link.thread_failures
+
+
+def test_an_answer_that_is_not_http_is_an_engine_down_not_an_exception():
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:  # answers every connection with bytes that are no HTTP status line
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"\x00\xffNOT HTTP\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    link = EngineLink(name="test", url=f"http://127.0.0.1:{server.getsockname()[1]}", events=None, replay=None,
+                      limits=LIMITS)
+    try:
+        for call in (link.scrape, lambda: link.tokenize("hi")):
+            with pytest.raises(EngineDown) as err:  # before: http.client.BadStatusLine escaped (a 500 on a route)
+                call()
+            assert err.value.key == "err.engine.unreachable"
+    finally:
+        stop.set()
+        thread.join()
+        server.close()

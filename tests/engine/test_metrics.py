@@ -79,3 +79,8 @@ def test_a_restart_is_the_engines_own_counters_going_back_or_a_new_start_time():
     a, b = EngineMetrics.of(TEXT + started), EngineMetrics.of(TEXT + started.replace("1000", "2000"))
     assert b.restarted_since(a) and not a.restarted_since(a)
     assert not EngineMetrics.of("").restarted_since(before)  # nothing to compare: no evidence of a restart
+
+
+def test_a_line_too_long_to_be_a_sample_is_counted_unread():
+    samples, bad = parse_prometheus("x" + "{} " * 40_000 + "\n" + TEXT)
+    assert bad == 2 and samples["vllm:kv_cache_usage_perc"][0][1] == 0.25
