@@ -205,6 +205,11 @@ class EngineLink:
         return unwatch
 
     @property
+    def texts_pending(self) -> int:
+        """Blocks waiting for their text (read under ``lock``, as the snapshot does)."""
+        return len(self._texts)
+
+    @property
     def watchers(self) -> int:
         with self.lock:
             return len(self._watchers)

@@ -260,7 +260,7 @@ class EngineLab:
                     "counts": {"held": len(m.blocks), "shown": len(blocks), "stored": m.stored, "removed": m.removed,
                                "cleared": m.cleared, "batches": m.batches, "replayed": m.replayed,
                                "dropped": m.dropped, "unknown_removed": m.unknown_removed, "next_seq": m.next_seq,
-                               "skipped": link.event_errors, "texts_pending": len(link._texts),
+                               "skipped": link.event_errors, "texts_pending": link.texts_pending,
                                "texts_dropped": link.texts_dropped, "texts_failed": link.texts_failed},
                     "groups": [{"group": g, "kind": k, "window": w,
                                 "held": sum(n for (hg, _), n in m.held.items() if hg == g)}
