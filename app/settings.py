@@ -135,6 +135,17 @@ class Settings:
     engine_max_runs_kept: int = 64
     # The fleet panel (several engines or ranks): at most this many prefixes (chains of cached blocks) listed.
     engine_fleet_max_chains: int = 24
+    # What an engine may send (app/engine/events.py, link.py): tokens a KV block (a larger block_size is a bad
+    # batch, skipped), tokens mirrored per engine (with engine_max_blocks: the oldest go first), MiB one message
+    # (a KV-event message or an HTTP answer), blocks waiting for their text (/detokenize, newest first; the oldest
+    # beyond are dropped and counted), pages following one engine's live stream at once, and the engine's block
+    # count up to which Drive runs KVScope's own pool beside it.
+    engine_max_block_size: int = 4096
+    engine_max_tokens: int = 2_000_000
+    engine_max_message_mib: int = 32
+    engine_max_pending_texts: int = 2_000
+    engine_max_streams: int = 256
+    engine_drive_max_blocks: int = 1_000_000
     # --- Inspect (/, app/labs/inspect.py) ------------------------------------------------------------------------
     # The all-heads grid's thumbnails: at most this many pixels a side. The query panels show this many key rows
     # (all of them on request).
@@ -406,7 +417,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "engine": ("engine", "engine_events", "engine_replay", "engine_poll_s", "engine_http_timeout_s",
                "engine_replay_timeout_s", "engine_max_blocks", "engine_max_changes", "engine_stream_max_s",
                "engine_max_shown_blocks", "engine_drive_max_requests", "engine_drive_timeout_s",
-               "engine_max_num_batched_tokens", "engine_max_runs_kept", "engine_fleet_max_chains", "max_prompt_chars"),
+               "engine_max_num_batched_tokens", "engine_max_runs_kept", "engine_fleet_max_chains", "max_prompt_chars",
+               "engine_max_block_size", "engine_max_tokens", "engine_max_message_mib", "engine_max_pending_texts",
+               "engine_max_streams", "engine_drive_max_blocks"),
     "lines": ("lab_queue_max", "lab_jobs_per_browser", "lab_max_wait_s"),
 }
 

@@ -12,8 +12,11 @@ socket for a missing range *before* applying the batch after it; what replay cou
 (``gaps``: first and last missing sequence numbers). A sequence number below the next expected one on the live
 stream means the engine restarted (its counter starts at 0 again): the mirror empties, as the engine's cache did.
 
-Bounded: at most ``max_blocks`` blocks (the oldest stored go first, counted in ``dropped``), the newest
-``max_changes`` changes kept for pages that follow along (``changes_since``), at most ``MAX_GAPS`` gaps.
+Bounded: at most ``max_blocks`` blocks holding at most ``max_tokens`` tokens together (the oldest stored go first,
+counted in ``dropped``), the newest ``max_changes`` changes kept for pages that follow along (``changes_since``), at
+most ``MAX_GAPS`` gaps, ``SEEN_KEPT`` batches remembered. Invariants after every call: ``held`` counts the blocks per
+(group, medium) and ``tokens`` their tokens, exactly. Fed only ``EventBatch``es that ``app/engine/events.py``
+checked (types and ranges), so no call here fails on what an engine sent.
 Not thread-safe: the link holds its lock around every call.
 """
 
@@ -43,10 +46,11 @@ class MirrorBlock:
 
 
 class BlockMirror:
-    def __init__(self, *, max_blocks: int = 50_000, max_changes: int = 4_000) -> None:
-        self.max_blocks = max_blocks
+    def __init__(self, *, max_blocks: int = 50_000, max_changes: int = 4_000, max_tokens: int = 2_000_000) -> None:
+        self.max_blocks, self.max_tokens = max_blocks, max_tokens
         self.blocks: OrderedDict[Key, MirrorBlock] = OrderedDict()  # oldest stored first
         self.held: Counter[tuple[int, str]] = Counter()  # blocks held per (group, medium), kept as blocks change
+        self.tokens = 0  # the tokens of every block held
         self.changes: deque[dict] = deque(maxlen=max_changes)
         self.version = 0  # one more per change
         self.next_seq: int | None = None  # the sequence number expected next
@@ -83,8 +87,7 @@ class BlockMirror:
     def restart(self, reason: str) -> None:
         """The engine started again: its cache is empty and its sequence numbers begin at 0."""
         self.restarts += 1
-        self.blocks.clear()
-        self.held.clear()
+        self._clear()
         self.next_seq = None
         self._seen.clear()
         self._change({"op": "restart", "reason": reason})
@@ -106,8 +109,7 @@ class BlockMirror:
                 self._removed(ev)
             elif isinstance(ev, AllBlocksCleared):
                 self.cleared += 1
-                self.blocks.clear()
-                self.held.clear()
+                self._clear()
                 self._change({"op": "cleared", "seq": batch.seq})
             else:
                 self.other += 1
@@ -119,31 +121,40 @@ class BlockMirror:
         self.block_size = ev.block_size
         for h, parent, tokens in ev.blocks():
             key = (group, medium, h)
-            if self.blocks.pop(key, None) is None:
-                self.held[group, medium] += 1
+            self._take(key)
             self.blocks[key] = MirrorBlock(h, parent, tokens, group, medium, ev.kv_cache_spec_kind,
                                            ev.kv_cache_spec_sliding_window, seq)
+            self.held[group, medium] += 1
+            self.tokens += len(tokens)
             self.stored += 1
             self._change({"op": "stored", "hash": h, "parent": parent, "group": group, "medium": medium, "seq": seq})
-        while len(self.blocks) > self.max_blocks:
-            (g, med, _), _ = self.blocks.popitem(last=False)
-            self._drop(g, med)
+        while len(self.blocks) > self.max_blocks or (self.tokens > self.max_tokens and self.blocks):
+            self._take(next(iter(self.blocks)))
             self.dropped += 1
 
     def _removed(self, ev: BlockRemoved) -> None:
         group, medium = ev.group_idx or 0, ev.medium or "GPU"
         for h in ev.block_hashes:
-            if self.blocks.pop((group, medium, h), None) is None:
+            if self._take((group, medium, h)) is None:
                 self.unknown_removed += 1
-            else:
-                self._drop(group, medium)
             self.removed += 1
             self._change({"op": "removed", "hash": h, "group": group, "medium": medium})
 
-    def _drop(self, group: int, medium: str) -> None:
-        self.held[group, medium] -= 1
-        if not self.held[group, medium]:
-            del self.held[group, medium]
+    def _take(self, key: Key) -> MirrorBlock | None:
+        """Take one block out, its counts with it; None when it was not held."""
+        block = self.blocks.pop(key, None)
+        if block is not None:
+            group, medium, _ = key
+            self.held[group, medium] -= 1
+            if not self.held[group, medium]:
+                del self.held[group, medium]
+            self.tokens -= len(block.token_ids)
+        return block
+
+    def _clear(self) -> None:
+        self.blocks.clear()
+        self.held.clear()
+        self.tokens = 0
 
     def _change(self, change: dict) -> None:
         self.version += 1

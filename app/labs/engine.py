@@ -20,11 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from itertools import islice
 
@@ -35,7 +34,7 @@ from app.engine.compare import Observed, Predictor, first_difference
 from app.engine.fleet import EngineIndex, IndexBlock, decide, fleet_chains, score
 from app.engine.hashing import HASH_ALGO, VllmBlockHasher, external
 from app.engine.link import EngineDown, EngineLink, LinkLimits
-from app.engine.metrics import EngineMetrics
+from app.engine.metrics import EngineMetrics, finite
 from app.errors import BadInput, Busy, NotFound
 from app.i18n import translate
 from app.labs.limits import Limits
@@ -78,12 +77,22 @@ class EngineLimits(Limits):
     engine_max_runs_kept: int
     engine_fleet_max_chains: int
     max_prompt_chars: int
+    engine_max_block_size: int
+    engine_max_tokens: int
+    engine_max_message_mib: int
+    engine_max_pending_texts: int
+    engine_max_streams: int
+    engine_drive_max_blocks: int
 
 
 def links_from(limits: EngineLimits) -> list[EngineLink]:
     link_limits = LinkLimits(poll_s=limits.engine_poll_s, http_timeout_s=limits.engine_http_timeout_s,
                              replay_timeout_s=limits.engine_replay_timeout_s, max_blocks=limits.engine_max_blocks,
-                             max_changes=limits.engine_max_changes)
+                             max_changes=limits.engine_max_changes, max_tokens=limits.engine_max_tokens,
+                             max_block_size=limits.engine_max_block_size,
+                             max_message_bytes=limits.engine_max_message_mib * 2**20,
+                             max_pending_texts=limits.engine_max_pending_texts, max_streams=limits.engine_max_streams,
+                             stream_max_s=limits.engine_stream_max_s)
     out = []
     for i, url in enumerate(limits.engine):
         events = limits.engine_events[i] if i < len(limits.engine_events) else None
@@ -95,6 +104,26 @@ def links_from(limits: EngineLimits) -> list[EngineLink]:
 
 def _hex(h: int | None) -> str | None:
     return None if h is None else f"{h:016x}"
+
+
+def _finite(value: object) -> object:
+    """``value`` with every float that is not finite as None (JSON has no NaN or infinity)."""
+    if isinstance(value, float):
+        return finite(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def json_line(view: dict) -> bytes:
+    """One NDJSON line that any JSON parser reads: never NaN or Infinity, whatever slipped through."""
+    try:
+        text = json.dumps(view, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(view), allow_nan=False)
+    return (text + "\n").encode()
 
 
 class EngineLab:
@@ -139,9 +168,20 @@ class EngineLab:
             say("error", "err.engine.events_unreachable", endpoint=link.events)
         if not link.events:
             say("info", "engine.status.no_events", url=link.url)
+        for side, n in sorted(link.thread_failures.items()):  # each failure is in the server's log, with its trace
+            why = link.last_thread_failure[1] if link.last_thread_failure else "?"
+            say("warn", f"engine.status.{side}_restarted", n=n, why=why)
         if link.last_event_error is not None:
-            say("error", "err.engine.bad_frames", n=link.event_errors,
-                why=translate(link.last_event_error[0], lang, **link.last_event_error[1]))
+            key, params, seq, event = link.last_event_error
+            why = translate(key, lang, **params)
+            if seq is None:  # not even a sequence number could be read
+                say("warn", "err.engine.bad_frames", n=link.event_errors, why=why)
+            elif event is None:
+                say("warn", "err.engine.bad_batch", n=link.event_errors, seq=seq, why=why)
+            else:
+                say("warn", "err.engine.bad_event", n=link.event_errors, seq=seq, event=event, why=why)
+        if link.texts_dropped:
+            say("info", "engine.status.texts_dropped", n=link.texts_dropped, most=link.limits.max_pending_texts)
         m = link.mirror
         if m.gaps:
             say("warn", "engine.status.gaps", n=len(m.gaps), missing=sum(b - a + 1 for a, b in m.gaps),
@@ -153,11 +193,12 @@ class EngineLab:
         return out
 
     def metrics_view(self, link: EngineLink) -> dict | None:
-        m = link.metrics
+        with link.lock:  # the HTTP thread appends to the log: it is read as a copy, taken under the lock
+            m, log = link.metrics, tuple(link.metrics_log)
         if m is None:
             return None
         before = None
-        for t, old in link.metrics_log:  # the rate over the last minute: Δ hits ÷ Δ queries
+        for t, old in log:  # the rate over the last minute: Δ hits ÷ Δ queries
             if t >= time.time() - 60:
                 before = old
                 break
@@ -181,22 +222,20 @@ class EngineLab:
         model = self.engine_model(link)
         bs, mem = m.config_int("block_size"), m.config_int("kv_cache_memory_bytes")
         try:
-            context = int(json.loads(link.get("/v1/models"))["data"][0]["max_model_len"])
-        except (EngineDown, KeyError, ValueError, IndexError, TypeError, OverflowError):
+            context = link.model_card()["max_model_len"]
+        except EngineDown:
             context = None
         dtype = VLLM_CACHE_DTYPES.get(str(m.config.get("cache_dtype", "auto")))
-        if model is None or dtype is None or not all(isinstance(x, int) and x > 0 for x in (bs, mem, context)):
+        if model is None or dtype is None or not all(isinstance(x, int) and x > 0 for x in (bs, mem, context)) \
+                or bs > self.limits.engine_max_block_size:
             return {"model": None}
         batched = self.limits.engine_max_num_batched_tokens
-        calc = engine_capacity(model, dtype=dtype, block_size=bs, kv_memory_bytes=mem, max_model_len=context,
-                               max_num_batched_tokens=batched)
-        engine_conc = m.config.get("kv_cache_max_concurrency")
         try:
-            theirs_conc: float | None = float(engine_conc) if engine_conc not in (None, "None") else None
-        except ValueError:
-            theirs_conc = None
-        if theirs_conc is not None and not math.isfinite(theirs_conc):  # not a figure, and not JSON
-            theirs_conc = None
+            calc = engine_capacity(model, dtype=dtype, block_size=bs, kv_memory_bytes=mem, max_model_len=context,
+                                   max_num_batched_tokens=batched)
+        except BadInput:  # a configuration the calculator does not take
+            return {"model": None}
+        theirs_conc = m.config_float("kv_cache_max_concurrency")  # finite or None: a figure, and JSON
         return {"model": model.name, "dtype": dtype, "context": context, "block_size": bs, "kv_memory_bytes": mem,
                 "groups": calc["groups"], "group_size": calc["group_size"], "block_bytes": calc["block_bytes"],
                 "windowed": calc["windowed"], "batched_tokens": batched,
@@ -207,10 +246,10 @@ class EngineLab:
     def engine_model(self, link: EngineLink) -> catalog.ModelConfig | None:
         """The catalog's entry for the engine's model (matched on its served name or the path it loaded)."""
         try:
-            data = json.loads(link.get("/v1/models"))["data"][0]
-        except (EngineDown, KeyError, ValueError, IndexError):
+            card = link.model_card()
+        except EngineDown:
             return None
-        names = " ".join(str(data.get(k, "")) for k in ("id", "root")).lower()
+        names = " ".join(card[k] or "" for k in ("id", "root")).lower()
         best = [m for m in catalog.CATALOG.values() if m.key in names or m.hf_id.split("/")[-1].lower() in names]
         return max(best, key=lambda m: len(m.key)) if best else None
 
@@ -228,7 +267,9 @@ class EngineLab:
                     "counts": {"held": len(m.blocks), "shown": len(blocks), "stored": m.stored, "removed": m.removed,
                                "cleared": m.cleared, "batches": m.batches, "replayed": m.replayed,
                                "dropped": m.dropped, "unknown_removed": m.unknown_removed, "next_seq": m.next_seq,
-                               "streams": streams},
+                               "streams": streams, "skipped": link.event_errors,
+                               "texts_pending": link.texts_pending, "texts_dropped": link.texts_dropped,
+                               "texts_failed": link.texts_failed},
                     "groups": [{"group": g, "kind": k, "window": w,
                                 "held": sum(n for (hg, _), n in m.held.items() if hg == g)}
                                for g, (k, w) in sorted(m.groups.items())],
@@ -241,27 +282,36 @@ class EngineLab:
         view["metrics"] = self.metrics_view(link)
         return view
 
-    async def stream(self, index: int, lang: str, since: int = -1) -> AsyncIterator[bytes]:
+    def stream(self, index: int, lang: str, since: int = -1) -> AsyncIterator[bytes]:
         """One JSON line per change of engine ``index``, at most one line per ``STREAM_MIN_GAP_S``, for at most
         ``engine_stream_max_s``. Waiting costs no thread: the link wakes this stream's event loop on each change
         (``EngineLink.watch``), so a change is sent at once, or as soon as the line budget allows when the last line
-        went out less than ``STREAM_MIN_GAP_S`` ago (everything that changed meanwhile goes in that one line)."""
+        went out less than ``STREAM_MIN_GAP_S`` ago (everything that changed meanwhile goes in that one line).
+
+        Called in the event loop that will run the stream: it registers there at once, so a ``Busy`` (as many
+        streams as ``engine_max_streams`` already follow this engine) is raised before any response starts."""
         link = self.link(index)
-        end = time.monotonic() + self.limits.engine_stream_max_s
-        last_sent, last_metrics, last_time, last_status = since, None, float("-inf"), None
         wake = asyncio.Event()
         unwatch = link.watch(asyncio.get_running_loop(), wake)
+        return self._lines(link, index, lang, since, wake, unwatch)
+
+    async def _lines(self, link: EngineLink, index: int, lang: str, since: int, wake: asyncio.Event,
+                     unwatch: Callable[[], None]) -> AsyncIterator[bytes]:
+        end = time.monotonic() + self.limits.engine_stream_max_s
+        last_sent, last_metrics, last_time, last_status = since, None, float("-inf"), None
         try:
             while (now := time.monotonic()) < end:
                 wake.clear()
-                version, metrics, status = link.mirror.version, link.metrics, (link.http_status, link.events_connected)
+                version, metrics = link.mirror.version, link.metrics
+                status = (link.http_status, link.events_connected, link.event_errors,
+                          sum(link.thread_failures.values()))
                 if version != last_sent or metrics is not last_metrics or status != last_status:
                     if (ready := last_time + STREAM_MIN_GAP_S - now) > 0:
                         await asyncio.sleep(ready)
                         continue
                     last_time = now
                     snap = await asyncio.to_thread(self.snapshot, index, lang)
-                    yield (json.dumps(snap) + "\n").encode()
+                    yield json_line(snap)
                     last_sent, last_metrics, last_status = version, metrics, status  # read before the snapshot
                     continue
                 with contextlib.suppress(TimeoutError):
@@ -296,6 +346,9 @@ class EngineLab:
         algo = before.config.get("prefix_caching_hash_algo", HASH_ALGO)
         if not bs or not nblocks:
             raise Busy("err.engine.no_config", url=link.url, retry_after=5)
+        if bs > self.limits.engine_max_block_size or nblocks > self.limits.engine_drive_max_blocks:
+            raise BadInput("err.engine.config_range", url=link.url, size=bs, blocks=nblocks,
+                           most_size=self.limits.engine_max_block_size, most_blocks=self.limits.engine_drive_max_blocks)
         if algo != HASH_ALGO:
             raise BadInput("err.engine.hash_algo", algo=algo, ours=HASH_ALGO)
         if not link.events or not link.events_connected:
@@ -322,7 +375,7 @@ class EngineLab:
                 first = {"key": diff[0], "text": translate(diff[0], lang, **diff[1])}
             rows.append({"request": i + 1, "group": group, "group_text": translate(f"prefix.group.{group}", lang),
                          "tokens": len(ids), "blocks": len(pred.hashes),
-                         "latency_s": latency, "text": text, "completion": out["choices"][0].get("text", ""),
+                         "latency_s": latency, "text": text, "completion": out,
                          "ours": {"hit_blocks": pred.hit_blocks, "hit_tokens": pred.hit_tokens,
                                   "stored": len(pred.stored), "evicted": pred.evicted,
                                   "hashes": [_hex(h) for h in pred.stored]},

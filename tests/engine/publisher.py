@@ -79,3 +79,46 @@ def wait_for(cond, timeout=10.0, step=0.02) -> bool:
             return True
         time.sleep(step)
     return cond()
+
+
+class GarbageRelay:
+    """A second publisher on the link's socket kind (a PUB we bind), for a real engine: it relays every message of
+    the engine's PUB unchanged and publishes ``garbage`` (a list of messages, sent round-robin) between them and
+    every ``every_s`` while the engine is quiet. A SUB that connects to it hears what a SUB connected to the engine
+    and to a second, broken publisher hears: both streams fair-queued into one."""
+
+    def __init__(self, events: str, garbage: list[list[bytes]], every_s: float = 0.05) -> None:
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(events)
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.set_hwm(100_000)
+        self.port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+        self.garbage, self.every_s = garbage, every_s
+        self.relayed = self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @property
+    def events(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def _junk(self) -> None:
+        self.pub.send_multipart(self.garbage[self.sent % len(self.garbage)])
+        self.sent += 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self.sub.poll(int(self.every_s * 1000)):
+                self.pub.send_multipart(self.sub.recv_multipart())
+                self.relayed += 1
+            self._junk()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.sub.close(linger=0)
+        self.pub.close(linger=0)
+        self.ctx.term()

@@ -4,11 +4,23 @@ msgspec classes as well, are in test_real_engine.py.)"""
 
 from __future__ import annotations
 
+import math
+
 import msgpack
 import pytest
+from hypothesis import given, settings
 
-from app.engine.events import AllBlocksCleared, BadEvents, BlockRemoved, BlockStored, OtherEvent, decode_frames
+from app.engine.events import (
+    AllBlocksCleared,
+    BadEvents,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    OtherEvent,
+    decode_frames,
+)
 from tests.engine.frames import cleared, frames, removed, stored
+from tests.engine.strategies import messages
 
 
 def test_a_batch_of_each_event_kind_decodes_into_typed_events():
@@ -57,3 +69,90 @@ def test_garbage_and_other_layouts_get_a_message_naming_what_is_wrong(msg, key, 
     with pytest.raises(BadEvents) as err:
         decode_frames(msg)
     assert err.value.key == key and named in err.value.message
+
+
+# --- every field checked where it enters (issue: one badly typed field used to end the link) ------------------
+@pytest.mark.parametrize(("event", "field"), [
+    (stored([1], None, range(4), medium=["GPU"]), "medium"),
+    (stored([1], None, range(4), medium=5), "medium"),
+    (stored([1], None, range(4), group=[0]), "group_idx"),
+    (stored([1], None, range(4), group="x"), "group_idx"),
+    (stored([1], None, range(4), group=True), "group_idx"),
+    (stored([1], None, ["abc", 1, 2, 3]), "token_ids"),
+    (stored([1], None, [0, None, 2, 3]), "token_ids"),
+    (stored([1], None, [0, -1, 2, 3]), "token_ids"),
+    (stored([1], None, range(4), extra_keys=7), "extra_keys"),
+    (stored([1], None, range(4), extra_keys=[{"a": 1}]), "extra_keys"),
+    (stored([1], None, range(4), kind=b"\xff\xfe"), "kv_cache_spec_kind"),
+    (stored([1], None, range(4), kind=["full"]), "kv_cache_spec_kind"),
+    (stored([1], None, range(4), window="8"), "kv_cache_spec_sliding_window"),
+    (stored([1], None, range(4), window=0), "kv_cache_spec_sliding_window"),
+    (stored([1], None, range(4), lora_name=3), "lora_name"),
+    (stored([1], None, range(4), lora_id="a"), "lora_id"),
+    (stored([1], [2], range(4)), "parent_block_hash"),
+    (stored([1], None, range(4), block_size=5000), "block_size"),
+    (removed([1], medium=["GPU"]), "medium"),
+    (removed([1], group="x"), "group_idx"),
+    (removed(["h"]), "block_hashes"),
+])
+def test_a_badly_typed_field_is_a_bad_batch_naming_the_field_the_batch_and_the_event(event, field):
+    with pytest.raises(BadEvents) as err:
+        decode_frames(frames(17, [stored([9], None, range(4)), event]))
+    assert field in err.value.message, err.value.message
+    assert (err.value.seq, err.value.event) == (17, 1)
+
+
+def test_text_that_is_not_utf8_is_named_not_taken_for_garbage():
+    ev = stored([1], None, range(4), kind="KIND")
+    payload = msgpack.packb([1.0, [ev]]).replace(b"KIND", b"K\xffND")  # a msgpack str whose bytes are not UTF-8
+    with pytest.raises(BadEvents) as err:
+        decode_frames([b"t", (3).to_bytes(8, "big"), payload])
+    assert err.value.key == "err.engine.field_utf8" and "kv_cache_spec_kind" in err.value.message
+
+
+def test_a_time_stamp_that_is_not_finite_and_a_negative_sequence_number_are_refused():
+    with pytest.raises(BadEvents, match="ts"):
+        decode_frames([b"t", (0).to_bytes(8, "big"), msgpack.packb([float("nan"), []])])
+    with pytest.raises(BadEvents, match="sequence number"):
+        decode_frames([b"t", (-5).to_bytes(8, "big", signed=True), msgpack.packb([1.0, []])])
+
+
+def test_extra_keys_are_one_entry_per_block_each_made_hashable():
+    ev = stored([1, 2], None, range(8), extra_keys=[None, ["lora-a", ["mm-1", 4], b"\x00"]])
+    s = decode_frames(frames(0, [ev])).events[0]
+    assert s.extra_keys == (None, ("lora-a", ("mm-1", 4), b"\x00"))
+    hash(s.extra_keys)
+    with pytest.raises(BadEvents, match="2 blocks"):
+        decode_frames(frames(0, [stored([1, 2], None, range(8), extra_keys=[None])]))
+
+
+# --- fuzzing: whatever the frames hold, the decoder answers an EventBatch of the stated types or a BadEvents ---------
+def assert_typed(batch: EventBatch) -> None:
+    """What a decoded batch holds is what its dataclasses say, whatever was sent."""
+    assert isinstance(batch.seq, int) and batch.seq >= 0 and math.isfinite(batch.ts)
+    assert batch.data_parallel_rank is None or type(batch.data_parallel_rank) is int
+    for ev in batch.events:
+        if isinstance(ev, BlockStored | BlockRemoved):
+            assert all(type(h) is int and 0 <= h < 2**64 for h in ev.block_hashes)
+            assert ev.medium is None or type(ev.medium) is str
+            assert ev.group_idx is None or type(ev.group_idx) is int and 0 <= ev.group_idx <= 1023
+        if isinstance(ev, BlockStored):
+            assert 1 <= ev.block_size <= 64
+            assert len(ev.token_ids) == len(ev.block_hashes) * ev.block_size
+            assert all(type(t) is int and 0 <= t < 2**32 for t in ev.token_ids)
+            for text in (ev.medium, ev.kv_cache_spec_kind, ev.lora_name):
+                assert text is None or (type(text) is str and text.encode("utf-8"))
+            hash(ev.extra_keys)
+        if isinstance(ev, OtherEvent):
+            ev.type.encode("utf-8")
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages())
+def test_any_message_decodes_into_checked_types_or_a_bad_events(msg):
+    try:
+        batch = decode_frames(msg, max_block_size=64)
+    except BadEvents as exc:
+        exc.message.encode("utf-8")  # the page can always show it
+        return
+    assert_typed(batch)

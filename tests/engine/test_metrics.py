@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
+
+import pytest
+
 from app.engine.metrics import EngineMetrics, parse_prometheus
 
 TEXT = r'''# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
@@ -38,3 +44,37 @@ def test_the_figures_the_page_shows():
     assert m.config_int("num_gpu_blocks") == 1456 and m.config_int("missing") is None
     later = EngineMetrics.of(TEXT.replace("} 96.0", "} 160.0").replace("} 256.0", "} 384.0"))
     assert later.hit_rate_since(m) == 0.5  # (192 - 128) / (384 - 256)
+
+
+def test_infinities_and_nan_never_become_a_figure():
+    text = TEXT.replace("kv_cache_usage_perc{engine=\"0\",model_name=\"smollm2\"} 0.25",
+                        "kv_cache_usage_perc{engine=\"0\",model_name=\"smollm2\"} NaN")
+    text = text.replace("seconds_count 4.0", "seconds_count +Inf").replace("running{engine=\"0\"} 2.0",
+                                                                          "running{engine=\"0\"} -Inf")
+    m = EngineMetrics.of(text)  # before: int(inf) in the histogram's count raised (the HTTP thread ended)
+    assert m.usage is None and m.running is None and (m.ttft_mean_s, m.ttft_count) == (None, 0)
+    json.dumps(dataclasses.asdict(m), allow_nan=False)
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "None", "x", "-3", "1e300"])
+def test_a_config_label_that_is_no_whole_number_in_range_is_none(value):
+    m = EngineMetrics.of(f'vllm:cache_config_info{{block_size="{value}",kv_cache_max_concurrency="{value}"}} 1\n')
+    assert m.config_int("block_size") is None  # before: int(float("inf")) raised OverflowError
+    c = m.config_float("kv_cache_max_concurrency")
+    assert c is None or math.isfinite(c)
+
+
+def test_a_restart_is_the_engines_own_counters_going_back_or_a_new_start_time():
+    before = EngineMetrics.of(TEXT)
+    assert not EngineMetrics.of(TEXT).restarted_since(before)
+    more = EngineMetrics.of(TEXT.replace("} 256.0", "} 300.0"))
+    assert not more.restarted_since(before) and before.restarted_since(more)  # queries 300 -> 256: a new process
+    started = "process_start_time_seconds 1000.0\n"
+    a, b = EngineMetrics.of(TEXT + started), EngineMetrics.of(TEXT + started.replace("1000", "2000"))
+    assert b.restarted_since(a) and not a.restarted_since(a)
+    assert not EngineMetrics.of("").restarted_since(before)  # nothing to compare: no evidence of a restart
+
+
+def test_a_line_too_long_to_be_a_sample_is_counted_unread():
+    samples, bad = parse_prometheus("x" + "{} " * 40_000 + "\n" + TEXT)
+    assert bad == 2 and samples["vllm:kv_cache_usage_perc"][0][1] == 0.25

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from app.engine.events import decode_frames
-from app.engine.mirror import BlockMirror
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.engine.events import BadEvents, decode_frames
+from app.engine.mirror import MAX_GAPS, BlockMirror
 from tests.engine.frames import cleared, frames, removed, stored
+from tests.engine.strategies import messages
 
 
 def apply(m: BlockMirror, seq: int, events: list, ts: float | None = None) -> bool:
@@ -54,3 +60,42 @@ def test_the_blocks_held_per_group_and_medium_are_counted_as_they_change():
     assert m.held == counted
     apply(m, 3, [cleared()])
     assert not m.held
+
+
+def test_the_tokens_held_are_bounded_too():  # a few huge blocks cannot fill the memory that max_blocks allows
+    m = BlockMirror(max_blocks=1000, max_tokens=10)
+    apply(m, 0, [stored([1, 2, 3], None, range(12))])
+    assert [b.block_hash for b in m.blocks.values()] == [2, 3] and m.tokens == 8 and m.dropped == 1
+    apply(m, 1, [stored([4], None, range(16), block_size=16)])  # alone more than the bound: nothing is kept
+    assert not m.blocks and m.tokens == 0 and not m.held
+
+
+def check_counts(m: BlockMirror) -> None:
+    """The mirror's running counts equal what its blocks say, and every bound holds."""
+    counted: dict = {}
+    for g, med, _ in m.blocks:
+        counted[g, med] = counted.get((g, med), 0) + 1
+    assert dict(m.held) == counted
+    assert m.tokens == sum(len(b.token_ids) for b in m.blocks.values()) <= m.max_tokens
+    assert len(m.blocks) <= m.max_blocks and len(m.changes) <= m.changes.maxlen and len(m.gaps) <= MAX_GAPS
+    json.dumps({"groups": sorted(m.groups.items()), "media": sorted({med for _, med in m.held})}, allow_nan=False)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(messages(), max_size=15))
+def test_any_stream_of_messages_in_any_order_leaves_the_mirror_consistent(msgs):
+    m = BlockMirror(max_blocks=6, max_changes=20, max_tokens=40)
+    for msg in msgs:  # what the link does with each: decode (skip a bad one), a restart or a gap, apply in order
+        try:
+            batch = decode_frames(msg, max_block_size=64)
+        except BadEvents:
+            continue
+        if m.is_restart(batch):
+            m.restart("seq")
+        if (missing := m.missing_before(batch.seq)) is not None:
+            m.record_gap(*missing)
+        before = m.next_seq
+        applied = m.apply(batch)
+        assert applied == (before is None or batch.seq >= before)
+        assert m.next_seq == (batch.seq + 1 if applied else before)
+        check_counts(m)

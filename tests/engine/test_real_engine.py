@@ -23,13 +23,14 @@ from app.cache.prefix import PRESETS, scaled_presets
 from app.engine.events import decode_frames
 from app.engine.hashing import VllmBlockHasher
 from app.engine.install import engine_python
+from app.engine.link import EngineLink, LinkLimits
 from app.engine.metrics import parse_prometheus
-from app.labs.engine import PRESET_SCALE, EngineLab, EngineLimits
+from app.labs.engine import PRESET_SCALE, EngineLab, EngineLimits, replay_endpoint
 from app.settings import Settings
 from tests.conftest import ENGINE_VENV
 from tests.engine.frames import frames as synthetic_frames
 from tests.engine.frames import removed, stored
-from tests.engine.publisher import wait_for
+from tests.engine.publisher import GarbageRelay, wait_for
 
 HERE = __file__.rsplit("/", 1)[0]
 
@@ -133,6 +134,40 @@ def test_the_calculator_gives_the_engines_cache_config_info(lab):
     assert line["ours"]["tokens"] == line["theirs"]["tokens"] == 46_592
     # vLLM prints its concurrency with two decimals: 46 592 / 2 048 = 22.75 exactly
     assert round(line["ours"]["max_concurrency"], 2) == line["theirs"]["max_concurrency"] == 22.75
+
+
+def garbage() -> list[list[bytes]]:
+    """Messages no vLLM sends: the wrong number of frames, a short sequence number, a payload that is not msgpack,
+    one too long to read, and batches whose events are badly typed (numbers far from the engine's own)."""
+    bad = [stored([7], None, range(32), block_size=32, medium=["GPU"]), stored([7], None, ["abc"] * 32, block_size=32),
+           stored([7], None, range(32), block_size=32, group="x"), removed([7], medium=5),
+           stored([7], None, range(32), block_size=32, kind=b"\xff")]
+    seq = 10**12
+    return [[b"kv-events"], [b"kv-events", b"\x01", b""], [b"kv-events", seq.to_bytes(8, "big"), b"\xc1\xc1"],
+            [b"kv-events", seq.to_bytes(8, "big"), b"\xdd" + (2**20).to_bytes(4, "big") + b"\x00" * 2**20],
+            *[synthetic_frames(seq + i, [ev]) for i, ev in enumerate(bad)]]
+
+
+def test_the_real_engine_is_mirrored_through_garbage_from_a_second_publisher(engine):
+    """A link subscribed to a PUB of ours that relays the real vLLM's frames unchanged, with garbage published
+    between them: every block of a real request is mirrored, the garbage is counted and named, the link never ends.
+    (The replay socket is the engine's own.)"""
+    relay = GarbageRelay(engine.events, garbage())
+    link = EngineLink(name="relayed", url=engine.url, events=relay.events, replay=replay_endpoint(engine.events, None),
+                      limits=LinkLimits(poll_s=0.5, max_message_bytes=2**20))
+    link.start()
+    try:
+        assert wait_for(lambda: link.events_connected and link.metrics is not None and link.event_errors >= 20, 30)
+        text = "Garbage from a second publisher never stops the link. " * 6
+        link.complete(text, max_tokens=1)
+        expected = set(VllmBlockHasher().request(link.tokenize(text), 32))
+        assert wait_for(lambda: expected <= link.mirror.hashes(), 20), (link.mirror.hashes(), expected)
+        assert relay.relayed > 0 and link.mirror.batches > link.mirror.replayed  # heard live too, not only replayed
+        assert link.alive() == {"events": True, "http": True} and not link.thread_failures
+        assert link.last_event_error is not None and link.http_status is None
+    finally:
+        link.stop()
+        relay.close()
 
 
 def test_an_engine_killed_mid_stream_is_reported_and_mirrored_again_when_back(engine, lab):

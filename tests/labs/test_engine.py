@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
+import threading
 
+from app.engine.metrics import EngineMetrics
 from app.labs.engine import EngineLab, EngineLimits
 from app.settings import Settings
 from tests.engine.frames import stored
+from tests.engine.hostile import metrics
 from tests.engine.publisher import Publisher, wait_for
 from tests.engine.standin import StandIn
 
@@ -97,3 +101,33 @@ def test_a_calculator_line_the_engine_says_nonsense_in_is_still_json(tmp_path):
         lab.stop()
         for e in engines:
             e.close()
+
+
+def test_metrics_view_reads_the_log_while_the_http_thread_appends(tmp_path):
+    """The HTTP thread appends a scrape to ``metrics_log`` (under the lock) while a page's snapshot reads it: the
+    reader copies it under the same lock (before: "deque mutated during iteration")."""
+    settings = Settings(home=tmp_path, engine=("http://127.0.0.1:9",), engine_poll_s=30.0)
+    lab = EngineLab(limits=EngineLimits.of(settings))  # not started: this test is the HTTP thread
+    link = lab.links[0]
+    scrape = EngineMetrics.of(metrics())
+    link.metrics = scrape
+    for _ in range(link.metrics_log.maxlen):
+        link.metrics_log.append((0.0, scrape))  # all older than a minute: a view reads the whole log
+    stop = threading.Event()
+
+    def append() -> None:
+        while not stop.is_set():
+            with link.lock:
+                link.metrics_log.append((0.0, scrape))
+
+    writer = threading.Thread(target=append)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the GIL changes hands as often as it can: the race shows within a few reads
+    writer.start()
+    try:
+        for _ in range(300):
+            assert lab.metrics_view(link)["hit_rate_recent"] == 0.5  # no scrape within the minute: the lifetime
+    finally:
+        stop.set()
+        writer.join()
+        sys.setswitchinterval(switch)

@@ -58,10 +58,10 @@ class FollowBody(Body):
     since: int = Field(-1, ge=-1, description="the mirror version the page has (-1: none yet)")
 
 
-@router.post("/api/engine/{index}/stream", tags=["engine"], responses=errors(404))
-def follow_engine(request: Request, lab: EngineDep, index: int, body: FollowBody) -> StreamingResponse:
-    """One JSON snapshot a line, whenever the engine's blocks or metrics change (NDJSON), for a few minutes."""
-    lab.link(index)
+@router.post("/api/engine/{index}/stream", tags=["engine"], responses=errors(404, 503))
+async def follow_engine(request: Request, lab: EngineDep, index: int, body: FollowBody) -> StreamingResponse:
+    """One JSON snapshot a line, whenever the engine's blocks or metrics change (NDJSON), for a few minutes.
+    (Async: the stream registers with this event loop before the response starts, so a refusal is a 503.)"""
     return StreamingResponse(lab.stream(index, request_lang(request), body.since),
                              media_type="application/x-ndjson")
 
