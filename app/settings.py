@@ -145,6 +145,10 @@ class Settings:
     # A long forward (a capture, a long prefill) lets waiting short work (decode steps) through the model between
     # its layers, then goes on ahead of other long work. False: it holds the model for its whole forward.
     queue_yield_long: bool = True
+    # ... and gets the model back once this many short requests have been served since it let go (the long request
+    # waiting longest the same): under a steady stream of decode steps it still runs a part of a layer per this
+    # many steps. 0: short work always first (a long capture can then wait for ever under a class's steps).
+    queue_short_per_long: int = 4
     # A capture or a decode prefill of at most this many tokens is short work: served between a long capture's
     # layers (a student's short prompt while the teacher captures 8K) instead of after it. 0: every capture is long.
     queue_short_tokens: int = 32
@@ -413,6 +417,7 @@ ZERO_MEANS = {
     "full_logits_max_tokens": "every prompt gets only its last position's logits",
     "queue_max_waiting": "no request waits for the model: busy at once",
     "queue_per_browser": "no request of one browser waits for the model",
+    "queue_short_per_long": "short work always first: a long forward may wait for ever under steady short work",
     "torch_threads": "torch's default",
     "quota_protect_s": "only a request using an object protects it",
     "malloc_mmap_threshold_kib": "glibc's default threshold",

@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.admission import LONG, ModelGate, Throttled
+from app.admission import LONG, ModelGate, Throttled, Withdrawn
 from app.errors import Busy, Expired, UserError
 from app.quota import ADDRESS, Full, Held, Limits, Quota
 
@@ -372,6 +372,9 @@ class LabQueue:
         except Stopped as stop:
             status = STOPPED
             job.reason = job.reason or stop.reason
+        except Withdrawn:  # stopped at a pause point of its forward (the model gate's, app/admission.py)
+            status = STOPPED
+            job.reason = job.reason or CANCELLED
         except UserError as exc:
             status, error = FAILED, exc
         except Exception as exc:  # the run is lost; the lab and the other runs are not
