@@ -28,9 +28,10 @@ lock that does it, with three rules a class of 40 browsers needs::
 - **Long work is not starved either.** Short work is preferred, but not without end: once ``short_per_long``
   short requests (``Settings.queue_short_per_long``) have been served since the long request at the head of the
   long line joined it (or, for a holder that yielded, since it handed the gate over), that long request is next.
-  Under short work arriving without a pause, a yielded capture runs one part of a layer per ``short_per_long``
-  short requests; a step waits for at most one such part per ``short_per_long`` steps. 0: short work always first
-  (the behaviour before, for the bench).
+  A holder back from a hand-over keeps the gate, pause points or not, for as long as it was without it before it
+  yields again: under short work arriving without a pause, the long forward and the short requests share the
+  model's time about evenly, and a step waits for at most one such slice (as long as ``short_per_long`` steps).
+  0: short work always first, no slice (the behaviour before, for the bench).
 - **Stop reaches a yielded forward.** Long work that took the gate with a cancel flag (a lab's run,
   ``acquire(cancel=...)``) checks it at every pause point: once it is set, ``pause_point`` raises ``Withdrawn``
   there, the gate held (taken back at once, ahead of everything waiting, if it had been handed over), so the
@@ -77,14 +78,15 @@ class Withdrawn(Exception):  # noqa: N818 (a stop, not an error)
 
 
 class _Ticket:
-    __slots__ = ("address", "kind", "mark", "owner", "urgent")
+    __slots__ = ("address", "kind", "mark", "owner", "stop")
 
     def __init__(self, kind: str, owner: str, address: str = "", mark: int = 0) -> None:
         self.kind = kind
         self.owner = owner
         self.address = address
         self.mark = mark  # the gate's count of short requests served when this one joined the line
-        self.urgent = False  # a stopped holder taking the gate back to unwind: next, ahead of everything
+        # A yielded holder's cancel flag: once set, it is next, ahead of everything (it takes the gate back to unwind).
+        self.stop: threading.Event | None = None
 
 
 class ModelGate:
@@ -113,6 +115,7 @@ class ModelGate:
         self.yields = 0  # how many times a long holder let short work through
         self.short_per_long = short_per_long  # short requests served, at most, before the head long one (0: no bound)
         self.short_served = 0
+        self._slice_until = 0.0  # a long holder back from a hand-over does not yield again before this (monotonic)
 
     # --- the lock protocol (``with gate:`` is long work) ----------------------------------------------
     def __enter__(self) -> ModelGate:
@@ -183,7 +186,8 @@ class ModelGate:
         """Called by the thread holding the gate for long work, between two pieces of one forward: when a short
         request waits, hand the gate over and take it back (same depth, as long work, first among the long
         waiters, never refused: the work was already admitted) once the short ones are served, or once
-        ``short_per_long`` of them have been. ``before()`` runs just before the gate goes, ``after()`` just after it
+        ``short_per_long`` of them have been; back, it does not yield again before it has held the gate for as long
+        as it was without it. ``before()`` runs just before the gate goes, ``after()`` just after it
         is back (holding it both times). True if it yielded. ``Withdrawn`` (the gate held) when the cancel flag the
         holder took the gate with is set, before handing over or while it waits to come back."""
         me = threading.get_ident()
@@ -195,29 +199,33 @@ class ModelGate:
                 raise Withdrawn
             if not (self.yield_long and self._kind == LONG and self._queues[SHORT]):
                 return False
+            if time.monotonic() < self._slice_until:  # its slice after the last hand-over is not over yet
+                return False
         if before is not None:
             before()
         with self._cond:
             depth = self._depth
             self._let_go()
             ticket = _Ticket(LONG, current_owner.get(), current_address.get(), mark=self.short_served)
+            ticket.stop = cancel
             self._queues[LONG].appendleft(ticket)
             gone = time.monotonic()
             try:
                 while not (self._holder is None and self._next() is ticket):
-                    if cancel is not None and cancel.is_set():
-                        ticket.urgent = True  # back at once to unwind: the stop must not wait for the line
                     self._cond.wait(None if cancel is None else CANCEL_POLL_S)
             finally:
                 self._queues[LONG].remove(ticket)
                 self._cond.notify_all()
-                _held.yielded_s = getattr(_held, "yielded_s", 0.0) + time.monotonic() - gone
+                back = time.monotonic()
+                _held.yielded_s = getattr(_held, "yielded_s", 0.0) + back - gone
             self._take(me, LONG, cancel)
             self._depth = depth
             self.yields += 1
+            if self.short_per_long:
+                self._slice_until = back + (back - gone)  # as long with the gate as it was without it
         if after is not None:
             after()
-        if ticket.urgent:
+        if cancel is not None and cancel.is_set():  # back to unwind: the stop did not wait for the line
             raise Withdrawn
         return True
 
@@ -225,6 +233,7 @@ class ModelGate:
         held = time.monotonic() - self._since
         self.avg_s[self._kind] = 0.8 * self.avg_s[self._kind] + 0.2 * held
         self._holder = None
+        self._slice_until = 0.0
         gates = getattr(_held, "gates", None)
         if gates is not None and self in gates:
             gates.remove(self)
@@ -246,7 +255,7 @@ class ModelGate:
         """Who is served when the gate frees: short work first, unless the long line's head is due (it has seen
         ``short_per_long`` short requests served since it joined) or is a stopped holder coming back to unwind."""
         head = self._queues[LONG][0] if self._queues[LONG] else None
-        if head is not None and (head.urgent or (self.short_per_long
+        if head is not None and ((head.stop is not None and head.stop.is_set()) or (self.short_per_long
                                                  and self.short_served - head.mark >= self.short_per_long)):
             return head
         for kind in (SHORT, LONG):
