@@ -242,10 +242,7 @@ class SessionStore:
     def _refusal(self, full: Full) -> Busy:
         # One literal catalog key per message (tests/test_messages.py reads them from the source).
         lim, wait = self.limits, full.retry_after
-        if full.measure == BYTES:
-            if full.scope == ADDRESS:
-                return Throttled("limits.sessions_address_memory_full", retry_after=wait, wait=wait,
-                                 mib=_mib(lim.per_address_bytes or 0))
+        if full.measure == BYTES:  # the server's budget (an address's byte share is not a cap: app/quota.py)
             return Busy("limits.sessions_memory_full", retry_after=wait, wait=wait)
         if full.scope == OWNER:
             return Throttled("limits.sessions_owner_busy", retry_after=wait, wait=wait, n=lim.per_owner)
