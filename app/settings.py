@@ -254,8 +254,10 @@ class Settings:
     # Fair shares (app/quota.py): the browsers at one network address may together hold at most this fraction of each
     # server-wide cap (decode sessions and their bytes, block pools, prefix labs and their bytes, requests waiting
     # for the model, runs in the labs' lines), and never less than one browser's own cap. A script that drops its
-    # cookie is a new browser at every request, but not a new address. 1.0 turns the share off: a class
-    # behind one NAT or proxy reaches the server from one address (docs/operating.md, Running a class).
+    # cookie is a new browser at every request, but not a new address. Bytes are work-conserving: an address may use
+    # memory nobody else uses, and gives back what it holds beyond its share when another address needs it. 1.0
+    # turns the share off: a class behind one NAT or proxy reaches the server from one address (docs/operating.md,
+    # Running a class).
     address_share: float = 0.5
     # At any of those caps (and the byte budgets of sessions, pools and labs) the least recently used idle object is
     # reclaimed rather than the newcomer refused (app/quota.py): the browser's own first, then its address's, then
