@@ -255,9 +255,11 @@ class ModelGate:
         """Who is served when the gate frees: short work first, unless the long line's head is due (it has seen
         ``short_per_long`` short requests served since it joined) or is a stopped holder coming back to unwind."""
         head = self._queues[LONG][0] if self._queues[LONG] else None
-        if head is not None and ((head.stop is not None and head.stop.is_set()) or (self.short_per_long
-                                                 and self.short_served - head.mark >= self.short_per_long)):
-            return head
+        if head is not None:
+            stopped = head.stop is not None and head.stop.is_set()
+            due = self.short_per_long and self.short_served - head.mark >= self.short_per_long
+            if stopped or due:
+                return head
         for kind in (SHORT, LONG):
             if self._queues[kind]:
                 return self._queues[kind][0]
