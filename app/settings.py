@@ -146,8 +146,9 @@ class Settings:
     # its layers, then goes on ahead of other long work. False: it holds the model for its whole forward.
     queue_yield_long: bool = True
     # ... and gets the model back once this many short requests have been served since it let go (the long request
-    # waiting longest the same): under a steady stream of decode steps it still runs a part of a layer per this
-    # many steps. 0: short work always first (a long capture can then wait for ever under a class's steps).
+    # waiting longest the same), then keeps it as long as it was without it: under a steady stream of decode steps
+    # the capture and the steps share the model's time about evenly. 0: short work always first (a long capture
+    # can then wait for ever under a class's steps).
     queue_short_per_long: int = 4
     # A capture or a decode prefill of at most this many tokens is short work: served between a long capture's
     # layers (a student's short prompt while the teacher captures 8K) instead of after it. 0: every capture is long.
