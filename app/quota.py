@@ -18,6 +18,12 @@ At a cap, the least recently used object that may go is reclaimed, in this order
     2. idle objects of other browsers at its address      (address and server caps)
     3. idle objects at an address over its fair share     (server cap: the cap / the addresses present)
 
+**Bytes are work-conserving.** The address's byte share (``per_address_bytes``) is not a cap: one address may use
+memory no one else is using, up to the server's ``max_bytes``. What it holds beyond its share is borrowed: when a
+browser at another address, itself within its share, needs room at the server's cap, the borrower's objects lose
+their protection window (only a request using one keeps it), so step 3 reclaims them. The counts' address share
+stays a cap: minting objects with fresh cookies is what a script does, and the count is what bounds it.
+
 "Idle" for another browser's object means: not in use by a request now (``busy``) and not used within
 ``protect_s`` (``used``: a request used it after the one that made it). Making an object does not protect it:
 minting objects is what a script that drops its cookie does, using them is what a student does, so an active
@@ -126,6 +132,8 @@ class Quota:
             scopes.append((ADDRESS, lambda h: h.address == address, lim.per_address, lim.per_address_bytes))
         scopes.append((SERVER, lambda h: True, lim.max_items, lim.max_bytes))
         for scope, inside, cap_items, cap_bytes in scopes:
+            if scope == ADDRESS:
+                cap_bytes = None  # a share, not a cap: borrowed bytes are reclaimed at the server's cap (below)
             while True:
                 mine = [h for h in pool if inside(h)]
                 if items and cap_items is not None and len(mine) + items > cap_items:
@@ -135,7 +143,8 @@ class Quota:
                 else:
                     break
                 may_go = self._candidates(pool, mine, scope, measure, cap, owner, address)
-                free = [h for h in may_go if self._idle(h, owner, now)]
+                lent = self._borrowers(pool, address, nbytes) if measure == BYTES and scope == SERVER else set()
+                free = [h for h in may_go if self._idle(h, owner, now) or (not h.busy and h.address in lent)]
                 if not free:
                     raise Full(scope, measure, self._wait(mine, may_go, owner, now))
                 victim = min(free, key=lambda h: (self._rank(h, owner, address), h.last_used))
@@ -149,6 +158,19 @@ class Quota:
         if h.busy:
             return False
         return _own(h, owner) or not h.used or now - h.last_used >= self.protect_s
+
+    def _borrowers(self, pool: list[Held], address: str, nbytes: int) -> set[str]:
+        """The addresses holding more bytes than their share, when the asking address (after its claim) holds no more
+        than its own: their objects not in use may go, protected or not (see the module docstring)."""
+        share = self.limits.per_address_bytes
+        if share is None or not address:
+            return set()
+        held: dict[str, int] = {}
+        for h in pool:
+            held[h.address] = held.get(h.address, 0) + h.nbytes
+        if held.get(address, 0) + nbytes > share:
+            return set()
+        return {a for a, n in held.items() if a and a != address and n > share}
 
     @staticmethod
     def _rank(h: Held, owner: str, address: str) -> int:

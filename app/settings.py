@@ -160,6 +160,11 @@ class Settings:
     # A long forward (a capture, a long prefill) lets waiting short work (decode steps) through the model between
     # its layers, then goes on ahead of other long work. False: it holds the model for its whole forward.
     queue_yield_long: bool = True
+    # ... and gets the model back once this many short requests have been served since it let go (the long request
+    # waiting longest the same), then keeps it as long as it was without it: under a steady stream of decode steps
+    # the capture and the steps share the model's time about evenly. 0: short work always first (a long capture
+    # can then wait for ever under a class's steps).
+    queue_short_per_long: int = 4
     # A capture or a decode prefill of at most this many tokens is short work: served between a long capture's
     # layers (a student's short prompt while the teacher captures 8K) instead of after it. 0: every capture is long.
     queue_short_tokens: int = 32
@@ -265,8 +270,10 @@ class Settings:
     # Fair shares (app/quota.py): the browsers at one network address may together hold at most this fraction of each
     # server-wide cap (decode sessions and their bytes, block pools, prefix labs and their bytes, requests waiting
     # for the model, runs in the labs' lines), and never less than one browser's own cap. A script that drops its
-    # cookie is a new browser at every request, but not a new address. 1.0 turns the share off: a class
-    # behind one NAT or proxy reaches the server from one address (docs/operating.md, Running a class).
+    # cookie is a new browser at every request, but not a new address. Bytes are work-conserving: an address may use
+    # memory nobody else uses, and gives back what it holds beyond its share when another address needs it. 1.0
+    # turns the share off: a class behind one NAT or proxy reaches the server from one address (docs/operating.md,
+    # Running a class).
     address_share: float = 0.5
     # At any of those caps (and the byte budgets of sessions, pools and labs) the least recently used idle object is
     # reclaimed rather than the newcomer refused (app/quota.py): the browser's own first, then its address's, then
@@ -430,6 +437,7 @@ ZERO_MEANS = {
     "full_logits_max_tokens": "every prompt gets only its last position's logits",
     "queue_max_waiting": "no request waits for the model: busy at once",
     "queue_per_browser": "no request of one browser waits for the model",
+    "queue_short_per_long": "short work always first: a long forward may wait for ever under steady short work",
     "torch_threads": "torch's default",
     "quota_protect_s": "only a request using an object protects it",
     "malloc_mmap_threshold_kib": "glibc's default threshold",

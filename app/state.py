@@ -162,7 +162,8 @@ class AppState:
                                                         share=s.address_share, max_bytes=s.prefix_cache_bytes)),
             model_lock=ModelGate(max_waiting=s.queue_max_waiting, per_owner=s.queue_per_browser,
                                  max_wait_s=s.queue_max_wait_s, per_address=gate_limits.per_address,
-                                 yield_long=s.queue_yield_long, short_tokens=s.queue_short_tokens),
+                                 yield_long=s.queue_yield_long, short_tokens=s.queue_short_tokens,
+                                 short_per_long=s.queue_short_per_long),
             head_surveys=SurveyCache(),
         )
         # Each lab gets its own limits (``XLimits.of``: its group in ``Settings.GROUPS``), never the whole Settings.

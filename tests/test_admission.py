@@ -134,3 +134,136 @@ def test_a_short_prompts_forward_is_short_work_a_long_ones_long():
         t.join(5)
     assert order == ["32 tokens", "capture goes on", "33 tokens"]
     assert ModelGate().short_tokens == 0  # the gate alone: every forward over tokens is long work
+
+
+# --- no starvation: a long holder that yielded comes back within ``short_per_long`` short requests ---------------
+
+def steady_short_work(gate: ModelGate, threads: int, total: int) -> tuple[list[threading.Thread], list[int]]:
+    """``threads`` browsers stepping without a pause: each asks for the gate as short work again as soon as it has
+    let go, until ``total`` short requests were served in all. Returns the threads and a one-item counter."""
+    served = [0]
+    lock = threading.Lock()
+
+    def browser():
+        while True:
+            with gate.short(), lock:
+                if served[0] >= total:
+                    return
+                served[0] += 1
+
+    ts = [threading.Thread(target=browser) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    return ts, served
+
+
+def long_parts(gate: ModelGate, parts: int, served: list[int], cancel: threading.Event | None = None,
+               stop_after: int | None = None) -> list[int]:
+    """A long forward of ``parts`` parts holding ``gate`` (taken with ``cancel``), a pause point before each part:
+    the short requests served before each part. ``stop_after``: Stop is pressed once that many parts ran."""
+    before: list[int] = []
+    gate.acquire(LONG, cancel=cancel)
+    try:
+        for i in range(parts):
+            if stop_after is not None and i == stop_after:
+                cancel.set()
+            pause_point()
+            before.append(served[0])
+    finally:
+        gate.release()
+    return before
+
+
+def test_under_steady_short_work_a_long_holder_runs_a_part_per_n_short_requests():
+    """The starvation a probe measured (a capture made 0 layers in 237 s while 6 browsers stepped): short work
+    always came first. Now the yielded holder is back once ``short_per_long`` short requests were served."""
+    n, parts = 3, 20
+    gate = ModelGate(max_waiting=64, per_owner=64, short_per_long=n)
+    gate.acquire(LONG)  # the long forward holds the gate while the browsers start asking
+    ts, served = steady_short_work(gate, threads=4, total=parts * n * 10)
+    wait_until(lambda: gate.waiting() >= 4)
+    gate.release()
+    before = long_parts(gate, parts, served)
+    for t in ts:
+        t.join(10)
+    gaps = [b - a for a, b in zip(before, before[1:], strict=False)]
+    assert len(before) == parts and before[-1] < parts * n * 10  # every part ran while the browsers still stepped
+    assert max(gaps) <= n  # never more than n short requests between two parts
+    assert gate.stats()["short_per_long"] == n
+
+
+def test_with_no_bound_short_work_always_comes_first():
+    """``short_per_long=0`` (the behaviour before, the bench's baseline): the long holder waits for every short one."""
+    gate = ModelGate(max_waiting=64, per_owner=64, short_per_long=0)
+    gate.acquire(LONG)
+    ts, served = steady_short_work(gate, threads=4, total=200)
+    wait_until(lambda: gate.waiting() >= 4)
+    gate.release()
+    before = long_parts(gate, 2, served)
+    for t in ts:
+        t.join(10)
+    assert before[0] == 200  # the first part ran only once the browsers had stopped
+
+
+def test_stop_takes_effect_at_the_next_pause_point_whatever_waits():
+    """Stop pressed while short work keeps arriving: the holder's next pause point raises ``Withdrawn`` with the
+    gate held (no further part runs), and letting go of it serves the browsers again."""
+    from app.admission import Withdrawn
+
+    gate = ModelGate(max_waiting=64, per_owner=64, short_per_long=2)
+    cancel = threading.Event()
+    gate.acquire(LONG)
+    ts, served = steady_short_work(gate, threads=3, total=400)
+    wait_until(lambda: gate.waiting() >= 3)
+    gate.release()
+    with pytest.raises(Withdrawn):
+        long_parts(gate, 50, served, cancel=cancel, stop_after=5)
+    for t in ts:
+        t.join(10)
+    assert served[0] == 400 and gate._holder is None  # released by the unwinding ``finally``
+
+
+def test_stop_while_yielded_takes_the_gate_back_ahead_of_the_short_line():
+    """Stop pressed while the holder waits to come back (its bound not reached): it is next, and raises."""
+    from app.admission import Withdrawn
+
+    gate = ModelGate(max_waiting=64, per_owner=64, short_per_long=0)  # no bound: only the stop brings it back
+    cancel = threading.Event()
+    order: list[str] = []
+    go = threading.Event()
+
+    def holder():
+        gate.acquire(LONG, cancel=cancel)
+        try:
+            go.wait(10)
+            pause_point()
+            order.append("part after the stop")
+        except Withdrawn:
+            order.append("withdrawn")
+        finally:
+            gate.release()
+
+    h = threading.Thread(target=holder)
+    h.start()
+    wait_until(lambda: gate._holder is not None)
+    blocker_in, blocker_out = threading.Event(), threading.Event()
+
+    def blocker():  # a short request holding the gate while the holder is yielded
+        with gate.short():
+            blocker_in.set()
+            blocker_out.wait(10)
+        order.append("blocker done")
+
+    b = threading.Thread(target=blocker)
+    b.start()
+    wait_until(lambda: gate.waiting() == 1)
+    go.set()
+    blocker_in.wait(10)
+    others = [queued(gate, SHORT, order, f"short {i}") for i in range(3)]
+    wait_until(lambda: gate.waiting() == 4)  # the yielded holder and three short ones
+    cancel.set()
+    blocker_out.set()
+    for t in (h, b, *others):
+        t.join(10)
+    assert order.index("withdrawn") < min(order.index(f"short {i}") for i in range(3))
+    assert "part after the stop" not in order

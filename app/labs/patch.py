@@ -13,13 +13,24 @@ within ``Settings.patch_cache_bytes``) and its limits (``Settings.patch_*``).
 
 The work is ``app.model.patching``: two baseline forwards, then one batched forward per group of blocks, progress
 "forwards done of N".
+
+Limits that agree: a forward costs about its rows × tokens (``plan``), so the line counts a run's units in rows ×
+tokens (its estimates then carry from one map to another), and the lab measures each forward's seconds, holding
+the model, per size (``Pace``). A map whose forwards, at the pace measured here for forwards at least as large,
+need more than ``patch_max_s`` is refused before it queues ("err.patch.too_slow", with the estimate); one whose
+sizes were never measured is checked after each forward and ends with the same message as soon as what is left
+cannot finish within its time.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
@@ -28,7 +39,7 @@ from app.errors import BadInput
 from app.labs.limits import Limits
 from app.labs.queue import GatedPace, Job, LabQueue
 from app.model.loading import LoadedModel, ModelRegistry
-from app.model.patching import DIRECTIONS, KINDS, METRICS, Patcher, Setup, forwards_needed, patch_map
+from app.model.patching import DIRECTIONS, KINDS, METRICS, Patcher, Setup, forwards_needed, map_forwards, patch_map
 from app.viz.patch import patch_view
 
 MAPS = (*KINDS, "head_pos")  # "head_pos": one head (layer, head) patched at each position
@@ -78,6 +89,48 @@ class PatchRequest:
         kind = "head" if self.kind == "head_pos" else self.kind
         return 2 + forwards_needed(kind, lm.adapter, len(self.clean), head=self.one_head, max_rows=max_rows)
 
+    def plan(self, lm: LoadedModel, max_rows: int) -> list[int]:
+        """Each forward's size in rows × tokens, in the order they run: the two baselines (one row each), then the
+        patched ones (a row per cell)."""
+        kind = "head" if self.kind == "head_pos" else self.kind
+        T = len(self.clean)
+        groups = map_forwards(kind, lm.adapter, T, head=self.one_head, max_rows=max_rows)
+        return [T, T] + [len(cells) * T for cells in groups]
+
+
+class Pace:
+    """Seconds a forward of each size (rows × tokens) took here, holding the model: a moving average per model and
+    size, at most ``SIZES`` sizes a model (the oldest measured dropped). Read and written under its own lock."""
+
+    SIZES = 256
+
+    def __init__(self) -> None:
+        self._seconds: dict[str, dict[int, float]] = {}
+        self._lock = threading.Lock()
+
+    def learn(self, model: str, size: int, seconds: float) -> None:
+        with self._lock:
+            sizes = self._seconds.setdefault(model, {})
+            old = sizes.pop(size, None)
+            sizes[size] = seconds if old is None else 0.7 * old + 0.3 * seconds
+            while len(sizes) > self.SIZES:
+                sizes.pop(next(iter(sizes)))
+
+    def estimate(self, model: str, plan: list[int]) -> float | None:
+        """Seconds the forwards of ``plan`` take at the pace measured for forwards at least as large, scaled down
+        to each size (a larger forward costs less per row × token, so this never overstates); None when one is
+        larger than any measured."""
+        with self._lock:
+            sizes = self._seconds.get(model, {})
+            known = sorted(sizes)
+            total = 0.0
+            for size in plan:
+                i = bisect.bisect_left(known, size)
+                if i == len(known):
+                    return None
+                total += sizes[known[i]] * size / known[i]
+            return total
+
 
 @dataclass(frozen=True)
 class PatchResult:
@@ -107,6 +160,7 @@ class PatchLab:
         self.registry = registry
         self.line = line
         self.limits = limits
+        self.pace = Pace()
 
     # --- the request --------------------------------------------------------------------------------------
     def _prompt(self, lm: LoadedModel, text: str, *, clean: bool) -> tuple[int, ...]:
@@ -169,29 +223,58 @@ class PatchLab:
 
     # --- the run --------------------------------------------------------------------------------------------
     def work(self, lm: LoadedModel, req: PatchRequest, pace: GatedPace | None = None) -> PatchResult:
-        """The map: the two baselines (one hold of the model gate), then each batched forward in its own hold."""
+        """The map: the two baselines (one hold of the model gate), then each batched forward in its own hold; each
+        forward's seconds (holding the model) measured for ``Pace``, and what is left checked against the time."""
         total = req.forwards(lm, self.limits.patch_max_batch_rows)
+        plan = req.plan(lm, self.limits.patch_max_batch_rows)
         patcher = Patcher(lm.model, lm.adapter, req.setup())
-        if pace is not None:
-            with pace.piece():
-                clean, corrupted = patcher.baselines()
-            pace.step(2, done=2, total=total)
-        else:
+        held: list[float] = []  # seconds the last piece held the model
+
+        @contextmanager
+        def timed() -> Iterator[None]:
+            with pace.piece() if pace is not None else _nothing():
+                t0 = time.perf_counter()
+                yield
+                held.append(time.perf_counter() - t0)
+
+        with timed():
             clean, corrupted = patcher.baselines()
+        self.pace.learn(lm.name, plan[0], held[-1] / 2)
+        if pace is not None:
+            pace.step(plan[0] + plan[1], done=2, total=total)
 
         def step(done: int, _n: int) -> None:
+            self.pace.learn(lm.name, plan[1 + done], held[-1])
             if pace is not None:
-                pace.step(1, done=2 + done, total=total)
+                pace.step(plan[1 + done], done=2 + done, total=total)
+                self._check_left(lm, plan, 2 + done, pace)
 
         kind = "head" if req.kind == "head_pos" else req.kind
         values = patch_map(patcher, kind, head=req.one_head, max_rows=self.limits.patch_max_batch_rows,
-                           piece=pace.piece if pace is not None else None, step=step)
+                           piece=timed, step=step)
         return PatchResult(values.detach().float().cpu(), clean, corrupted, patcher.forwards)
 
+    def _check_left(self, lm: LoadedModel, plan: list[int], done: int, pace: GatedPace) -> None:
+        """Ends the run (``err.patch.too_slow``) once the forwards left, at the pace measured, cannot end in time."""
+        left = self.pace.estimate(lm.name, plan[done:])
+        if left is not None and pace.clock() + left > pace.deadline:
+            spent = pace.clock() - (pace.job.started_at or pace.clock())
+            raise _too_slow(len(plan), spent + left, pace.lab.max_run_s)
+
+    def estimate_s(self, lm: LoadedModel, req: PatchRequest) -> float | None:
+        """Seconds the map's forwards need holding the model, at the pace measured here (None: not known yet)."""
+        return self.pace.estimate(lm.name, req.plan(lm, self.limits.patch_max_batch_rows))
+
     def submit(self, lm: LoadedModel, req: PatchRequest, *, owner: str, address: str, follow: bool = True) -> Job:
-        return self.line.submit(lambda pace: self.work(lm, req, pace), key=req.key(lm),
-                                units=req.forwards(lm, self.limits.patch_max_batch_rows), rate_key=lm.name,
-                                owner=owner, address=address, follow=follow, keep_alive=lm)
+        """Into the line; a map that cannot finish within ``patch_max_s`` at the pace measured here is refused first
+        (one already finished is answered whatever its cost)."""
+        plan = req.plan(lm, self.limits.patch_max_batch_rows)
+        if not self.line.holds(req.key(lm), lm):
+            need = self.pace.estimate(lm.name, plan)
+            if need is not None and need > self.limits.patch_max_s:
+                raise _too_slow(len(plan), need, self.limits.patch_max_s)
+        return self.line.submit(lambda pace: self.work(lm, req, pace), key=req.key(lm), units=sum(plan),
+                                rate_key=lm.name, owner=owner, address=address, follow=follow, keep_alive=lm)
 
     def cached(self, lm: LoadedModel, req: PatchRequest) -> PatchResult | None:
         return self.line.peek(req.key(lm), lm)
@@ -214,6 +297,15 @@ class PatchLab:
         return {"model": lm.name, "models": self.registry.names, "presets": PRESETS,
                 "n_layer": lm.adapter.n_layer, "n_head": lm.adapter.n_head,
                 "limits": asdict(self.limits)}
+
+
+def _too_slow(forwards: int, seconds: float, limit: float) -> BadInput:
+    return BadInput("err.patch.too_slow", forwards=forwards, seconds=f"{seconds:,.0f}", limit=f"{limit:g}")
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
 
 
 def result_bytes(result: PatchResult) -> int:

@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.admission import LONG, ModelGate, Throttled
+from app.admission import LONG, ModelGate, Throttled, Withdrawn
 from app.errors import Busy, Expired, UserError
 from app.quota import ADDRESS, Full, Held, Limits, Quota
 
@@ -91,7 +91,7 @@ class Job:
     done_units: float = 0.0
     ended: int | None = None  # the lab's count of runs that had ended when this one ended (the order they end)
     cancel: threading.Event = field(default_factory=threading.Event)
-    queued_at: float = field(default_factory=time.monotonic)
+    queued_at: float = 0.0  # the line's clock (``LabQueue.clock``) when it was asked for
     started_at: float | None = None
     finished_at: float | None = None
 
@@ -101,10 +101,13 @@ class LabQueue:
 
     def __init__(self, *, name: str, gate: ModelGate | None, max_queued: int, per_owner: int = 1,
                  per_address: int | None = None, max_wait_s: float, max_run_s: float, cache_items: int = 0,
-                 cache_bytes: int = 0, result_bytes: Callable[[Any], int] | None = None) -> None:
+                 cache_bytes: int = 0, result_bytes: Callable[[Any], int] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """``cache_items``: finished results kept by key (0: none); or ``cache_bytes``: kept while their sizes
-        (``result_bytes(result)``) add up to at most that (a result larger than it alone is not kept)."""
+        (``result_bytes(result)``) add up to at most that (a result larger than it alone is not kept). ``clock``:
+        the line's seconds (its waits, time limits and estimates; a test passes its own)."""
         self.name = name
+        self.clock = clock
         self.gate = gate
         self.per_owner = per_owner  # a browser's new run replaces its earlier ones beyond this (``_to_replace``)
         # The line's caps (``app/quota.py``): a waiting run is always in use, so nothing of another browser's is
@@ -139,7 +142,7 @@ class LabQueue:
         releases it when done (``release``); otherwise the owner holds it until it stops it. ``keep_alive``: the
         object a cached result belongs to (the model): a result of an object no longer alive is not reused."""
         with self._changed:
-            now = time.monotonic()
+            now = self.clock()
             self._expire(now)
             hit = self._cached(key, keep_alive)
             if hit is not None and not is_partial(hit):  # a partial result is shown (peek), never reused
@@ -157,7 +160,7 @@ class LabQueue:
             self._admit_or_refuse(owner, address)
             self._make_room(owner, keep=None)
             job = Job(id=_new_id(), seq=next(self._seq), work=work, key=key, units=max(units, 1e-9),
-                      rate_key=rate_key, address=address, payload=payload,
+                      rate_key=rate_key, address=address, payload=payload, queued_at=now,
                       keep_alive=weakref.ref(keep_alive) if keep_alive is not None else None, on_status=on_status)
             self._join(job, owner, follow)
             self._line.append(job)
@@ -213,6 +216,13 @@ class LabQueue:
                 self.cache_hits += 1
             return hit
 
+    def holds(self, key: str, keep_alive: object | None = None) -> bool:
+        """A whole result for ``key`` is cached, or a run of it waits or runs: a new request of it costs no new
+        run. Counts nothing."""
+        with self._changed:
+            hit = self._cached(key, keep_alive)
+            return (hit is not None and not is_partial(hit)) or self._find(key) is not None
+
     def mine(self, owner: str) -> Job | None:
         """The owner's newest job that is waiting or running, if any."""
         with self._changed:
@@ -239,7 +249,7 @@ class LabQueue:
                 if left is not None and left <= 0:
                     return False
                 self._changed.wait(POLL_S if left is None else min(left, POLL_S))
-                self._expire(time.monotonic())
+                self._expire(self.clock())
         return True
 
     def stats(self) -> dict:
@@ -287,7 +297,7 @@ class LabQueue:
     def _admit_or_refuse(self, owner: str, address: str) -> None:
         replaced = self._to_replace(owner, keep=None)  # they leave the line if this one is admitted
         waiting = [j for j in self._line if j not in replaced]
-        now, wait = time.monotonic(), self._retry_after()
+        now, wait = self.clock(), self._retry_after()
         held = [Held(key=j.id, owner="", address=j.address, last_used=j.queued_at, expires_at=now + wait,
                      busy=True, frees_at=now + wait) for j in waiting]
         try:
@@ -328,7 +338,7 @@ class LabQueue:
 
     def _end(self, job: Job, status: str) -> None:
         job.status = status
-        job.finished_at = time.monotonic()
+        job.finished_at = self.clock()
         self.ended += 1
         job.ended = self.ended
         if job.on_status is not None:
@@ -341,12 +351,12 @@ class LabQueue:
 
     def _dispatch(self) -> None:
         """Start the next job if none runs (the worker picks it up)."""
-        self._expire(time.monotonic())
+        self._expire(self.clock())
         if self._running is not None or not self._line:
             return
         job = self._line.popleft()
         job.status = RUNNING
-        job.started_at = time.monotonic()
+        job.started_at = self.clock()
         self._running = self._current = job
         if job.on_status is not None:
             job.on_status(job)
@@ -372,6 +382,9 @@ class LabQueue:
         except Stopped as stop:
             status = STOPPED
             job.reason = job.reason or stop.reason
+        except Withdrawn:  # stopped at a pause point of its forward (the model gate's, app/admission.py)
+            status = STOPPED
+            job.reason = job.reason or CANCELLED
         except UserError as exc:
             status, error = FAILED, exc
         except Exception as exc:  # the run is lost; the lab and the other runs are not
@@ -415,18 +428,32 @@ class LabQueue:
         self._rates[job.rate_key] = per_unit if old is None else 0.7 * old + 0.3 * per_unit
 
     def _left_s(self, job: Job) -> float | None:
-        """Seconds this job still needs: the units left times a rate. A running job's own pace (seconds per unit so
-        far, waits for the model included) weighs in as it progresses, in full once half is done, so the estimate
-        counts down with what is measured now (a busy server's runs are slower than the quiet ones the learned
-        rate of its kind remembers); None before either was measured."""
-        rate = self._rates.get(job.rate_key)
-        if job.status == RUNNING and job.started_at is not None and job.done_units > 0:
-            own = (time.monotonic() - job.started_at) / job.done_units
-            weight = min(1.0, 2 * job.done_units / job.units)
-            rate = own if rate is None else weight * own + (1 - weight) * rate
+        """Seconds this job still needs: the units left times the line's pace now (``_rate``); None before any
+        pace of its kind was measured."""
+        rate = self._rate(job)
         if rate is None:
             return None
         return max(0.0, job.units - job.done_units) * rate
+
+    def _rate(self, job: Job) -> float | None:
+        """Seconds per unit for ``job`` now. The running job's own pace (seconds per unit so far, waits for the
+        model included) weighs in as it progresses, in full once half is done, against the rate learned from
+        finished runs of its kind: a busy server's runs are slower than the quiet ones the learned rate remembers.
+        A waiting job gets the same measured pace: the running job's, when it is of its kind; else its kind's
+        learned rate scaled by how much slower than its own learned rate the running job goes now."""
+        rate = self._rates.get(job.rate_key)
+        running = job if job.status == RUNNING else self._running
+        if running is None or running.started_at is None or running.done_units <= 0:
+            return rate
+        own = (self.clock() - running.started_at) / running.done_units
+        learned = self._rates.get(running.rate_key)
+        weight = min(1.0, 2 * running.done_units / running.units)
+        now = own if learned is None else weight * own + (1 - weight) * learned
+        if job.rate_key == running.rate_key:
+            return now
+        if rate is None or learned is None:
+            return rate
+        return rate * now / learned
 
     def _retry_after(self) -> int:
         ahead = [self._left_s(j) for j in self._active()]
@@ -435,7 +462,7 @@ class LabQueue:
     def _snapshot(self, job: Job, owner: str) -> dict:
         """What ``owner`` sees of ``job`` now: an event (queued, running, done, failed, stopped, replaced) and
         its numbers. Plain data except ``error`` (the exception, for the web layer to word)."""
-        self._expire(time.monotonic())
+        self._expire(self.clock())
         base = {"job": job.id, "ticket": job.seq}
         why = job.left.get(owner) if owner not in job.members else None
         if why is not None and why != CANCELLED:
@@ -469,12 +496,13 @@ class GatedPace:
         self.lab = lab
         self.job = job
         self.cancel = job.cancel
-        self.deadline = (job.started_at or time.monotonic()) + lab.max_run_s
+        self.clock = lab.clock
+        self.deadline = (job.started_at or lab.clock()) + lab.max_run_s
 
     def check(self) -> None:
         if self.cancel.is_set():
             raise Stopped(self.job.reason or CANCELLED)
-        if time.monotonic() >= self.deadline:
+        if self.clock() >= self.deadline:
             raise Stopped(TIME_LIMIT)
 
     @contextmanager

@@ -137,7 +137,8 @@ def layer_pauses(model: torch.nn.Module, adapter: ModelAdapter) -> Iterator[None
     points name: norms, projections, attention, MLP ...), let short work of other browsers through the model gate
     (``app/admission.py``, ``pause_point``; a no-op when none waits or the gate is not held for long work), this
     thread's attention switched back around the hand-over. At 8K tokens one layer of SmolLM2 takes seconds; its
-    parts, a fraction of that. Hooks removed in ``finally:``."""
+    parts, a fraction of that. A run stopped meanwhile (the cancel flag it took the gate with) ends at the next of
+    these points: ``pause_point`` raises ``Withdrawn`` out of the forward. Hooks removed in ``finally:``."""
     leave, back = lse_paused(model)
     handles, seen = [], set()
 

@@ -19,11 +19,12 @@ growing, so bytes per layer differ, and its newest query reads at most ``window`
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from app.admission import yielded_s
+from app.errors import BadInput
 from app.kv_bytes import bytes_per_token
 from app.model import attention
 from app.model.capture import fill_cache, lse_attention, run_traced
@@ -46,6 +47,7 @@ class Step:
     logits: torch.Tensor  # (V,) last position
     generator_state: torch.Tensor  # RNG state before choosing, so a check can repeat the draw
     ms: float  # measured time of the forward
+    trimmed: bool = False  # its record (query, newest_k, logits, generator state) dropped to make room
 
     def nbytes(self) -> int:
         """What the record holds: its tensors' bytes (no dimension grows with the context)."""
@@ -153,7 +155,10 @@ class DecodeSession:
     def verify(self, index: int) -> dict:
         """Recompute step ``index`` from the full prefix, no cache; compare logits and the choice."""
         steps = self.steps[: index + 1]  # one read: a release meanwhile empties the list, never half of it
-        step = steps[index]
+        step = steps[index]  # one object: trimming replaces it whole (``trim_records``)
+        if step.trimmed:
+            kept = next((s.index for s in self.steps if not s.trimmed), index)
+            raise BadInput("err.session.step_trimmed", index=index, first=kept)
         prefix = self.prompt_ids + [s.chosen for s in steps[:index]]
         t0 = time.perf_counter()
         # Through the fused attention and only the last position's logits: eager attention would form every
@@ -189,10 +194,34 @@ class DecodeSession:
         """Everything the session holds: the KV cache plus the per-step records kept for the checks."""
         return self.cache_bytes() + sum(s.nbytes() for s in self.steps)
 
+    def trimmable(self) -> int:
+        """Steps whose record may be dropped: every one but the newest (the views read the newest's)."""
+        return sum(not s.trimmed for s in self.steps[:-1])
+
+    def trim_records(self, n: int) -> int:
+        """Drop the records of the ``n`` oldest steps that still hold one, the newest always kept; their tokens,
+        probabilities and timings stay (the page's table, the tombstone). Each step is replaced whole, so a
+        check reading one meanwhile sees it before or after, never half. Returns the bytes freed."""
+        freed = 0
+        for i, step in enumerate(self.steps[:-1]):
+            if n <= 0:
+                break
+            if step.trimmed:
+                continue
+            freed += step.nbytes()
+            self.steps[i] = replace(step, query=_EMPTY, newest_k=_EMPTY, logits=_EMPTY, generator_state=_EMPTY_U8,
+                                    trimmed=True)
+            n -= 1
+        return freed
+
     def release(self) -> None:
         self.cache = None
         self.steps.clear()
         self.texts.clear()
+
+
+_EMPTY = torch.empty(0)
+_EMPTY_U8 = torch.empty(0, dtype=torch.uint8)
 
 
 def _over_all_keys(row: torch.Tensor, total: int) -> torch.Tensor:

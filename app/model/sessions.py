@@ -25,7 +25,13 @@ the ender when nobody holds it, else the last ``hold`` on its way out, once the 
   seconds until the soonest session in the way expires or may go.
 - Bytes: before a prefill or a step, its growth (K/V of the new tokens plus the step's record) is reserved
   under the store lock, after reclaiming what the quota says; if the reservation would still pass a byte cap
-  it is refused. So the total never goes over the cap, even with many clicks at once.
+  it is refused. So the total never goes over the cap, even with many clicks at once. An address's byte share
+  is work-conserving (``app/quota.py``): a lone address may fill the whole budget; what it holds beyond its
+  share is reclaimed when another address needs room.
+- A session's step records (the newest token's q and k, the logits, the generator: ~0.2 MB each on SmolLM2) are
+  its own memory: when a step does not fit, the session's oldest records are trimmed first (the newest is kept,
+  and every step's token), before any other session is reclaimed or the step refused. So a browser that keeps
+  stepping is refused only once its KV cache alone fills what it may hold.
 - Expired, deleted or reclaimed sessions leave a tombstone (their token ids, sampling, owner, the model they
   ran on, why they ended), so the page can say what happened and rebuild it. ``purge`` (a timer calls it)
   releases expired sessions; releasing drops the KV cache, so the memory returns.
@@ -184,9 +190,7 @@ class SessionStore:
             lim = self.limits
             if lim.max_bytes is not None and need > lim.max_bytes:
                 raise BadInput("limits.session_too_big", need=_mib(need), cap=_mib(lim.max_bytes))
-            if slot.address and lim.per_address_bytes is not None and need > lim.per_address_bytes:
-                raise BadInput("limits.session_too_big_address", need=_mib(need), cap=_mib(lim.per_address_bytes))
-            self._make_room(slot.owner, slot.address, items=0, nbytes=need)
+            self._make_room(slot.owner, slot.address, items=0, nbytes=need, growing=session)
             slot.reserved += need
         try:
             yield
@@ -195,15 +199,31 @@ class SessionStore:
                 slot.reserved -= need
 
     # --- internals --------------------------------------------------------------------------------------
-    def _make_room(self, owner: str, address: str, *, items: int, nbytes: int) -> None:
-        """End what the quota says (store lock held), or raise the cap's message with the real wait."""
-        try:
-            victims = self.quota.admit(self._held(), owner=owner, address=address, items=items, nbytes=nbytes)
-        except Full as full:
-            raise self._refusal(full) from None
+    def _make_room(self, owner: str, address: str, *, items: int, nbytes: int,
+                   growing: DecodeSession | None = None) -> None:
+        """End what the quota says (store lock held), or raise the cap's message with the real wait. ``growing``:
+        the session the bytes are for (its lock held by the caller), whose own old step records are trimmed
+        before any session is ended or the claim refused."""
+        while True:
+            try:
+                victims = self.quota.admit(self._held(), owner=owner, address=address, items=items, nbytes=nbytes)
+            except Full as full:
+                if self._trim(growing, nbytes):
+                    continue
+                raise self._refusal(full) from None
+            if victims and self._trim(growing, nbytes):
+                continue
+            break
         for victim in victims:
             self.reclaimed += victim.owner != owner
             self._bury(str(victim.key), why="reclaimed")
+
+    @staticmethod
+    def _trim(session: DecodeSession | None, nbytes: int) -> bool:
+        """Trim the oldest step records of ``session`` worth about ``nbytes`` (at least one); False if none is left."""
+        if session is None or not session.trimmable():
+            return False
+        return session.trim_records(max(1, math.ceil(nbytes / record_bytes(session.lm)))) > 0
 
     def _held(self) -> list[Held]:
         """Every session as the quota sees it: live ones, and ended ones a request still holds (their bytes)."""
@@ -222,10 +242,7 @@ class SessionStore:
     def _refusal(self, full: Full) -> Busy:
         # One literal catalog key per message (tests/test_messages.py reads them from the source).
         lim, wait = self.limits, full.retry_after
-        if full.measure == BYTES:
-            if full.scope == ADDRESS:
-                return Throttled("limits.sessions_address_memory_full", retry_after=wait, wait=wait,
-                                 mib=_mib(lim.per_address_bytes or 0))
+        if full.measure == BYTES:  # the server's budget (an address's byte share is not a cap: app/quota.py)
             return Busy("limits.sessions_memory_full", retry_after=wait, wait=wait)
         if full.scope == OWNER:
             return Throttled("limits.sessions_owner_busy", retry_after=wait, wait=wait, n=lim.per_owner)

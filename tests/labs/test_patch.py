@@ -104,3 +104,56 @@ def test_progress_is_worded_forwards_done_of_n():
 
     assert patch_progress({"done": 3, "total": 8}, "en") == translate("patch.progress", "en", done=3, total=8)
     assert "3" in patch_progress({"done": 3, "total": 8}, "zh") and "8" in patch_progress({"done": 3, "total": 8}, "zh")
+
+
+# --- limits that agree: a map that cannot finish in its time is refused, with the estimate --------------------------
+
+# 64 tokens of the built-in model (a character each): 2 blocks × 64 positions, two forwards of 64 rows × 64 tokens.
+LONG_MAP = {"model": "builtin", "clean": "a" * 63 + "b", "corrupted": "a" * 63 + "c", "answer": "x", "wrong": "y"}
+
+
+def test_a_map_that_cannot_finish_within_its_time_is_refused_before_it_queues(lab):
+    """The reproduction: a 64-token map needs 32 forwards of ~10 s on SmolLM2 here, more than ``patch_max_s``
+    (300 s), and was queued anyway: it could never finish. Once forwards of that size were measured here, such a
+    map is refused up front, naming the forwards and the estimate; an identical map already finished is answered."""
+    from dataclasses import replace
+
+    lm, req = lab.prepare(**LONG_MAP)
+    plan = req.plan(lm, lab.limits.patch_max_batch_rows)
+    assert len(req.clean) == 64 and len(plan) == req.forwards(lm, lab.limits.patch_max_batch_rows) == 2 + 2
+    assert lab.estimate_s(lm, req) is None  # nothing measured yet: nothing to refuse on
+    done = lab.line.wait(lab.submit(lm, req, owner="a", address="x"), "a")
+    need = lab.estimate_s(lm, req)
+    measured = lab.pace._seconds["builtin"]
+    assert need == sum(measured[size] for size in plan)  # the measured forwards of those sizes, added up
+    lab.limits = replace(lab.limits, patch_max_s=need / 2)
+    ended = lab.line.stats()["ended"]
+    _, noise = lab.prepare(**LONG_MAP, direction="noise")  # the same forwards, not finished
+    with pytest.raises(BadInput) as refused:
+        lab.submit(lm, noise, owner="b", address="y")
+    assert refused.value.key == "err.patch.too_slow" and refused.value.params["forwards"] == 4
+    assert refused.value.params["seconds"] == f"{need:,.0f}" and refused.value.params["limit"] == f"{need / 2:g}"
+    assert lab.line.stats()["ended"] == ended and lab.line.stats()["queued"] == 0  # nothing queued
+    again = lab.submit(lm, req, owner="b", address="y")  # finished already: answered at once
+    assert again.cached and again.result is done
+    _, short = lab.prepare(**(LONG_MAP | {"clean": "ab", "corrupted": "ac"}))  # 2 tokens: far smaller forwards
+    assert lab.estimate_s(lm, short) < need / 2
+
+
+def test_a_map_whose_forwards_were_never_measured_ends_once_what_is_left_cannot_finish(patch_state):
+    """No pace known for its sizes: the run measures its own and ends with the same message after the first
+    patched forward, instead of running to its time limit. The line's clock stands still here, so the time left
+    is the whole limit (a microsecond), below what the forward left takes."""
+    from app.labs.queue import FAILED, LabQueue
+
+    line = LabQueue(name="patch-t", gate=patch_state.model_lock, max_queued=4, max_wait_s=60, max_run_s=1e-6,
+                    clock=lambda: 1000.0)
+    lab = PatchLab(registry=patch_state.registry, limits=PatchLimits.of(patch_state.settings), line=line)
+    try:
+        lm, req = lab.prepare(**LONG_MAP)
+        job = lab.submit(lm, req, owner="a", address="x")
+        assert line.wait_idle(120)
+        assert job.status == FAILED and job.error.key == "err.patch.too_slow"
+        assert job.progress == {"done": 3, "total": 4}  # the baselines and one patched forward, no more
+    finally:
+        line.close()

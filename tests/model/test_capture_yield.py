@@ -136,3 +136,100 @@ def test_a_capture_outside_the_gate_or_under_short_work_never_pauses(distil):
     assert gate.yields == 0 and gate.served == before
     capture_alone(distil)  # no gate held at all: the pause points are no-ops
     assert gate.yields == 0
+
+
+# --- a steady stream of short work: the capture still progresses within the bound, and Stop stops it -------------
+
+def parts_per_layer(lm) -> int:
+    """The pause points one layer's forward passes (``layer_pauses``: one per distinct module of the block)."""
+    return len({id(p.module) for p in lm.adapter.hook_points() if p.name.startswith("blocks.0.")})
+
+
+def stepping_browsers(lm, gate: ModelGate, n: int, done: threading.Event) -> tuple[list[threading.Thread], list[int]]:
+    """``n`` browsers each running a short forward as short work again as soon as the last one ended."""
+    served = [0]
+    lock = threading.Lock()
+    ids = torch.tensor([lm.encode(SHORT_PREFIX)])
+
+    def browser():
+        while not done.is_set():
+            with gate.short(), torch.no_grad():
+                lm.model(input_ids=ids)
+                with lock:
+                    served[0] += 1
+
+    ts = [threading.Thread(target=browser) for _ in range(n)]
+    for t in ts:
+        t.start()
+    return ts, served
+
+
+def capture_in_line(lm, gate: ModelGate, served: list[int], *, stop_at_layer: int | None = None):
+    """The long capture as the long-prompt lab runs it: a job in a line, holding the gate with its cancel flag.
+    Returns the job, the line and the short requests served when each layer began."""
+    from app.labs.queue import LabQueue
+
+    line = LabQueue(name="long", gate=gate, max_queued=4, max_wait_s=600, max_run_s=600)
+    ids = lm.encode(LONG_PROMPT)
+    at_layer: list[int] = []
+
+    def on_layer(layer: int):
+        def hook(*_):
+            at_layer.append(served[0])
+            if stop_at_layer is not None and layer == stop_at_layer:
+                line.stop(line.running().id, None)  # Stop, pressed while the browsers keep stepping
+
+        return hook
+
+    from app.model.adapters import for_this_thread
+
+    first: dict[int, torch.nn.Module] = {}  # each layer's first hooked module (as the long lab's progress reads it)
+    for p in lm.adapter.hook_points():
+        if p.name.startswith("blocks."):
+            first.setdefault(int(p.name.split(".")[1]), p.module)
+
+    def work(pace):
+        # In the line's worker thread, before the capture's own pause hooks: on a layer's first module this fires
+        # first, for this thread's forward only (not the browsers' in between).
+        handles = [m.register_forward_pre_hook(for_this_thread(on_layer(i))) for i, m in first.items()]
+        try:
+            with pace.piece():
+                return run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids), keep_cache=False)
+        finally:
+            for h in handles:
+                h.remove()
+
+    job = line.submit(work, units=1)
+    assert line.wait_idle(120)
+    return job, at_layer
+
+
+def test_a_capture_under_steady_decode_steps_runs_a_part_per_n_steps(lm):
+    n = 2
+    gate = ModelGate(max_waiting=64, per_owner=64, short_per_long=n)
+    done = threading.Event()
+    browsers, served = stepping_browsers(lm, gate, 3, done)
+    try:
+        job, at_layer = capture_in_line(lm, gate, served)
+    finally:
+        done.set()
+        for t in browsers:
+            t.join(30)
+    assert job.status == "done" and len(at_layer) == lm.adapter.n_layer
+    gaps = [b - a for a, b in zip(at_layer, at_layer[1:], strict=False)]
+    assert max(gaps) <= n * parts_per_layer(lm)  # short requests between two layers' starts: within the bound
+    assert served[0] > at_layer[-1]  # the browsers stepped all along
+
+
+def test_stop_ends_a_capture_at_its_next_pause_point_under_steady_steps(lm):
+    gate = ModelGate(max_waiting=64, per_owner=64, short_per_long=2)
+    done = threading.Event()
+    browsers, served = stepping_browsers(lm, gate, 3, done)
+    try:
+        job, at_layer = capture_in_line(lm, gate, served, stop_at_layer=1)
+    finally:
+        done.set()
+        for t in browsers:
+            t.join(30)
+    assert job.status == "stopped" and len(at_layer) == 2  # layer 1 began, its first part never ran
+    assert gate._holder is None

@@ -139,7 +139,7 @@ def test_session_byte_cap_is_never_passed(state):
     state.sessions.limits.max_bytes = 1_500_000  # a prefill and a few steps (each keeps its 50 257 logits)
     s = state.decode.start_session(model="distilgpt2", prompt="The cat", sampling=Sampling())
     refused = None
-    for _ in range(20):
+    for _ in range(200):
         try:
             state.decode.step_session(s.id)
         except Busy as exc:
@@ -147,6 +147,11 @@ def test_session_byte_cap_is_never_passed(state):
             break
         assert state.sessions.stats()["bytes"] <= state.sessions.limits.max_bytes
     assert refused is not None and refused.retry_after
+    # Its own older step records were trimmed first (app/model/sessions.py): refused only once its KV cache fills
+    # the cap, after more steps than their records alone would fit.
+    from app.model.sessions import record_bytes
+
+    assert len(s.steps) > state.sessions.limits.max_bytes // record_bytes(s.lm)
 
 
 # --- /healthz never waits for the model ----------------------------------------------------------------
