@@ -5,8 +5,32 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def in_fresh_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` run on a new thread, its result or its exception returned here. For a run compared with one on a
+    worker thread (tests/numerics.py), and for ``asyncio.run``: on a test worker that has opened a browser,
+    Playwright's sync API keeps an event loop running on the main thread, inside which ``asyncio.run`` refuses to
+    start."""
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # re-raised on the caller's thread
+            out["error"] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -12,16 +12,10 @@ leaking into another run changes a tensor by O(max|x|), a wrong head or position
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-from typing import TypeVar
-
 import torch
 
 EPS32 = torch.finfo(torch.float32).eps
 THREAD_REL = 2_000 * EPS32
-
-T = TypeVar("T")
 
 
 def thread_close(got: torch.Tensor, want: torch.Tensor) -> bool:
@@ -32,21 +26,3 @@ def thread_close(got: torch.Tensor, want: torch.Tensor) -> bool:
         return torch.equal(got, want)
     scale = float(want.abs().max()) if want.numel() else 0.0
     return bool((got - want).abs().max() <= THREAD_REL * max(scale, 1.0)) if want.numel() else True
-
-
-def in_fresh_thread(fn: Callable[[], T]) -> T:
-    """``fn()`` run on a new thread (as a worker runs it), its result or its exception returned here."""
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as exc:  # re-raised on the caller's thread
-            out["error"] = exc
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]

@@ -17,6 +17,7 @@ from tests.engine.frames import stored
 from tests.engine.hostile import metrics
 from tests.engine.publisher import Publisher, wait_for
 from tests.engine.standin import StandIn
+from tests.live import in_fresh_thread
 
 
 def test_a_published_batch_reaches_the_stream_and_a_closed_stream_is_no_longer_woken(tmp_path):
@@ -41,7 +42,7 @@ def test_a_published_batch_reaches_the_stream_and_a_closed_stream_is_no_longer_w
             await stream.aclose()
             return lines
 
-        lines = asyncio.run(follow())
+        lines = in_fresh_thread(lambda: asyncio.run(follow()))  # no loop of Playwright's on that thread
         assert lines[0]["counts"]["stored"] == 0 and lines[-1]["counts"]["stored"] == 5
         assert {b["hash"] for b in lines[-1]["blocks"]} == {f"{100 + s:016x}" for s in range(5)}
         assert len(lines) <= 1 + 5  # never more than one line per change

@@ -20,7 +20,8 @@ import torch
 from app.admission import ModelGate
 from app.model.ablation import ablated_last_logits
 from app.model.capture import fill_cache, hook_count, run_traced
-from tests.numerics import in_fresh_thread, thread_close
+from tests.live import in_fresh_thread
+from tests.numerics import thread_close
 
 LONG_PROMPT = "The cat sat on the mat because the mat was warm and the cat was tired after a long day of play"
 SHORT_PREFIX = "Once upon a time"
