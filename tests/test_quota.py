@@ -150,8 +150,10 @@ class QuotaMachine(RuleBasedStateMachine):
         except Full as full:
             assert full.retry_after >= 1
             return None
+        pool = list(before)  # what is held when each victim is chosen: the victims before it already gone
+
         def bytes_at(a: str) -> int:
-            return sum(h.nbytes for h in before if h.address == a)
+            return sum(h.nbytes for h in pool if h.address == a)
 
         for v in victims:
             assert not v.busy  # in use: never
@@ -161,6 +163,7 @@ class QuotaMachine(RuleBasedStateMachine):
             assert v.owner == owner or not v.used or self.now - v.last_used >= 10.0 or borrowed
             assert any(v is h for h in before)
             self.objs.remove(v)
+            pool.remove(v)
         return victims
 
     @rule(owner=st.sampled_from(OWNERS), address=st.sampled_from(ADDRESSES), nbytes=st.integers(0, 120))

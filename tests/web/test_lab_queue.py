@@ -289,7 +289,9 @@ def test_a_training_run_followed_live_waits_its_turn_and_stops_when_its_client_g
         until(lambda: next(seen_by_a)["event"] == "running", "a's run trains")
         with b.follow("/api/train/jobs", spec | {"steps": 3}) as seen_by_b:
             waiting = next(seen_by_b)
-            assert waiting["event"] == "queued" and waiting["place"] == 1 and waiting["text"] == "1st in line"
+            # Its place, and (once a's pace is measured: it depends on how far a has got) the wait at that pace.
+            assert waiting["event"] == "queued" and waiting["place"] == 1
+            assert waiting["text"] == "1st in line" or waiting["text"].startswith("1st in line, your result in about ")
             status = b.http.get("/api/train/status").json()
             assert status["line"]["waiting"] == 1 and status["line"]["mine"]["event"] == "queued"
             assert status["status"] == "running" and not status["yours"]  # everyone sees a's run; it is not b's
