@@ -56,6 +56,16 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda it: rank.get(groups[it], len(SLOW_FIRST)))  # stable: the rest keep their order
 
 
+def pytest_collection_finish(session):
+    """Under ``--dist loadgroup`` every test must carry its group (the suffix pytest-xdist adds to its id): a test
+    without one could run the real vLLMs on a second worker, or a module's tests on two."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and session.config.getvalue("loadgroup"):
+        lost = [it.nodeid for it in session.items if "@" not in it.nodeid]
+        if lost:
+            raise pytest.UsageError(f"pytest-xdist did not group {len(lost)} tests (first: {lost[0]}): this pytest "
+                                    "and pytest-xdist do not work together; see the pin in pyproject.toml")
+
+
 SLOW_FIRST = ("tests/web/test_fuzz.py", "tests/cache/test_real_cache.py", "vllm", "tests/model/test_patching.py",
               "tests/model/test_gguf.py", "tests/web/test_lesson_browser.py", "tests/web/test_a11y_browser.py",
               "tests/labs/test_train.py")

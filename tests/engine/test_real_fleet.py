@@ -93,9 +93,15 @@ def test_the_router_picks_the_engine_whose_prefix_cache_hits_grow_most(fleet, sm
 
 
 def test_a_prompt_both_engines_hold_the_start_of_is_a_tie_named_and_broken(fleet):
+    # Both engines are sent the shared start (each then holds its blocks, whatever an earlier test left there).
+    for link in fleet.links:
+        link.complete(SHARED + "Say hello.", max_tokens=1)
+    assert wait_for(lambda: all(set(chain(ln, SHARED)) <= ln.mirror.hashes() for ln in fleet.links), timeout=15), \
+        [fleet.status(ln, "en") for ln in fleet.links]
     r = fleet.route(SHARED + "Something else entirely: what is the capital of Peru?", "en")
     by = {x["index"]: x for x in r["rows"]}
-    assert by[0]["matched"] == by[1]["matched"] >= 1 and r["tied"] == [0, 1]
+    assert by[0]["matched"] == by[1]["matched"] >= 1 and r["tied"] == [0, 1], (r["rows"], [
+        fleet.status(ln, "en") for ln in fleet.links])
     usage = {i: by[i]["usage"] for i in by}
     assert r["pick"] == min((0, 1), key=lambda i: (usage[i], i))
     assert "tie" in r["verdict"]
