@@ -34,7 +34,8 @@ window.kv.page("engine", (page) => {
     if (c.block_size) {
       $("m-config").textContent = kv.t("engine.metrics.config", {
         blocks: kv.int(+c.num_gpu_blocks), size: c.block_size, tokens: kv.int(+c.kv_cache_size_tokens),
-        bytes: kv.bytes(+c.kv_cache_memory_bytes), algo: c.prefix_caching_hash_algo, caching: c.enable_prefix_caching });
+        bytes: kv.bytes(+c.kv_cache_memory_bytes), algo: c.prefix_caching_hash_algo ?? "—",
+        caching: c.enable_prefix_caching ?? "—" });  // a label the engine does not export: a dash, not "null"
     }
   }
 
