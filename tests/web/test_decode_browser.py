@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 pytestmark = pytest.mark.browser
@@ -97,6 +99,11 @@ def test_a_session_closed_to_make_room_says_so_and_one_click_rebuilds_it(browser
         page.click("#prefill")
         page.wait_for_function("document.body.dataset.decodeStep === '0'")
         mine = set(state.sessions._live)
+        # The page may still be reading its session (a view fetched after the prefill): a held session is never
+        # reclaimed, so wait until no request holds it before another browser asks for the server's one place.
+        deadline = time.monotonic() + 30
+        while any(slot.holders for slot in state.sessions._slots.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
         token = current_request.set(object())  # another browser's request, in this process
         try:
             state.decode.start_session(model=None, prompt="A dog", sampling=Sampling(), owner="another browser")
