@@ -274,10 +274,19 @@
      cells: rows of JS arrays with nulls for the future cost the first paint a few hundred ms of building and
      collection); the rows Plotly wants are made once it is there (rows()). */
   function packed(m) {
-    const vals = kv.b64ToF32(m.data), lower = m.packing === "lower";
+    const vals = m.encoding === "sqrt-u8" ? fromSqrtU8(kv.b64ToBytes(m.data)) : kv.b64ToF32(m.data);
+    const lower = m.packing === "lower";
     const start = (i) => (lower ? i * (m.past + 1) + (i * (i - 1)) / 2 : i * m.cols);
     const visible = (i) => (lower ? Math.min(m.cols, m.past + i + 1) : m.cols);
     return { m, vals, start, visible, z: null };
+  }
+  /* Weights sent for drawing as round(255·√w) (app/viz/attention.py sqrt_u8): back to (b / 255)², each cell's √
+     within half a byte's step of the exact weight's, so it takes the colour the exact weight takes on the √ scale
+     (the default) or one step beside it. */
+  function fromSqrtU8(bytes) {
+    const out = new Float32Array(bytes.length);
+    for (let i = 0; i < bytes.length; i++) { const r = bytes[i] / 255; out[i] = r * r; }
+    return out;
   }
   /* Rows for Plotly and the row chart; null marks cells the causal mask hides. */
   function rows(p) {
@@ -301,25 +310,35 @@
       heatmapDrawn();
       return;
     }
-    const want = `${S.layer}/${S.head}/${S.kind}`;
-    const m = await kv.getJSON(`/api/traces/${S.key}/attention/${S.layer}/${S.head}?kind=${S.kind}`);
-    if (want !== `${S.layer}/${S.head}/${S.kind}`) return; // a newer selection is on its way
-    const p = packed(m);
-    S.matrix = { p, kind: m.kind, get z() { return rows(p); } };
-    const mine = S.matrix;
+    const want = `${S.layer}/${S.head}/${S.kind}`, mine = (S.drawing = {});
+    const stale = () => want !== `${S.layer}/${S.head}/${S.kind}` || S.drawing !== mine; // a newer selection came
+    const url = `/api/traces/${S.key}/attention/${S.layer}/${S.head}?kind=${S.kind}`;
     const box = document.getElementById("heatmap");
+    // The first paint draws weights from one byte a cell (a quarter of float32's bytes: what the page receives
+    // before its first heatmap); the exact float32 cells, which hover, the row chart and sums read, come with Plotly.
+    const first = !window.Plotly && S.kind === "weights";
+    let m = await kv.getJSON(first ? url + "&encoding=sqrt-u8" : url);
+    if (stale()) return;
+    let p = packed(m);
     if (!window.Plotly) {
       // First paint without Plotly: the same cells on a canvas now, the interactive chart once Plotly has loaded.
       paintCanvas(p);
       await kv.plotlyWhenUsed();
-      if (want !== `${S.layer}/${S.head}/${S.kind}` || S.matrix !== mine) return;
+      if (stale()) return;
+      if (m.encoding !== "f32") {
+        m = await kv.getJSON(url);
+        if (stale()) return;
+        p = packed(m);
+      }
       box.textContent = "";
-    } else if (box._fullLayout && box._fullLayout._size && S.cols === m.cols) {
+    }
+    S.matrix = { p, kind: m.kind, get z() { return rows(p); } };
+    if (box._fullLayout && box._fullLayout._size && S.cols === m.cols) {
       // Another head of the same prompt: its cells on a canvas laid over the chart's plot area at once (same
       // axes), while Plotly redraws its interactive chart underneath (a few hundred ms at T = 512).
       overlayCanvas(box, p);
       await new Promise((go) => requestAnimationFrame(() => requestAnimationFrame(go)));  // shown before Plotly's work
-      if (want !== `${S.layer}/${S.head}/${S.kind}`) return;
+      if (stale()) return;
     }
     const z = rows(p);
     const idx = [...Array(m.cols).keys()];

@@ -206,9 +206,9 @@ class InspectLab:
             kept = trace.meta["grid"] = (size, grid_thumbnails(trace, size=size))
         return kept[1]
 
-    def attention(self, key: str, layer: int, head: int, kind: str):
+    def attention(self, key: str, layer: int, head: int, kind: str, encoding: str = "f32"):
         _, trace = self.trace_by_key(key)
-        return head_matrix(trace, layer, head, kind)
+        return head_matrix(trace, layer, head, kind, encoding)
 
     def arithmetic(self, key: str, layer: int, head: int, q: int) -> dict:
         _, trace = self.trace_by_key(key)

@@ -2,7 +2,8 @@
 
 Big matrices travel as base64 float32 (little-endian), lower triangle only where the upper one is
 fixed by the causal mask (weights 0, masked scores -inf): at T=512 one head is 0.5 MB instead of
-the ~6 MB a JSON list of decimals would take.
+the ~6 MB a JSON list of decimals would take. For drawing only, weights also travel as one byte a cell
+(``ENCODINGS``): a quarter of the bytes, for the page's first paint; the exact float32 follows.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from app.viz.summaries import first_token_shares
 from app.viz.tokens import visible
 
 KINDS = ("weights", "masked", "scores")
+# How a head's cells travel: "f32" the exact values; "sqrt-u8" weights only, one byte a cell, round(255·√w): √ is
+# the heatmap's default colour mapping, so each byte is one of 256 evenly spaced colours on it, and the small
+# weights a linear byte would round to 0 (every weight under 1/510) keep their own shades down to 1.5e-5.
+ENCODINGS = ("f32", "sqrt-u8")
 
 
 def b64_f32(t: torch.Tensor) -> str:
@@ -56,10 +61,19 @@ def lower_triangle(m: torch.Tensor, past: int = 0) -> torch.Tensor:
     return m[keep]
 
 
-def head_matrix(trace: Trace, layer: int, head: int, kind: str = "weights") -> dict:
-    """One head's (T, Tk) matrix: softmax weights, masked or raw scores (all from the captured Q and K)."""
+def sqrt_u8(w: torch.Tensor) -> torch.Tensor:
+    """Weights in [0, 1] as bytes on the √ scale: round(255·√w). Decoded as (b / 255)², each cell's √ is within
+    half a step (1/510) of the exact weight's."""
+    return (w.clamp(0, 1).sqrt() * 255).round().to(torch.uint8)
+
+
+def head_matrix(trace: Trace, layer: int, head: int, kind: str = "weights", encoding: str = "f32") -> dict:
+    """One head's (T, Tk) matrix: softmax weights, masked or raw scores (all from the captured Q and K), its cells
+    as exact float32 or, for weights, one byte a cell for drawing (``ENCODINGS``)."""
     if kind not in KINDS:
         raise BadInput("err.index.kind", kind=kind, kinds=", ".join(KINDS))
+    if encoding not in ENCODINGS or (encoding != "f32" and kind != "weights"):
+        raise BadInput("err.index.encoding", encoding=encoding, kind=kind)
     check_indexes(trace, layer=layer, head=head)
     if kind == "weights":
         m = trace.attention_rows(layer, heads=slice(head, head + 1))[0]
@@ -80,7 +94,8 @@ def head_matrix(trace: Trace, layer: int, head: int, kind: str = "weights") -> d
         "packing": "lower" if packed else "full",
         "min": float(finite.min()) if finite.numel() else 0.0,
         "max": float(finite.max()) if finite.numel() else 0.0,
-        "data": b64_f32(data),
+        "encoding": encoding,
+        "data": b64_f32(data) if encoding == "f32" else b64_u8(sqrt_u8(data)),
     }
 
 

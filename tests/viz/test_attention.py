@@ -42,6 +42,31 @@ def test_heatmap_weights_equal_captured_attention(trace):
     assert np.allclose(np.nansum(z, axis=1), 1.0, atol=1e-5)  # every row of weights sums to 1
 
 
+def test_compact_weights_draw_each_cell_within_one_byte_step_of_the_exact_one(trace):
+    """The first paint's bytes: decoded as the page decodes them ((b / 255)², static/inspect.js fromSqrtU8), each
+    cell's √ (its place on the default colour scale) is within half a step of 1/255 of the exact weight's √ — the
+    same colour or the next one of 256 — and the payload is a quarter of float32's."""
+    exact = head_matrix(trace, 3, 7, "weights")
+    small = head_matrix(trace, 3, 7, "weights", "sqrt-u8")
+    assert small["encoding"] == "sqrt-u8" and exact["encoding"] == "f32"
+    assert {k: v for k, v in small.items() if k not in ("data", "encoding")} == \
+        {k: v for k, v in exact.items() if k not in ("data", "encoding")}
+    w = decode_f32(exact["data"]).astype(np.float64)
+    b = np.frombuffer(base64.b64decode(small["data"]), dtype=np.uint8).astype(np.float64)
+    assert b.shape == w.shape and len(base64.b64decode(small["data"])) * 4 == len(base64.b64decode(exact["data"]))
+    drawn = (b / 255) ** 2
+    # 0.5 / 255 is the rounding's bound; the float32 sqrt and product on the way add ~1e-7, far below it.
+    assert np.abs(np.sqrt(drawn) - np.sqrt(w)).max() <= 0.5 / 255 + 1e-6
+    assert np.abs(drawn - w).max() <= 1 / 255  # and within one byte's step of the weight itself
+
+
+def test_only_weights_travel_as_bytes(trace):
+    with pytest.raises(BadInput):
+        head_matrix(trace, 0, 0, "scores", "sqrt-u8")
+    with pytest.raises(BadInput):
+        head_matrix(trace, 0, 0, "weights", "f16")
+
+
 def test_heatmap_raw_scores_are_q_dot_k_over_sqrt_d(trace):
     m = head_matrix(trace, 1, 2, "scores")
     z = decode_f32(m["data"]).reshape(m["rows"], m["cols"])

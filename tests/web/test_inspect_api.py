@@ -22,6 +22,16 @@ def test_attention_endpoint_matches_the_trace(client, state, key):
     assert body["rows"] == body["cols"] == 4
 
 
+def test_the_first_paints_bytes_and_a_clear_refusal_of_another_encoding(client, state, key):
+    body = client.get(f"/api/traces/{key}/attention/0/0", params={"encoding": "sqrt-u8"}).json()
+    _, trace = state.trace_by_key(key)
+    w = trace.weights(0)[0, 0][np.tril_indices(4)]
+    assert np.frombuffer(base64.b64decode(body["data"]), dtype=np.uint8).tolist() == \
+        (w.clamp(0, 1).sqrt() * 255).round().int().tolist()
+    r = client.get(f"/api/traces/{key}/attention/0/0", params={"kind": "scores", "encoding": "sqrt-u8"})
+    assert r.status_code == 422 and "sqrt-u8" in r.json()["detail"]
+
+
 def test_matrices_travel_uncompressed_and_the_rest_gzipped(client):
     long = " ".join(["the cat sat on the mat"] * 60)
     r = client.get("/", params={"prompt": long}, headers={"Accept-Encoding": "gzip"})

@@ -130,12 +130,21 @@ def test_the_heatmap_is_asked_for_first_and_once(page, live_server):
         return next(i for i, (k, u) in enumerate(events) if i >= after and k == kind and part in u)
 
     attention = [u for k, u in events if k == "start" and "/attention/" in u]
-    assert len(attention) == 1 and attention[0].endswith("/attention/0/0?kind=weights")
+    assert len(attention) == 1 and attention[0].endswith("/attention/0/0?kind=weights&encoding=sqrt-u8")
     opened = {url.split("/")[-1].split("?")[0]: drawn for url, drawn in page.evaluate("window.__opened")}
     assert opened["sinks"] >= 1 and opened["lens"] >= 1 and opened["ablate"] >= 1
 
     page.mouse.move(5, 5)  # the page loads Plotly on the first sign of a user; the chart is then redrawn by it
     page.wait_for_function("+document.body.dataset.heatmapPlotly >= 1")
+    # The first paint drew one byte a cell; the interactive chart (hover, the row chart) holds the exact float32.
+    assert [u for k, u in events if k == "start" and "/attention/" in u][1].endswith("/attention/0/0?kind=weights")
+    exact = page.evaluate("""async () => {
+        const key = document.getElementById('inspect-view').dataset.key;
+        const m = await (await fetch(`/api/traces/${key}/attention/0/0?kind=weights`)).json();
+        return Array.from(kv.b64ToF32(m.data));
+    }""")
+    z = page.evaluate("document.getElementById('heatmap').data[0].z")
+    assert [v for row in z for v in row if v is not None] == exact
     n = int(page.evaluate("+document.body.dataset.heatmapDrawn"))
     mark = len(events)
     page.click("#head-grid .head-cell[data-layer='1'][data-head='4']")

@@ -56,7 +56,8 @@ def test_inspect_opens_on_a_telling_head_and_explicit_indexes_win(real_client, s
     assert f"Opened on layer {layer}, head {head}, a previous-token head" in soup.select_one("#head-choice").text
     assert soup.select_one("#sel-layer option[selected]").text == str(layer)
     preload = soup.select_one("link[rel=preload][as=fetch]")["href"]
-    assert preload.endswith(f"/attention/{layer}/{head}?kind=weights")  # the chosen head's matrix, fetched early
+    # the chosen head's matrix, fetched early (one byte a cell: the first paint's)
+    assert preload.endswith(f"/attention/{layer}/{head}?kind=weights&encoding=sqrt-u8")
 
     soup = BeautifulSoup(real_client.get(f"/?prompt={PROMPT}&model={smol.name}&layer=0&head=0").text, "html.parser")
     assert (soup.select_one("#inspect-view")["data-layer"], soup.select_one("#inspect-view")["data-head"]) == ("0", "0")

@@ -42,9 +42,11 @@ def read_grid(lab: InspectDep, key: str, size: int = 48) -> dict:
 
 @router.get("/api/traces/{key}/attention/{layer}/{head}", tags=["inspect"], response_class=MatrixJSON,
             responses=errors(410, 422, 429, 503))
-def read_attention(lab: InspectDep, key: str, layer: int, head: int, kind: str = "weights") -> MatrixJSON:
-    """One head's matrix (weights, masked or raw scores) as base64 float32."""
-    return MatrixJSON(lab.attention(key, layer, head, kind))
+def read_attention(lab: InspectDep, key: str, layer: int, head: int, kind: str = "weights",
+                   encoding: str = "f32") -> MatrixJSON:
+    """One head's matrix (weights, masked or raw scores) as base64 float32 (``encoding=f32``), or weights as one
+    byte a cell for drawing (``encoding=sqrt-u8``: round(255·√w), decoded (b / 255)²)."""
+    return MatrixJSON(lab.attention(key, layer, head, kind, encoding))
 
 
 @router.get("/api/traces/{key}/arithmetic/{layer}/{head}/{q}", tags=["inspect"], responses=errors(410, 422, 429, 503))
