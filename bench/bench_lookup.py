@@ -94,6 +94,17 @@ def main() -> None:
     kv, hf_ = med["kvscope plain"] / med["kvscope lookup"], med["hf plain"] / med["hf lookup"]
     print(f"\nspeed-up side by side: KVScope {kv:.2f}× vs transformers {hf_:.2f}× (ratio {kv / hf_:.2f}; "
           f"target ≥ 1.00); KVScope lookup / transformers lookup time {med['kvscope lookup'] / med['hf lookup']:.2f}")
+    calls: list[int] = []
+    hook = lm.model.register_forward_pre_hook(lambda _m, _a: calls.append(1))
+    try:  # how many forwards of the model each lookup makes (transformers': its prompt's and its rounds')
+        fns["kvscope lookup"]()
+        n_kv = len(calls)
+        calls.clear()
+        fns["hf lookup"]()
+        n_hf = len(calls)
+    finally:
+        hook.remove()
+    print(f"model forwards per run: KVScope lookup {n_kv}, transformers lookup {n_hf}")
     r = last["r"]
     verify = r.verify_ms
     draft = r.draft_ms
