@@ -110,7 +110,7 @@ def run_presets(lm, drafts, *, ngram: int, repeats: int, early_repeats: int) -> 
     probes: on a shared machine the other processes only ever add time), with the median of the pairs' ratios."""
     from app.labs.speculative import PRESETS
 
-    stop = lm.tokenizer.eos_token_id
+    stop = lm.end_ids
     rows = []
     for preset in PRESETS.values():
         ids = lm.encode_chat(preset.prompt)

@@ -66,7 +66,7 @@ window.kv.page("arena", (page) => {
     return {
       model: f.get("model") || null, source: f.get("source") || "text", prompt: f.get("prompt") || null,
       steps: Number(f.get("steps")), budget_kind: f.get("budget_kind") || "percent", budget: Number(f.get("budget")),
-      policies: f.getAll("policies"),
+      policies: f.getAll("policies"), go_on: f.get("go_on") === "true",
     };
   }
 

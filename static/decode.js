@@ -9,12 +9,17 @@ window.kv.page("decode", () => {
   /* What a step's view carries: the selected layer's row, pooled by the server to the plot's width in pixels (a
      long context's row would be every layer × head × position: 8.7 MB of JSON at 6 000 tokens). */
   const plotColumns = () => Math.max(200, ($("attn-heatmap").clientWidth || 900) - 80);
-  const viewWanted = () => ({ layer: +$("attn-layer").value || 0, width: plotColumns() });
+  /* At the model's end token the session stops, unless the learner ticks "go on past the end token". */
+  const goOn = () => !!($("go-on") && $("go-on").checked);
+  const viewWanted = () => ({ layer: +$("attn-layer").value || 0, width: plotColumns(), go_on: goOn() });
+  const blocked = (v) => !v || v.at_limit || (v.ended && !goOn());
+  let busyNow = false;
 
   function setBusy(busy) {
+    busyNow = busy;
     $("prefill").disabled = busy;
-    $("step").disabled = busy || !S || S.last.done;
-    $("run").disabled = busy || !S || S.last.done;
+    $("step").disabled = busy || !S || blocked(S.last);
+    $("run").disabled = busy || !S || blocked(S.last);
     $("reset").disabled = busy || !S;
     $("stop").disabled = !running;
   }
@@ -63,7 +68,7 @@ window.kv.page("decode", () => {
     for (let i = 0; i < n && running; i++) {
       status(kv.t("js.decode.running", { i: i + 1, n }));
       const v = await step();
-      if (!v || v.done) break;
+      if (blocked(v)) break;
       // Let the browser paint and handle input (a click on Stop) before the next step is sent.
       await new Promise((resolve) => requestAnimationFrame(() => setTimeout(resolve, 0)));
     }
@@ -108,7 +113,15 @@ window.kv.page("decode", () => {
     for (let i = 0; i < v.attention.kv_heads; i++) h.appendChild(kv.el("option", { value: i }, i));
   }
 
+  function endNote(v) {
+    const note = $("end-note");
+    if (!note) return;
+    note.hidden = !(v && v.ended && !goOn());
+    if (!note.hidden) note.textContent = kv.t("js.decode.ended", { token: v.end_token, n: v.tokens.length - v.prompt_len });
+  }
+
   function show(v) {
+    endNote(v);
     $("len-badge").textContent = kv.t("js.decode.len_badge", { n: v.tokens.length, cache: v.cache_len });
     const seq = $("seq"); seq.textContent = "";
     v.tokens.forEach((t, i) => {
@@ -326,6 +339,7 @@ window.kv.page("decode", () => {
 
   syncMode();
   $("mode").addEventListener("change", syncMode);
+  if ($("go-on")) $("go-on").addEventListener("change", () => { if (!busyNow) setBusy(false); if (S) endNote(S.last); });
   $("prefill").addEventListener("click", prefill);
   $("step").addEventListener("click", async () => { setBusy(true); await step(); setBusy(false); });
   $("run").addEventListener("click", run);

@@ -9,11 +9,15 @@ meaningful attention patterns.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+
+from app.model.loading import LoadedModel
 
 
 def gpt2_tokenizer_files() -> tuple[Path, Path]:
@@ -198,3 +202,27 @@ def build_byte_fallback_tokenizer(target: Path) -> Path:
                             eos_token="</s>").save_pretrained(target)
     AutoTokenizer.from_pretrained(target)  # it loads back
     return target
+
+
+# --- a model whose greedy continuation reaches its end token ----------------------------------------------
+
+def ending_at(lm: LoadedModel, token: int | list[int]) -> LoadedModel:
+    """``lm`` whose generation config names ``token`` as its eos (the same weights): a real model whose greedy
+    continuation is known to reach its end token."""
+    model = copy.copy(lm.model)
+    model.generation_config = copy.deepcopy(lm.model.generation_config)
+    model.generation_config.eos_token_id = token
+    return replace(lm, model=model)
+
+
+def with_an_end(lm: LoadedModel, ids: list[int], n: int = 12) -> tuple[LoadedModel, list[int], int]:
+    """``lm`` ending at a token of its greedy continuation: the latest first occurrence of one (a random model often
+    repeats a token), so the end comes as late as it can: (that model, the continuation with no end, where the end
+    comes)."""
+    from app.model.speculative import Runner, plain_decode
+
+    free, _ = plain_decode(Runner(lm), ids, max_new_tokens=n)
+    at = max(i for i in range(n) if free[i] not in free[:i] and free[i] not in lm.end_ids)
+    ended = ending_at(lm, free[at])
+    assert ended.end_ids == lm.end_ids | {free[at]}
+    return ended, free, at

@@ -123,7 +123,11 @@ def forwards(*, steps: int, policies: int, reference: bool) -> int:
     return steps + (steps - 1 if reference else 0) + (policies + 1) * (2 * steps - 1)
 
 
-def _full_run(lm: LoadedModel, prompt: list[int], reference: list[int] | None, steps: int, pace: Pace) -> FullRun:
+def _full_run(lm: LoadedModel, prompt: list[int], reference: list[int] | None, steps: int, pace: Pace,
+              stop: frozenset[int] = frozenset()) -> FullRun:
+    """Full attention's pass. Without a reference its greedy continuation is the reference, and it ends at the first
+    ``stop`` token it chooses (the model's end of turn), so the run has that many steps; a text's reference runs
+    all ``steps``."""
     a = lm.adapter
     rec = RecordingStore(a.n_layer)
     tell = {"phase": "reference", "steps": steps}
@@ -135,6 +139,8 @@ def _full_run(lm: LoadedModel, prompt: list[int], reference: list[int] | None, s
     greedy = [int(logits[0].argmax())]
     margins = [top2_margin(logits[0])]
     for s in range(1, steps):
+        if reference is None and greedy[-1] in stop:
+            break
         tok = reference[s - 1] if reference is not None else greedy[-1]
         with pace.piece():
             logits.append(lm.adapter.forward_through(rec, [tok])[-1])
@@ -222,16 +228,18 @@ def _policy_run(lm: LoadedModel, name: str, prompt: list[int], reference: list[i
 @torch.no_grad()
 def run_arena(lm: LoadedModel, prompt: list[int], *, steps: int, budget: int, policies: list[str],
               reference: list[int] | None = None, pace: Pace | None = None, finished: list[dict] | None = None,
-              started: dict | None = None) -> dict:
+              started: dict | None = None, stop: frozenset[int] = frozenset()) -> dict:
     """Every policy in ``policies`` against full attention (see the module docstring); ``budget`` in tokens per head.
 
     Each forward is one piece of ``pace`` (default: straight through), so a lab runs it a forward at a time.
     ``finished`` (a list) receives each policy run as it ends and ``started`` the reference pass, so a run stopped
-    midway (a lab's time limit) still has what it computed: ``arena_result`` of those.
+    midway (a lab's time limit) still has what it computed: ``arena_result`` of those. Without a ``reference``,
+    full attention's greedy continuation ends at its first ``stop`` token, and every policy runs that many steps.
     """
     pace = pace or Unpaced()
-    full = _full_run(lm, prompt, reference, steps, pace)
+    full = _full_run(lm, prompt, reference, steps, pace, stop)
     ref = list(reference) if reference is not None else full.greedy
+    steps = len(ref)
     if started is not None:
         started.update(full_greedy=full.greedy, full_margins=full.margins, reference=ref)
     names = ["full"] + [p for p in policies if p != "full"]
@@ -312,11 +320,13 @@ class ArenaRequest:
     steps: int
     budget: int  # tokens per head
     policies: list[str]
+    go_on: bool = False  # full attention's continuation goes on past the model's end token (else it ends there)
 
     def key(self, lm: LoadedModel) -> str:
         """The same request on the same model object gives the same key, and the same numbers: a finished
         result is reused for it (``id(lm)``: a model loaded again under the same name gives other keys)."""
-        text = repr((lm.name, id(lm), self.prompt, self.reference, self.steps, self.budget, self.policies))
+        text = repr((lm.name, id(lm), self.prompt, self.reference, self.steps, self.budget, self.policies,
+                     self.go_on))
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
     def forwards(self) -> int:
@@ -325,7 +335,8 @@ class ArenaRequest:
 
 
 def prepare(lm: LoadedModel, *, source: str, prompt: str | None, steps: int, budget_kind: str, budget_value: float,
-            policies: list[str], max_prompt_tokens: int, max_steps: int, max_chars: int) -> ArenaRequest:
+            policies: list[str], max_prompt_tokens: int, max_steps: int, max_chars: int,
+            go_on: bool = False) -> ArenaRequest:
     """Check a request against the limits and turn it into token ids and a token budget (BadInput otherwise)."""
     from app.cache.policies import POLICIES, available
     from app.errors import BadInput
@@ -357,19 +368,20 @@ def prepare(lm: LoadedModel, *, source: str, prompt: str | None, steps: int, bud
     bpt = float_bytes_per_token(n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim)
     budget = budget_tokens(kind=budget_kind, value=budget_value, total_tokens=full_tokens(prompt=len(ids), steps=steps),
                            bytes_per_token=bpt)
-    return ArenaRequest(ids, reference, steps, budget, policies)
+    return ArenaRequest(ids, reference, steps, budget, policies, go_on)
 
 
 def run_prepared(lm: LoadedModel, req: ArenaRequest, pace: Pace | None = None, finished: list[dict] | None = None,
                  started: dict | None = None) -> dict:
     return run_arena(lm, req.prompt, steps=req.steps, budget=req.budget, policies=req.policies,
-                     reference=req.reference, pace=pace, finished=finished, started=started)
+                     reference=req.reference, pace=pace, finished=finished, started=started,
+                     stop=frozenset() if req.go_on else lm.end_ids)
 
 
 def partial_result(lm: LoadedModel, req: ArenaRequest, finished: list[dict], started: dict) -> dict | None:
     """What a run stopped midway had finished: the full row and at least one policy, or None."""
     if len(finished) < 2 or not started:
         return None
-    return arena_result(lm, req.prompt, steps=req.steps, budget=req.budget, runs=finished,
+    return arena_result(lm, req.prompt, steps=len(started["reference"]), budget=req.budget, runs=finished,
                         teacher_forced=req.reference is not None, **started)
 

@@ -170,8 +170,7 @@ class PagedEngine:
         seq.pending, seq.alternatives = top[0], top[1:]
 
     def _finish_if_done(self, seq: Sequence) -> None:
-        eos = self.lm.tokenizer.eos_token_id
-        if seq.generated >= seq.max_new or (eos is not None and seq.pending == eos and not self.ignore_eos):
+        if seq.generated >= seq.max_new or (seq.pending in self.lm.end_ids and not self.ignore_eos):
             if self._deferred is not None:  # vLLM frees a finished request's blocks after the step's schedule
                 self._deferred.append(seq)
             else:

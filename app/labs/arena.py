@@ -47,12 +47,12 @@ class ArenaLab:
         self.limits = limits
 
     def prepare(self, *, model: str | None, source: str, prompt: str | None, steps: int, budget_kind: str,
-                budget: float, policies: list[str]) -> tuple[LoadedModel, ArenaRequest]:
+                budget: float, policies: list[str], go_on: bool = False) -> tuple[LoadedModel, ArenaRequest]:
         lm = self.registry.pick(model)
         s = self.limits
         req = prepare(lm, source=source, prompt=prompt, steps=steps, budget_kind=budget_kind, budget_value=budget,
                       policies=policies, max_prompt_tokens=s.arena_max_prompt_tokens, max_steps=s.arena_max_steps,
-                      max_chars=s.max_prompt_chars)
+                      max_chars=s.max_prompt_chars, go_on=go_on)
         return lm, req
 
     def submit(self, lm: LoadedModel, req: ArenaRequest, *, owner: str, address: str, follow: bool = True) -> Job:
@@ -95,4 +95,5 @@ class ArenaLab:
 
     def page(self, lm: LoadedModel) -> dict:
         """What the form offers: every policy, those that apply to this model, the limits."""
-        return {"all_policies": POLICIES, "applicable": available(lm.adapter), "limits": self.limits}
+        return {"all_policies": POLICIES, "applicable": available(lm.adapter), "limits": self.limits,
+                "end_token": lm.end_text()}

@@ -59,7 +59,7 @@ class DecodeLab:
         """The page's context: the prompt, the model and whether it has a chat template."""
         lm = self.registry.pick(model)
         return {"prompt": prompt, "model_name": lm.name, "chat_template": lm.has_chat_template, "chat": chat,
-                "limits": self.limits}
+                "end_token": lm.end_text(), "limits": self.limits}
 
     def start(self, *, model: str | None, prompt: str | None, sampling: Sampling, owner: str = "",
               chat: bool = False, layer: int = 0, width: int = 900) -> dict:
@@ -71,11 +71,12 @@ class DecodeLab:
         view["unknown"] = unknown_note(session.lm, session.prompt_ids, prompt or "")
         return view
 
-    def step(self, sid: str, owner: str = "", *, layer: int = 0, width: int = 900) -> dict:
-        """One step with the cache; its view is read before another click can change the session."""
+    def step(self, sid: str, owner: str = "", *, layer: int = 0, width: int = 900, go_on: bool = False) -> dict:
+        """One step with the cache; its view is read before another click can change the session. At the model's
+        end token the session stops unless ``go_on`` (the learner's "go on past the end token")."""
         with self.sessions.hold(sid, owner) as held:
             self._check_layer(held.lm, layer)  # before the step: a refused request changes nothing
-            session, step = self.step_session(sid, owner)
+            session, step = self.step_session(sid, owner, go_on=go_on)
             return step_view(session, step, layer=layer, width=self._width(width))
 
     def rebuild(self, old_id: str, owner: str = "", *, layer: int = 0, width: int = 900) -> dict:
@@ -182,10 +183,13 @@ class DecodeLab:
             raise
         return session
 
-    def step_session(self, sid: str, owner: str = "") -> tuple[DecodeSession, Step]:
+    def step_session(self, sid: str, owner: str = "", *, go_on: bool = False) -> tuple[DecodeSession, Step]:
         with self.sessions.hold(sid, owner) as session:
-            if session.done:
+            if session.at_limit:
                 raise BadInput("err.session.limit", steps=session.max_steps, positions=session.lm.max_positions)
+            if session.ended and not go_on:
+                raise BadInput("err.session.ended_at_end", token=session.lm.end_text(), n=len(session.steps))
+            session.go_on = go_on
             with self.sessions.room(session, 1), self.gate.short():
                 step = session.step()
         return session, step

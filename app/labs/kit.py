@@ -70,10 +70,10 @@ CODE_LEN = 5
 CODE = re.compile(rf"[{ALPHABET}]{{{CODE_LEN}}}")
 PIN_PREFIX = "kit-"
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-ARENA_FIELDS = ("model", "source", "prompt", "steps", "budget_kind", "budget", "policies")
+ARENA_FIELDS = ("model", "source", "prompt", "steps", "budget_kind", "budget", "policies", "go_on")
 # The arena form's defaults (app/web/routes/arena.py's ``ArenaRun``): a request is keyed on every field.
 ARENA_DEFAULTS = {"model": None, "source": "text", "prompt": None, "steps": 16, "budget_kind": "percent",
-                  "budget": 25.0, "policies": list(DEFAULT_POLICIES)}
+                  "budget": 25.0, "policies": list(DEFAULT_POLICIES), "go_on": False}
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ class SpecAsk:
     model: str | None = None
     prompt: str | None = DEFAULT_PROMPT  # None (an emptied form field) is refused as an empty prompt
     chat: bool = False  # the prompt as a user turn in the model's chat template
+    go_on: bool = False  # decode past the model's end token (``LoadedModel.end_ids``) instead of stopping there
     draft: str = "early"  # early | model | lookup
     exit_layer: int | None = None  # k of the early exit; None: half the blocks (``default_exit_layer``)
     draft_model: str | None = None  # the second model; None: the first loaded one that fits
@@ -218,8 +219,9 @@ class SpeculativeLab:
                            "draft": d_ledger.snapshot(r.draft_start) if d_ledger is not None else None})
             pause_point()  # between rounds: other browsers' waiting short work (decode steps) goes through
 
-        # A chat turn ends at the template's end-of-turn token (the tokenizer's eos): both decodings stop there.
-        stop = lm.tokenizer.eos_token_id if ask.chat else None
+        # Both decodings stop at the model's end token (a chat turn's <|im_end|>, GPT-2's <|endoftext|>) unless the
+        # learner asked to go on past it.
+        stop = frozenset() if ask.go_on else lm.end_ids
         with self.gate:
             result = spec.run(lm, runner, ids, gamma=ask.gamma, max_new_tokens=ask.max_new_tokens, mode=ask.mode,
                               temperature=ask.temperature, seed=ask.seed, stop=stop, target_watch=watch(t_ledger),
@@ -271,6 +273,7 @@ class SpeculativeLab:
         return {"form": asdict(ask), "models": list(self.registry.names), "n_layer": lm.adapter.n_layer,
                 "candidates": self.draft_models(lm), "limits": self.limits, "block_sizes": BLOCK_SIZES,
                 "chat_template": lm.has_chat_template, "preset": preset or "",
+                "end_token": lm.end_text(),
                 "presets": [{"key": p.key, "wins": p.wins, "fits": self.fits(self.preset_ask(ask, lm, p), lm)}
                             for p in PRESETS.values()]}
 

@@ -68,6 +68,7 @@ class DecodeSession:
     texts: list[str] = field(default_factory=list)  # text of every id in ``ids``, decoded once
     created: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
+    go_on: bool = False  # step on past the model's end token (the learner asked); else the session ends there
 
     def __post_init__(self) -> None:
         self.generator.manual_seed(self.sampling.seed)
@@ -83,8 +84,19 @@ class DecodeSession:
         return self.steps[-1].cache_len if self.steps else 0
 
     @property
-    def done(self) -> bool:
+    def at_limit(self) -> bool:
+        """The session's steps or the model's positions are used up: no step can follow, go on or not."""
         return len(self.steps) > self.max_steps or len(self.ids) > self.lm.max_positions
+
+    @property
+    def ended(self) -> bool:
+        """The newest chosen token is one of the model's end tokens (``LoadedModel.end_ids``): the answer ends."""
+        return bool(self.steps) and self.steps[-1].chosen in self.lm.end_ids
+
+    @property
+    def done(self) -> bool:
+        """No step follows: at a limit, or at the end token unless the learner asked to go on past it."""
+        return self.at_limit or (self.ended and not self.go_on)
 
     def prefill(self) -> Step:
         assert not self.steps, "prefill runs once"

@@ -95,9 +95,34 @@ class LoadedModel:
         return [self.token_text(i) for i in ids]
 
     @cached_property
+    def end_ids(self) -> frozenset[int]:
+        """The tokens that end a reply: the generation config's ``eos_token_id`` (an id or a list of them, as
+        transformers' ``generate`` stops on) and the tokenizer's eos token — SmolLM2-Instruct's ``<|im_end|>``,
+        GPT-2's ``<|endoftext|>``. An id that is only the tokenizer's unknown-character placeholder is no end (the
+        built-in model's config names its ``<unk>``, id 0, as eos while its tokenizer has none)."""
+        return end_token_ids(self.model, self.tokenizer, self.adapter.vocab_size)
+
+    def end_text(self, ids: frozenset[int] | None = None) -> str:
+        """The end tokens as the page names them, e.g. ``<|im_end|>`` (several joined by " / ")."""
+        return " / ".join(self.token_text(i) for i in sorted(self.end_ids if ids is None else ids))
+
+    @cached_property
     def tokens(self) -> TokenFacet:
         """What each token stands for (bytes, honest text), read off this tokenizer (``app/model/tokens.py``)."""
         return facet_for(self.tokenizer)
+
+
+def end_token_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> frozenset[int]:
+    """``LoadedModel.end_ids``: the generation config's eos ids and the tokenizer's, those within the vocabulary,
+    without a bare unknown-token id."""
+    gen = getattr(model, "generation_config", None)
+    named = getattr(gen, "eos_token_id", None)
+    ids = set(named if isinstance(named, (list, tuple)) else [] if named is None else [named])
+    eos = tokenizer.eos_token_id
+    if eos is not None:
+        ids.add(eos)
+    unk = tokenizer.unk_token_id
+    return frozenset(int(i) for i in ids if 0 <= int(i) < vocab_size and (i == eos or i != unk))
 
 
 def load_dir(

@@ -17,7 +17,7 @@ The rule (Leviathan et al. 2023, Chen et al. 2023) keeps the output distribution
 greedy keeps the longest prefix on which the draft agrees with the target's argmax; sampling keeps dᵢ with
 probability min(1, pᵢ(dᵢ)/qᵢ(dᵢ)) and, at the first rejection, draws from normalize(max(0, pᵢ − qᵢ)).
 
-Drafts (the ``Draft`` protocol: ``prefill``, ``propose``, ``rollback``):
+Drafts (the ``Draft`` protocol: ``propose``, ``rollback``):
 
     Runner        the target itself exited early after its first k blocks, read out through the adapter's logit-lens
                   parts (``final_norm``, ``unembed``), as LayerSkip's self-speculation does; or a second loaded
@@ -36,7 +36,7 @@ hangs a paged block ledger there (``app.cache.spec_blocks``) to show the blocks 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -64,23 +64,23 @@ class Verdict:
     residual: torch.Tensor | None = None  # (V,) normalize(max(0, p − q)) drawn from at a sampled rejection
 
 
-def accept(draft: list[int], q: torch.Tensor, p: torch.Tensor, *, mode: str,
+def accept(draft: list[int], q: torch.Tensor | None, p: torch.Tensor, *, mode: str,
            generator: torch.Generator | None = None) -> Verdict:
     """Apply the acceptance rule to ``draft`` (γ ids), drawn from ``q`` (γ, V); ``p`` (γ+1, V) is the target's.
 
-    Greedy: keep while dᵢ = argmax pᵢ; the token after is argmax pₙ₊₁. Sampling: draw r ~ U(0, 1) per
+    Greedy: keep while dᵢ = argmax pᵢ; the token after is argmax pₙ₊₁ (``q`` is not read; it may be None).
+    Sampling: draw r ~ U(0, 1) per
     position and keep dᵢ while r < min(1, pᵢ(dᵢ)/qᵢ(dᵢ)); at the first rejection draw from
     normalize(max(0, pᵢ − qᵢ)); after γ kept tokens draw the bonus from pγ+1 — all with ``generator``."""
     gamma = len(draft)
-    assert q.shape[0] == gamma and p.shape[0] == gamma + 1, (q.shape, p.shape, gamma)
+    assert p.shape[0] == gamma + 1 and (mode == GREEDY or q.shape[0] == gamma), (p.shape, gamma)
     ratios: list[float] = []
+    if mode == GREEDY:  # q plays no part: one argmax over every position at once, then the first disagreement
+        best = p.argmax(dim=-1).tolist()
+        n = next((i for i, d in enumerate(draft) if best[i] != d), gamma)
+        ratios = [1.0] * n + ([0.0] if n < gamma else [])
+        return Verdict(n, best[n], n == gamma and gamma > 0, ratios)
     for i, d in enumerate(draft):
-        if mode == GREEDY:
-            best = int(torch.argmax(p[i]))
-            ratios.append(1.0 if best == d else 0.0)
-            if best != d:
-                return Verdict(i, best, False, ratios)
-            continue
         pi, qi = float(p[i, d]), float(q[i, d])
         ratio = 1.0 if qi <= 0 else min(1.0, pi / qi)
         ratios.append(ratio)
@@ -141,19 +141,20 @@ class Runner:
         return self.lm.name if self.exit_layer is None else f"{self.lm.name}[:{self.exit_layer}]"
 
     @torch.no_grad()
-    def forward(self, ids: list[int]) -> torch.Tensor:
-        """Feed ``ids`` after what the cache holds: logits (T, V) of every fed position."""
+    def forward(self, ids: list[int], keep: int = 0) -> torch.Tensor:
+        """Feed ``ids`` after what the cache holds: logits (T, V) of every fed position, or of the last ``keep``
+        (a round's first forward feeds the whole prompt; only the positions that choose are unembedded)."""
         self.forwards += 1
         before = self.length
-        logits = self._forward(ids)
+        logits = self._forward(ids, keep)
         if self.watch is not None:
             self.watch(before, self.length)
         return logits
 
-    def _forward(self, ids: list[int]) -> torch.Tensor:
+    def _forward(self, ids: list[int], keep: int = 0) -> torch.Tensor:
         x = torch.tensor([ids])  # (1, T)
         if self.exit_layer is None:
-            return self.lm.model(input_ids=x, cache=self.cache, use_cache=True).logits[0]
+            return self.lm.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=keep).logits[0]
         name = f"blocks.{self.exit_layer - 1}.resid_out"
         point = next(pt for pt in self.lm.adapter.hook_points() if pt.name == name)
 
@@ -169,10 +170,7 @@ class Runner:
             raise RuntimeError("early exit hook did not fire")
         finally:
             handle.remove()
-        return self.lm.adapter.unembed(self.lm.adapter.final_norm(h))[0]  # (T, V)
-
-    def prefill(self, ids: list[int]) -> None:
-        self.forward(ids)
+        return self.lm.adapter.unembed(self.lm.adapter.final_norm(h[:, -keep:]))[0]  # (T or keep, V)
 
     def propose(self, ids: list[int], gamma: int, *, mode: str, temperature: float,
                 generator: torch.Generator) -> Proposal:
@@ -180,7 +178,7 @@ class Runner:
         drafted, qs = [], []
         feed = ids[self.length:]
         for _ in range(gamma):
-            q = distribution(self.forward(feed)[-1], mode=mode, temperature=temperature)  # (V,)
+            q = distribution(self.forward(feed, keep=1)[-1], mode=mode, temperature=temperature)  # (V,)
             d = pick(q, mode=mode, generator=generator)
             drafted.append(d)
             qs.append(q)
@@ -239,9 +237,6 @@ class PromptLookup:
     def label(self) -> str:
         return f"prompt lookup (n ≤ {self.max_ngram})"
 
-    def prefill(self, ids: list[int]) -> None:
-        pass
-
     def propose(self, ids: list[int], gamma: int, *, mode: str, temperature: float,
                 generator: torch.Generator) -> Proposal:
         drafted, n, at = lookup(ids, gamma, self.max_ngram)
@@ -273,8 +268,6 @@ class Draft(Protocol):
 
     @property
     def label(self) -> str: ...
-
-    def prefill(self, ids: list[int]) -> None: ...
 
     def propose(self, ids: list[int], gamma: int, *, mode: str, temperature: float,
                 generator: torch.Generator) -> Proposal: ...
@@ -330,10 +323,16 @@ class SpecResult:
     draft_forwards: int
     plain_output: list[int] | None = None
     plain_ms: float | None = None
+    stop: frozenset[int] = frozenset()  # the tokens the run stopped at (none: it went on past the end)
 
     @property
     def tokens(self) -> int:
         return len(self.output)
+
+    @property
+    def ended(self) -> bool:
+        """The output stopped at an end token (it is the output's last), before ``max_new_tokens``'s cut."""
+        return bool(self.output) and self.output[-1] in self.stop
 
     @property
     def drafts(self) -> int:
@@ -401,18 +400,18 @@ class SpecResult:
 
 
 def speculate(target: Runner, draft: Draft, prompt_ids: list[int], *, gamma: int, max_new_tokens: int,
-              mode: str = GREEDY, temperature: float = 1.0, seed: int = 0, stop: int | None = None,
+              mode: str = GREEDY, temperature: float = 1.0, seed: int = 0, stop: Collection[int] = (),
               on_round: Callable[[Round], None] | None = None) -> SpecResult:
     """Generate ``max_new_tokens`` tokens after ``prompt_ids`` by speculative decoding (both caches start empty),
-    or fewer: the output ends at the first ``stop`` token committed (a chat turn's end), as plain decoding's does.
+    or fewer: the output ends at the first ``stop`` token committed (the model's end of turn, ``LoadedModel.end_ids``),
+    as plain decoding's does.
     ``on_round`` is called with each round once both caches are rolled back; the time it takes is left out of the
     run's time (the lab lets other browsers' short work through the model there)."""
     gen = torch.Generator().manual_seed(seed)
     ids = list(prompt_ids)
-    # Prefill both on all but the newest token: every round then starts with one token not yet in either cache.
-    if len(ids) > 1:
-        target.forward(ids[:-1])
-        draft.prefill(ids[:-1])
+    # No separate prefill (as transformers' assisted generation): the first round's verify forward feeds the whole
+    # prompt with the drafts after it, and a model draft's first forward its whole prompt; every later round starts
+    # with one committed token not yet in either cache. The run's time includes the prompt's forward, as plain's.
     t_forwards0, d_forwards0 = target.forwards, draft.forwards
     rounds: list[Round] = []
     t0 = time.perf_counter()
@@ -423,10 +422,11 @@ def speculate(target: Runner, draft: Draft, prompt_ids: list[int], *, gamma: int
         drafted = proposal.tokens  # γ tokens (prompt lookup: up to γ, none when nothing matched)
         r1 = time.perf_counter()
         base = len(ids)  # committed tokens; the target cache holds base − 1 of them
-        logits = target.forward(ids[target.length:] + drafted)  # (γ+1, V)
+        logits = target.forward(ids[target.length:] + drafted, keep=len(drafted) + 1)  # (γ+1, V)
         p = distribution(logits, mode=mode, temperature=temperature)
-        q = proposal.q if proposal.q is not None else F.one_hot(torch.tensor(drafted, dtype=torch.long),
-                                                                 p.shape[-1]).to(p.dtype)  # (γ, V)
+        q = proposal.q
+        if q is None and mode == SAMPLE:  # a deterministic draft: q one-hot on each drafted token (γ, V)
+            q = F.one_hot(torch.tensor(drafted, dtype=torch.long), p.shape[-1]).to(p.dtype)
         verdict = accept(drafted, q, p, mode=mode, generator=gen)
         r2 = time.perf_counter()
         n = verdict.accepted
@@ -435,8 +435,9 @@ def speculate(target: Runner, draft: Draft, prompt_ids: list[int], *, gamma: int
         draft.rollback(min(d_before, base + n))
         ids += drafted[:n] + [verdict.token]
         rounds.append(Round(
-            index=len(rounds), drafted=drafted, q=[float(q[i, d]) for i, d in enumerate(drafted)],
-            p=[float(p[i, d]) for i, d in enumerate(drafted)], ratios=verdict.ratios, accepted=n,
+            index=len(rounds), drafted=drafted,
+            q=[1.0] * len(drafted) if q is None else q[torch.arange(len(drafted)), drafted].tolist(),
+            p=p[torch.arange(len(drafted)), drafted].tolist(), ratios=verdict.ratios, accepted=n,
             token=verdict.token, token_p=float(p[n, verdict.token]), bonus=verdict.bonus,
             target_before=t_before, target_after=target.length, draft_before=d_before, draft_after=draft.length,
             ms=(time.perf_counter() - r0) * 1000, target_start=t_start, draft_start=d_start,
@@ -446,28 +447,28 @@ def speculate(target: Runner, draft: Draft, prompt_ids: list[int], *, gamma: int
             c0 = time.perf_counter()
             on_round(rounds[-1])
             t0 += time.perf_counter() - c0
-        if stop is not None and stop in ids[base:]:
-            del ids[ids.index(stop, base) + 1:]
+        end = next((i for i in range(base, len(ids)) if ids[i] in stop), None)
+        if end is not None:
+            del ids[end + 1:]
             break
     spec_ms = (time.perf_counter() - t0) * 1000
     return SpecResult(prompt_ids=list(prompt_ids), output=ids[len(prompt_ids):][:max_new_tokens], rounds=rounds,
                       gamma=gamma, mode=mode, draft_label=draft.label, spec_ms=spec_ms,
-                      target_forwards=target.forwards - t_forwards0, draft_forwards=draft.forwards - d_forwards0)
+                      target_forwards=target.forwards - t_forwards0, draft_forwards=draft.forwards - d_forwards0,
+                      stop=frozenset(stop))
 
 
 def plain_decode(target: Runner, prompt_ids: list[int], *, max_new_tokens: int, mode: str = GREEDY,
-                 temperature: float = 1.0, seed: int = 0, stop: int | None = None) -> tuple[list[int], float]:
-    """The target alone, one token per forward through its cache: (output ids, ms after prefill); the output ends
-    at ``stop`` if the target picks it."""
+                 temperature: float = 1.0, seed: int = 0, stop: Collection[int] = ()) -> tuple[list[int], float]:
+    """The target alone, one token per forward through its cache: (output ids, ms, the prompt's forward included);
+    the output ends at the first ``stop`` token the target picks."""
     gen = torch.Generator().manual_seed(seed)
     ids = list(prompt_ids)
-    if len(ids) > 1:
-        target.forward(ids[:-1])
-    t0 = time.perf_counter()
+    t0 = time.perf_counter()  # the first forward is the prompt's (its logits choose the first token), timed too
     while len(ids) - len(prompt_ids) < max_new_tokens:
-        probs = distribution(target.forward(ids[target.length:])[-1], mode=mode, temperature=temperature)
+        probs = distribution(target.forward(ids[target.length:], keep=1)[-1], mode=mode, temperature=temperature)
         ids.append(pick(probs, mode=mode, generator=gen))
-        if ids[-1] == stop:
+        if ids[-1] in stop:
             break
     return ids[len(prompt_ids):], (time.perf_counter() - t0) * 1000
 
@@ -493,7 +494,7 @@ def make_draft(target: LoadedModel, *, kind: str, exit_layer: int | None = None,
 
 def run(target: LoadedModel, draft: Draft, prompt_ids: list[int], *, gamma: int, max_new_tokens: int,
         mode: str = GREEDY, temperature: float = 1.0, seed: int = 0, compare: bool = True,
-        stop: int | None = None, target_watch: Callable[[int, int], None] | None = None,
+        stop: Collection[int] = (), target_watch: Callable[[int, int], None] | None = None,
         on_round: Callable[[Round], None] | None = None) -> SpecResult:
     """Speculative decoding and, with ``compare``, plain decoding of the same tokens for the speed-up and the
     lossless check (greedy: the outputs must be identical). ``target_watch`` watches the speculating target's

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from app.cache.policies import EVICTING
+from app.viz.tokens import end_tokens
 
 # Which paper each policy comes from, for its reference card (the claims themselves are catalog strings).
 PAPERS = {
@@ -55,6 +56,10 @@ def arena_view(lm, run: dict) -> dict:
         "full_bytes": full_bytes, "bytes_per_token": run["bytes_per_token"], "prompt_tokens": len(run["prompt"]),
         "total_tokens": run["total_tokens"], "full_ppl": run["full_ppl"],
         "teacher_forced_on": run["teacher_forced_on"],
+        # full attention's own continuation stopped at the model's end token (its last, nowhere before)
+        "ended": run["teacher_forced_on"] == "greedy" and bool(run["reference"]) and run["reference"][-1] in lm.end_ids
+        and lm.end_ids.isdisjoint(run["reference"][:-1]),
+        "end_token": end_tokens(lm),
         "partial": run.get("partial"),  # a run stopped at its time limit: {"reason", "done", "of", "seconds"}
         "prompt_text": _text(lm, run["prompt"]), "reference_text": _text(lm, run["reference"]),
         "full_text": _text(lm, run["full_greedy"]),

@@ -14,7 +14,7 @@ from app.cache import spec as kv_spec
 from app.errors import BadInput
 from app.model.decode import DecodeSession, Step, kv_bytes_formula, work_counts
 from app.viz.attention import b64_f32, b64_i32
-from app.viz.tokens import candidate_rows, honest_text, honest_texts, visible
+from app.viz.tokens import candidate_rows, end_tokens, honest_text, honest_texts, visible
 
 
 def cache_shapes(session: DecodeSession) -> list[dict]:
@@ -111,6 +111,9 @@ def step_view(session: DecodeSession, step: Step, *, layer: int = 0, width: int 
         "tokens": [visible(t) for t in honest_texts(lm, session.ids)],
         "prompt_len": len(session.prompt_ids),
         "done": session.done,
+        "at_limit": session.at_limit,  # no step follows, go on or not
+        "ended": session.ended,  # the newest token is the model's end token: steps follow only if the learner goes on
+        "end_token": end_tokens(lm),
         "sampling": session.sampling.__dict__,
         "layers_computed": a.n_layer,
     }

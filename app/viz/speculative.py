@@ -6,7 +6,7 @@ from __future__ import annotations
 from app.cache.spec_blocks import slots
 from app.i18n import translate
 from app.kv_bytes import dtype_name, page_bytes
-from app.viz.tokens import honest_texts, visible
+from app.viz.tokens import end_tokens, honest_texts, visible
 
 
 def block_bytes(lm, block_size: int, n_layer: int | None = None) -> int:
@@ -82,6 +82,7 @@ def spec_view(run) -> dict:
         "tokens_per_forward": r.tokens_per_forward, "draft_ms": r.draft_ms, "verify_ms": r.verify_ms,
         "forwards_per_token": r.forwards_per_token, "target_forwards": r.target_forwards,
         "draft_forwards": r.draft_forwards,
+        "ended": r.ended, "end_token": end_tokens(lm), "went_on": not r.stop,
         "spec_ms": r.spec_ms, "plain_ms": r.plain_ms, "speedup": r.speedup, "same_as_plain": r.same_as_plain,
         "candidates": run.candidates,
         "block_size": run.block_size, "block_bytes": {"target": t_bytes, "draft": d_bytes},

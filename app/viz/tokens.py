@@ -55,3 +55,9 @@ def unknown_note(lm: LoadedModel, ids: list[int], text: str | None = None) -> di
     shown = " ".join(visible(ch) for ch in chars[:12]) + (" …" if len(chars) > 12 else "")
     return {"count": ids.count(unk), "chars": shown, "builtin": lm.is_builtin,
             "vocab_size": len(tok), "zh_chars": sum(1 for t in tok.get_vocab() if len(t) == 1 and ord(t) > 127)}
+
+
+def end_tokens(lm) -> str:
+    """The model's end tokens (``LoadedModel.end_ids``) as a page shows them, e.g. ``<|im_end|>``; "" when it has
+    none (the built-in model)."""
+    return " / ".join(visible(lm.token_text(i)) for i in sorted(lm.end_ids))

@@ -330,9 +330,14 @@ def test_greedy_prompt_lookup_on_smollm2_copies_the_sentence_as_plain_greedy_doe
     from app.labs.speculative import PRESETS
 
     ids = smol.encode_chat(PRESETS["copy"].prompt)
-    stop = smol.tokenizer.eos_token_id
     result = speculate(Runner(smol), make_draft(smol, kind="lookup", max_ngram=3), ids, gamma=8,
-                       max_new_tokens=32, stop=stop)
-    plain, _ = plain_decode(Runner(smol), ids, max_new_tokens=32, stop=stop)
-    assert result.output == plain
+                       max_new_tokens=48, stop=smol.end_ids)
+    plain, _ = plain_decode(Runner(smol), ids, max_new_tokens=48, stop=smol.end_ids)
+    assert result.output == plain and result.ended and plain[-1] == 2  # the answer ends at <|im_end|>
     assert result.mean_accepted > 1 and result.tokens_per_forward > 2
+    # Greedy up to the end token, derived a second way: transformers' own generate, stopping at the same eos.
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        hf = smol.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=48,
+                                 eos_token_id=2, pad_token_id=2)
+    assert hf[0, len(ids):].tolist() == result.output

@@ -33,6 +33,8 @@ class ArenaRun(Body):
     budget_kind: Literal["percent", "bytes"] = "percent"
     budget: float = 25.0
     policies: list[str] = Field(default_factory=lambda: list(DEFAULT_POLICIES))
+    go_on: bool = Field(False, description="a prompt's continuation goes on past the model's end token (default: "
+                                           "full attention's greedy continuation, and so the run, ends there)")
 
 
 async def _prepare(lab: ArenaLab, body: ArenaRun):
@@ -56,13 +58,13 @@ async def read_arena(
     request: Request, lab: ArenaDep, owner: OwnerDep, address: AddressDep, model: str | None = None,
     source: Literal["text", "prompt"] | None = None, prompt: str | None = None, steps: int = 16,
     budget_kind: Literal["percent", "bytes"] = "percent", budget: float = 25.0,
-    policies: list[str] = Query(default=list(DEFAULT_POLICIES)),
+    policies: list[str] = Query(default=list(DEFAULT_POLICIES)), go_on: bool = False,
 ):
     """The page. With a query: htmx gets the run's fragment (after its turn in the line); a full page shows the
     result if it is already finished, else the form, whose script then runs it with a place in line."""
     lm = lab.registry.pick(model)
     form = ArenaRun(model=model, source=source or "text", prompt=prompt, steps=steps, budget_kind=budget_kind,
-                    budget=budget, policies=policies)
+                    budget=budget, policies=policies, go_on=go_on)
     view, pending = None, False
     if source is not None and is_htmx(request):
         lm, view = await _run(request, lab, form, owner, address, shown=True)

@@ -30,6 +30,7 @@ class StartBody(Body):
 class ViewBody(Body):
     layer: int = 0  # whose attention row the view carries
     width: int = 900  # at most KVSCOPE_DECODE_MAX_ROW_WIDTH columns
+    go_on: bool = False  # step on past the model's end token (else a session that chose it has ended)
 
 
 @router.get("/decode", include_in_schema=False)
@@ -51,7 +52,7 @@ def create_session(lab: DecodeDep, owner: OwnerDep, body: StartBody) -> dict:
 def create_step(lab: DecodeDep, owner: OwnerDep, sid: str, body: ViewBody | None = None) -> dict:
     """Feed the last chosen token (input (1, 1)) through every layer with the cache."""
     body = body or ViewBody()
-    return lab.step(sid, owner, layer=body.layer, width=body.width)
+    return lab.step(sid, owner, layer=body.layer, width=body.width, go_on=body.go_on)
 
 
 @router.get("/api/decode/{sid}/row/{layer}", tags=["decode"], responses=errors(410, 422))

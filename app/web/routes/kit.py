@@ -76,10 +76,12 @@ def pin_form(request: Request, lab: KitDep, owner: OwnerDep, kind: Annotated[str
              source: Annotated[Literal["text", "prompt"] | None, Form()] = None,
              prompt: Annotated[str | None, Form(max_length=20_000)] = None, steps: Annotated[int | None, Form()] = None,
              budget_kind: Annotated[Literal["percent", "bytes"] | None, Form()] = None,
-             budget: Annotated[float | None, Form()] = None, policies: Annotated[list[str] | None, Form()] = None):
+             budget: Annotated[float | None, Form()] = None, policies: Annotated[list[str] | None, Form()] = None,
+             go_on: Annotated[bool | None, Form()] = None):
     """The "Keep for class" form: pins what the page shows, answers with its code and link."""
     arena = {k: v for k, v in {"model": model, "source": source, "prompt": prompt, "steps": steps,
-                               "budget_kind": budget_kind, "budget": budget, "policies": policies}.items()
+                               "budget_kind": budget_kind, "budget": budget, "policies": policies,
+                               "go_on": go_on}.items()
              if v is not None} if kind == "arena" else None
     pin = lab.pin(kind, name=name, owner=owner, key=key, model=model, run_id=run_id, arena=arena)
     return render(request, "partials/_keep_result.html", pin=pin.view(owner))

@@ -26,6 +26,8 @@ class SpecFields(BaseModel):
     prompt: str = Field(D.prompt, max_length=20_000)
     chat: bool = Field(D.chat, description="the prompt as a user turn in the model's chat template; the output then "
                                             "ends at the template's end-of-turn token")
+    go_on: bool = Field(D.go_on, description="decode past the model's end-of-turn / end-of-sequence token (default: "
+                                              "both decodings stop there)")
     draft: str = Field(D.draft, description="early (the target's first k blocks), model (a second loaded model) or "
                                             "lookup (prompt lookup: n-gram matching against the context)")
     exit_layer: int | None = Field(D.exit_layer, description="k for the early-exit draft (default: half the blocks)")
