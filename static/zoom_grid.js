@@ -16,6 +16,9 @@
     root.dataset.bound = "1";
     const key = root.dataset.key, L = +root.dataset.layers;
     const rows = new Array(L).fill(null);
+    // the rows the server already holds (a pinned trace's: all it was pinned with) are drawn at once
+    const held = document.getElementById("zoom-grid-rows");
+    if (held) Object.entries(JSON.parse(held.textContent)).forEach(([l, r]) => { if (+l < L) rows[+l] = r; });
     const $ = (id) => document.getElementById(id);
     const run = $("zoom-grid-run"), stop = $("zoom-grid-stop"), bar = $("zoom-grid-progress"), status = $("zoom-grid-status");
     let measure = "first", running = false;
@@ -84,6 +87,13 @@
     ["zoom-layer", "zoom-head"].forEach((id) => { const s = $(id); if (s) s.addEventListener("change", select); });
     paint();
     select();
+    const have = rows.filter(Boolean).length;
+    if (have) {
+      bar.value = have;
+      status.textContent = have === L ? kv.t("js.zoomgrid.done", { layers: L }) : kv.t("js.zoomgrid.paused", { done: have, layers: L });
+      run.hidden = have === L;
+      document.body.dataset.zoomGridDone = String(have);
+    }
   }
   window.kv.page("inspect", () => setTimeout(init, 0));  // after zoom.js has made the map
 })();

@@ -148,13 +148,15 @@ class ZoomLab:
                 "preview": " ".join("".join(trace.token_texts[:PREVIEW_TOKENS]).split())}
 
     def page(self, key: str) -> dict:
-        """The long prompt's page: its metadata, its model's card, and the head it opens on (Inspect's choice for
-        the last query, ``opening_head``: a telling head, not layer 0 head 0; the URL's layer and head win)."""
+        """The long prompt's page: its metadata, its model's card, the head it opens on (Inspect's choice for the
+        last query, ``opening_head``: a telling head, not layer 0 head 0; the URL's layer and head win) and the
+        rows of its grid of heads made so far (a pinned trace's: all it was pinned with), drawn at once."""
         meta = self.meta(key)
         _, trace = self.inspect.trace_by_key(key)
         choice = opening_head(trace, trace.n_tokens - 1)
         return {"meta": meta, "card": model_card(self.inspect.registry.get(meta["model"])), "key": key,
-                "choice": choice, "q": trace.n_tokens - 1}
+                "choice": choice, "q": trace.n_tokens - 1,
+                "grid_rows": {str(layer): row for layer, row in sorted(self.grid_rows(key).items())}}
 
     def tile(self, key: str, *, layer: int, head: int, level: int, row: int, col: int, pool: str) -> torch.Tensor:
         """Tile (row, col) of ``level`` of one head's map, pooled by ``pool``: (r, c) float32."""

@@ -10,7 +10,7 @@ from fastapi.responses import Response
 
 from app.labs.long import long_text, progress_text
 from app.web.cancel import FollowResponse
-from app.web.deps import AddressDep, LongDep, OwnerDep, ZoomDep
+from app.web.deps import AddressDep, KitDep, LongDep, OwnerDep, ZoomDep
 from app.web.labs import follow_job
 from app.web.openapi import Body, errors
 from app.web.render import render
@@ -30,9 +30,10 @@ class LongCapture(Body):
 
 
 @router.get("/zoom/{key}", include_in_schema=False)
-def read_zoom_page(request: Request, lab: ZoomDep, key: str):
-    """A long prompt's page: one head as the deep-zoom canvas (the view itself lives in the URL's query)."""
-    return render(request, "zoom.html", page="inspect", **lab.page(key))
+def read_zoom_page(request: Request, lab: ZoomDep, kit: KitDep, key: str):
+    """A long prompt's page: one head as the deep-zoom canvas (the view itself lives in the URL's query); a pinned
+    trace's (``kit-CODE``) with the kit's banner."""
+    return render(request, "zoom.html", page="inspect", kit_pin=kit.pin_of_key(key), **lab.page(key))
 
 
 @router.get("/api/traces/{key}/zoom", tags=["inspect"], responses=errors(410, 422, 429, 503))
