@@ -73,6 +73,29 @@
       document.body.dataset.zoomGridDone = String(done);
     }
 
+    // While this page is open it says so (POST …/hold every data-heartbeat-s, for at most data-heartbeat-max-s):
+    // the server holds its long trace meanwhile, and for Settings.trace_hold_s after. When the server has dropped
+    // it anyway (for memory), the answer says so, with what capturing it again takes, beside "Keep for class".
+    const every = +root.dataset.heartbeatS, most = +root.dataset.heartbeatMaxS, held = $("zoom-held");
+    if (every > 0 && !root.dataset.pinned && held) {
+      const started = Date.now();
+      const beat = setInterval(async () => {
+        if (Date.now() - started > most * 1000) { clearInterval(beat); return; }
+        let r = null, data = null;
+        try { r = await fetch(`/api/traces/${key}/hold`, { method: "POST", headers: { "X-KVScope-Lang": kv.lang } }); } catch (e) { return; }
+        try { data = await r.json(); } catch (e) { data = null; }
+        if (r.status === 410) {
+          clearInterval(beat);
+          held.textContent = (data && data.detail) || "";
+          held.classList.add("zoom-dropped");
+          document.body.dataset.traceDropped = "1";
+        } else if (r.ok) {
+          held.textContent = held.dataset.heldText;
+          document.body.dataset.heartbeats = String(+(document.body.dataset.heartbeats || 0) + 1);
+        }
+      }, every * 1000);
+    }
+
     run.addEventListener("click", fill);
     stop.addEventListener("click", () => { running = false; });
     root.querySelectorAll("input[name=zoom-measure]").forEach((el) => el.addEventListener("change", (e) => { measure = e.target.value; paint(); }));

@@ -127,6 +127,10 @@ class InspectLab:
         return lm, self.traces.get_or_compute(key, lambda: self._compute(lm, list(ids)),
                                               expected=self.expected_bytes(lm, len(ids)))
 
+    def indexed(self, key: str) -> tuple[LoadedModel, tuple[int, ...]]:
+        """The served model and the token ids ``key`` was made from (410 when they are gone); nothing computed."""
+        return self._indexed(key)
+
     def _indexed(self, key: str) -> tuple[LoadedModel, tuple[int, ...]]:
         """The served model and the token ids a key was made from; 410 saying why when they are gone."""
         if key not in self.index:
