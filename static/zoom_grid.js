@@ -17,8 +17,8 @@
     const key = root.dataset.key, L = +root.dataset.layers;
     const rows = new Array(L).fill(null);
     // the rows the server already holds (a pinned trace's: all it was pinned with) are drawn at once
-    const held = document.getElementById("zoom-grid-rows");
-    if (held) Object.entries(JSON.parse(held.textContent)).forEach(([l, r]) => { if (+l < L) rows[+l] = r; });
+    const kept = document.getElementById("zoom-grid-rows");
+    if (kept) Object.entries(JSON.parse(kept.textContent)).forEach(([l, r]) => { if (+l < L) rows[+l] = r; });
     const $ = (id) => document.getElementById(id);
     const run = $("zoom-grid-run"), stop = $("zoom-grid-stop"), bar = $("zoom-grid-progress"), status = $("zoom-grid-status");
     let measure = "first", running = false;
