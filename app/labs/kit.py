@@ -20,9 +20,10 @@ On disk, one folder per pin, named by its code (server-made: ``CODE``; nothing a
               zoom.safetensors    the zoom's pooled maps made so far (its first tiles come back with no pass)
       .tmp-…/                     a pin being written: renamed into place when complete, removed at start-up
 
-A pinned trace goes into ``InspectLab.pinned`` under ``kit-CODE`` (read before the trace store, never expired or
-evicted), its grid of heads with it (Inspect's thumbnails in the trace's meta, the zoom's rows in
-``ZoomLab.pinned_grid``). The budget is bytes on disk (``kit_disk_bytes``); a pin that would pass it is refused.
+A pinned trace is mounted under ``kit-CODE`` through the one pin protocol (``app/labs/pins.py``: ``pin``,
+``unpin``, ``pinned_item``, each lab under its own lock): into Inspect (read before the trace store, never expired
+or evicted) and the zoom lab (its grid of heads' rows and pooled bases); Inspect's thumbnails ride in the trace's
+meta. The budget is bytes on disk (``kit_disk_bytes``); a pin that would pass it is refused.
 
 A pin whose files cannot be read (truncated, emptied, removed, hand-edited into something else: ``kit_files``
 checks every field it reads) is skipped -- a line in the log and on /kit naming it and why -- and every other pin
@@ -51,8 +52,9 @@ from app.labs.inspect import InspectLab
 from app.labs.kit_files import KINDS, Damaged, check_bases, check_trace_record, digest, read_pin
 from app.labs.limits import Limits
 from app.labs.long import LongLab
+from app.labs.pins import PinTarget
 from app.labs.speculative import SpecAsk, SpeculativeLab
-from app.labs.zoom import ZoomLab
+from app.labs.zoom import ZoomLab, ZoomPin
 from app.model.trace_file import (
     TraceFileError,
     file_bytes,
@@ -219,9 +221,13 @@ class KitLab:
             self.skipped[code] = why
         self._unmount(code)
 
+    def _targets(self) -> tuple[PinTarget, ...]:
+        """The labs a pinned trace is mounted into (``app/labs/pins.py``)."""
+        return (self.inspect, self.zoom)
+
     def _unmount(self, code: str) -> None:
-        self.inspect.pinned.pop(PIN_PREFIX + code, None)
-        self.zoom.unpin_grid(PIN_PREFIX + code)
+        for lab in self._targets():
+            lab.unpin(PIN_PREFIX + code)
         self._mapped.pop(code, None)
 
     def _mount(self, pin: Pin, record: dict) -> None:
@@ -243,10 +249,9 @@ class KitLab:
             size, thumbs = record["grid"]
             trace.meta["grid"] = (size, thumbs)
         self._mapped[pin.code] = (folder / "trace.safetensors").stat().st_size
-        self.inspect.pinned[pin.key] = (lm, trace)
-        self.zoom.pin_grid(pin.key, {int(k): v for k, v in record.get("zoom_grid", {}).items()})
-        if bases:
-            self.zoom.pin_pyramids(pin.key, trace, bases)
+        self.inspect.pin(pin.key, (lm, trace))
+        self.zoom.pin(pin.key, ZoomPin(rows={int(k): v for k, v in record.get("zoom_grid", {}).items()},
+                                       trace=trace, bases=bases or {}))
 
     # --- pinning ------------------------------------------------------------------------------------------
     def check_name(self, name: str | None) -> str:
@@ -434,7 +439,7 @@ class KitLab:
         pin = self.get(code)
         if pin.kind == "trace":
             record = self._record(pin)
-            if pin.key not in self.inspect.pinned:
+            if self.inspect.pinned_item(pin.key) is None:
                 raise Expired("err.model.gone", model=pin.model)
             self._check_mapped(pin)
             lm, trace = self.inspect.trace_by_key(pin.key)

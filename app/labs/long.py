@@ -182,7 +182,7 @@ class LongLab:
 
     def held(self, key: str) -> bool:
         """Whether the trace of ``key`` is held now (pinned, or kept by the store): opening it runs nothing."""
-        return key in self.inspect.pinned or self.inspect.traces.holds(key)
+        return self.inspect.pinned_item(key) is not None or self.inspect.traces.holds(key)
 
     def dropped(self, key: str) -> dict | None:
         """None while the trace of ``key`` is held or is short (recomputed in a moment); for a long one the store
@@ -210,7 +210,7 @@ class LongLab:
     def hold(self, key: str) -> dict:
         """A page showing the trace of ``key`` is open (its heartbeat): held on (``TraceStore.touch``); a pinned
         one always is. 410 saying it was dropped, with what capturing it again takes, when it is gone."""
-        if key in self.inspect.pinned:
+        if self.inspect.pinned_item(key) is not None:
             return {"held": True, "pinned": True}
         if self.inspect.traces.touch(key):
             return {"held": True, "pinned": False, "hold_s": self.inspect.traces.hold_s}

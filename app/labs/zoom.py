@@ -37,6 +37,16 @@ from app.viz.models import model_card
 from app.viz.tokens import visible
 from app.viz.zoom import POOLS, TILE, HeadPyramid, check_pool, tiles_per_side
 
+
+@dataclass(frozen=True)
+class ZoomPin:
+    """What the zoom lab holds of a pinned trace: its grid of heads' rows (by layer) and its heads' pooled bases."""
+
+    rows: dict[int, dict[str, list[float]]]
+    trace: Trace | None
+    bases: dict[str, torch.Tensor]
+
+
 PREVIEW_TOKENS = 40  # the prompt's opening, shown on the long-prompt page
 GRID_ROWS = 4096  # layers' summaries kept (a few hundred bytes each: far inside zoom_cache_bytes)
 TOP_KEYS = 8  # the keys a query reads most, listed under the map
@@ -79,6 +89,22 @@ class ZoomLab:
         """The layers' head summaries of one trace made so far (what its grid of heads shows), by layer."""
         with self._lock:
             return {layer: row for (k, layer), row in (self._grid | self.pinned_grid).items() if k == key}
+
+    # --- pins (``app/labs/pins.py``'s PinTarget) -----------------------------------------------------------------
+    def pin(self, key: str, pinned: ZoomPin) -> None:
+        """Hold a pinned trace's grid rows and pooled bases under ``key`` (read first, never dropped)."""
+        self.pin_grid(key, pinned.rows)
+        if pinned.bases:
+            self.pin_pyramids(key, pinned.trace, pinned.bases)
+
+    def unpin(self, key: str) -> None:
+        self.unpin_grid(key)
+
+    def pinned_item(self, key: str) -> ZoomPin | None:
+        with self._lock:
+            rows = {layer: row for (k, layer), row in self.pinned_grid.items() if k == key}
+            held = any(k[0] == key for k in self.pinned_pyramids)
+        return ZoomPin(rows=rows, trace=None, bases={}) if rows or held else None
 
     def pin_grid(self, key: str, rows: dict[int, dict[str, list[float]]]) -> None:
         """A pinned trace's rows, kept until ``unpin_grid``."""

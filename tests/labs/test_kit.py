@@ -333,3 +333,15 @@ def test_a_pin_deleted_while_it_opens_is_unknown_not_damaged(tiny, tmp_path):
         with pytest.raises(NotFound):
             st.kit._record(held)
         assert st.kit.pins()["skipped"] == [] and st.kit.pins()["pins"] == []
+
+
+def test_every_lab_a_trace_is_pinned_into_implements_the_pin_protocol(tiny, tmp_path):
+    from app.labs.pins import PinTarget
+
+    st = make(tiny, tmp_path)
+    assert all(isinstance(lab, PinTarget) for lab in st.kit._targets())
+    _, key, _ = st.inspect.trace_prompt("builtin", PROMPT)
+    pin = st.kit.pin("trace", name="protocol", owner="a", key=key)
+    assert st.inspect.pinned_item(pin.key) is not None
+    st.kit.delete(pin.code, owner="a", address="10.0.0.1")
+    assert all(lab.pinned_item(pin.key) is None for lab in st.kit._targets())  # unpinned from every lab
