@@ -19,6 +19,9 @@ from app.web.deps import AddressDep, KitDep, OwnerDep
 from app.web.openapi import Body, errors
 from app.web.render import render
 from app.web.routes.arena import ArenaRun
+from app.web.routes.arena import page_context as arena_page
+from app.web.routes.heads import page_context as heads_page
+from app.web.routes.speculative import page_context as speculative_page
 
 router = APIRouter()
 
@@ -68,12 +71,12 @@ def read_pin_page(request: Request, lab: KitDep, owner: OwnerDep, address: Addre
             return RedirectResponse(_keeping_query(request, f"/zoom/{shown['key']}"), status_code=303)
         return render(request, "inspect.html", page="inspect", chat_option=True, kit_pin=pin, **shown["inspect"])
     template, page = PAGES[pin.kind]
-    if pin.kind == "heads":
-        context = {"view": shown["view"]}
+    if pin.kind == "heads":  # each page's own context builder, with the pinned view
+        context = heads_page(shown["view"])
     elif pin.kind == "arena":
-        context = {"view": shown["view"], "form": shown["form"], "oob": False, "pending": False, **shown["page"]}
+        context = arena_page(shown["page"], form=shown["form"], view=shown["view"])
     else:
-        context = {"view": shown["view"], "roof": None, "cmp": None, "spec": shown["page"]}
+        context = speculative_page(shown["page"], view=shown["view"])
     try:
         return render(request, template, page=page, kit_pin=pin, **context)
     except Exception:
