@@ -216,7 +216,11 @@ class LongLab:
             return {"held": True, "pinned": False, "hold_s": self.inspect.traces.hold_s}
         gone = self.dropped(key) or {"estimate_s": None}
         unit, n = estimate(gone["estimate_s"])
-        raise Expired(f"err.trace.dropped.{unit}", n=n)
+        if unit == "min":
+            raise Expired("err.trace.dropped.min", n=n)
+        if unit == "s":
+            raise Expired("err.trace.dropped.s", n=n)
+        raise Expired("err.trace.dropped.unknown")
 
     def opening(self, lm: LoadedModel, n_tokens: int) -> str:
         """The built-in long text's first ``n_tokens`` tokens of ``lm`` (fewer where the model reads fewer), as text
