@@ -224,24 +224,80 @@ def cmd_kit(args: argparse.Namespace) -> int:
     registry = load_kit_models(settings)
     state = AppState.create(settings, registry)
     started = time.monotonic()
-
-    def progress(i: int, n: int, text: str) -> None:
-        if i < n:
-            print(f"[{i + 1}/{n}] {text} ... ({time.monotonic() - started:.0f} s so far)", flush=True)
-
+    line = ProgressLine(sys.stdout)
+    ticker = line.tick_every(1.0 if sys.stdout.isatty() else 15.0)
     try:
-        pins = state.kit.prepare(demos, progress)
+        pins = state.kit.prepare(demos, line.start)
     except UserError as exc:
+        line.end()
         print(exc.message, file=sys.stderr)
         return 1
     finally:
+        ticker.set()
         state.stop_labs()
+    line.end()
     for pin in pins:
         print(f"  {pin.code}  {pin.kind:6} {pin.name}  ({pin.bytes:,} bytes)")
-    used = state.kit.pins()["used"]
-    print(f"Kit ready in {time.monotonic() - started:.0f} s: {len(pins)} pins, {used:,} bytes under "
-          f"{settings.home / 'kit'}. Open them on /kit (kvscope serve).")
+    kit = pins[0].kit if pins else ""
+    print(f"Kit {kit} ready in {time.monotonic() - started:.0f} s: {len(pins)} pins, "
+          f"{sum(p.bytes for p in pins):,} bytes under {settings.home / 'kit'}. Open the kit on /kit/{kit} "
+          "(a running server shows it at once; else start one with kvscope serve).")
     return 0
+
+
+class ProgressLine:
+    """``kit prepare``'s progress: "[2/5] trace: The 8K essay ... 37 s" for the demo running now, its seconds kept
+    live (``tick``, every second on a terminal, where the line is rewritten in place; on a pipe or log a new line
+    every 15 s). ``clock`` is injectable (tests)."""
+
+    def __init__(self, out, clock=None) -> None:
+        import threading
+        import time
+
+        self.out = out
+        self.clock = clock or time.monotonic
+        self.tty = bool(getattr(out, "isatty", lambda: False)())
+        self.text = ""
+        self.since = self.clock()
+        self._lock = threading.Lock()
+
+    def line(self) -> str:
+        return f"{self.text} ... {self.clock() - self.since:.0f} s" if self.text else ""
+
+    def start(self, i: int, n: int, text: str) -> None:
+        """Demo ``i`` of ``n`` begins (``KitLab.prepare``'s progress callback); ``i == n``: all done."""
+        with self._lock:
+            if self.text and self.tty:
+                self.out.write("\n")
+            self.text = f"[{i + 1}/{n}] {text}" if i < n else ""
+            self.since = self.clock()
+        self.tick()
+
+    def tick(self) -> None:
+        with self._lock:
+            if not self.text:
+                return
+            self.out.write(("\r" + self.line() + "\x1b[K") if self.tty else self.line() + "\n")
+            self.out.flush()
+
+    def end(self) -> None:
+        with self._lock:
+            if self.text and self.tty:
+                self.out.write("\n")
+            self.text = ""
+
+    def tick_every(self, seconds: float):
+        """A daemon thread ticking every ``seconds`` until the returned event is set."""
+        import threading
+
+        stop = threading.Event()
+
+        def run() -> None:
+            while not stop.wait(seconds):
+                self.tick()
+
+        threading.Thread(target=run, name="kit-progress", daemon=True).start()
+        return stop
 
 
 def cmd_settings_doc(args: argparse.Namespace) -> int:

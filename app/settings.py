@@ -59,6 +59,13 @@ class Settings:
     full_logits_max_tokens: int = 256
     # A trace nobody looked at for this long is dropped (a later click recomputes it from its key).
     trace_ttl_s: float = 45.0
+    # A long trace (over ``trace_cache_bytes``: minutes to capture again) is held while a page showing it is open
+    # (the page says so every ``trace_heartbeat_s``, for at most ``trace_heartbeat_max_s`` after it loaded), and
+    # for this long after (the time to decide to keep it for class), within the same memory bound: the least
+    # recently used long trace still goes first when another long one needs the room.
+    trace_hold_s: float = 900.0
+    trace_heartbeat_s: float = 60.0
+    trace_heartbeat_max_s: float = 4 * 3600.0
     # --- Decode studio (/decode, app/labs/decode.py) ------------------------------------------------------------
     # Decode sessions: idle ones are released after the TTL (a timer checks every ``purge_interval_s``).
     session_ttl_s: float = 900.0
@@ -395,7 +402,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
                 "inspect_query_rows", "max_context_tokens", "trace_cache_bytes", "trace_keep_one_bytes",
                 "zoom_min_tokens", "long_max_chars", "long_upload_bytes"),
     "long": ("max_context_tokens", "full_trace_max_tokens", "long_max_chars", "long_upload_bytes", "long_capture_max_s",
-             "zoom_min_tokens"),
+             "zoom_min_tokens", "trace_hold_s", "trace_heartbeat_s", "trace_heartbeat_max_s"),
     "zoom": ("zoom_cache_bytes",),
     "explain": ("explain_max_heads_chars",),
     "export": ("max_export_bytes",),

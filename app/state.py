@@ -149,7 +149,7 @@ class AppState:
             settings=s,
             registry=registry,
             traces=TraceStore(s.trace_cache_bytes, ttl_s=s.trace_ttl_s, keep_one_bytes=s.trace_keep_one_bytes,
-                              browser_bytes=s.trace_browser_bytes),
+                              browser_bytes=s.trace_browser_bytes, hold_s=s.trace_hold_s),
             sessions=SessionStore(ttl_s=ttl, max_steps=s.max_decode_steps, protect_s=protect,
                                   limits=Limits.shared(max_items=s.max_sessions, per_owner=s.max_sessions_per_browser,
                                                        share=s.address_share, max_bytes=s.session_cache_bytes)),

@@ -16,6 +16,9 @@
     root.dataset.bound = "1";
     const key = root.dataset.key, L = +root.dataset.layers;
     const rows = new Array(L).fill(null);
+    // the rows the server already holds (a pinned trace's: all it was pinned with) are drawn at once
+    const kept = document.getElementById("zoom-grid-rows");
+    if (kept) Object.entries(JSON.parse(kept.textContent)).forEach(([l, r]) => { if (+l < L) rows[+l] = r; });
     const $ = (id) => document.getElementById(id);
     const run = $("zoom-grid-run"), stop = $("zoom-grid-stop"), bar = $("zoom-grid-progress"), status = $("zoom-grid-status");
     let measure = "first", running = false;
@@ -70,6 +73,29 @@
       document.body.dataset.zoomGridDone = String(done);
     }
 
+    // While this page is open it says so (POST …/hold every data-heartbeat-s, for at most data-heartbeat-max-s):
+    // the server holds its long trace meanwhile, and for Settings.trace_hold_s after. When the server has dropped
+    // it anyway (for memory), the answer says so, with what capturing it again takes, beside "Keep for class".
+    const every = +root.dataset.heartbeatS, most = +root.dataset.heartbeatMaxS, held = $("zoom-held");
+    if (every > 0 && !root.dataset.pinned && held) {
+      const started = Date.now();
+      const beat = setInterval(async () => {
+        if (Date.now() - started > most * 1000) { clearInterval(beat); return; }
+        let r = null, data = null;
+        try { r = await fetch(`/api/traces/${key}/hold`, { method: "POST", headers: { "X-KVScope-Lang": kv.lang } }); } catch (e) { return; }
+        try { data = await r.json(); } catch (e) { data = null; }
+        if (r.status === 410) {
+          clearInterval(beat);
+          held.textContent = (data && data.detail) || "";
+          held.classList.add("zoom-dropped");
+          document.body.dataset.traceDropped = "1";
+        } else if (r.ok) {
+          held.textContent = held.dataset.heldText;
+          document.body.dataset.heartbeats = String(+(document.body.dataset.heartbeats || 0) + 1);
+        }
+      }, every * 1000);
+    }
+
     run.addEventListener("click", fill);
     stop.addEventListener("click", () => { running = false; });
     root.querySelectorAll("input[name=zoom-measure]").forEach((el) => el.addEventListener("change", (e) => { measure = e.target.value; paint(); }));
@@ -84,6 +110,13 @@
     ["zoom-layer", "zoom-head"].forEach((id) => { const s = $(id); if (s) s.addEventListener("change", select); });
     paint();
     select();
+    const have = rows.filter(Boolean).length;
+    if (have) {
+      bar.value = have;
+      status.textContent = have === L ? kv.t("js.zoomgrid.done", { layers: L }) : kv.t("js.zoomgrid.paused", { done: have, layers: L });
+      run.hidden = have === L;
+      document.body.dataset.zoomGridDone = String(have);
+    }
   }
   window.kv.page("inspect", () => setTimeout(init, 0));  // after zoom.js has made the map
 })();

@@ -92,7 +92,7 @@ def test_the_scan_catches_an_upward_import(tmp_path):
 
 # Modules of app/labs/ that are a lab's helpers, not a lab: the limits, the lines, how a run in one is shown,
 # what a pin's files must hold.
-LAB_HELPERS = {"limits", "queue", "lines", "kit_files"}
+LAB_HELPERS = {"limits", "queue", "lines", "kit_files", "pins"}
 TYPED_ELSEWHERE: set[str] = set()
 
 

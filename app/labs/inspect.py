@@ -15,6 +15,7 @@ under the model gate; everything else reads a trace already made.
 from __future__ import annotations
 
 import hashlib
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -67,6 +68,21 @@ class InspectLab:
         # Traces pinned for a class (app/labs/kit.py, keys ``kit-CODE``): read before the store, never expire and
         # never count against its budget (their tensors are memory-mapped from the kit's files).
         self.pinned: dict[str, tuple[LoadedModel, Trace]] = {}
+        self._pin_lock = threading.Lock()
+
+    # --- pins (``app/labs/pins.py``'s PinTarget) -----------------------------------------------------------------
+    def pin(self, key: str, pinned: tuple[LoadedModel, Trace]) -> None:
+        """Hold a pinned trace under ``key`` (read before the store, never expired)."""
+        with self._pin_lock:
+            self.pinned[key] = pinned
+
+    def unpin(self, key: str) -> None:
+        with self._pin_lock:
+            self.pinned.pop(key, None)
+
+    def pinned_item(self, key: str) -> tuple[LoadedModel, Trace] | None:
+        with self._pin_lock:
+            return self.pinned.get(key)
 
     # --- traces ---------------------------------------------------------------------------------------------
     def _key(self, lm: LoadedModel, ids: list[int] | tuple[int, ...]) -> str:
@@ -126,6 +142,10 @@ class InspectLab:
         lm, ids = self._indexed(key)
         return lm, self.traces.get_or_compute(key, lambda: self._compute(lm, list(ids)),
                                               expected=self.expected_bytes(lm, len(ids)))
+
+    def indexed(self, key: str) -> tuple[LoadedModel, tuple[int, ...]]:
+        """The served model and the token ids ``key`` was made from (410 when they are gone); nothing computed."""
+        return self._indexed(key)
 
     def _indexed(self, key: str) -> tuple[LoadedModel, tuple[int, ...]]:
         """The served model and the token ids a key was made from; 410 saying why when they are gone."""

@@ -20,9 +20,10 @@ On disk, one folder per pin, named by its code (server-made: ``CODE``; nothing a
               zoom.safetensors    the zoom's pooled maps made so far (its first tiles come back with no pass)
       .tmp-…/                     a pin being written: renamed into place when complete, removed at start-up
 
-A pinned trace goes into ``InspectLab.pinned`` under ``kit-CODE`` (read before the trace store, never expired or
-evicted), its grid of heads with it (Inspect's thumbnails in the trace's meta, the zoom's rows in
-``ZoomLab.pinned_grid``). The budget is bytes on disk (``kit_disk_bytes``); a pin that would pass it is refused.
+A pinned trace is mounted under ``kit-CODE`` through the one pin protocol (``app/labs/pins.py``: ``pin``,
+``unpin``, ``pinned_item``, each lab under its own lock): into Inspect (read before the trace store, never expired
+or evicted) and the zoom lab (its grid of heads' rows and pooled bases); Inspect's thumbnails ride in the trace's
+meta. The budget is bytes on disk (``kit_disk_bytes``); a pin that would pass it is refused.
 
 A pin whose files cannot be read (truncated, emptied, removed, hand-edited into something else: ``kit_files``
 checks every field it reads) is skipped -- a line in the log and on /kit naming it and why -- and every other pin
@@ -51,8 +52,9 @@ from app.labs.inspect import InspectLab
 from app.labs.kit_files import KINDS, Damaged, check_bases, check_trace_record, digest, read_pin
 from app.labs.limits import Limits
 from app.labs.long import LongLab
+from app.labs.pins import PinTarget
 from app.labs.speculative import SpecAsk, SpeculativeLab
-from app.labs.zoom import ZoomLab
+from app.labs.zoom import ZoomLab, ZoomPin
 from app.model.trace_file import (
     TraceFileError,
     file_bytes,
@@ -93,6 +95,7 @@ class Pin:
     created: float  # unix seconds
     owner: str  # a hash of the pinning browser's cookie ("" from the command line)
     summary: dict  # what the list shows: tokens, a prompt's opening, policies …
+    kit: str = ""  # the code of the kit it belongs to (a teacher's kit: one code opens its list); "" before kits
 
     @property
     def key(self) -> str:
@@ -103,6 +106,10 @@ class Pin:
         d = asdict(self)
         d.pop("owner")
         return d | {"href": f"/kit/{self.code}", "mine": self.may_delete(owner, address)}
+
+    def shown_to(self, owner: str, address: str) -> bool:
+        """Listed on this browser's /kit: its own pins; on the server's machine also the command line's."""
+        return (bool(owner) and self.owner == owner_hash(owner)) or (not self.owner and is_loopback(address))
 
     def may_delete(self, owner: str, address: str) -> bool:
         return (bool(owner) and self.owner == owner_hash(owner)) or is_loopback(address)
@@ -152,7 +159,9 @@ class KitLab:
         self._mapped: dict[str, int] = {}  # code -> the size of the trace file its pinned trace maps
         self._unsigned: set[str] = set()  # codes whose pin.json has no digest (written before digests)
         self._reserved = 0  # bytes of pins being written now
+        self._deleted: set[str] = set()  # codes deleted here (a rescan does not bring a half-removed one back)
         self._lock = threading.Lock()
+        self._rescanning = threading.Lock()
         self._load()
 
     # --- start-up -----------------------------------------------------------------------------------------
@@ -165,22 +174,44 @@ class KitLab:
             if d.name.startswith(".tmp-") and d.is_dir():
                 shutil.rmtree(d, ignore_errors=True)
             elif CODE.fullmatch(d.name) and d.is_dir():
-                try:
-                    fields, record, signed = read_pin(d)
-                except FileNotFoundError:
-                    continue  # removed while we looked
-                except Damaged as why:
-                    self._skip(d.name, why)
-                    continue
-                pin = Pin(**fields)
-                self._pins[pin.code] = pin
-                if not signed:
-                    self._unsigned.add(pin.code)
-                if pin.kind == "trace":
-                    try:
-                        self._mount(pin, record)
-                    except Damaged as why:
-                        self._skip(pin.code, why)
+                self._load_one(d)
+
+    def _load_one(self, d: Path) -> None:
+        try:
+            fields, record, signed = read_pin(d)
+        except FileNotFoundError:
+            return  # removed while we looked
+        except Damaged as why:
+            self._skip(d.name, why)
+            return
+        if fields["kit"] and not CODE.fullmatch(fields["kit"]):
+            self._skip(d.name, Damaged("err.kit.bad_field", code=d.name, file="pin.json", field="pin.kit"))
+            return
+        pin = Pin(**fields)
+        with self._lock:
+            self._pins[pin.code] = pin
+        if not signed:
+            self._unsigned.add(pin.code)
+        if pin.kind == "trace":
+            try:
+                self._mount(pin, record)
+            except Damaged as why:
+                self._skip(pin.code, why)
+
+    def rescan(self) -> list[str]:
+        """Pins another process wrote into the kit's folder since (``kvscope kit prepare`` while the server runs),
+        loaded as at start-up; returns their codes. Safe beside that process: a pin appears in the folder only once
+        complete (renamed from its ``.tmp-`` folder, which a rescan leaves alone), and one rescan runs at a time."""
+        if not self.folder.is_dir():
+            return []
+        with self._rescanning:
+            with self._lock:
+                known = set(self._pins) | set(self.skipped) | self._deleted
+            new = [d for d in sorted(self.folder.iterdir())
+                   if CODE.fullmatch(d.name) and d.name not in known and d.is_dir()]
+            for d in new:
+                self._load_one(d)
+        return [d.name for d in new]
 
     def _skip(self, code: str, why: Damaged) -> None:
         """``code`` is not listed nor opened from now on; /kit and the log say why."""
@@ -190,9 +221,13 @@ class KitLab:
             self.skipped[code] = why
         self._unmount(code)
 
+    def _targets(self) -> tuple[PinTarget, ...]:
+        """The labs a pinned trace is mounted into (``app/labs/pins.py``)."""
+        return (self.inspect, self.zoom)
+
     def _unmount(self, code: str) -> None:
-        self.inspect.pinned.pop(PIN_PREFIX + code, None)
-        self.zoom.unpin_grid(PIN_PREFIX + code)
+        for lab in self._targets():
+            lab.unpin(PIN_PREFIX + code)
         self._mapped.pop(code, None)
 
     def _mount(self, pin: Pin, record: dict) -> None:
@@ -214,10 +249,9 @@ class KitLab:
             size, thumbs = record["grid"]
             trace.meta["grid"] = (size, thumbs)
         self._mapped[pin.code] = (folder / "trace.safetensors").stat().st_size
-        self.inspect.pinned[pin.key] = (lm, trace)
-        self.zoom.pin_grid(pin.key, {int(k): v for k, v in record.get("zoom_grid", {}).items()})
-        if bases:
-            self.zoom.pin_pyramids(pin.key, trace, bases)
+        self.inspect.pin(pin.key, (lm, trace))
+        self.zoom.pin(pin.key, ZoomPin(rows={int(k): v for k, v in record.get("zoom_grid", {}).items()},
+                                       trace=trace, bases=bases or {}))
 
     # --- pinning ------------------------------------------------------------------------------------------
     def check_name(self, name: str | None) -> str:
@@ -227,21 +261,23 @@ class KitLab:
         return n
 
     def pin(self, kind: str, *, name: str | None, owner: str, key: str | None = None, model: str | None = None,
-            run_id: str | None = None, arena: dict | None = None) -> Pin:
+            run_id: str | None = None, arena: dict | None = None, kit: str | None = None) -> Pin:
         """Pin what the lab of ``kind`` still holds: a trace by its ``key``; the survey of ``model``; the arena's
         finished run of the request ``arena`` (the form's fields); a speculative run by its ``run_id``."""
         if kind not in KINDS:
             raise BadInput("err.kit.kind", kind=str(kind)[:20], kinds=", ".join(KINDS))
         name = self.check_name(name)
+        kit = kit or self._kit_of(owner)
         if kind == "trace":
-            return self._pin_trace(key or "", name, owner)
+            return self._pin_trace(key or "", name, owner, kit)
         if kind == "heads":
             found = self.heads.kept_view(model)
             if found is None:
                 raise Expired("err.kit.gone")
             lm, view = found
             return self._write(kind, name, lm.name, owner, {"view": view},
-                               {"tokens": view["n_tokens"], "layers": view["n_layer"], "heads": view["n_head"]})
+                               {"tokens": view["n_tokens"], "layers": view["n_layer"], "heads": view["n_head"]},
+                               kit=kit)
         if kind == "arena":
             form = {k: v for k, v in (arena or {}).items() if k in ARENA_FIELDS}
             lm, req = self.arena.prepare(**ARENA_DEFAULTS | form)
@@ -250,14 +286,24 @@ class KitLab:
                 raise Expired("err.kit.gone")
             view = self.arena.view(lm, run)
             record = {"view": view, "form": ARENA_DEFAULTS | form | {"model": lm.name}}
-            return self._write(kind, name, lm.name, owner, record, {"policies": list(req.policies), "steps": req.steps})
+            return self._write(kind, name, lm.name, owner, record, {"policies": list(req.policies), "steps": req.steps},
+                               kit=kit)
         view = self.speculative.kept(run_id or "")
         if view is None:
             raise Expired("err.kit.gone")
         return self._write(kind, name, view["model"], owner, {"view": view},
-                           {"speedup": view["speedup"], "draft": view["draft"], "prompt_tokens": view["prompt_tokens"]})
+                           {"speedup": view["speedup"], "draft": view["draft"], "prompt_tokens": view["prompt_tokens"]},
+                           kit=kit)
 
-    def _pin_trace(self, key: str, name: str, owner: str) -> Pin:
+    def _kit_of(self, owner: str) -> str:
+        """The kit a browser's new pin joins: the one its pins are in (one kit a browser), else a new code; from the
+        command line (no browser) each ``prepare`` names its own kit, a single pin gets a kit of its own."""
+        h = owner_hash(owner)
+        with self._lock:
+            mine = sorted((p for p in self._pins.values() if h and p.owner == h and p.kit), key=lambda p: -p.created)
+        return mine[0].kit if mine else self._new_code()
+
+    def _pin_trace(self, key: str, name: str, owner: str, kit: str) -> Pin:
         if key.startswith(PIN_PREFIX):
             raise BadInput("err.kit.already", code=key.removeprefix(PIN_PREFIX))
         lm, trace = self.inspect.kept_trace(key)
@@ -280,14 +326,16 @@ class KitLab:
 
         extra = file_bytes(trace, tensor_meta) + (tensors_bytes(bases, {"model": lm.name}) if bases else 0)
         return self._write("trace", name, lm.name, owner, record, summary, extra=extra, write_files=write_files,
-                           mount=True)
+                           mount=True, kit=kit)
 
     def _write(self, kind: str, name: str, model: str, owner: str, record: dict, summary: dict, *, extra: int = 0,
-               write_files: Callable[[Path], None] | None = None, mount: bool = False) -> Pin:
+               write_files: Callable[[Path], None] | None = None, mount: bool = False, kit: str = "") -> Pin:
         """Reserve the bytes (or refuse), write into a temporary folder, rename it into place, list it."""
         code = self._new_code()
+        while code == kit:
+            code = self._new_code()
         pin = Pin(code=code, name=name, kind=kind, model=model, bytes=0, created=round(time.time(), 3),
-                  owner=owner_hash(owner), summary=summary)
+                  owner=owner_hash(owner), summary=summary, kit=kit)
         body = _dump(pin, record)
         size = len(body) + extra + 64  # +64: the size itself, written into pin.json once known
         with self._lock:
@@ -324,7 +372,8 @@ class KitLab:
         with self._lock:
             while True:
                 code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LEN))
-                if code not in self._pins and not (self.folder / code).exists():
+                if (code not in self._pins and code not in self._deleted
+                        and not any(p.kit == code for p in self._pins.values()) and not (self.folder / code).exists()):
                     return code
 
     def _used(self) -> int:
@@ -332,31 +381,65 @@ class KitLab:
 
     # --- reading ------------------------------------------------------------------------------------------
     def get(self, code: str) -> Pin:
-        """The pin listed under ``code``; 410 with why for a pin skipped (its files unreadable), else 404."""
+        """The pin listed under ``code``; 410 with why for a pin skipped (its files unreadable), else 404. A code not
+        known yet is looked for on disk first (``rescan``: a pin the command line made meanwhile)."""
         c = check_code(code)
         with self._lock:
             pin, skipped = self._pins.get(c), self.skipped.get(c)
+        if pin is None and skipped is None:
+            self.rescan()
+            with self._lock:
+                pin, skipped = self._pins.get(c), self.skipped.get(c)
         if skipped is not None:
             raise Damaged(skipped.key, **skipped.params)
         if pin is None:
             raise NotFound("err.kit.unknown", code=c)
         return pin
 
+    def pin_of_key(self, key: str) -> Pin | None:
+        """The pin a pinned trace's key (``kit-CODE``) names, or None for any other key."""
+        if not key.startswith(PIN_PREFIX):
+            return None
+        with self._lock:
+            return self._pins.get(key.removeprefix(PIN_PREFIX))
+
     def pins(self, *, owner: str = "", address: str = "") -> dict:
-        """The kit as /kit lists it, newest first, with the budget."""
+        """Every pin, newest first, with the budget; ``kits``: this browser's own kits (``kits``)."""
         with self._lock:
             pins = sorted(self._pins.values(), key=lambda p: -p.created)
             used = self._used()
             skipped = [{"code": c, "key": why.key, "params": why.params} for c, why in sorted(self.skipped.items())]
         return {"pins": [p.view(owner, address) for p in pins], "used": used, "limit": self.limits.kit_disk_bytes,
-                "name_chars": self.limits.kit_max_name_chars, "code_len": CODE_LEN, "skipped": skipped}
+                "name_chars": self.limits.kit_max_name_chars, "code_len": CODE_LEN, "skipped": skipped,
+                "kits": self._kits([p for p in pins if p.shown_to(owner, address)], owner, address)}
+
+    def _kits(self, pins: list[Pin], owner: str, address: str) -> list[dict]:
+        """Pins grouped by kit, the newest kit first, each kit's items in the order they were pinned."""
+        kits: dict[str, list[Pin]] = {}
+        for p in sorted(pins, key=lambda p: p.created):
+            kits.setdefault(p.kit or p.code, []).append(p)
+        out = [{"code": code, "href": f"/kit/{code}", "items": [p.view(owner, address) for p in items],
+                "bytes": sum(p.bytes for p in items), "created": items[0].created, "grouped": bool(items[0].kit)}
+               for code, items in kits.items()]
+        return sorted(out, key=lambda k: -k["created"])
+
+    def kit(self, code: str, *, owner: str = "", address: str = "") -> dict | None:
+        """The kit whose code this is (its items, whoever asks: the code is what a class is given), or None."""
+        c = check_code(code)
+        with self._lock:
+            found = [p for p in self._pins.values() if p.kit == c]
+        if not found:
+            self.rescan()
+            with self._lock:
+                found = [p for p in self._pins.values() if p.kit == c]
+        return self._kits(found, owner, address)[0] if found else None
 
     def open(self, code: str) -> tuple[Pin, dict]:
         """One pin and what its page shows: a trace's key (its page reads it as any trace), a result's view."""
         pin = self.get(code)
         if pin.kind == "trace":
             record = self._record(pin)
-            if pin.key not in self.inspect.pinned:
+            if self.inspect.pinned_item(pin.key) is None:
                 raise Expired("err.model.gone", model=pin.model)
             self._check_mapped(pin)
             lm, trace = self.inspect.trace_by_key(pin.key)
@@ -436,6 +519,8 @@ class KitLab:
         pin = self.get(code)
         if not pin.may_delete(owner, address):
             raise Forbidden("err.kit.not_yours", code=pin.code)
+        with self._lock:
+            self._deleted.add(pin.code)
         self._forget(pin.code)
         shutil.rmtree(self.folder / pin.code, ignore_errors=True)
         return {"deleted": pin.code}
@@ -446,11 +531,12 @@ class KitLab:
         """Each demo run by the same lab methods the pages call, then pinned; ``progress(i, n, text)`` before each.
         Every demo is checked before the first runs (``check_demos``)."""
         demos = self.check_demos(demos)
+        kit = self._new_code()  # one code for the whole kit
         out = []
         for i, d in enumerate(demos):
             progress(i, len(demos), f"{d['kind']}: {d['name']}")
             try:
-                out.append(self._prepare_one(d, owner=owner, address=address))
+                out.append(self._prepare_one(d, owner=owner, address=address, kit=kit))
             except UserError:
                 raise
             except (TypeError, ValueError) as exc:  # a field of the wrong type in the file (a page's form is typed)
@@ -470,7 +556,7 @@ class KitLab:
             out.append(d)
         return out
 
-    def _prepare_one(self, d: dict, *, owner: str, address: str) -> Pin:
+    def _prepare_one(self, d: dict, *, owner: str, address: str, kit: str) -> Pin:
         kind, name, model = d["kind"], d["name"], d.get("model")
         if kind == "trace":
             key = self._prepare_trace(d, owner=owner, address=address)
@@ -484,19 +570,19 @@ class KitLab:
                         self.zoom.head_grid(key, layer=layer)
                 else:
                     self.inspect.grid(key, int(d.get("grid_size", 48)))
-            return self.pin("trace", name=name, owner=owner, key=key)
+            return self.pin("trace", name=name, owner=owner, key=key, kit=kit)
         if kind == "heads":
             self.heads.view(model)
-            return self.pin("heads", name=name, owner=owner, model=model)
+            return self.pin("heads", name=name, owner=owner, model=model, kit=kit)
         if kind == "arena":
             form = {k: v for k, v in d.items() if k in ARENA_FIELDS}
             lm, req = self.arena.prepare(**ARENA_DEFAULTS | form)
             if self.arena.run(lm, req, owner=owner or "kit", address=address) is None:
                 raise Expired("err.kit.gone")
-            return self.pin("arena", name=name, owner=owner, arena={**form, "policies": list(req.policies)})
+            return self.pin("arena", name=name, owner=owner, arena={**form, "policies": list(req.policies)}, kit=kit)
         fields = {k: v for k, v in d.items() if k in SpecAsk.__dataclass_fields__}
         view = self.speculative.view(SpecAsk(**fields))
-        return self.pin("spec", name=name, owner=owner, run_id=view["run_id"])
+        return self.pin("spec", name=name, owner=owner, run_id=view["run_id"], kit=kit)
 
     def _prepare_trace(self, d: dict, *, owner: str, address: str) -> str:
         model = d.get("model")

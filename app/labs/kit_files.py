@@ -115,7 +115,10 @@ def read_pin(folder: Path) -> tuple[dict, dict, bool]:
     _check_record(pin["kind"], record, bad)
     if "digest" in data and data["digest"] != digest(record):
         raise bad("record")  # changed since it was written (by hand, or another program)
-    fields = {f: pin[f] for f in PIN_FIELDS} | {"summary": summary}
+    kit = pin.get("kit", "")  # the kit the pin belongs to (its code); pins written before kits have none
+    if not isinstance(kit, str) or len(kit) > 12 or not kit.isalnum() and kit:
+        raise bad("pin.kit")
+    fields = {f: pin[f] for f in PIN_FIELDS} | {"summary": summary, "kit": kit}
     return fields, record, "digest" in data
 
 

@@ -20,12 +20,13 @@ forward: the hooks go (``capture``'s ``finally``), and what it had captured is d
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.errors import BadInput
+from app.errors import BadInput, Expired
 from app.i18n import translate
 from app.labs.inspect import InspectLab
 from app.labs.limits import Limits
@@ -35,6 +36,7 @@ from app.model.loading import LoadedModel
 from app.model.prompts import encode_prompt
 from app.model.store import trace_bytes
 
+TOOK_KEYS = 256  # long captures whose time is remembered (a float each)
 LONG_TEXT_PATH = Path(__file__).resolve().parents[1] / "model" / "long_reader.txt"
 
 
@@ -92,6 +94,16 @@ def after_layers(n_layer: int) -> int:
     return max(1, round(n_layer / 3))
 
 
+def estimate(seconds: float | None) -> tuple[str, int]:
+    """What capturing again takes, as a message says it: ("min", minutes) from 90 s, ("s", seconds), or
+    ("unknown", 0) before anything was measured (a catalog key's suffix and its ``n``)."""
+    if seconds is None:
+        return "unknown", 0
+    if seconds >= 90:
+        return "min", round(seconds / 60)
+    return "s", max(1, round(seconds))
+
+
 def progress_text(progress: dict, lang: str) -> str:
     """"layer 3 of 30", or the phase after the last layer, in the request's language."""
     if progress.get("phase") == "heads":
@@ -108,6 +120,9 @@ class LongLimits(Limits):
     long_upload_bytes: int
     long_capture_max_s: float
     zoom_min_tokens: int
+    trace_hold_s: float
+    trace_heartbeat_s: float
+    trace_heartbeat_max_s: float
 
 
 class LongLab:
@@ -115,6 +130,8 @@ class LongLab:
         self.inspect = inspect
         self.line = line
         self.limits = limits
+        # trace key -> seconds its capture took (the line's clock): what capturing it again is expected to take
+        self._took: OrderedDict[str, float] = OrderedDict()
 
     def token_limit(self, lm: LoadedModel) -> int:
         return min(self.limits.max_context_tokens, lm.max_positions)
@@ -139,16 +156,71 @@ class LongLab:
         key = inspect.trace_key(lm, ids)
         expected = expected_bytes(lm, len(ids), self.limits.full_trace_max_tokens)
 
+        def capture():
+            started = self.line.clock()
+            trace = inspect.compute_trace(lm, ids)
+            self._took[key] = self.line.clock() - started
+            while len(self._took) > TOOK_KEYS:
+                self._took.popitem(last=False)
+            return trace
+
         def work(pace: GatedPace) -> dict:
             # the store drops older traces first if this one needs the room
             with pace.piece(), layer_progress(lm.adapter, pace):
-                trace = inspect.traces.get_or_compute(key, lambda: inspect.compute_trace(lm, ids), expected=expected,
+                trace = inspect.traces.get_or_compute(key, capture, expected=expected,
                                                       owner=owner)  # kept for the browser that asked (the store)
             return {"key": key, "n_tokens": trace.n_tokens, "url": f"/zoom/{key}"}
 
         units = lm.adapter.n_layer + after_layers(lm.adapter.n_layer)
         return self.line.submit(work, key=f"long:{key}", units=units, rate_key=lm.name, owner=owner,
                                 address=address, follow=True, keep_alive=lm)
+
+    def again(self, key: str) -> tuple[LoadedModel, list[int]]:
+        """The model and tokens a trace's key was made from, to capture it again in the line (410 when gone)."""
+        lm, ids = self.inspect.indexed(key)
+        return lm, list(ids)
+
+    def held(self, key: str) -> bool:
+        """Whether the trace of ``key`` is held now (pinned, or kept by the store): opening it runs nothing."""
+        return self.inspect.pinned_item(key) is not None or self.inspect.traces.holds(key)
+
+    def dropped(self, key: str) -> dict | None:
+        """None while the trace of ``key`` is held or is short (recomputed in a moment); for a long one the store
+        dropped (idle past ``trace_hold_s``, or for memory): its size and what capturing it again takes --
+        ``estimate_s``, this trace's own capture time when it was measured here, else the pace learned from the
+        line's finished runs of this model, else None -- so the page says so before any long run starts."""
+        if self.held(key):
+            return None
+        lm, ids = self.inspect.indexed(key)  # 410 when the key or its model is gone
+        if len(ids) <= max(self.limits.zoom_min_tokens, self.limits.full_trace_max_tokens):
+            return None
+        took = self._took.get(key)
+        units = lm.adapter.n_layer + after_layers(lm.adapter.n_layer)
+        estimate = took if took is not None else self.line.learned_s(lm.name, units)
+        return {"key": key, "model": lm.name, "n_tokens": len(ids), "estimate_s": estimate,
+                "measured": took is not None}
+
+    def heartbeat(self) -> dict:
+        """How often a page showing a long trace says it is still open, for how long at most, and how long the
+        trace is held after the last time (``Settings.trace_heartbeat_s``, ``trace_heartbeat_max_s``,
+        ``trace_hold_s``)."""
+        lim = self.limits
+        return {"every_s": lim.trace_heartbeat_s, "max_s": lim.trace_heartbeat_max_s, "hold_s": lim.trace_hold_s}
+
+    def hold(self, key: str) -> dict:
+        """A page showing the trace of ``key`` is open (its heartbeat): held on (``TraceStore.touch``); a pinned
+        one always is. 410 saying it was dropped, with what capturing it again takes, when it is gone."""
+        if self.inspect.pinned_item(key) is not None:
+            return {"held": True, "pinned": True}
+        if self.inspect.traces.touch(key):
+            return {"held": True, "pinned": False, "hold_s": self.inspect.traces.hold_s}
+        gone = self.dropped(key) or {"estimate_s": None}
+        unit, n = estimate(gone["estimate_s"])
+        if unit == "min":
+            raise Expired("err.trace.dropped.min", n=n)
+        if unit == "s":
+            raise Expired("err.trace.dropped.s", n=n)
+        raise Expired("err.trace.dropped.unknown")
 
     def opening(self, lm: LoadedModel, n_tokens: int) -> str:
         """The built-in long text's first ``n_tokens`` tokens of ``lm`` (fewer where the model reads fewer), as text

@@ -421,6 +421,13 @@ class LabQueue:
         return sum(self._sizes.get(k, 0) for k in self._cache)
 
     # --- estimates ------------------------------------------------------------------------------------
+    def learned_s(self, rate_key: str, units: float) -> float | None:
+        """Seconds ``units`` of ``rate_key``'s kind took at the pace learned from its finished runs (None before
+        the first)."""
+        with self._changed:
+            rate = self._rates.get(rate_key)
+        return None if rate is None else rate * units
+
     def _learn_rate(self, job: Job) -> None:
         seconds = (job.finished_at or 0) - (job.started_at or 0)
         per_unit = seconds / max(job.done_units, job.units, 1e-9)

@@ -37,6 +37,16 @@ from app.viz.models import model_card
 from app.viz.tokens import visible
 from app.viz.zoom import POOLS, TILE, HeadPyramid, check_pool, tiles_per_side
 
+
+@dataclass(frozen=True)
+class ZoomPin:
+    """What the zoom lab holds of a pinned trace: its grid of heads' rows (by layer) and its heads' pooled bases."""
+
+    rows: dict[int, dict[str, list[float]]]
+    trace: Trace | None
+    bases: dict[str, torch.Tensor]
+
+
 PREVIEW_TOKENS = 40  # the prompt's opening, shown on the long-prompt page
 GRID_ROWS = 4096  # layers' summaries kept (a few hundred bytes each: far inside zoom_cache_bytes)
 TOP_KEYS = 8  # the keys a query reads most, listed under the map
@@ -79,6 +89,22 @@ class ZoomLab:
         """The layers' head summaries of one trace made so far (what its grid of heads shows), by layer."""
         with self._lock:
             return {layer: row for (k, layer), row in (self._grid | self.pinned_grid).items() if k == key}
+
+    # --- pins (``app/labs/pins.py``'s PinTarget) -----------------------------------------------------------------
+    def pin(self, key: str, pinned: ZoomPin) -> None:
+        """Hold a pinned trace's grid rows and pooled bases under ``key`` (read first, never dropped)."""
+        self.pin_grid(key, pinned.rows)
+        if pinned.bases:
+            self.pin_pyramids(key, pinned.trace, pinned.bases)
+
+    def unpin(self, key: str) -> None:
+        self.unpin_grid(key)
+
+    def pinned_item(self, key: str) -> ZoomPin | None:
+        with self._lock:
+            rows = {layer: row for (k, layer), row in self.pinned_grid.items() if k == key}
+            held = any(k[0] == key for k in self.pinned_pyramids)
+        return ZoomPin(rows=rows, trace=None, bases={}) if rows or held else None
 
     def pin_grid(self, key: str, rows: dict[int, dict[str, list[float]]]) -> None:
         """A pinned trace's rows, kept until ``unpin_grid``."""
@@ -148,13 +174,15 @@ class ZoomLab:
                 "preview": " ".join("".join(trace.token_texts[:PREVIEW_TOKENS]).split())}
 
     def page(self, key: str) -> dict:
-        """The long prompt's page: its metadata, its model's card, and the head it opens on (Inspect's choice for
-        the last query, ``opening_head``: a telling head, not layer 0 head 0; the URL's layer and head win)."""
+        """The long prompt's page: its metadata, its model's card, the head it opens on (Inspect's choice for the
+        last query, ``opening_head``: a telling head, not layer 0 head 0; the URL's layer and head win) and the
+        rows of its grid of heads made so far (a pinned trace's: all it was pinned with), drawn at once."""
         meta = self.meta(key)
         _, trace = self.inspect.trace_by_key(key)
         choice = opening_head(trace, trace.n_tokens - 1)
         return {"meta": meta, "card": model_card(self.inspect.registry.get(meta["model"])), "key": key,
-                "choice": choice, "q": trace.n_tokens - 1}
+                "choice": choice, "q": trace.n_tokens - 1,
+                "grid_rows": {str(layer): row for layer, row in sorted(self.grid_rows(key).items())}}
 
     def tile(self, key: str, *, layer: int, head: int, level: int, row: int, col: int, pool: str) -> torch.Tensor:
         """Tile (row, col) of ``level`` of one head's map, pooled by ``pool``: (r, c) float32."""

@@ -110,7 +110,8 @@ class TraceStore:
     - **short** traces (at most ``max_bytes``) share ``max_bytes`` among all browsers, least recently used first out:
       cheap to recompute;
     - **long** ones (larger, at most ``keep_one_bytes``: a long prompt's page reads it for every panel and tile) are
-      never dropped for another browser's short trace. One goes only when its TTL passes (``purge``), when its own
+      never dropped for another browser's short trace. One goes only when it has been idle for ``hold_s``
+      (``purge``; ``Settings.trace_hold_s``, minutes: a page showing it says it is open, ``touch``), when its own
       browser's newer traces need the room (each browser holds at most ``browser_bytes`` in all,
       ``Settings.trace_browser_bytes``), or when another browser's *long* trace needs the room and it is the least
       recently used long one. A short trace that does not fit beside the long ones kept is returned, not kept.
@@ -124,8 +125,13 @@ class TraceStore:
     """
 
     def __init__(self, max_bytes: int, ttl_s: float = float("inf"), keep_one_bytes: int = 0,
-                 browser_bytes: int | None = None) -> None:
+                 browser_bytes: int | None = None, hold_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``hold_s``: a long trace's idle time before ``purge`` drops it (default ``ttl_s``); ``clock``: the
+        store's seconds (a test passes its own)."""
         self.max_bytes = max_bytes
+        self.hold_s = ttl_s if hold_s is None else hold_s
+        self.clock = clock
         self.keep_one_bytes = keep_one_bytes
         self.browser_bytes = browser_bytes  # None: a browser may hold the whole store
         self.ttl_s = ttl_s  # a trace nobody looked at for this long is dropped by ``purge`` (recomputable)
@@ -179,7 +185,7 @@ class TraceStore:
                 if size <= self.cap and key not in self._items and self._make_room(size, owner):
                     self._items[key] = (trace, size)
                     self._owner[key] = owner
-                    self._used[key] = time.monotonic()
+                    self._used[key] = self.clock()
                     self.bytes += size
             return trace
 
@@ -227,9 +233,24 @@ class TraceStore:
         if key not in self._items:
             return None
         self._items.move_to_end(key)
-        self._used[key] = time.monotonic()
+        self._used[key] = self.clock()
         self.hits += 1
         return self._items[key][0]
+
+    def holds(self, key: Hashable) -> bool:
+        """Whether the trace of ``key`` is kept now (nothing computed, nothing touched)."""
+        with self._lock:
+            return key in self._items
+
+    def touch(self, key: Hashable) -> bool:
+        """A page showing the trace of ``key`` is still open: it counts as used now (its idle time starts again,
+        and it is the most recently used: the last a long one's room is taken from). False if it is not kept."""
+        with self._lock:
+            if key not in self._items:
+                return False
+            self._items.move_to_end(key)
+            self._used[key] = self.clock()
+            return True
 
     def owner_bytes(self, owner: str) -> int:
         """Bytes kept for one browser."""
@@ -237,10 +258,11 @@ class TraceStore:
             return sum(s for k, (_, s) in self._items.items() if self._owner.get(k) == owner)
 
     def purge(self) -> int:
-        """Drop traces idle for more than ``ttl_s``; returns how many."""
-        now = time.monotonic()
+        """Drop traces idle for more than ``ttl_s`` (a long one: ``hold_s``); returns how many."""
+        now = self.clock()
         with self._lock:
-            old = [k for k in self._items if now - self._used.get(k, now) > self.ttl_s]
+            old = [k for k, (_, size) in self._items.items()
+                   if now - self._used.get(k, now) > (self.hold_s if self._long(size) else self.ttl_s)]
             for k in old:
                 self._drop(k)
             return len(old)

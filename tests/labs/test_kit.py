@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -217,13 +218,29 @@ def test_prepare_builds_a_kit_from_a_file_with_progress(tiny, tmp_path, capsys, 
     monkeypatch.setenv("KVSCOPE_MODELS", "builtin")
     monkeypatch.setattr("app.cli.load_kit_models", lambda settings: ModelRegistry(
         models={"builtin": tiny}, default="builtin", failures={}))
+    server = make(tiny, tmp_path / "home")  # a server already running on that home, with a browser's own pin
+    _, key, _ = server.inspect.trace_prompt("builtin", "a browser's own trace")
+    browsers = server.kit.pin("trace", name="the browser's", owner="browser-a", key=key)
     assert cli_main(["kit", "prepare", str(toml)]) == 0
     out = capsys.readouterr().out
     assert "[1/4]" in out and "[4/4]" in out and "Head roles" in out
+    made = {c: (tmp_path / "home" / "kit" / c) for c in re.findall(r"^  ([A-Z0-9]{5})  ", out, flags=re.M)}
+    assert len(made) == 4 and browsers.code not in made
+    # the byte count is the kit's own files (the four pins' folders), not the whole folder (the browser's pin too)
+    own = sum(f.stat().st_size for d in made.values() for f in d.iterdir())
+    assert f"4 pins, {own:,} bytes" in out
+    # the running server lists them at once: one kit, one code, on the server's machine; a browser's /kit does not
+    assert server.kit.rescan() and server.kit.rescan() == []
+    kits = server.kit.pins(owner="", address="127.0.0.1")["kits"]
+    cli_kit = next(k for k in kits if {p["code"] for p in k["items"]} == set(made))
+    assert f"Kit {cli_kit['code']} ready" in out and cli_kit["code"] not in made
+    assert [p["name"] for p in cli_kit["items"]] == [d["name"] for d in demos]  # in the file's order
+    assert [k["code"] for k in server.kit.pins(owner="browser-b", address="10.0.0.2")["kits"]] == []
+    assert server.kit.kit(cli_kit["code"].lower())["bytes"] == own
     st = make(tiny, tmp_path / "home")
-    kinds = sorted(p["kind"] for p in st.kit.pins()["pins"])
+    kinds = sorted(p["kind"] for p in st.kit.pins()["pins"] if p["code"] in made)
     assert kinds == ["arena", "heads", "spec", "trace"]
-    trace_pin = next(p for p in st.kit.pins()["pins"] if p["kind"] == "trace")
+    trace_pin = next(p for p in st.kit.pins()["pins"] if p["kind"] == "trace" and p["code"] in made)
     _, back = st.inspect.trace_by_key(PIN_PREFIX + trace_pin["code"])
     fresh = make(tiny, tmp_path / "other")
     _, _, trace = fresh.inspect.trace_prompt("builtin", PROMPT)
@@ -232,6 +249,55 @@ def test_prepare_builds_a_kit_from_a_file_with_progress(tiny, tmp_path, capsys, 
     for name, t in trace.tensors.items():
         assert torch.allclose(back.tensors[name], t, rtol=1e-5, atol=1e-6 * max(1.0, float(t.abs().max()))), name
     assert math.isfinite(st.kit.pins()["used"])
+
+
+def test_a_code_the_server_has_not_seen_is_looked_for_on_disk(tiny, tmp_path):
+    server, cli = make(tiny, tmp_path), make(tiny, tmp_path)  # two processes on one home
+    _, key, _ = cli.inspect.trace_prompt("builtin", PROMPT)
+    pin = cli.kit.pin("trace", name="made meanwhile", owner="", key=key)
+    assert server.kit.get(pin.code.lower()).name == "made meanwhile"  # found without a restart
+    assert server.kit.kit(pin.kit)["items"][0]["code"] == pin.code
+    _, back = server.inspect.trace_by_key(pin.key)  # mounted as at start-up
+    assert back.n_tokens == cli.inspect.trace_by_key(pin.key)[1].n_tokens
+    (tmp_path / "kit" / ".tmp-half").mkdir()  # another process's pin being written: left alone, not listed
+    assert server.kit.rescan() == [] and (tmp_path / "kit" / ".tmp-half").is_dir()
+    with pytest.raises(NotFound):
+        server.kit.get("AAAAA")
+
+
+def test_a_browsers_pins_make_one_kit(tiny, tmp_path):
+    st = make(tiny, tmp_path)
+    _, k1, _ = st.inspect.trace_prompt("builtin", PROMPT)
+    _, k2, _ = st.inspect.trace_prompt("builtin", "another prompt for the class")
+    a, b = (st.kit.pin("trace", name=n, owner="teacher", key=k) for n, k in (("one", k1), ("two", k2)))
+    other = st.kit.pin("trace", name="theirs", owner="someone-else", key=k1)
+    assert a.kit == b.kit != other.kit and CODE.fullmatch(a.kit) and a.kit not in (a.code, b.code)
+    kits = st.kit.pins(owner="teacher", address="10.0.0.3")["kits"]
+    assert [[p["code"] for p in k["items"]] for k in kits] == [[a.code, b.code]]  # not the other browser's
+    again = make(tiny, tmp_path)  # the kit survives a restart, and the next pin joins it
+    _, k3, _ = again.inspect.trace_prompt("builtin", "a third one")
+    assert again.kit.pin("trace", name="three", owner="teacher", key=k3).kit == a.kit
+
+
+def test_the_progress_line_keeps_its_seconds_live():
+    import io
+
+    from app.cli import ProgressLine
+
+    now = [100.0]
+    out = io.StringIO()
+    line = ProgressLine(out, clock=lambda: now[0])
+    line.start(0, 5, "trace: The 8K essay")
+    now[0] += 37
+    line.tick()
+    now[0] += 200
+    line.start(1, 5, "heads: Head roles")
+    now[0] += 3
+    line.tick()
+    line.start(5, 5, "done")
+    line.tick()  # nothing running: nothing written
+    assert out.getvalue().splitlines() == ["[1/5] trace: The 8K essay ... 0 s", "[1/5] trace: The 8K essay ... 37 s",
+                                           "[2/5] heads: Head roles ... 0 s", "[2/5] heads: Head roles ... 3 s"]
 
 
 def test_a_bad_kit_file_is_refused_before_any_run(tiny, tmp_path, capsys, monkeypatch):
@@ -267,3 +333,15 @@ def test_a_pin_deleted_while_it_opens_is_unknown_not_damaged(tiny, tmp_path):
         with pytest.raises(NotFound):
             st.kit._record(held)
         assert st.kit.pins()["skipped"] == [] and st.kit.pins()["pins"] == []
+
+
+def test_every_lab_a_trace_is_pinned_into_implements_the_pin_protocol(tiny, tmp_path):
+    from app.labs.pins import PinTarget
+
+    st = make(tiny, tmp_path)
+    assert all(isinstance(lab, PinTarget) for lab in st.kit._targets())
+    _, key, _ = st.inspect.trace_prompt("builtin", PROMPT)
+    pin = st.kit.pin("trace", name="protocol", owner="a", key=key)
+    assert st.inspect.pinned_item(pin.key) is not None
+    st.kit.delete(pin.code, owner="a", address="10.0.0.1")
+    assert all(lab.pinned_item(pin.key) is None for lab in st.kit._targets())  # unpinned from every lab

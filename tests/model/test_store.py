@@ -87,6 +87,39 @@ def test_the_ttl_still_ends_a_long_trace():
     assert store.purge() == 1 and store.bytes == 0 and store.owner_bytes("a") == 0
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_long_trace_is_held_for_its_hold_time_and_a_page_that_shows_it_holds_it_on():
+    clock = Clock()
+    store = TraceStore(max_bytes=100, keep_one_bytes=300, ttl_s=45.0, hold_s=900.0, clock=clock)
+    store.get_or_compute("short", lambda: Sized(50), expected=50, owner="a")
+    store.get_or_compute("long", lambda: Sized(250), expected=250, owner="a")
+    clock.now += 46
+    assert store.purge() == 1 and set(store._items) == {"long"}  # the short one's TTL, not the long one's hold
+    clock.now += 800
+    assert store.touch("long")  # the page's heartbeat: used now, nothing computed, no hit counted
+    assert store.hits == 0 and store.misses == 2
+    clock.now += 899
+    assert store.purge() == 0 and store.holds("long")  # 1 699 s after its capture, 899 s after the heartbeat
+    clock.now += 2
+    assert store.purge() == 1 and not store.holds("long") and not store.touch("long")
+
+
+def test_a_heartbeat_makes_a_long_trace_the_last_one_dropped_for_another():
+    store = TraceStore(max_bytes=100, keep_one_bytes=300, browser_bytes=300, hold_s=900.0, clock=Clock())
+    store.get_or_compute("a", lambda: Sized(140), expected=140, owner="a")
+    store.get_or_compute("b", lambda: Sized(140), expected=140, owner="b")
+    assert store.touch("a")  # "a"'s page is open: "b" is the oldest idle one
+    store.get_or_compute("c", lambda: Sized(140), expected=140, owner="c")
+    assert set(store._items) == {"a", "c"} and store.bytes == 280  # the memory bound holds
+
+
 def test_the_owner_is_the_requests_browser_by_default():
     from app.admission import current_owner
 

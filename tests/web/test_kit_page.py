@@ -62,7 +62,14 @@ def test_keep_a_trace_then_another_browser_opens_it_by_code_and_cannot_delete_it
         listed = teacher.get("/kit").text
         assert code in listed and "The cat sat" in listed and f'hx-post="/kit/{code}/delete"' in listed
         theirs = student.get("/kit").text
-        assert code in theirs and f"/kit/{code}/delete" not in theirs  # not theirs to delete
+        assert code not in theirs and 'id="kit-empty"' in theirs  # /kit lists a browser's own kits only
+        kit = st.kit.get(code).kit
+        assert kit and kit != code and f'href="/kit/{kit}"' in listed  # the teacher's kit: one code for its items
+        in_kit = student.get(f"/kit/{kit}").text  # the kit's code opens its list, for every browser
+        assert f'id="kit-big-code">{kit}<' in in_kit and f'href="/kit/{code}"' in in_kit
+        assert f"/kit/{code}/delete" not in in_kit  # not theirs to delete
+        r = student.get("/kit/open", params={"code": kit.lower(), "lang": "zh"}, follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == f"/kit/{kit}?lang=zh"
         r = student.get("/kit/open", params={"code": f" {code.lower()} "}, follow_redirects=False)
         assert r.status_code == 303 and r.headers["location"] == f"/kit/{code}"
         opened = student.get(f"/kit/{code}").text
@@ -72,7 +79,7 @@ def test_keep_a_trace_then_another_browser_opens_it_by_code_and_cannot_delete_it
         assert grid["n_layer"] == tiny.adapter.n_layer
         assert student.delete(f"/api/kit/{code}").status_code == 403
         assert student.post(f"/kit/{code}/delete", headers=HX).status_code == 403
-        assert code in student.get("/kit").text
+        assert code in student.get(f"/kit/{kit}").text and code in teacher.get("/kit").text  # still there
         assert student.get("/api/kit").json()["pins"][0]["mine"] is False
         assert teacher.get("/api/kit").json()["pins"][0]["mine"] is True
         r = teacher.post(f"/kit/{code}/delete", headers=HX)

@@ -77,8 +77,14 @@ async def read_arena(
         pending = run is None
     fragment = is_htmx(request) and view is not None
     template = "partials/_arena_result.html" if fragment else "arena.html"
-    return render(request, template, page="arena", view=view, form=form, oob=fragment, pending=pending,
-                  **lab.page(lm))
+    return render(request, template, page="arena", **page_context(lab.page(lm), form=form, view=view, oob=fragment,
+                                                                  pending=pending))
+
+
+def page_context(page: dict, *, form, view: dict | None = None, oob: bool = False, pending: bool = False) -> dict:
+    """What arena.html reads: the lab's page, the form as filled, a run's view (a pinned one: /kit), whether the
+    result is swapped in out of band (an htmx fragment) and whether the page's script still has to run it."""
+    return {"view": view, "form": form, "oob": oob, "pending": pending, **page}
 
 
 @router.post("/api/arena/jobs", tags=["arena"], response_class=FollowResponse, responses=errors(422, 429, 503))

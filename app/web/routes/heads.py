@@ -15,7 +15,12 @@ router = APIRouter()
 
 @router.get("/heads", include_in_schema=False)
 def read_heads_page(request: Request, lab: HeadsDep, model: str | None = None):
-    return render(request, "heads.html", page="heads", view=lab.view(model))
+    return render(request, "heads.html", page="heads", **page_context(lab.view(model)))
+
+
+def page_context(view: dict) -> dict:
+    """What heads.html reads: the survey's view (the lab's, or a pinned one: /kit)."""
+    return {"view": view}
 
 
 @router.get("/api/heads", tags=["heads"])

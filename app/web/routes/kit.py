@@ -8,6 +8,7 @@ of its alphabet); nothing a browser sends becomes a path.
 from __future__ import annotations
 
 from typing import Annotated, Literal
+from urllib.parse import quote
 
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse
@@ -18,6 +19,9 @@ from app.web.deps import AddressDep, KitDep, OwnerDep
 from app.web.openapi import Body, errors
 from app.web.render import render
 from app.web.routes.arena import ArenaRun
+from app.web.routes.arena import page_context as arena_page
+from app.web.routes.heads import page_context as heads_page
+from app.web.routes.speculative import page_context as speculative_page
 
 router = APIRouter()
 
@@ -37,29 +41,42 @@ class PinBody(Body):
 
 @router.get("/kit", include_in_schema=False)
 def read_kit_page(request: Request, lab: KitDep, owner: OwnerDep, address: AddressDep):
+    lab.rescan()  # pins ``kvscope kit prepare`` wrote while the server ran
     return render(request, "kit.html", page="kit", kit=lab.pins(owner=owner, address=address))
 
 
+def _keeping_query(request: Request, url: str) -> str:
+    """``url`` with the request's own query (its ``lang``, ``present``) carried over."""
+    query = "&".join(f"{k}={quote(v)}" for k, v in request.query_params.items() if k in ("lang", "present"))
+    return f"{url}?{query}" if query else url
+
+
 @router.get("/kit/open", include_in_schema=False)
-def open_kit_code(lab: KitDep, code: str = ""):
-    """The open-by-code form: the code as typed -> its pin's page."""
-    return RedirectResponse(f"/kit/{lab.get(code).code}", status_code=303)
+def open_kit_code(request: Request, lab: KitDep, code: str = ""):
+    """The open-by-code form: the code as typed -> its kit's page, or its pin's page."""
+    c = check_code(code)
+    found = c if lab.kit(c) is not None else lab.get(c).code
+    return RedirectResponse(_keeping_query(request, f"/kit/{found}"), status_code=303)
 
 
 @router.get("/kit/{code}", include_in_schema=False)
-def read_pin_page(request: Request, lab: KitDep, code: str):
+def read_pin_page(request: Request, lab: KitDep, owner: OwnerDep, address: AddressDep, code: str):
+    kit = lab.kit(code, owner=owner, address=address)
+    if kit is not None:  # a kit's code: its list of items
+        listing = lab.pins(owner=owner, address=address) | {"kits": [kit]}
+        return render(request, "kit.html", page="kit", kit=listing, one_kit=True)
     pin, shown = lab.open(code)
     if pin.kind == "trace":
         if shown["long"]:
-            return RedirectResponse(f"/zoom/{shown['key']}", status_code=303)
+            return RedirectResponse(_keeping_query(request, f"/zoom/{shown['key']}"), status_code=303)
         return render(request, "inspect.html", page="inspect", chat_option=True, kit_pin=pin, **shown["inspect"])
     template, page = PAGES[pin.kind]
-    if pin.kind == "heads":
-        context = {"view": shown["view"]}
+    if pin.kind == "heads":  # each page's own context builder, with the pinned view
+        context = heads_page(shown["view"])
     elif pin.kind == "arena":
-        context = {"view": shown["view"], "form": shown["form"], "oob": False, "pending": False, **shown["page"]}
+        context = arena_page(shown["page"], form=shown["form"], view=shown["view"])
     else:
-        context = {"view": shown["view"], "roof": None, "cmp": None, "spec": shown["page"]}
+        context = speculative_page(shown["page"], view=shown["view"])
     try:
         return render(request, template, page=page, kit_pin=pin, **context)
     except Exception:

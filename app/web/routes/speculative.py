@@ -65,11 +65,16 @@ class RooflineBody(Body):
     model: str | None = None
 
 
+def page_context(spec: dict, *, view: dict | None = None) -> dict:
+    """What speculative.html reads: the lab's page (``spec``), a run's view to show (a pinned one: /kit), no
+    roofline or comparison until asked for."""
+    return {"view": view, "roof": None, "cmp": None, "spec": spec}
+
+
 @router.get("/speculative", include_in_schema=False)
 def read_speculative_page(request: Request, lab: SpeculativeDep, model: str | None = None,
                           preset: str | None = None):
-    return render(request, "speculative.html", page="speculative", view=None, roof=None, cmp=None,
-                  spec=lab.page(model, preset))
+    return render(request, "speculative.html", page="speculative", **page_context(lab.page(model, preset)))
 
 
 @router.post("/speculative/run", include_in_schema=False)

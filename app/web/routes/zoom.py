@@ -7,10 +7,11 @@ from __future__ import annotations
 import anyio.to_thread
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
+from pydantic import Field
 
 from app.labs.long import long_text, progress_text
 from app.web.cancel import FollowResponse
-from app.web.deps import AddressDep, LongDep, OwnerDep, ZoomDep
+from app.web.deps import AddressDep, KitDep, LongDep, OwnerDep, ZoomDep
 from app.web.labs import follow_job
 from app.web.openapi import Body, errors
 from app.web.render import render
@@ -27,12 +28,29 @@ class LongCapture(Body):
     model: str | None = None
     prompt: str | None = None  # pasted, or a .txt file's text
     builtin: bool = False  # the built-in long text instead of ``prompt`` (both: refused)
+    key: str | None = Field(None, max_length=100, description="capture again the trace this key names (a page "
+                            "whose trace was dropped); ``model``, ``prompt`` and ``builtin`` are then ignored")
 
 
 @router.get("/zoom/{key}", include_in_schema=False)
-def read_zoom_page(request: Request, lab: ZoomDep, key: str):
-    """A long prompt's page: one head as the deep-zoom canvas (the view itself lives in the URL's query)."""
-    return render(request, "zoom.html", page="inspect", **lab.page(key))
+def read_zoom_page(request: Request, lab: ZoomDep, long: LongDep, kit: KitDep, key: str):
+    """A long prompt's page: one head as the deep-zoom canvas (the view itself lives in the URL's query); a pinned
+    trace's (``kit-CODE``) with the kit's banner. A long trace the server no longer holds is not captured again
+    behind a blank page: the page says so, with what capturing it again takes, and a button that does it (in the
+    long line, followed live)."""
+    gone = long.dropped(key)
+    if gone is not None:
+        return render(request, "zoom_gone.html", page="inspect", gone=gone, heartbeat=None)
+    return render(request, "zoom.html", page="inspect", kit_pin=kit.pin_of_key(key), heartbeat=long.heartbeat(),
+                  **lab.page(key))
+
+
+@router.post("/api/traces/{key}/hold", tags=["inspect"], responses=errors(410))
+def hold_trace(lab: LongDep, key: str = Path(..., max_length=100)) -> dict:
+    """A page showing this trace is still open (its heartbeat): the trace counts as used now, so a long one stays
+    held ``Settings.trace_hold_s`` more (within the memory bound). Nothing is computed. 410 saying it was dropped,
+    and what capturing it again takes, when the server no longer holds it."""
+    return lab.hold(key)
 
 
 @router.get("/api/traces/{key}/zoom", tags=["inspect"], responses=errors(410, 422, 429, 503))
@@ -86,8 +104,11 @@ async def follow_long_capture(request: Request, lab: LongDep, owner: OwnerDep, a
     ``layers``; ``fraction``), then ``done`` with ``result`` (the trace ``key``, ``n_tokens``, the page's ``url``),
     or ``stopped``. Long captures run one at a time. Closing the connection, or Stop, stops it and frees what it
     had captured."""
-    lm, ids = await anyio.to_thread.run_sync(
-        lambda: lab.prepare(model=body.model, text=body.prompt, builtin=body.builtin))
+    if body.key is not None:
+        lm, ids = lab.again(body.key)
+    else:
+        lm, ids = await anyio.to_thread.run_sync(
+            lambda: lab.prepare(model=body.model, text=body.prompt, builtin=body.builtin))
     job = lab.submit(lm, ids, owner=owner, address=address)
     return follow_job(request, lab.line, job, owner, progress_text, with_result=True)
 
