@@ -124,6 +124,11 @@ class EngineLab:
             raise NotFound("err.engine.no_engine", index=index, n=len(self.links))
         return self.links[index]
 
+    def last_run(self, owner: str) -> dict | None:
+        """This browser's last comparison (a drive's view), while it is among the newest ``engine_max_runs_kept``."""
+        with self._runs_lock:
+            return self.runs.get(owner)
+
     # --- views ------------------------------------------------------------------------------------------------
     def page(self, lang: str) -> dict:
         return {"configured": bool(self.links), "presets": list(PRESETS),
@@ -231,10 +236,6 @@ class EngineLab:
             while len(self.runs) > self.limits.engine_max_runs_kept:
                 self.runs.popitem(last=False)
         return result
-
-    def last_run(self, owner: str) -> dict | None:
-        with self._runs_lock:
-            return self.runs.get(owner)
 
     # --- the fleet ----------------------------------------------------------------------------------------------
     def _index(self, i: int, link: EngineLink, medium: str = "GPU") -> tuple[EngineIndex, bool | None]:
