@@ -277,7 +277,7 @@ class EngineLab:
             ix, ok = self._index(i, link)
             row = views.route_row(i, link.url, ix, ok)
             rows.append(row)
-            if (why := views.unroutable(ix, lang)) is not None:
+            if (why := views.unroutable(ix, lang)) is not None or not ix.block_size:  # (it names a missing size)
                 row["error"] = why
                 continue
             try:

@@ -177,8 +177,8 @@ def calculator_line(metrics: EngineMetrics | None, model: catalog.ModelConfig | 
         return None
     bs, mem = m.config_int("block_size"), m.config_int("kv_cache_memory_bytes")
     dtype = VLLM_CACHE_DTYPES.get(str(m.config.get("cache_dtype", "auto")))
-    if model is None or dtype is None or not all(isinstance(x, int) and x > 0 for x in (bs, mem, context)) \
-            or bs > max_block_size:
+    if model is None or dtype is None or not isinstance(bs, int) or not isinstance(mem, int) \
+            or not isinstance(context, int) or min(bs, mem, context) <= 0 or bs > max_block_size:
         return {"model": None}
     try:
         calc = engine_capacity(model, dtype=dtype, block_size=bs, kv_memory_bytes=mem, max_model_len=context,
