@@ -8,66 +8,21 @@ convention: 0 = the corrupted run's, 1 = the clean run's); the probability as it
 from __future__ import annotations
 
 import math
-from typing import Protocol
 from urllib.parse import urlencode
 
 import torch
 
 from app.i18n import translate
 from app.model.loading import LoadedModel
-from app.model.patching import normalized
+from app.model.patching import PatchRequest, PatchResult, normalized
 from app.viz.tokens import honest_texts, visible
-
-
-class PatchAsk(Protocol):
-    """What the view reads of a patching request (``app.labs.patch.PatchRequest``)."""
-
-    @property
-    def clean(self) -> tuple[int, ...]: ...
-    @property
-    def corrupted(self) -> tuple[int, ...]: ...
-    @property
-    def answer(self) -> int: ...
-    @property
-    def wrong(self) -> int: ...
-    @property
-    def answer_text(self) -> str: ...
-    @property
-    def wrong_text(self) -> str: ...
-    @property
-    def answer_pieces(self) -> int: ...
-    @property
-    def wrong_pieces(self) -> int: ...
-    @property
-    def metric(self) -> str: ...
-    @property
-    def direction(self) -> str: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def layer(self) -> int | None: ...
-    @property
-    def head(self) -> int | None: ...
-
-
-class PatchMap(Protocol):
-    """What the view reads of a patching map (``app.labs.patch.PatchResult``)."""
-
-    @property
-    def values(self) -> torch.Tensor: ...  # raw metric per cell: (L, T), (L, H) or (T,)
-    @property
-    def clean(self) -> float: ...
-    @property
-    def corrupted(self) -> float: ...
-    @property
-    def forwards(self) -> int: ...
 
 
 def _num(x: float) -> float | None:
     return round(float(x), 6) if math.isfinite(float(x)) else None
 
 
-def patch_view(lm: LoadedModel, req: PatchAsk, result: PatchMap, *, clean_text: str) -> dict:
+def patch_view(lm: LoadedModel, req: PatchRequest, result: PatchResult, *, clean_text: str) -> dict:
     """A patching request and its map -> the page's data.
 
     ``z`` is what the heatmap colours (normalized logit difference, or the probability), ``raw`` the metric itself;

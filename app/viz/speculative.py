@@ -18,26 +18,16 @@ from app.viz.tokens import honest_texts, visible
 class SpecRunState(Protocol):
     """What a view reads of one speculative run (``app.labs.speculative.SpecRun``)."""
 
-    @property
-    def lm(self) -> LoadedModel: ...
-    @property
-    def draft_kind(self) -> str: ...  # early | model | lookup
-    @property
-    def draft_name(self) -> str: ...
-    @property
-    def exit_layer(self) -> int | None: ...
-    @property
-    def max_ngram(self) -> int | None: ...
-    @property
-    def result(self) -> SpecResult: ...
-    @property
-    def candidates(self) -> list[str]: ...
-    @property
-    def blocks(self) -> list[dict]: ...  # per round: {"target": snapshot, "draft": snapshot or None}
-    @property
-    def block_size(self) -> int: ...
-    @property
-    def draft_lm(self) -> LoadedModel | None: ...
+    lm: LoadedModel
+    draft_kind: str  # early | model | lookup
+    draft_name: str
+    exit_layer: int | None
+    max_ngram: int | None
+    result: SpecResult
+    candidates: list[str]
+    blocks: list[dict]  # per round: {"target": snapshot, "draft": snapshot or None}
+    block_size: int
+    draft_lm: LoadedModel | None
 
 
 def block_bytes(lm: LoadedModel, block_size: int, n_layer: int | None = None) -> int:
