@@ -55,7 +55,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 from app.errors import Busy
-from app.quota import ADDRESS, OWNER, Full, Held, Limits, Quota
+from app.quota import ADDRESS, OWNER, Caps, Full, Held, Quota
 
 SHORT, LONG = "short", "long"
 _held = threading.local()  # per thread: the gates it holds (``pause_point`` finds them)
@@ -97,8 +97,8 @@ class ModelGate:
                  short_per_long: int = 4) -> None:
         # The queue's caps (``app/quota.py``): a waiting request is always in use, so nothing is reclaimed and
         # a request beyond a cap is refused with the queue's estimate of its wait.
-        self.limits = Limits(max_items=max_waiting, per_owner=per_owner,
-                             per_address=per_address)
+        self.limits = Caps(max_items=max_waiting, per_owner=per_owner,
+                           per_address=per_address)
         self.quota = Quota(self.limits)
         self.max_wait_s = max_wait_s
         self._cond = threading.Condition(threading.Lock())

@@ -28,7 +28,7 @@ from typing import Generic, TypeVar
 
 from app.admission import Throttled, current_address
 from app.errors import Busy, Expired
-from app.quota import ADDRESS, BYTES, OWNER, Full, Held, Limits, Quota, request_mark, used_since
+from app.quota import ADDRESS, BYTES, OWNER, Caps, Full, Held, Quota, request_mark, used_since
 
 T = TypeVar("T")
 
@@ -67,7 +67,7 @@ class Entry(Generic[T]):
 
 
 class OwnedTable(Generic[T]):
-    def __init__(self, *, kind: str, limits: Limits, ttl_s: float, protect_s: float = 0.0) -> None:
+    def __init__(self, *, kind: str, limits: Caps, ttl_s: float, protect_s: float = 0.0) -> None:
         self.kind = kind  # "pools", "labs": names the messages (limits.pools_full, limits.pools_expired ...)
         self.limits = limits
         self.quota = Quota(limits, protect_s=protect_s)

@@ -5,7 +5,7 @@ Used by every table of owned objects (``app/owned.py``: block pools, prefix labs
 (``app/model/sessions.py``), the model gate's queue (``app/admission.py``) and the labs' lines
 (``app/labs/queue.py``). Each keeps its objects its own way and, under its own lock, hands ``Quota.admit`` what
 it holds (one ``Held`` per object) and what a request asks for (an object, bytes); the quota answers which
-objects the caller must end to make room, or refuses with the real wait. The limits (``Limits``)::
+objects the caller must end to make room, or refuses with the real wait. The caps (``Caps``)::
 
     scope     objects                   bytes
     owner     per_owner                 per_owner_bytes       one browser (its owner cookie; none: not counted)
@@ -63,7 +63,7 @@ def used_since(made_in: object) -> bool:
 
 
 @dataclass
-class Limits:
+class Caps:
     """The caps of one kind of object (``None``: that scope is not capped for that measure)."""
 
     max_items: int
@@ -75,8 +75,8 @@ class Limits:
 
     @classmethod
     def shared(cls, *, max_items: int, per_owner: int | None, share: float, max_bytes: int | None = None,
-               per_owner_bytes: int | None = None) -> Limits:
-        """The limits with each address's share of the server's caps (``Settings.address_share``): at most
+               per_owner_bytes: int | None = None) -> Caps:
+        """The caps with each address's share of the server's own (``Settings.address_share``): at most
         ``share`` of them, and never fewer objects than one browser's own cap. A share of 1 turns them off."""
         if share >= 1:
             return cls(max_items=max_items, per_owner=per_owner, per_address=None, max_bytes=max_bytes,
@@ -114,7 +114,7 @@ class Full(Exception):  # noqa: N818 (an answer, turned into the caller's own ca
 class Quota:
     """The limits and the protection window of one kind of object (see the module docstring)."""
 
-    limits: Limits
+    limits: Caps
     protect_s: float = 0.0
 
     def admit(self, held: Iterable[Held], *, owner: str, address: str, items: int = 1, nbytes: int = 0,

@@ -46,7 +46,7 @@ engine             one link per configured     the server (the engines are     s
 =================  ==========================  ==============================  ===========================
 A browser is its ``kvscope_owner`` cookie (``app/web/security.py``: an id the server minted and signed). Besides
 each browser's own cap, the browsers at one network address share at most ``address_share`` of each server-wide
-cap (sessions and their bytes, pools, labs, the model queue, the labs' lines): ``Limits.shared`` (``app/quota.py``,
+cap (sessions and their bytes, pools, labs, the model queue, the labs' lines): ``Caps.shared`` (``app/quota.py``,
 the one quota: at a cap it reclaims the least recently used idle object rather than refuse a newcomer). The
 janitor thread (``start_janitor``) releases whatever expired every ``purge_interval_s`` and hands freed memory back
 to the OS (``app/memory.py``: MKL's idle scratch pools and glibc's free pages).
@@ -84,7 +84,7 @@ from app.model.sessions import SessionStore
 from app.model.store import TraceStore
 from app.model.trace import Trace
 from app.owned import OwnedTable
-from app.quota import Limits
+from app.quota import Caps
 from app.settings import Settings, resolve_device
 from app.training.builtin import train_builtin
 
@@ -143,23 +143,23 @@ class AppState:
         ttl = s.session_ttl_s
 
         protect = s.quota_protect_s
-        gate_limits = Limits.shared(max_items=s.queue_max_waiting, per_owner=s.queue_per_browser,
-                                    share=s.address_share)
+        gate_limits = Caps.shared(max_items=s.queue_max_waiting, per_owner=s.queue_per_browser,
+                                  share=s.address_share)
         state = cls(
             settings=s,
             registry=registry,
             traces=TraceStore(s.trace_cache_bytes, ttl_s=s.trace_ttl_s, keep_one_bytes=s.trace_keep_one_bytes,
                               browser_bytes=s.trace_browser_bytes, hold_s=s.trace_hold_s),
             sessions=SessionStore(ttl_s=ttl, max_steps=s.max_decode_steps, protect_s=protect,
-                                  limits=Limits.shared(max_items=s.max_sessions, per_owner=s.max_sessions_per_browser,
-                                                       share=s.address_share, max_bytes=s.session_cache_bytes)),
+                                  limits=Caps.shared(max_items=s.max_sessions, per_owner=s.max_sessions_per_browser,
+                                                     share=s.address_share, max_bytes=s.session_cache_bytes)),
             paged_pools=OwnedTable(kind="pools", ttl_s=ttl, protect_s=protect,
-                                   limits=Limits.shared(max_items=s.max_paged_pools,
-                                                        per_owner=s.max_paged_pools_per_browser,
-                                                        share=s.address_share, max_bytes=s.paged_cache_bytes)),
+                                   limits=Caps.shared(max_items=s.max_paged_pools,
+                                                      per_owner=s.max_paged_pools_per_browser,
+                                                      share=s.address_share, max_bytes=s.paged_cache_bytes)),
             prefix_labs=OwnedTable(kind="labs", ttl_s=ttl, protect_s=protect,
-                                   limits=Limits.shared(max_items=s.max_prefix_labs, per_owner=1,
-                                                        share=s.address_share, max_bytes=s.prefix_cache_bytes)),
+                                   limits=Caps.shared(max_items=s.max_prefix_labs, per_owner=1,
+                                                      share=s.address_share, max_bytes=s.prefix_cache_bytes)),
             model_lock=ModelGate(max_waiting=s.queue_max_waiting, per_owner=s.queue_per_browser,
                                  max_wait_s=s.queue_max_wait_s, per_address=gate_limits.per_address,
                                  yield_long=s.queue_yield_long, short_tokens=s.queue_short_tokens,
@@ -201,7 +201,7 @@ class AppState:
                   result_bytes=None) -> LabQueue:
         """A lab's line (``app/labs/queue.py``) with the server's limits, its runs taking the model gate."""
         s = self.settings
-        shares = Limits.shared(max_items=s.lab_queue_max, per_owner=s.lab_jobs_per_browser, share=s.address_share)
+        shares = Caps.shared(max_items=s.lab_queue_max, per_owner=s.lab_jobs_per_browser, share=s.address_share)
         return LabQueue(name=name, gate=self.model_lock, max_queued=s.lab_queue_max, per_owner=s.lab_jobs_per_browser,
                         per_address=shares.per_address,
                         max_wait_s=s.lab_max_wait_s, max_run_s=max_run_s, cache_items=cache_items,

@@ -34,8 +34,8 @@ CALC_TARGET_MS = 50.0
 
 
 def workload():
-    return synthetic_workload(n=10_000, rate=20, prompt_min=64, prompt_max=1024, output_min=16, output_max=256,
-                              shared_prefix_fraction=0.5, prefix_len=256, seed=1)
+    return synthetic_workload(n=10_000, max_requests=10_000, rate=20, prompt_min=64, prompt_max=1024, output_min=16,
+                              output_max=256, shared_prefix_fraction=0.5, prefix_len=256, seed=1)
 
 
 def sim_case(num_blocks: int | None, budget: int) -> tuple[list[float], list[float], Simulator]:

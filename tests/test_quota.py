@@ -14,7 +14,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from app.quota import ADDRESS, BYTES, ITEMS, OWNER, SERVER, Full, Held, Limits, Quota
+from app.quota import ADDRESS, BYTES, ITEMS, OWNER, SERVER, Caps, Full, Held, Quota
 
 TTL, PROTECT = 900.0, 120.0
 A, B = "10.0.0.66", "10.0.0.7"
@@ -30,7 +30,7 @@ def keys(victims: list[Held]) -> list:
 
 
 def test_the_owners_own_least_recently_used_goes_first_however_recently_used():
-    q = Quota(Limits(max_items=10, per_owner=2, per_address=5), protect_s=PROTECT)
+    q = Quota(Caps(max_items=10, per_owner=2, per_address=5), protect_s=PROTECT)
     objs = [held("old", "me", A, 10.0, used=True), held("new", "me", A, 20.0, used=True),
             held("theirs", "them", A, 1.0)]
     assert keys(q.admit(objs, owner="me", address=A, now=21.0)) == ["old"]
@@ -39,7 +39,7 @@ def test_the_owners_own_least_recently_used_goes_first_however_recently_used():
 def test_a_script_fills_its_address_and_each_newcomer_there_takes_its_least_recently_made_one():
     """The lock-out reproduction at the quota's level: 80 owners at one address, each making one object and never
     using it; the address keeps its share (the newest), and a new browser gets one by reclaiming the oldest."""
-    q = Quota(Limits(max_items=64, per_owner=3, per_address=32), protect_s=PROTECT)
+    q = Quota(Caps(max_items=64, per_owner=3, per_address=32), protect_s=PROTECT)
     table: list[Held] = []
     for i in range(80):
         now = float(i)
@@ -52,7 +52,7 @@ def test_a_script_fills_its_address_and_each_newcomer_there_takes_its_least_rece
 
 
 def test_objects_used_within_the_window_are_protected_and_the_refusal_names_the_soonest_end_of_it():
-    q = Quota(Limits(max_items=64, per_owner=3, per_address=2), protect_s=PROTECT)
+    q = Quota(Caps(max_items=64, per_owner=3, per_address=2), protect_s=PROTECT)
     objs = [held("x", "x", A, 100.0, used=True), held("y", "y", A, 130.0, used=True)]
     with pytest.raises(Full) as full:
         q.admit(objs, owner="new", address=A, now=150.0)
@@ -62,20 +62,20 @@ def test_objects_used_within_the_window_are_protected_and_the_refusal_names_the_
 
 
 def test_an_object_in_use_never_goes_even_its_owners_and_the_wait_is_when_it_frees():
-    q = Quota(Limits(max_items=64, per_owner=1, per_address=8), protect_s=PROTECT)
+    q = Quota(Caps(max_items=64, per_owner=1, per_address=8), protect_s=PROTECT)
     objs = [held("stepping", "me", A, 10.0, busy=True, frees_at=12.5)]
     with pytest.raises(Full) as full:
         q.admit(objs, owner="me", address=A, now=11.0)
     assert full.value.scope == OWNER and full.value.retry_after == 2  # ceil(12.5 - 11)
     other = [held("stepping", "them", A, 10.0, busy=True, frees_at=12.5, used=True)]
     with pytest.raises(Full) as full:
-        Quota(Limits(max_items=1, per_owner=1, per_address=8), protect_s=PROTECT).admit(other, owner="me",
+        Quota(Caps(max_items=1, per_owner=1, per_address=8), protect_s=PROTECT).admit(other, owner="me",
                                                                                         address=B, now=11.0)
     assert full.value.scope == SERVER and full.value.retry_after == math.ceil(12.5 + PROTECT - 11.0)
 
 
 def test_at_the_server_cap_only_an_address_over_its_fair_share_gives_up_an_object():
-    q = Quota(Limits(max_items=3, per_owner=4, per_address=None), protect_s=PROTECT)
+    q = Quota(Caps(max_items=3, per_owner=4, per_address=None), protect_s=PROTECT)
     objs = [held("b1", "b", B, 0.5), held("a1", "a", A, 1.0), held("a2", "a", A, 2.0)]
     # Three addresses present (A, B, the newcomer's): a fair share is 3/3; A holds 2, B holds 1 (its share), so
     # A's least recently used goes although B's is older.
@@ -90,7 +90,7 @@ def test_bytes_a_newcomer_from_another_address_reclaims_idle_bytes_of_the_addres
     """The byte lock-out: one browser's big session (377 of 402 MB) and six small ones left every address 503.
     The newcomer's bytes come from the least recently used idle objects of the address over its fair share."""
     mb = 1_000_000
-    q = Quota(Limits(max_items=64, per_owner=64, per_address=None, max_bytes=402 * mb), protect_s=PROTECT)
+    q = Quota(Caps(max_items=64, per_owner=64, per_address=None, max_bytes=402 * mb), protect_s=PROTECT)
     objs = [held("big", "a", A, 5.0, nbytes=377 * mb, used=True)]
     objs += [held(f"small{i}", "a", A, 10.0 + i, nbytes=4 * mb) for i in range(6)]  # 24 MB: 401 MB in all
     victims = q.admit(objs, owner="b", address=B, nbytes=30 * mb, now=5.0 + PROTECT + 1)
@@ -102,12 +102,12 @@ def test_bytes_a_newcomer_from_another_address_reclaims_idle_bytes_of_the_addres
 
 
 def test_a_share_of_one_has_no_address_cap_and_a_claim_of_bytes_only_ignores_the_counts():
-    limits = Limits.shared(max_items=10, per_owner=3, share=1.0, max_bytes=100)
+    limits = Caps.shared(max_items=10, per_owner=3, share=1.0, max_bytes=100)
     assert limits.per_address is None and limits.per_address_bytes is None
-    half = Limits.shared(max_items=10, per_owner=3, share=0.5, max_bytes=101)
+    half = Caps.shared(max_items=10, per_owner=3, share=0.5, max_bytes=101)
     assert (half.per_address, half.per_address_bytes) == (5, 51)
-    assert Limits.shared(max_items=10, per_owner=3, share=0.01).per_address == 3  # never below one browser's cap
-    q = Quota(Limits(max_items=1, per_owner=1, per_address=1, max_bytes=100))
+    assert Caps.shared(max_items=10, per_owner=3, share=0.01).per_address == 3  # never below one browser's cap
+    q = Quota(Caps(max_items=1, per_owner=1, per_address=1, max_bytes=100))
     assert q.admit([held("x", "me", A, 1.0, nbytes=10)], owner="me", address=A, items=0, nbytes=90, now=2.0) == []
 
 
@@ -115,7 +115,7 @@ def test_bytes_one_address_may_use_what_no_one_else_uses_and_gives_the_borrowed_
     """The byte share is work-conserving: alone, an address may pass its share up to the server's budget; when a
     browser at another address, within its own share, needs the room, the borrower's objects go even within their
     protection window (in use: never); a claimant over its own share gets no such right."""
-    q = Quota(Limits(max_items=64, per_owner=64, per_address=32, max_bytes=100, per_address_bytes=50),
+    q = Quota(Caps(max_items=64, per_owner=64, per_address=32, max_bytes=100, per_address_bytes=50),
               protect_s=PROTECT)
     lone = [held("big", "a", A, 10.0, nbytes=70, used=True)]  # 70 of 100: over A's share of 50
     assert q.admit(lone, owner="a", address=A, nbytes=20, now=11.0) == []  # 90: nobody else needs it
@@ -137,8 +137,8 @@ class QuotaMachine(RuleBasedStateMachine):
     @initialize(per_owner=st.integers(1, 3), per_address=st.integers(1, 6), max_items=st.integers(1, 8),
                 max_bytes=st.integers(50, 400))
     def limits(self, per_owner, per_address, max_items, max_bytes):
-        self.lim = Limits(max_items=max_items, per_owner=per_owner, per_address=per_address, max_bytes=max_bytes,
-                          per_address_bytes=max_bytes // 2 + 1)
+        self.lim = Caps(max_items=max_items, per_owner=per_owner, per_address=per_address, max_bytes=max_bytes,
+                        per_address_bytes=max_bytes // 2 + 1)
         self.q = Quota(self.lim, protect_s=10.0)
         self.objs: list[Held] = []
         self.now, self.n = 0.0, 0
@@ -217,7 +217,7 @@ def test_an_owned_tables_object_in_use_stays_idle_bytes_go_and_a_reclaimed_id_sa
     from app.owned import OwnedTable
 
     table: OwnedTable[object] = OwnedTable(kind="pools", ttl_s=60, protect_s=0.0,
-                                           limits=Limits(max_items=3, per_owner=2, per_address=None, max_bytes=100))
+                                           limits=Caps(max_items=3, per_owner=2, per_address=None, max_bytes=100))
     a, _ = table.create("a", object, nbytes=60, address=A)
     b, _ = table.create("b", object, nbytes=30, address=B)
     with table.entry("a", a).lock:  # a's action runs: a is in use

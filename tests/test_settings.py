@@ -193,3 +193,25 @@ def test_a_lab_takes_its_limits_from_the_settings(tiny):
     with pytest.raises(BadInput, match="num_blocks must be from 1 to 5, not 6"):
         state.capacity.check(model=None, num_blocks=6, block_size=4, max_num_seqs=2, requests_text="0 3 3")
     assert state.prefix.limits.prefix_max_blocks == 512 and state.prefix.peek("a").limits.prefix_max_blocks == 512
+
+
+def test_a_second_server_with_other_settings_is_obeyed_as_nothing_is_read_at_import(tiny):
+    """Two servers' states in one process, one with the defaults and one with other values: each obeys its own (a
+    value read when a module was imported would hold for both). The prefix lab's default capacity, and the bound on
+    pasted requests in the capacity check (it was the simulator's import-time default)."""
+    from app.model.loading import ModelRegistry
+    from app.state import AppState
+
+    registry = ModelRegistry(models={"builtin": tiny}, default="builtin", failures={})
+    default = AppState.create(Settings(models=("builtin",)), registry)
+    other = AppState.create(Settings(models=("builtin",), prefix_default_blocks=100, capacity_sim_max_requests=2),
+                            registry)
+    three = "0 3 3\n0 3 3\n0 3 3\n"
+    assert len(default.capacity.check(model=None, num_blocks=8, block_size=4, max_num_seqs=2,
+                                      requests_text=three)["requests"]) == 3
+    with pytest.raises(BadInput, match="At most 2 requests"):
+        other.capacity.check(model=None, num_blocks=8, block_size=4, max_num_seqs=2, requests_text=three)
+    for state, blocks in ((default, Settings().prefix_default_blocks), (other, 100)):
+        lab = state.prefix.run(model=None, preset=None, prompts=["hello"], block_size=4, num_blocks=None, salt=None,
+                               owner="a")
+        assert lab.cache is not None and lab.cache.pool.num_blocks == blocks

@@ -50,10 +50,8 @@ from app.cache.paged import NULL_BLOCK, PagedKVCache
 from app.cache.store import FloatKVStore, PagedSeqStore
 from app.errors import BadInput
 from app.model.loading import LoadedModel
-from app.settings import Settings
 
 DEFAULT_BLOCK_SIZE = 16
-DEFAULT_BLOCKS = Settings().prefix_default_blocks
 BLOCK_SIZES = (4, 8, 16, 32)
 # "auto" block size: the largest size that still gives the shortest prompt this many full blocks.
 AUTO_MIN_FULL_BLOCKS = 4
@@ -107,8 +105,7 @@ class PrefixCache:
         page bytes per block = 2 · G · H_kv · bs · Dh · dtype bytes
     """
 
-    def __init__(self, lm: LoadedModel, *, block_size: int = DEFAULT_BLOCK_SIZE,
-                 num_blocks: int = DEFAULT_BLOCKS):
+    def __init__(self, lm: LoadedModel, *, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE):
         a = lm.adapter
         self.lm = lm
         self.block_size = block_size

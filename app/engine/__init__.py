@@ -7,6 +7,9 @@
     metrics    the Prometheus text of ``/metrics`` parsed, and the figures the Engine page shows
     mirror     the engine's block pool as its events tell it: blocks by hash, parent links, gaps, restarts
     link       one configured engine: the SUB socket, the replay socket, the HTTP API (names fixed at start-up)
+    fleet      several engines' indexes: their chains of blocks, a prompt's score on each, a KV-aware router's pick
+    compare    KVScope's own block pool predicting what the engine caches for the same prompts
+    drive      send prompts to an engine through its link and record, request by request, prediction and report
 
 This package sits beside ``capacity`` and ``training`` (it uses ``cache`` and the base, nothing above).
 """

@@ -99,7 +99,7 @@ class CapacityLab:
         """Continuous batching as vLLM schedules it; refused before it starts when too big, stopped at the step or
         time limit or when ``cancel`` is set (the view says so and shows what ran)."""
         if workload == "list":
-            requests = parse_requests(requests_text or "", self.limits.capacity_sim_max_requests)
+            requests = parse_requests(requests_text or "", max_requests=self.limits.capacity_sim_max_requests)
         else:
             requests = synthetic_workload(n=n, rate=rate, prompt_min=prompt_min,
                                           prompt_max=max(prompt_min, prompt_max), output_min=output_min,
@@ -156,7 +156,7 @@ class CapacityLab:
         if block_size not in sizes:
             raise BadInput("err.block_size", sizes=", ".join(map(str, sizes)))
         in_range("max_num_seqs", max_num_seqs, 1, s.capacity_check_max_seqs)
-        return check.compare(lm, parse_requests(requests_text), num_blocks=num_blocks, block_size=block_size,
-                             max_num_seqs=max_num_seqs, max_requests=s.capacity_check_max_requests,
-                             max_prompt=s.capacity_check_max_prompt, max_output=s.capacity_check_max_output,
-                             lock=self.gate)
+        requests = parse_requests(requests_text, max_requests=self.limits.capacity_sim_max_requests)
+        return check.compare(lm, requests, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+                             max_requests=s.capacity_check_max_requests, max_prompt=s.capacity_check_max_prompt,
+                             max_output=s.capacity_check_max_output, lock=self.gate)

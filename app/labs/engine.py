@@ -1,5 +1,9 @@
 """The Engine lab (/engine): a real serving engine's KV cache, live, beside KVScope's own engine.
 
+The lab orchestrates: it owns the links, copies what a view reads under a link's lock, runs one drive at a time per
+engine (``app/engine/drive.py``) and keeps each browser's last comparison; the views themselves, worded, are pure
+functions of ``app/viz/engine.py``.
+
 ``EngineLab`` owns one ``EngineLink`` per engine named in the settings (``KVSCOPE_ENGINE``, ``KVSCOPE_ENGINE_EVENTS``;
 ``kvscope serve --engine … --engine-events …``), started with the server and stopped with it. No request can add an
 engine or name an address: a page picks an engine by its index among those configured.
@@ -19,28 +23,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from itertools import islice
 
 from app import catalog
 from app.cache.prefix import PRESETS, scaled_presets
-from app.capacity.calculator import VLLM_CACHE_DTYPES, engine_capacity
-from app.engine.compare import Observed, Predictor, first_difference
-from app.engine.fleet import EngineIndex, IndexBlock, decide, fleet_chains, score
-from app.engine.hashing import HASH_ALGO, VllmBlockHasher, external
+from app.engine.drive import run_drive
+from app.engine.fleet import EngineIndex, IndexBlock, fleet_chains, score
+from app.engine.hashing import VllmBlockHasher, external
 from app.engine.link import EngineDown, EngineLink, LinkLimits
-from app.engine.metrics import EngineMetrics, finite
 from app.errors import BadInput, Busy, NotFound
 from app.i18n import translate
 from app.labs.limits import Limits
+from app.viz import engine as views
+from app.viz.engine import json_line
 
 PRESET_SCALE = 5  # the prefix presets' shared parts said 5 times: 80-210 SmolLM2 tokens, 2-6 blocks of 32
-STATUS_OK = "engine.status.ok"
 STREAM_IDLE_S = 1.0  # a waiting stream looks again after this long even unwoken (its end time, a missed wake)
 STREAM_MIN_GAP_S = 0.1  # at most ten lines a second to one page, however fast the engine publishes
 
@@ -102,30 +103,6 @@ def links_from(limits: EngineLimits) -> list[EngineLink]:
     return out
 
 
-def _hex(h: int | None) -> str | None:
-    return None if h is None else f"{h:016x}"
-
-
-def _finite(value: object) -> object:
-    """``value`` with every float that is not finite as None (JSON has no NaN or infinity)."""
-    if isinstance(value, float):
-        return finite(value)
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
-def json_line(view: dict) -> bytes:
-    """One NDJSON line that any JSON parser reads: never NaN or Infinity, whatever slipped through."""
-    try:
-        text = json.dumps(view, allow_nan=False)
-    except ValueError:
-        text = json.dumps(_finite(view), allow_nan=False)
-    return (text + "\n").encode()
-
-
 class EngineLab:
     def __init__(self, *, limits: EngineLimits, links: list[EngineLink] | None = None) -> None:
         self.limits = limits
@@ -147,6 +124,11 @@ class EngineLab:
             raise NotFound("err.engine.no_engine", index=index, n=len(self.links))
         return self.links[index]
 
+    def last_run(self, owner: str) -> dict | None:
+        """This browser's last comparison (a drive's view), while it is among the newest ``engine_max_runs_kept``."""
+        with self._runs_lock:
+            return self.runs.get(owner)
+
     # --- views ------------------------------------------------------------------------------------------------
     def page(self, lang: str) -> dict:
         return {"configured": bool(self.links), "presets": list(PRESETS),
@@ -156,129 +138,41 @@ class EngineLab:
 
     def status(self, link: EngineLink, lang: str) -> list[dict]:
         """What is wrong or worth saying, most important first (each a sentence in ``lang``); ``ok`` when nothing."""
-        out = []
-
-        def say(level: str, key: str, **params) -> None:
-            out.append({"level": level, "key": key, "text": translate(key, lang, **params)})
-
-        if link.http_status is not None:
-            say("error" if link.http_status[0].startswith("err.") else "info", link.http_status[0],
-                **link.http_status[1])
-        if link.events and not link.events_connected:
-            say("error", "err.engine.events_unreachable", endpoint=link.events)
-        if not link.events:
-            say("info", "engine.status.no_events", url=link.url)
-        for side, n in sorted(link.thread_failures.items()):  # each failure is in the server's log, with its trace
-            why = link.last_thread_failure[1] if link.last_thread_failure else "?"
-            say("warn", f"engine.status.{side}_restarted", n=n, why=why)
-        if link.last_event_error is not None:
-            key, params, seq, event = link.last_event_error
-            why = translate(key, lang, **params)
-            if seq is None:  # not even a sequence number could be read
-                say("warn", "err.engine.bad_frames", n=link.event_errors, why=why)
-            elif event is None:
-                say("warn", "err.engine.bad_batch", n=link.event_errors, seq=seq, why=why)
-            else:
-                say("warn", "err.engine.bad_event", n=link.event_errors, seq=seq, event=event, why=why)
-        if link.texts_dropped:
-            say("info", "engine.status.texts_dropped", n=link.texts_dropped, most=link.limits.max_pending_texts)
-        m = link.mirror
-        if m.gaps:
-            say("warn", "engine.status.gaps", n=len(m.gaps), missing=sum(b - a + 1 for a, b in m.gaps),
-                first=m.gaps[0][0], last=m.gaps[0][1])
-        if m.restarts:
-            say("info", "engine.status.restarted", n=m.restarts)
-        if not out:
-            say("ok", STATUS_OK, batches=m.batches, replayed=m.replayed)
-        return out
+        return views.status_lines(link, lang, most_pending_texts=link.limits.max_pending_texts)
 
     def metrics_view(self, link: EngineLink) -> dict | None:
         with link.lock:  # the HTTP thread appends to the log: it is read as a copy, taken under the lock
             m, log = link.metrics, tuple(link.metrics_log)
-        if m is None:
-            return None
-        before = None
-        for t, old in log:  # the rate over the last minute: Δ hits ÷ Δ queries
-            if t >= time.time() - 60:
-                before = old
-                break
-        return {"usage": m.usage, "queries": m.prefix_queries, "hits": m.prefix_hits,
-                "hit_rate": m.hit_rate_since(None), "hit_rate_recent": m.hit_rate_since(before),
-                "running": m.running, "waiting": m.waiting, "ttft_mean_s": m.ttft_mean_s, "ttft_count": m.ttft_count,
-                "itl_mean_s": m.itl_mean_s, "itl_count": m.itl_count,
-                "config": {k: m.config.get(k) for k in ("block_size", "num_gpu_blocks", "kv_cache_memory_bytes",
-                                                        "kv_cache_size_tokens", "kv_cache_max_concurrency",
-                                                        "prefix_caching_hash_algo", "cache_dtype",
-                                                        "enable_prefix_caching", "sliding_window")}}
+        return views.metrics_view(m, log, time.time())
 
     def calculator_line(self, link: EngineLink) -> dict | None:
-        """KVScope's calculator on the engine's own configuration (its model, KV memory, block size, cache dtype and
-        max model length), counted as vLLM counts (``engine_capacity``: blocks of its KV-cache groups), beside the
-        engine's ``cache_config_info``. ``{"model": None}`` when something it needs is unknown or not a number the
-        formula can take (no model in the catalog, no KV memory reported, an unknown cache dtype)."""
+        """KVScope's calculator on the engine's own configuration, beside the engine's ``cache_config_info``
+        (``app/viz/engine.py``'s ``calculator_line``)."""
         m = link.metrics
         if m is None:
             return None
-        model = self.engine_model(link)
-        bs, mem = m.config_int("block_size"), m.config_int("kv_cache_memory_bytes")
         try:
-            context = link.model_card()["max_model_len"]
+            card = link.model_card()
         except EngineDown:
-            context = None
-        dtype = VLLM_CACHE_DTYPES.get(str(m.config.get("cache_dtype", "auto")))
-        if model is None or dtype is None or not all(isinstance(x, int) and x > 0 for x in (bs, mem, context)) \
-                or bs > self.limits.engine_max_block_size:
-            return {"model": None}
-        batched = self.limits.engine_max_num_batched_tokens
-        try:
-            calc = engine_capacity(model, dtype=dtype, block_size=bs, kv_memory_bytes=mem, max_model_len=context,
-                                   max_num_batched_tokens=batched)
-        except BadInput:  # a configuration the calculator does not take
-            return {"model": None}
-        theirs_conc = m.config_float("kv_cache_max_concurrency")  # finite or None: a figure, and JSON
-        return {"model": model.name, "dtype": dtype, "context": context, "block_size": bs, "kv_memory_bytes": mem,
-                "groups": calc["groups"], "group_size": calc["group_size"], "block_bytes": calc["block_bytes"],
-                "windowed": calc["windowed"], "batched_tokens": batched,
-                "ours": {k: calc[k] for k in ("num_blocks", "tokens", "max_concurrency", "blocks_per_request")},
-                "theirs": {"num_blocks": m.config_int("num_gpu_blocks"), "tokens": m.config_int("kv_cache_size_tokens"),
-                           "max_concurrency": theirs_conc}}
+            card = None
+        return views.calculator_line(m, views.catalog_model(card), card["max_model_len"] if card else None,
+                                     max_block_size=self.limits.engine_max_block_size,
+                                     batched_tokens=self.limits.engine_max_num_batched_tokens)
 
     def engine_model(self, link: EngineLink) -> catalog.ModelConfig | None:
         """The catalog's entry for the engine's model (matched on its served name or the path it loaded)."""
         try:
-            card = link.model_card()
+            return views.catalog_model(link.model_card())
         except EngineDown:
             return None
-        names = " ".join(card[k] or "" for k in ("id", "root")).lower()
-        best = [m for m in catalog.CATALOG.values() if m.key in names or m.hf_id.split("/")[-1].lower() in names]
-        return max(best, key=lambda m: len(m.key)) if best else None
 
     def snapshot(self, index: int, lang: str) -> dict:
         link = self.link(index)
         streams = link.streams  # pages following it now (taken before the lock: it takes the lock itself)
         with link.lock:
-            m = link.mirror
-            shown = list(islice(reversed(m.blocks.values()), self.limits.engine_max_shown_blocks))[::-1]
-            blocks = [{"hash": _hex(b.block_hash), "parent": _hex(b.parent), "group": b.group_idx, "medium": b.medium,
-                       "kind": b.spec_kind, "window": b.sliding_window, "tokens": len(b.token_ids), "text": b.text,
-                       "seq": b.seq} for b in shown]
-            view = {"index": index, "url": link.url, "events": link.events, "version": m.version,
-                    "status": self.status(link, lang), "connected": link.events_connected,
-                    "counts": {"held": len(m.blocks), "shown": len(blocks), "stored": m.stored, "removed": m.removed,
-                               "cleared": m.cleared, "batches": m.batches, "replayed": m.replayed,
-                               "dropped": m.dropped, "unknown_removed": m.unknown_removed, "next_seq": m.next_seq,
-                               "streams": streams, "skipped": link.event_errors,
-                               "texts_pending": link.texts_pending, "texts_dropped": link.texts_dropped,
-                               "texts_failed": link.texts_failed},
-                    "groups": [{"group": g, "kind": k, "window": w,
-                                "held": sum(n for (hg, _), n in m.held.items() if hg == g)}
-                               for g, (k, w) in sorted(m.groups.items())],
-                    "media": sorted({med for _, med in m.held}),
-                    "gaps": [{"first": a, "last": b} for a, b in m.gaps],
-                    "block_size": m.block_size, "blocks": blocks,
-                    "changes": list(islice(reversed(m.changes), 30))[::-1]}
-            view["changes"] = [{**c, "hash": _hex(c.get("hash")), "parent": _hex(c.get("parent"))}
-                               for c in view["changes"]]
+            view = views.snapshot_view(index, link, lang, streams=streams,
+                                       max_shown=self.limits.engine_max_shown_blocks,
+                                       most_pending_texts=link.limits.max_pending_texts)
         view["metrics"] = self.metrics_view(link)
         return view
 
@@ -329,93 +223,19 @@ class EngineLab:
         if not lock.acquire(blocking=False):
             raise Busy("err.engine.driving", retry_after=5)
         try:
-            result = self._drive(link, preset, lang)
+            prompts = scaled_presets(PRESET_SCALE)[preset][: self.limits.engine_drive_max_requests]
+            run = run_drive(link, prompts, max_block_size=self.limits.engine_max_block_size,
+                            max_blocks=self.limits.engine_drive_max_blocks,
+                            timeout_s=self.limits.engine_drive_timeout_s)
         finally:
             lock.release()
+        result = views.drive_view(preset, link.url, run, lang)
         with self._runs_lock:
             self.runs[owner] = result
             self.runs.move_to_end(owner)
             while len(self.runs) > self.limits.engine_max_runs_kept:
                 self.runs.popitem(last=False)
         return result
-
-    def _drive(self, link: EngineLink, preset: str, lang: str) -> dict:
-        prompts = scaled_presets(PRESET_SCALE)[preset][: self.limits.engine_drive_max_requests]
-        before = link.scrape()
-        bs, nblocks = before.config_int("block_size"), before.config_int("num_gpu_blocks")
-        algo = before.config.get("prefix_caching_hash_algo", HASH_ALGO)
-        if not bs or not nblocks:
-            raise Busy("err.engine.no_config", url=link.url, retry_after=5)
-        if bs > self.limits.engine_max_block_size or nblocks > self.limits.engine_drive_max_blocks:
-            raise BadInput("err.engine.config_range", url=link.url, size=bs, blocks=nblocks,
-                           most_size=self.limits.engine_max_block_size, most_blocks=self.limits.engine_drive_max_blocks)
-        if algo != HASH_ALGO:
-            raise BadInput("err.engine.hash_algo", algo=algo, ours=HASH_ALGO)
-        if not link.events or not link.events_connected:
-            raise BadInput("err.engine.events_unreachable", endpoint=link.events or "-")
-        with link.lock:
-            held = tuple(b.block_hash for b in link.mirror.blocks.values() if b.group_idx == 0 and b.medium == "GPU")
-            gaps = len(link.mirror.gaps)
-        predictor = Predictor(num_blocks=nblocks, block_size=bs, held=held)
-        rows, first = [], None
-        prev = before
-        for i, (group, text) in enumerate(prompts):
-            ids = link.tokenize(text)
-            with link.lock:
-                v0 = link.mirror.version
-            t0 = time.monotonic()
-            # One token: the engine then caches the prompt's full blocks only (a sampled token is never computed
-            # into the cache), the blocks KVScope's pool predicts from the same prompt.
-            out = link.complete(text, max_tokens=1, timeout=self.limits.engine_drive_timeout_s)
-            latency = time.monotonic() - t0
-            pred = predictor.run(ids)
-            obs, prev = self._observe(link, v0, prev, expect=len(pred.stored))
-            diff = first_difference(i, pred, obs)
-            if first is None and diff is not None:
-                first = {"key": diff[0], "text": translate(diff[0], lang, **diff[1])}
-            rows.append({"request": i + 1, "group": group, "group_text": translate(f"prefix.group.{group}", lang),
-                         "tokens": len(ids), "blocks": len(pred.hashes),
-                         "latency_s": latency, "text": text, "completion": out,
-                         "ours": {"hit_blocks": pred.hit_blocks, "hit_tokens": pred.hit_tokens,
-                                  "stored": len(pred.stored), "evicted": pred.evicted,
-                                  "hashes": [_hex(h) for h in pred.stored]},
-                         "theirs": {"hit_tokens": obs.hits, "queries": obs.queries, "stored": len(obs.stored),
-                                    "evicted": obs.removed, "hashes": [_hex(h) for h in obs.stored]},
-                         "same": diff is None})
-        totals = {side: {k: sum(r[side][k] for r in rows) for k in ("stored", "evicted", "hit_tokens")}
-                  for side in ("ours", "theirs")}
-        queries = sum(r["tokens"] for r in rows)
-        for side in totals:
-            totals[side]["hit_rate"] = totals[side]["hit_tokens"] / queries if queries else None
-        return {"preset": preset, "engine": link.url, "block_size": bs, "num_blocks": nblocks, "held_before": len(held),
-                "gaps_before": gaps, "rows": rows, "totals": totals, "first_difference": first,
-                "same": first is None}
-
-    def _observe(self, link: EngineLink, v0: int, prev: EngineMetrics, *, expect: int,
-                 settle_s: float = 0.4, wait_s: float = 5.0) -> tuple[Observed, EngineMetrics]:
-        """What the engine reported for the request just finished: its events since version ``v0`` (waiting for
-        ``expect`` stored blocks, then a little longer for stragglers) and its metrics' deltas."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            with link.lock:
-                changes = link.mirror.changes_since(v0) or []
-            stored = [c["hash"] for c in changes if c["op"] == "stored"]
-            if len(stored) >= expect or time.monotonic() > deadline:
-                break
-            link.wait(link.mirror.version, timeout=0.2)
-        time.sleep(settle_s)
-        with link.lock:
-            changes = link.mirror.changes_since(v0) or []
-        after = link.scrape()
-        obs = Observed(stored=[c["hash"] for c in changes if c["op"] == "stored"],
-                       removed=sum(1 for c in changes if c["op"] == "removed"),
-                       queries=(after.prefix_queries or 0) - (prev.prefix_queries or 0),
-                       hits=(after.prefix_hits or 0) - (prev.prefix_hits or 0))
-        return obs, after
-
-    def last_run(self, owner: str) -> dict | None:
-        with self._runs_lock:
-            return self.runs.get(owner)
 
     # --- the fleet ----------------------------------------------------------------------------------------------
     def _index(self, i: int, link: EngineLink, medium: str = "GPU") -> tuple[EngineIndex, bool | None]:
@@ -440,14 +260,7 @@ class EngineLab:
             raise NotFound("err.engine.none")
         indexes = [self._index(i, link) for i, link in enumerate(self.links)]
         chains, total = fleet_chains([ix for ix, _ in indexes], max_chains=self.limits.engine_fleet_max_chains)
-        return {"engines": [{"index": ix.index, "url": link.url, "events": link.events, "block_size": ix.block_size,
-                             "hash_algo": ix.hash_algo, "usage": ix.usage, "held": len(ix.blocks),
-                             "reproducible": ok, "connected": link.events_connected}
-                            for (ix, ok), link in zip(indexes, self.links, strict=True)],
-                "chains": [{"blocks": len(c.hashes), "tokens": c.tokens, "from_start": c.from_start,
-                            "first": _hex(c.hashes[0]), "last": _hex(c.hashes[-1]), "texts": c.texts,
-                            "held": [c.held.get(i, 0) for i in range(len(self.links))]} for c in chains],
-                "total": total}
+        return views.fleet_view(indexes, self.links, chains, total)
 
     def route(self, prompt: str, lang: str) -> dict:
         """Where ``prompt`` would find the most leading cached blocks, engine by engine (a KV-aware router's choice:
@@ -462,14 +275,10 @@ class EngineLab:
         rows, scores = [], []
         for i, link in enumerate(self.links):
             ix, ok = self._index(i, link)
-            row = {"index": i, "url": link.url, "block_size": ix.block_size, "hash_algo": ix.hash_algo,
-                   "usage": ix.usage, "held": len(ix.blocks), "reproducible": ok}
+            row = views.route_row(i, link.url, ix, ok)
             rows.append(row)
-            if ix.hash_algo not in (None, HASH_ALGO):
-                row["error"] = translate("err.engine.hash_algo", lang, algo=ix.hash_algo, ours=HASH_ALGO)
-                continue
-            if not ix.block_size:
-                row["error"] = translate("engine.fleet.no_size", lang)
+            if (why := views.unroutable(ix, lang)) is not None or not ix.block_size:  # (it names a missing size)
+                row["error"] = why
                 continue
             try:
                 ids = link.tokenize(prompt)
@@ -478,15 +287,5 @@ class EngineLab:
                 continue
             s = score(ix, ids, VllmBlockHasher().request(ids, ix.block_size))
             scores.append(s)
-            row.update(tokens=s.tokens, blocks=s.blocks, matched=s.matched, matched_tokens=s.matched_tokens,
-                       reused=s.reused, hit_tokens=s.hit_tokens)
-        d = decide(scores, {r["index"]: r["usage"] for r in rows})
-        if d.pick is None:
-            verdict = translate("engine.fleet.nobody", lang)
-        elif len(d.tied) > 1:
-            verdict = translate("engine.fleet.tie", lang, engines=", ".join(str(i) for i in d.tied),
-                                tokens=d.best_tokens, pick=d.pick)
-        else:
-            verdict = translate("engine.fleet.pick", lang, engine=d.pick, url=self.links[d.pick].url,
-                                tokens=d.best_tokens)
-        return {"rows": rows, "pick": d.pick, "tied": list(d.tied), "best_tokens": d.best_tokens, "verdict": verdict}
+            views.scored_row(row, s)
+        return views.route_view(rows, scores, [ln.url for ln in self.links], lang)

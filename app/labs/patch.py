@@ -25,21 +25,17 @@ cannot finish within its time.
 from __future__ import annotations
 
 import bisect
-import hashlib
-import json
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
-import torch
-
 from app.errors import BadInput
 from app.labs.limits import Limits
 from app.labs.queue import GatedPace, Job, LabQueue
 from app.model.loading import LoadedModel, ModelRegistry
-from app.model.patching import DIRECTIONS, KINDS, METRICS, Patcher, Setup, forwards_needed, map_forwards, patch_map
+from app.model.patching import DIRECTIONS, KINDS, METRICS, Patcher, PatchRequest, PatchResult, patch_map
 from app.viz.patch import patch_view
 
 MAPS = (*KINDS, "head_pos")  # "head_pos": one head (layer, head) patched at each position
@@ -52,50 +48,6 @@ PRESETS = (
     {"id": "ioi_swapped", "clean": "When John and Mary went to the store, Mary gave a drink to",
      "corrupted": "When John and Mary went to the store, John gave a drink to", "answer": " John", "wrong": " Mary"},
 )
-
-
-@dataclass(frozen=True)
-class PatchRequest:
-    """One map to compute, in tokens."""
-
-    clean: tuple[int, ...]
-    corrupted: tuple[int, ...]
-    answer: int
-    wrong: int
-    answer_text: str  # as typed
-    wrong_text: str
-    answer_pieces: int  # tokens the typed answer makes (the first is used)
-    wrong_pieces: int
-    metric: str
-    direction: str
-    kind: str  # MAPS
-    layer: int | None = None  # head_pos only
-    head: int | None = None
-
-    def setup(self) -> Setup:
-        return Setup(self.clean, self.corrupted, self.answer, self.wrong, self.metric, self.direction)
-
-    def key(self, lm: LoadedModel) -> str:
-        fields = asdict(self) | {"model": lm.name}
-        fields.pop("answer_text"), fields.pop("wrong_text")
-        return "patch:" + hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
-
-    @property
-    def one_head(self) -> tuple[int, int] | None:
-        return (self.layer, self.head) if self.kind == "head_pos" else None  # type: ignore[return-value]
-
-    def forwards(self, lm: LoadedModel, max_rows: int) -> int:
-        """Forwards the run takes: two baselines and the patched ones."""
-        kind = "head" if self.kind == "head_pos" else self.kind
-        return 2 + forwards_needed(kind, lm.adapter, len(self.clean), head=self.one_head, max_rows=max_rows)
-
-    def plan(self, lm: LoadedModel, max_rows: int) -> list[int]:
-        """Each forward's size in rows × tokens, in the order they run: the two baselines (one row each), then the
-        patched ones (a row per cell)."""
-        kind = "head" if self.kind == "head_pos" else self.kind
-        T = len(self.clean)
-        groups = map_forwards(kind, lm.adapter, T, head=self.one_head, max_rows=max_rows)
-        return [T, T] + [len(cells) * T for cells in groups]
 
 
 class Pace:
@@ -130,18 +82,6 @@ class Pace:
                     return None
                 total += sizes[known[i]] * size / known[i]
             return total
-
-
-@dataclass(frozen=True)
-class PatchResult:
-    values: torch.Tensor  # raw metric per cell: (L, T), (L, H) or (T,)
-    clean: float  # the metric of the clean run
-    corrupted: float  # of the corrupted run
-    forwards: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.values.numel() * self.values.element_size() + 64  # the three scalars and the object, roughly
 
 
 @dataclass(frozen=True)

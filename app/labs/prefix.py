@@ -36,7 +36,6 @@ from app.labs.limits import Limits
 from app.model.loading import LoadedModel, ModelRegistry
 from app.model.prompts import encode_prompt
 from app.owned import Entry, OwnedTable
-from app.settings import Settings
 from app.viz.prefix import lab_view, presets_view
 
 PROMPT_SEPARATOR = "---"  # a line holding only this separates custom prompts in the form
@@ -59,9 +58,6 @@ class PrefixLimits(Limits):
     prefix_max_requests_kept: int
 
 
-DEFAULT_LIMITS = PrefixLimits.of(Settings())
-
-
 @dataclass
 class LabCounts:
     requests: int = 0
@@ -79,7 +75,7 @@ class LabCounts:
 class PrefixLab:
     """What the prefix-cache page keeps on the server (bounded: one cache, a few request records)."""
 
-    def __init__(self, limits: PrefixLimits = DEFAULT_LIMITS) -> None:
+    def __init__(self, limits: PrefixLimits) -> None:
         self.limits = limits
         self.cache: PrefixCache | None = None
         self.requests: OrderedDict[int, PrefixRequest] = OrderedDict()

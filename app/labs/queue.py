@@ -48,7 +48,7 @@ from typing import Any
 
 from app.admission import LONG, ModelGate, Throttled, Withdrawn
 from app.errors import Busy, Expired, UserError
-from app.quota import ADDRESS, Full, Held, Limits, Quota
+from app.quota import ADDRESS, Caps, Full, Held, Quota
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +112,8 @@ class LabQueue:
         self.per_owner = per_owner  # a browser's new run replaces its earlier ones beyond this (``_to_replace``)
         # The line's caps (``app/quota.py``): a waiting run is always in use, so nothing of another browser's is
         # reclaimed; beyond a cap a run is refused with the line's estimate of the wait.
-        self.limits = Limits(max_items=max_queued, per_owner=None,
-                             per_address=per_address)
+        self.limits = Caps(max_items=max_queued, per_owner=None,
+                           per_address=per_address)
         self.quota = Quota(self.limits)
         self.max_wait_s = max_wait_s
         self.max_run_s = max_run_s

@@ -28,13 +28,16 @@ Hooks live only inside ``ModelAdapter.intervene`` and are removed in its ``final
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
 from app.model.adapters import HookPoint, ModelAdapter
+from app.model.loading import LoadedModel
 
 KINDS = ("resid", "attn", "mlp", "head")
 METRICS = ("logit_diff", "prob")
@@ -228,3 +231,60 @@ def patch_map(patcher: Patcher, kind: str, *, head: tuple[int, int] | None = Non
         return flat  # (T,)
     cols = adapter.n_head if kind == "head" else patcher.T
     return flat.view(adapter.n_layer, cols)
+
+
+# --- one map's request and result, as the lab keeps them and the view reads them ---------------------------------
+@dataclass(frozen=True)
+class PatchRequest:
+    """One map to compute, in tokens."""
+
+    clean: tuple[int, ...]
+    corrupted: tuple[int, ...]
+    answer: int
+    wrong: int
+    answer_text: str  # as typed
+    wrong_text: str
+    answer_pieces: int  # tokens the typed answer makes (the first is used)
+    wrong_pieces: int
+    metric: str
+    direction: str
+    kind: str  # KINDS, or "head_pos": one head (layer, head) patched at each position (the lab's MAPS)
+    layer: int | None = None  # head_pos only
+    head: int | None = None
+
+    def setup(self) -> Setup:
+        return Setup(self.clean, self.corrupted, self.answer, self.wrong, self.metric, self.direction)
+
+    def key(self, lm: LoadedModel) -> str:
+        fields = asdict(self) | {"model": lm.name}
+        fields.pop("answer_text"), fields.pop("wrong_text")
+        return "patch:" + hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def one_head(self) -> tuple[int, int] | None:
+        return (self.layer, self.head) if self.kind == "head_pos" else None  # type: ignore[return-value]
+
+    def forwards(self, lm: LoadedModel, max_rows: int) -> int:
+        """Forwards the run takes: two baselines and the patched ones."""
+        kind = "head" if self.kind == "head_pos" else self.kind
+        return 2 + forwards_needed(kind, lm.adapter, len(self.clean), head=self.one_head, max_rows=max_rows)
+
+    def plan(self, lm: LoadedModel, max_rows: int) -> list[int]:
+        """Each forward's size in rows × tokens, in the order they run: the two baselines (one row each), then the
+        patched ones (a row per cell)."""
+        kind = "head" if self.kind == "head_pos" else self.kind
+        T = len(self.clean)
+        groups = map_forwards(kind, lm.adapter, T, head=self.one_head, max_rows=max_rows)
+        return [T, T] + [len(cells) * T for cells in groups]
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    values: torch.Tensor  # raw metric per cell: (L, T), (L, H) or (T,)
+    clean: float  # the metric of the clean run
+    corrupted: float  # of the corrupted run
+    forwards: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.values.numel() * self.values.element_size() + 64  # the three scalars and the object, roughly

@@ -57,7 +57,7 @@ from app.kv_bytes import bytes_per_token, dtype_name
 from app.model.decode import DecodeSession
 from app.model.loading import LoadedModel
 from app.model.sampling import Sampling
-from app.quota import ADDRESS, BYTES, OWNER, Full, Held, Limits, Quota, request_mark, used_since
+from app.quota import ADDRESS, BYTES, OWNER, Caps, Full, Held, Quota, request_mark, used_since
 
 
 def step_growth(session: DecodeSession, n_new: int) -> int:
@@ -94,7 +94,7 @@ class _Slot:
 
 
 class SessionStore:
-    def __init__(self, *, ttl_s: float, limits: Limits, max_steps: int, protect_s: float = 0.0) -> None:
+    def __init__(self, *, ttl_s: float, limits: Caps, max_steps: int, protect_s: float = 0.0) -> None:
         self.ttl_s = ttl_s
         self.limits = limits
         self.quota = Quota(limits, protect_s=protect_s)

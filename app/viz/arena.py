@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from app.cache.policies import EVICTING
+from app.model.loading import LoadedModel
 from app.viz.tokens import end_tokens
 
 # Which paper each policy comes from, for its reference card (the claims themselves are catalog strings).
@@ -22,11 +23,11 @@ def _kind(name: str) -> str:
     return "full" if name == "full" else ("evict" if name in EVICTING else "quant")
 
 
-def _text(lm, ids: list[int]) -> str:
+def _text(lm: LoadedModel, ids: list[int]) -> str:
     return "".join(lm.token_texts(ids))
 
 
-def arena_view(lm, run: dict) -> dict:
+def arena_view(lm: LoadedModel, run: dict) -> dict:
     """Table rows, per-step series, per-head matrices, kept maps and texts of one arena run."""
     a = lm.adapter
     full = run["runs"][0]

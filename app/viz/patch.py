@@ -14,7 +14,7 @@ import torch
 
 from app.i18n import translate
 from app.model.loading import LoadedModel
-from app.model.patching import normalized
+from app.model.patching import PatchRequest, PatchResult, normalized
 from app.viz.tokens import honest_texts, visible
 
 
@@ -22,8 +22,8 @@ def _num(x: float) -> float | None:
     return round(float(x), 6) if math.isfinite(float(x)) else None
 
 
-def patch_view(lm: LoadedModel, req, result, *, clean_text: str) -> dict:
-    """``req`` (app.labs.patch.PatchRequest) and ``result`` (PatchResult) -> the page's data.
+def patch_view(lm: LoadedModel, req: PatchRequest, result: PatchResult, *, clean_text: str) -> dict:
+    """A patching request and its map -> the page's data.
 
     ``z`` is what the heatmap colours (normalized logit difference, or the probability), ``raw`` the metric itself;
     rows are blocks (or, for one head by position, a single row). ``inspect`` is Inspect's address without the

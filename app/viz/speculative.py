@@ -1,15 +1,36 @@
 """Speculative runs turned into view data: rounds of coloured tokens, p and q, cache lengths and the paged blocks
-each round wrote and freed, the run's figures. ``run`` is an ``app.labs.speculative.SpecRun``."""
+each round wrote and freed, the run's figures. ``run`` is an ``app.labs.speculative.SpecRun`` (``SpecRunState``:
+what these views read of it)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
 
 from app.cache.spec_blocks import slots
 from app.i18n import translate
 from app.kv_bytes import dtype_name, page_bytes
+from app.model.loading import LoadedModel
+from app.model.speculative import Round, SpecResult
 from app.viz.tokens import end_tokens, honest_texts, visible
 
 
-def block_bytes(lm, block_size: int, n_layer: int | None = None) -> int:
+class SpecRunState(Protocol):
+    """What a view reads of one speculative run (``app.labs.speculative.SpecRun``)."""
+
+    lm: LoadedModel
+    draft_kind: str  # early | model | lookup
+    draft_name: str
+    exit_layer: int | None
+    max_ngram: int | None
+    result: SpecResult
+    candidates: list[str]
+    blocks: list[dict]  # per round: {"target": snapshot, "draft": snapshot or None}
+    block_size: int
+    draft_lm: LoadedModel | None
+
+
+def block_bytes(lm: LoadedModel, block_size: int, n_layer: int | None = None) -> int:
     """Bytes of one paged block of ``lm``'s K/V (``n_layer`` layers: an early exit fills only its first k)."""
     a = lm.adapter
     return int(page_bytes(block_size=block_size, n_layer=n_layer or a.n_layer, n_kv_head=a.n_kv_head,
@@ -30,13 +51,13 @@ def block_view(snap: dict, nbytes: int) -> dict:
     }
 
 
-def final_kind(rd) -> str:
+def final_kind(rd: Round) -> str:
     """The target's own token of a round: a bonus (every draft kept), a correction, or a plain step (prompt lookup
     found nothing to draft)."""
     return "bonus" if rd.bonus else "correction" if rd.drafted else "plain"
 
 
-def spec_view(run) -> dict:
+def spec_view(run: SpecRunState) -> dict:
     lm, r = run.lm, run.result
     t_bytes = block_bytes(lm, run.block_size)
     d_bytes = block_bytes(run.draft_lm, run.block_size, run.exit_layer) if run.draft_lm is not None else 0
@@ -91,7 +112,7 @@ def spec_view(run) -> dict:
 
 # --- one prompt, every draft ---------------------------------------------------------------------------------
 
-def draft_name(run, lang: str) -> str:
+def draft_name(run: SpecRunState, lang: str) -> str:
     """The draft in words: prompt lookup (n ≤ N), the early exit (first k of n blocks), or the second model."""
     if run.draft_kind == "lookup":
         return translate("spec.name.lookup", lang, n=run.max_ngram)
@@ -100,7 +121,7 @@ def draft_name(run, lang: str) -> str:
     return translate("spec.name.model", lang, name=run.draft_name)
 
 
-def compare_row(run, lang: str) -> dict:
+def compare_row(run: SpecRunState, lang: str) -> dict:
     """One draft's run on the prompt: its figures, and the speed-up rebuilt from its parts.
 
     A round costs its drafting plus one verify forward and commits ``tokens_per_forward`` tokens; plain decoding
@@ -152,7 +173,7 @@ def verdict(rows: list[dict], lang: str) -> list[str]:
     return out
 
 
-def compare_view(runs: list, lang: str) -> dict:
+def compare_view(runs: Sequence[SpecRunState], lang: str) -> dict:
     """The same prompt decoded greedily with each draft, each beside plain decoding timed in the same run."""
     rows = [compare_row(run, lang) for run in runs]
     first = runs[0]

@@ -9,7 +9,6 @@ from transformers import DynamicCache
 from app.cache.paged_decode import PagedSeqStore
 from app.cache.prefix import PRESETS, PrefixCache, auto_block_size
 from app.errors import BadInput, NotFound
-from app.labs.prefix import PrefixLab
 from app.viz.prefix import common_prefix_len
 
 SYSTEM = "you are a kind helper. answer in one short line and keep it plain.\n"
@@ -84,8 +83,8 @@ def test_a_fully_cached_prompt_still_computes_its_last_block(tiny):
     assert again.max_abs_diff <= 1e-4
 
 
-def test_release_on_finish_and_cancel(tiny):
-    lab = PrefixLab()
+def test_release_on_finish_and_cancel(tiny, prefix_lab):
+    lab = prefix_lab
     prompts = [("g", SYSTEM + "user. hi.\n"), ("g", SYSTEM + "user. so.\n")]
     r1, r2 = lab.run(tiny, prompts, block_size=16, num_blocks=32)
     pool = lab.cache.pool
@@ -118,10 +117,10 @@ def test_cancelled_mid_prefill_frees_blocks_and_caches_nothing(tiny, monkeypatch
     assert cache.prefill(ids, request_id=2).num_hit_blocks == 0
 
 
-def test_lru_eviction_on_real_kv(tiny):
+def test_lru_eviction_on_real_kv(tiny, prefix_lab):
     """5 blocks of 16 tokens; A, B, C are 32 tokens each (2 full blocks, no tail). A and B finish
     (each tail first), then C takes the one empty block and the least recently used one: A's tail."""
-    lab = PrefixLab()
+    lab = prefix_lab
     a, b, c = "the cat sat on the mat. the dog ", "we keep the keys and values in a", "a new token asks a query. old to"
     assert all(len(tiny.encode(t)) == 32 for t in (a, b, c))
     (ra,) = lab.run(tiny, [("x", a)], block_size=16, num_blocks=5)
@@ -137,15 +136,15 @@ def test_lru_eviction_on_real_kv(tiny):
     assert len(cache.get_computed_blocks(tiny.encode(b + "c"), None)[1][0]) == 2  # B untouched
 
 
-def test_cache_full_is_a_clear_message(tiny):
-    lab = PrefixLab()
+def test_cache_full_is_a_clear_message(tiny, prefix_lab):
+    lab = prefix_lab
     with pytest.raises(BadInput, match="cache is full"):
         lab.run(tiny, [("x", SYSTEM), ("y", "the dog sat on the log. " * 3)], block_size=16, num_blocks=6)
     assert lab.cache.pool.num_used_blocks == 5  # the first request is still running, nothing leaked
 
 
-def test_salt_and_model_keep_caches_apart(tiny):
-    lab = PrefixLab()
+def test_salt_and_model_keep_caches_apart(tiny, prefix_lab):
+    lab = prefix_lab
     (r1,) = lab.run(tiny, [("x", SYSTEM + "a.")], block_size=16, num_blocks=32, salt="alice")
     (r2,) = lab.run(tiny, [("x", SYSTEM + "a.")], block_size=16, num_blocks=32, salt="bob")
     (r3,) = lab.run(tiny, [("x", SYSTEM + "a.")], block_size=16, num_blocks=32, salt="alice")
@@ -166,13 +165,13 @@ def test_auto_block_size():
     assert auto_block_size([5]) == 4
 
 
-def test_unknown_characters_are_refused_for_the_char_model(tiny):
+def test_unknown_characters_are_refused_for_the_char_model(tiny, prefix_lab):
     with pytest.raises(BadInput, match="does not know"):
-        PrefixLab().run(tiny, [("x", "Current time: 10:42 🙂")], block_size=16)
+        prefix_lab.run(tiny, [("x", "Current time: 10:42 🙂")], block_size=16)
 
 
-def test_change_of_block_size_starts_a_new_cache(tiny):
-    lab = PrefixLab()
+def test_change_of_block_size_starts_a_new_cache(tiny, prefix_lab):
+    lab = prefix_lab
     lab.run(tiny, [("x", SYSTEM)], block_size=16, num_blocks=32)
     lab.run(tiny, [("x", SYSTEM)], block_size=8, num_blocks=32)
     assert lab.cache.block_size == 8 and lab.notes and len(lab.requests) == 1

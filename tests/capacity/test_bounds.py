@@ -56,8 +56,8 @@ def test_fewest_steps_is_never_more_than_a_real_run_takes(seed, num_blocks, bloc
                                                           caching, share):
     """Refusing a workload by this estimate never refuses one that would have finished within the limit."""
     cap = num_blocks * block_size
-    reqs = synthetic_workload(n=20, rate=1.0, prompt_min=1, prompt_max=max(1, min(40, cap // 2)), output_min=1,
-                              output_max=max(1, min(30, cap // 2)), shared_prefix_fraction=share,
+    reqs = synthetic_workload(n=20, max_requests=20, rate=1.0, prompt_min=1, prompt_max=max(1, min(40, cap // 2)),
+                              output_min=1, output_max=max(1, min(30, cap // 2)), shared_prefix_fraction=share,
                               prefix_len=block_size * 2, seed=seed)
     if not chunked:
         budget = max(budget, max(r.prompt_len + r.output_len for r in reqs))

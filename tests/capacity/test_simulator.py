@@ -88,8 +88,8 @@ def test_a_hit_never_covers_the_whole_prompt():
        share=st.floats(0, 1))
 def test_invariants_hold_after_every_step(seed, num_blocks, block_size, budget, max_seqs, chunked, caching, share):
     cap = num_blocks * block_size
-    reqs = synthetic_workload(n=25, rate=2.0, prompt_min=1, prompt_max=max(1, min(40, cap // 2)), output_min=1,
-                              output_max=max(1, min(20, cap // 2)), shared_prefix_fraction=share,
+    reqs = synthetic_workload(n=25, max_requests=25, rate=2.0, prompt_min=1, prompt_max=max(1, min(40, cap // 2)),
+                              output_min=1, output_max=max(1, min(20, cap // 2)), shared_prefix_fraction=share,
                               prefix_len=block_size * 2, seed=seed)
     if not chunked:
         budget = max(budget, max(r.prompt_len + r.output_len for r in reqs))
@@ -102,19 +102,23 @@ def test_invariants_hold_after_every_step(seed, num_blocks, block_size, budget, 
 
 
 def test_synthetic_workloads_are_seeded():
-    a = synthetic_workload(n=50, rate=3, prompt_min=5, prompt_max=50, output_min=1, output_max=9, seed=7)
-    b = synthetic_workload(n=50, rate=3, prompt_min=5, prompt_max=50, output_min=1, output_max=9, seed=7)
-    assert a == b and a != synthetic_workload(n=50, rate=3, prompt_min=5, prompt_max=50, output_min=1,
+    a = synthetic_workload(n=50, max_requests=50, rate=3, prompt_min=5, prompt_max=50, output_min=1, output_max=9,
+                           seed=7)
+    b = synthetic_workload(n=50, max_requests=50, rate=3, prompt_min=5, prompt_max=50, output_min=1, output_max=9,
+                           seed=7)
+    assert a == b and a != synthetic_workload(n=50, max_requests=50, rate=3, prompt_min=5, prompt_max=50, output_min=1,
                                               output_max=9, seed=8)
 
 
 def test_pasted_requests():
-    reqs = parse_requests("# arrival prompt output\n0 12 4\n0.5, 30, 8, 1, 16\n\n")
+    reqs = parse_requests("# arrival prompt output\n0 12 4\n0.5, 30, 8, 1, 16\n\n", max_requests=2)
     assert [(r.arrival, r.prompt_len, r.output_len, r.prefix_group, r.prefix_len) for r in reqs] == \
         [(0.0, 12, 4, -1, 0), (0.5, 30, 8, 1, 16)]
     for bad in ("0 12", "0 -3 4", "x y z", "0 5 5 1 9", ""):
         with pytest.raises(BadInput):
-            parse_requests(bad)
+            parse_requests(bad, max_requests=2)
+    with pytest.raises(BadInput, match="At most 2 requests"):  # one over the bound the caller passes
+        parse_requests("0 1 1\n0 1 1\n0 1 1\n", max_requests=2)
 
 
 def test_a_request_longer_than_the_pool_is_refused():
@@ -145,8 +149,8 @@ def test_lazy_decoding_gives_the_same_run_as_the_plain_loop(seed, num_blocks, bl
     """The simulator's fast path (decoding requests advanced in bulk, touched only at a new block or their last
     token) against the plain per-request loop: the same steps, times, preemptions, hits, free queue and hashes."""
     cap = num_blocks * block_size
-    reqs = synthetic_workload(n=30, rate=rate, prompt_min=1, prompt_max=max(1, min(40, cap // 2)), output_min=1,
-                              output_max=max(1, min(30, cap // 2)), shared_prefix_fraction=share,
+    reqs = synthetic_workload(n=30, max_requests=30, rate=rate, prompt_min=1, prompt_max=max(1, min(40, cap // 2)),
+                              output_min=1, output_max=max(1, min(30, cap // 2)), shared_prefix_fraction=share,
                               prefix_len=block_size * 2, seed=seed)
     if not chunked:
         budget = max(budget, max(r.prompt_len + r.output_len for r in reqs))
@@ -159,8 +163,8 @@ def test_lazy_decoding_gives_the_same_run_as_the_plain_loop(seed, num_blocks, bl
 
 
 def test_lazy_decoding_is_used_and_matches_on_a_long_run():
-    reqs = synthetic_workload(n=400, rate=4, prompt_min=8, prompt_max=200, output_min=8, output_max=120,
-                              shared_prefix_fraction=0.5, prefix_len=64, seed=3)
+    reqs = synthetic_workload(n=400, max_requests=400, rate=4, prompt_min=8, prompt_max=200, output_min=8,
+                              output_max=120, shared_prefix_fraction=0.5, prefix_len=64, seed=3)
     cfg = SimConfig(num_blocks=300, block_size=16, max_num_batched_tokens=256, max_num_seqs=32)
     seen = []
     lazy = Simulator(cfg, reqs, kv_cost)
@@ -208,8 +212,8 @@ def test_kv_cache_groups_keep_their_books_and_their_windows(seed, num_blocks, bl
 
     groups = (FullAttentionSpec(1, 2), SlidingWindowSpec(1, 2, window), SlidingWindowSpec(1, 2, window))
     cap = num_blocks // 3 * block_size  # every request fits the pool in all three groups at once
-    reqs = synthetic_workload(n=20, rate=2.0, prompt_min=1, prompt_max=max(1, min(40, cap // 2)), output_min=1,
-                              output_max=max(1, min(30, cap // 2)), shared_prefix_fraction=share,
+    reqs = synthetic_workload(n=20, max_requests=20, rate=2.0, prompt_min=1, prompt_max=max(1, min(40, cap // 2)),
+                              output_min=1, output_max=max(1, min(30, cap // 2)), shared_prefix_fraction=share,
                               prefix_len=block_size * 3, seed=seed)
     if not chunked:
         budget = max(budget, max(r.prompt_len + r.output_len for r in reqs))

@@ -15,7 +15,7 @@ from app.errors import BadInput, Busy, Expired
 from app.labs.decode import DecodeLab
 from app.model.sampling import Sampling
 from app.model.sessions import SessionStore, step_growth
-from app.quota import Limits, current_request
+from app.quota import Caps, current_request
 from tests.conftest import make_state
 
 A, B = "10.0.0.66", "10.0.0.7"
@@ -83,7 +83,7 @@ def test_a_session_whose_step_is_running_is_never_reclaimed(settings, tiny):
 
 def store_for(tiny, *, max_bytes: int, share: float) -> SessionStore:
     return SessionStore(ttl_s=900, max_steps=64, protect_s=120.0,
-                        limits=Limits.shared(max_items=64, per_owner=8, share=share, max_bytes=max_bytes))
+                        limits=Caps.shared(max_items=64, per_owner=8, share=share, max_bytes=max_bytes))
 
 
 def test_a_newcomer_from_another_address_gets_memory_by_reclaiming_idle_bytes(tiny):
@@ -161,7 +161,7 @@ def test_browsers_that_keep_stepping_are_never_refused_for_their_own_step_record
     kv_token = step_growth(one, 1) - record_bytes(tiny)
     per_session = kv_token * (len(prompt) + rounds) + 10 * record_bytes(tiny)
     store = SessionStore(ttl_s=900, max_steps=64, protect_s=120.0,
-                         limits=Limits.shared(max_items=64, per_owner=8, share=0.5, max_bytes=3 * per_session))
+                         limits=Caps.shared(max_items=64, per_owner=8, share=0.5, max_bytes=3 * per_session))
     sessions = [prefilled(store, tiny, prompt, f"browser-{i}", A) for i in range(3)]
     for _ in range(rounds):
         for i, session in enumerate(sessions):

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from app.admission import LONG, ModelGate, Throttled, current_address, current_owner
 from app.i18n import translate
 from app.owned import OwnedTable
-from app.quota import Limits
+from app.quota import Caps
 from app.web.main import create_app
 from app.web.security import OWNER_COOKIE, client_address, sign_owner, verified_owner
 from tests.conftest import make_state
@@ -273,7 +273,7 @@ def _wait_for(check) -> None:
 
 def test_the_address_share_holds_when_many_requests_arrive_at_once():
     table: OwnedTable[object] = OwnedTable(kind="pools", ttl_s=60, protect_s=60,
-                                           limits=Limits(max_items=40, per_owner=2, per_address=5, max_bytes=10**9))
+                                           limits=Caps(max_items=40, per_owner=2, per_address=5, max_bytes=10**9))
     start = threading.Barrier(24)
     seen: list[int] = []
 

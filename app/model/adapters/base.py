@@ -51,8 +51,9 @@ width, Tk keys attended to = past + T, V vocabulary)::
     ln_f                      # (B, T, D)
     logits                    # (B, T, V)
 
-Each family adds its own (``embed.wpe`` and ``attn.qkv`` for GPT-2; ``attn.q_proj``, ``attn.q_prerope``,
-``rope.cos``, ``mlp.gate`` ... for Llama); its module docstring lists them.
+Each family adds its own (``embed.wpe`` and ``attn.qkv`` for GPT-2; ``attn.q_proj``, ``rope.cos``, ``mlp.gate`` ...
+for Llama): its ``hook_points`` declares every tensor it captures, once, with its shape beside it in TransformerLens's
+axis names (``[batch, pos, head, d_head]``); its module docstring lists the ones derived from them.
 """
 
 from __future__ import annotations

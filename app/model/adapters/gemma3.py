@@ -13,17 +13,12 @@ A Llama-shaped decoder with four differences, all read from the config:
 
 gemma-3-270m: 18 layers, 4 query heads on 1 KV head (multi-query attention), head_dim 256, d_model 640.
 
-Family-specific hook points, besides the shared ones (see ``base``)::
+Its hook points (the shared ones, see ``base``, and its own: ``attn.q_proj``, ``k_proj``, ``v_proj``, ``o_proj``,
+``mlp.gate``, ``mlp.up``, ``mlp.down``) are declared once, in ``hook_points``, each with its shape beside it in
+TransformerLens's axis names (checked on a forward by tests/model/test_hook_shapes.py). Derived from them::
 
-    blocks.{i}.attn.q_proj      # (B, H, T, Dh)     q projection after q_norm, before rotation
-    blocks.{i}.attn.k_proj      # (B, H_kv, T, Dh)  k projection after k_norm
-    blocks.{i}.attn.v_proj      # (B, T, H_kv·Dh)
-    blocks.{i}.attn.q_prerope   # (B, H, T, Dh)     derived: the same, named as the Llama family names it
+    blocks.{i}.attn.q_prerope   # (B, H, T, Dh)     the same as q_proj, named as the Llama family names it
     blocks.{i}.attn.k_prerope   # (B, H_kv, T, Dh)
-    blocks.{i}.attn.o_proj      # (B, T, D)         output projection, before the norm after attention
-    blocks.{i}.mlp.gate         # (B, T, d_mlp)
-    blocks.{i}.mlp.up           # (B, T, d_mlp)
-    blocks.{i}.mlp.down         # (B, T, D)         down projection, before the norm after the MLP
 
 ``embed.wte`` is the table row; ``embed.h0`` the row times √d_model.
 """
@@ -60,8 +55,9 @@ class Gemma3Adapter(LlamaAdapter):
         m = self._base
         emb = params_of(m.embed_tokens, "model.embed_tokens")
         points = [
-            HookPoint("embed.wte", m.embed_tokens, "input0", emb),  # the ids; ``derive`` looks their rows up
-            HookPoint("embed.h0", m.embed_tokens, "output", ()),  # rows · √d_model
+            # [batch, pos]: the ids; ``derive`` looks their rows up
+            HookPoint("embed.wte", m.embed_tokens, "input0", emb),
+            HookPoint("embed.h0", m.embed_tokens, "output", ()),  # [batch, pos, d_model]: rows * sqrt(d_model)
         ]
         for i, layer in enumerate(m.layers):
             p, b = f"model.layers.{i}", f"blocks.{i}"
@@ -71,30 +67,37 @@ class Gemma3Adapter(LlamaAdapter):
                 return params_of(module, f"{prefix}.{name}")
 
             points += [
+                # [batch, pos, d_model]
                 HookPoint(f"{b}.ln_1", layer.input_layernorm, "output", ps(layer.input_layernorm, "input_layernorm")),
+                # [batch, head, pos, d_head]: after q_norm, before rotation
                 HookPoint(f"{b}.attn.q_proj", at.q_norm, "output",
                           ps(at.q_proj, "self_attn.q_proj") + ps(at.q_norm, "self_attn.q_norm")),
-                HookPoint(f"{b}.attn.k_proj", at.k_norm, "output",
+                HookPoint(f"{b}.attn.k_proj", at.k_norm, "output",  # [batch, head_kv, pos, d_head]: after k_norm
                           ps(at.k_proj, "self_attn.k_proj") + ps(at.k_norm, "self_attn.k_norm")),
+                # [batch, pos, head_kv * d_head]
                 HookPoint(f"{b}.attn.v_proj", at.v_proj, "output", ps(at.v_proj, "self_attn.v_proj")),
-                HookPoint(f"{b}.attn.lse", at, "output1", ()),
-                HookPoint(f"{b}.attn.merged", at.o_proj, "input0", ()),
+                HookPoint(f"{b}.attn.lse", at, "output1", ()),  # [batch, head, pos]
+                HookPoint(f"{b}.attn.merged", at.o_proj, "input0", ()),  # [batch, pos, head * d_head]
+                # [batch, pos, d_model]: before the norm after attention
                 HookPoint(f"{b}.attn.o_proj", at.o_proj, "output", ps(at.o_proj, "self_attn.o_proj")),
-                HookPoint(f"{b}.attn.out", layer.post_attention_layernorm, "output",
+                HookPoint(f"{b}.attn.out", layer.post_attention_layernorm, "output",  # [batch, pos, d_model]
                           ps(layer.post_attention_layernorm, "post_attention_layernorm")),
-                HookPoint(f"{b}.resid_mid", layer.pre_feedforward_layernorm, "input0", ()),
-                HookPoint(f"{b}.ln_2", layer.pre_feedforward_layernorm, "output",
+                HookPoint(f"{b}.resid_mid", layer.pre_feedforward_layernorm, "input0", ()),  # [batch, pos, d_model]
+                HookPoint(f"{b}.ln_2", layer.pre_feedforward_layernorm, "output",  # [batch, pos, d_model]
                           ps(layer.pre_feedforward_layernorm, "pre_feedforward_layernorm")),
+                # [batch, pos, d_mlp]
                 HookPoint(f"{b}.mlp.gate", mlp.gate_proj, "output", ps(mlp.gate_proj, "mlp.gate_proj")),
-                HookPoint(f"{b}.mlp.up", mlp.up_proj, "output", ps(mlp.up_proj, "mlp.up_proj")),
-                HookPoint(f"{b}.mlp.hidden", mlp.down_proj, "input0", ()),
+                HookPoint(f"{b}.mlp.up", mlp.up_proj, "output", ps(mlp.up_proj, "mlp.up_proj")),  # [batch, pos, d_mlp]
+                HookPoint(f"{b}.mlp.hidden", mlp.down_proj, "input0", ()),  # [batch, pos, d_mlp]: act(gate) * up
+                # [batch, pos, d_model]: before the norm after the MLP
                 HookPoint(f"{b}.mlp.down", mlp.down_proj, "output", ps(mlp.down_proj, "mlp.down_proj")),
-                HookPoint(f"{b}.mlp.out", layer.post_feedforward_layernorm, "output",
+                HookPoint(f"{b}.mlp.out", layer.post_feedforward_layernorm, "output",  # [batch, pos, d_model]
                           ps(layer.post_feedforward_layernorm, "post_feedforward_layernorm")),
-                HookPoint(f"{b}.resid_out", layer, "output", ()),
+                HookPoint(f"{b}.resid_out", layer, "output", ()),  # [batch, pos, d_model]
             ]
         points += [
-            HookPoint("ln_f", m.norm, "output", params_of(m.norm, "model.norm")),
+            HookPoint("ln_f", m.norm, "output", params_of(m.norm, "model.norm")),  # [batch, pos, d_model]
+            # [batch, pos, d_vocab]
             HookPoint("logits", self.model.lm_head, "output", (("lm_head.weight", self.model.lm_head.weight),)),
         ]
         return points

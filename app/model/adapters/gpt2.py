@@ -3,12 +3,9 @@
 Learned absolute positions (a ``wpe`` table added to the token embedding), LayerNorm, one fused
 projection ``c_attn`` for q, k and v, a GELU MLP, plain multi-head attention (H_kv = H).
 
-Family-specific hook points, besides the shared ones (see ``base``)::
-
-    embed.wpe               # (1, T, D)    wpe row of each position
-    embed.h0                # (B, T, D)    h0 = wte + wpe
-    blocks.{i}.attn.qkv     # (B, T, 3D)   fused projection c_attn; q, k, v are its three D-wide slices
-    blocks.{i}.mlp.fc       # (B, T, 4D)   c_fc output, before GELU
+Its hook points (the shared ones, see ``base``, and its own: ``embed.wpe``, ``attn.qkv``, ``mlp.fc``) are declared
+once, in ``hook_points``, each with its shape beside it in TransformerLens's axis names (checked on a forward by
+tests/model/test_hook_shapes.py).
 """
 
 from __future__ import annotations
@@ -64,28 +61,37 @@ class GPT2Adapter(ModelAdapter):
     def hook_points(self) -> list[HookPoint]:
         tr = self.model.transformer
         points = [
+            # [batch, pos, d_model]: wte row of each token
             HookPoint("embed.wte", tr.wte, "output", params_of(tr.wte, "transformer.wte")),
+            # [1, pos, d_model]: wpe row of each position
             HookPoint("embed.wpe", tr.wpe, "output", params_of(tr.wpe, "transformer.wpe")),
-            HookPoint("embed.h0", tr.drop, "output", ()),
+            HookPoint("embed.h0", tr.drop, "output", ()),  # [batch, pos, d_model]: wte + wpe (after dropout)
         ]
         for i, block in enumerate(tr.h):
             p, b = f"transformer.h.{i}", f"blocks.{i}"
             attn, mlp = block.attn, block.mlp
             points += [
+                # [batch, pos, d_model]
                 HookPoint(f"{b}.ln_1", block.ln_1, "output", params_of(block.ln_1, f"{p}.ln_1")),
+                # [batch, pos, 3 * d_model]: c_attn; q, k, v its three d_model-wide slices
                 HookPoint(f"{b}.attn.qkv", attn.c_attn, "output", params_of(attn.c_attn, f"{p}.attn.c_attn")),
-                HookPoint(f"{b}.attn.lse", attn, "output1", ()),
-                HookPoint(f"{b}.attn.merged", attn.c_proj, "input0", ()),
+                HookPoint(f"{b}.attn.lse", attn, "output1", ()),  # [batch, head, pos]
+                HookPoint(f"{b}.attn.merged", attn.c_proj, "input0", ()),  # [batch, pos, head * d_head]
+                # [batch, pos, d_model]
                 HookPoint(f"{b}.attn.out", attn.c_proj, "output", params_of(attn.c_proj, f"{p}.attn.c_proj")),
-                HookPoint(f"{b}.resid_mid", block.ln_2, "input0", ()),
+                HookPoint(f"{b}.resid_mid", block.ln_2, "input0", ()),  # [batch, pos, d_model]
+                # [batch, pos, d_model]
                 HookPoint(f"{b}.ln_2", block.ln_2, "output", params_of(block.ln_2, f"{p}.ln_2")),
+                # [batch, pos, d_mlp]: c_fc, before GELU
                 HookPoint(f"{b}.mlp.fc", mlp.c_fc, "output", params_of(mlp.c_fc, f"{p}.mlp.c_fc")),
-                HookPoint(f"{b}.mlp.hidden", mlp.act, "output", ()),
+                HookPoint(f"{b}.mlp.hidden", mlp.act, "output", ()),  # [batch, pos, d_mlp]
+                # [batch, pos, d_model]
                 HookPoint(f"{b}.mlp.out", mlp.c_proj, "output", params_of(mlp.c_proj, f"{p}.mlp.c_proj")),
-                HookPoint(f"{b}.resid_out", block, "output", ()),
+                HookPoint(f"{b}.resid_out", block, "output", ()),  # [batch, pos, d_model]
             ]
         points += [
-            HookPoint("ln_f", tr.ln_f, "output", params_of(tr.ln_f, "transformer.ln_f")),
+            HookPoint("ln_f", tr.ln_f, "output", params_of(tr.ln_f, "transformer.ln_f")),  # [batch, pos, d_model]
+            # [batch, pos, d_vocab]
             HookPoint("logits", self.model.lm_head, "output", (("lm_head.weight", self.model.lm_head.weight),)),
         ]
         return points

@@ -11,16 +11,12 @@ RoPE in transformers' layout pairs dimension j with j + Dh/2 and turns each pair
 
 so q(m)·k(n) depends on m - n only. The cache keeps K after rotation.
 
-Family-specific hook points, besides the shared ones (see ``base``)::
+Its hook points (the shared ones, see ``base``, and its own: ``rope.cos``/``rope.sin``, ``attn.q_proj``,
+``k_proj``, ``v_proj``, ``mlp.gate``, ``mlp.up``) are declared once, in ``hook_points``, each with its shape beside it
+in TransformerLens's axis names (checked on a forward by tests/model/test_hook_shapes.py). Derived from them::
 
-    rope.cos, rope.sin          # (1, T, Dh)        cos/sin of every position's angles (rotary_emb output)
-    blocks.{i}.attn.q_proj      # (B, T, H·Dh)      q projection (Qwen3: after q_norm, (B, T, H, Dh))
-    blocks.{i}.attn.k_proj      # (B, T, H_kv·Dh)
-    blocks.{i}.attn.v_proj      # (B, T, H_kv·Dh)
-    blocks.{i}.attn.q_prerope   # (B, H, T, Dh)     derived: per head, before rotation
+    blocks.{i}.attn.q_prerope   # (B, H, T, Dh)     per head, before rotation
     blocks.{i}.attn.k_prerope   # (B, H_kv, T, Dh)
-    blocks.{i}.mlp.gate         # (B, T, d_mlp)
-    blocks.{i}.mlp.up           # (B, T, d_mlp)
 """
 
 from __future__ import annotations
@@ -72,9 +68,11 @@ class LlamaAdapter(ModelAdapter):
     def hook_points(self) -> list[HookPoint]:
         m = self._base
         points = [
+            # [batch, pos, d_model]
             HookPoint("embed.wte", m.embed_tokens, "output", params_of(m.embed_tokens, "model.embed_tokens")),
+            # [1, pos, d_head]: rotary_emb's cos of every position's angles
             HookPoint("rope.cos", m.rotary_emb, "output0", ()),
-            HookPoint("rope.sin", m.rotary_emb, "output1", ()),
+            HookPoint("rope.sin", m.rotary_emb, "output1", ()),  # [1, pos, d_head]
         ]
         for i, layer in enumerate(m.layers):
             p, b = f"model.layers.{i}", f"blocks.{i}"
@@ -87,25 +85,33 @@ class LlamaAdapter(ModelAdapter):
                 q_params += params_of(at.q_norm, f"{p}.self_attn.q_norm")
                 k_params += params_of(at.k_norm, f"{p}.self_attn.k_norm")
             points += [
-                HookPoint(f"{b}.ln_1", layer.input_layernorm, "output",
+                HookPoint(f"{b}.ln_1", layer.input_layernorm, "output",  # [batch, pos, d_model]
                           params_of(layer.input_layernorm, f"{p}.input_layernorm")),
+                # [batch, pos, head * d_head]; q/k norm (Qwen3): after q_norm, [batch, pos, head, d_head]
                 HookPoint(f"{b}.attn.q_proj", q_src, "output", q_params),
+                # [batch, pos, head_kv * d_head]; q/k norm: [batch, pos, head_kv, d_head]
                 HookPoint(f"{b}.attn.k_proj", k_src, "output", k_params),
+                # [batch, pos, head_kv * d_head]
                 HookPoint(f"{b}.attn.v_proj", at.v_proj, "output", params_of(at.v_proj, f"{p}.self_attn.v_proj")),
-                HookPoint(f"{b}.attn.lse", at, "output1", ()),
-                HookPoint(f"{b}.attn.merged", at.o_proj, "input0", ()),
+                HookPoint(f"{b}.attn.lse", at, "output1", ()),  # [batch, head, pos]
+                HookPoint(f"{b}.attn.merged", at.o_proj, "input0", ()),  # [batch, pos, head * d_head]
+                # [batch, pos, d_model]
                 HookPoint(f"{b}.attn.out", at.o_proj, "output", params_of(at.o_proj, f"{p}.self_attn.o_proj")),
-                HookPoint(f"{b}.resid_mid", layer.post_attention_layernorm, "input0", ()),
-                HookPoint(f"{b}.ln_2", layer.post_attention_layernorm, "output",
+                HookPoint(f"{b}.resid_mid", layer.post_attention_layernorm, "input0", ()),  # [batch, pos, d_model]
+                HookPoint(f"{b}.ln_2", layer.post_attention_layernorm, "output",  # [batch, pos, d_model]
                           params_of(layer.post_attention_layernorm, f"{p}.post_attention_layernorm")),
+                # [batch, pos, d_mlp]
                 HookPoint(f"{b}.mlp.gate", mlp.gate_proj, "output", params_of(mlp.gate_proj, f"{p}.mlp.gate_proj")),
+                # [batch, pos, d_mlp]
                 HookPoint(f"{b}.mlp.up", mlp.up_proj, "output", params_of(mlp.up_proj, f"{p}.mlp.up_proj")),
-                HookPoint(f"{b}.mlp.hidden", mlp.down_proj, "input0", ()),
+                HookPoint(f"{b}.mlp.hidden", mlp.down_proj, "input0", ()),  # [batch, pos, d_mlp]: act(gate) * up
+                # [batch, pos, d_model]
                 HookPoint(f"{b}.mlp.out", mlp.down_proj, "output", params_of(mlp.down_proj, f"{p}.mlp.down_proj")),
-                HookPoint(f"{b}.resid_out", layer, "output", ()),
+                HookPoint(f"{b}.resid_out", layer, "output", ()),  # [batch, pos, d_model]
             ]
         points += [
-            HookPoint("ln_f", m.norm, "output", params_of(m.norm, "model.norm")),
+            HookPoint("ln_f", m.norm, "output", params_of(m.norm, "model.norm")),  # [batch, pos, d_model]
+            # [batch, pos, d_vocab]
             HookPoint("logits", self.model.lm_head, "output", (("lm_head.weight", self.model.lm_head.weight),)),
         ]
         return points
