@@ -70,6 +70,7 @@ class Capture:
     cached_tokens: int                         # positions served from prefix-cache blocks at its first step
     cached_block_ids: list[int] = field(default_factory=list)
     block_size: int = 0
+    prompt_token_ids: list[int] = field(default_factory=list)
     tokens: dict[int, int] = field(default_factory=dict)           # position -> token id (computed rows)
     rows: dict[int, list] = field(default_factory=dict)            # layer -> [(start, n, q bytes, k bytes)]
     cached_k: dict[int, bytes] = field(default_factory=dict)       # layer -> k of the cached positions
@@ -93,6 +94,7 @@ class Store:
         self.layers: list[int] = []
         self.tp_rank = self.tp_size = self.pp_rank = self.pp_size = 0
         self.rank = 0
+        self.model_layers = 0
 
     # --- the step -------------------------------------------------------------------------------------------
     def before_step(self, worker, scheduler_output) -> None:
@@ -115,7 +117,7 @@ class Store:
                     runner, "cache_config", None) else 0
                 self.captures[new.req_id] = Capture(
                     new.req_id, label, now, len(new.prompt_token_ids or ()), cached,
-                    blocks[: (cached + bs - 1) // bs] if bs else [], bs)
+                    blocks[: (cached + bs - 1) // bs] if bs else [], bs, list(new.prompt_token_ids or ()))
             for rid in getattr(scheduler_output, "finished_req_ids", ()) or ():
                 if rid in self.captures:
                     self.captures[rid].finished = True
@@ -153,6 +155,10 @@ class Store:
         self.tp_rank, self.tp_size = ps.get_tp_group().rank_in_group, ps.get_tp_group().world_size
         self.pp_rank, self.pp_size = ps.get_pp_group().rank_in_group, ps.get_pp_group().world_size
         self.rank = ps.get_world_group().rank
+        try:
+            self.model_layers = int(runner.model_config.hf_config.get_text_config().num_hidden_layers)
+        except (AttributeError, TypeError, ValueError):
+            self.model_layers = 0
         self.hooked = True
 
     def _pre_hook(self, layer: int):
@@ -217,26 +223,60 @@ class Store:
         return sum(c.nbytes for c in self.captures.values())
 
     def _cached_keys(self, module, cap: Capture) -> bytes:
-        """The keys of positions 0…cached_tokens-1, read from this layer's KV cache blocks (the CPU backend's
-        layout: [blocks, kv_heads, block_size, 2·head_dim] viewed as [blocks, kv_heads, 2·block_size, head_dim],
-        keys the first half of dim 2)."""
+        """The keys of positions 0…cached_tokens-1, read from this layer's KV cache blocks: the bytes the attention
+        kernel reads. The CPU backend's cache is [blocks, kv_heads, block_size, 2·head_dim], viewed as [blocks,
+        kv_heads, 2·block_size, head_dim] with the keys in the first half; inside a block the kernel keeps its own
+        order (the "vec" kernel stores a block's keys transposed), learnt once by ``_block_order``."""
         import torch
 
         kv = module.kv_cache
         if isinstance(kv, list | tuple):
             kv = kv[0]
         nb, kvh, bs, _ = kv.shape
+        hd = kv.shape[-1] // 2
         key_cache = kv.view(nb, kvh, 2 * bs, -1).chunk(2, dim=2)[0]
+        order = self._block_order(module, bs, hd, kv.dtype)  # (bs, hd): flat index in a block of (token, dim)
         rows = []
         for p in range(cap.cached_tokens):
-            block = cap.cached_block_ids[p // bs]
-            rows.append(key_cache[block, :, p % bs, :].reshape(-1))
+            flat = key_cache[cap.cached_block_ids[p // bs]].reshape(kvh, bs * hd)
+            rows.append(flat[:, order[p % bs]].reshape(-1))
         return torch.stack(rows).to(torch.float32).contiguous().numpy().tobytes()
+
+    def _block_order(self, module, bs: int, hd: int, dtype):
+        """Where the kernel puts (token t, dim d) of a block: it writes a probe with vLLM's own cache op (the one
+        the backend calls) and reads back which value landed where. Small integers only, so any dtype holds them
+        exactly: the token (1…bs) in one pass, the dim's high and low parts (1…) in two more."""
+        import torch
+
+        cached = getattr(self, "_orders", {}).get((bs, hd, dtype))
+        if cached is not None:
+            return cached
+        isa = getattr(module, "isa", None) or getattr(getattr(module, "impl", None), "isa", None)
+        if isa is None:
+            order = torch.arange(bs * hd).reshape(bs, hd)
+        else:
+            import vllm._custom_ops as ops
+
+            found = []
+            t = torch.arange(bs)[:, None].expand(bs, hd)
+            d = torch.arange(hd)[None, :].expand(bs, hd)
+            for probe in (t + 1, d // 16 + 1, d % 16 + 1):
+                kv = torch.zeros(1, 1, bs, 2 * hd, dtype=dtype)
+                kc, vc = kv.view(1, 1, 2 * bs, -1).chunk(2, dim=2)
+                key = probe.to(dtype)[:, None, :].contiguous()
+                ops.cpu_attn_reshape_and_cache(key, torch.zeros_like(key), kc, vc, torch.arange(bs), isa)
+                found.append(kc[0, 0].reshape(-1).round().long() - 1)
+            tok, dim = found[0], found[1] * 16 + found[2]
+            order = torch.empty(bs, hd, dtype=torch.long)
+            order[tok, dim] = torch.arange(bs * hd)
+        self._orders = {**getattr(self, "_orders", {}), (bs, hd, dtype): order}
+        return order
 
     # --- fetching -------------------------------------------------------------------------------------------
     def describe(self) -> dict:
         return {"plugin": PLUGIN_VERSION, "rank": self.rank, "tp_rank": self.tp_rank, "tp_size": self.tp_size,
                 "pp_rank": self.pp_rank, "pp_size": self.pp_size, "layers": sorted(self.layers),
+                "model_layers": self.model_layers,
                 "heads": self.heads, "kv_heads": self.kv_heads, "head_dim": self.head_dim}
 
     def listing(self) -> dict:
@@ -257,6 +297,7 @@ class Store:
                          "over_budget": cap.over_budget, "prompt_len": cap.prompt_len,
                          "cached_tokens": cap.cached_tokens, "cached_block_ids": cap.cached_block_ids,
                          "block_size": cap.block_size, "dtype": "float32",
+                         "prompt_token_ids": cap.prompt_token_ids,
                          "positions": sorted(cap.tokens), "token_ids": [cap.tokens[p] for p in sorted(cap.tokens)],
                          "layers": []}
                 for layer in sorted(cap.rows):
