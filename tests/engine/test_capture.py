@@ -124,3 +124,26 @@ def test_unknown_over_budget_running_and_half_held_captures_are_named():
     with pytest.raises(ServedConflict) as e:
         parse_served(half)
     assert e.value.key == "err.served.incomplete"
+
+
+def test_the_bytes_formula_counts_what_the_pieces_hold():
+    from app.engine.capture import capture_bytes_per_layer
+
+    for tp in (1, 2):
+        payload, _, _ = pieces(tp, 1, 0)
+        got = parse_served(payload)  # its nbytes: the byte lengths it decoded, counted there
+        per_layer = capture_bytes_per_layer(heads=H, kv_heads=KV, head_dim=DH, tokens=got.n_tokens, tp=tp)
+        assert got.nbytes == per_layer["all_ranks"] * LAYERS
+
+
+def test_the_docs_table_is_the_formula():
+    from pathlib import Path
+
+    from app.engine.capture import capture_bytes_per_layer
+
+    doc = (Path(__file__).parents[2] / "docs" / "served-capture.md").read_text()
+    mib = capture_bytes_per_layer(heads=64, kv_heads=8, head_dim=128, tokens=32768, tp=8)
+    assert mib["per_rank"] == 144 * 2**20 and mib["all_ranks"] == 1152 * 2**20 and mib["weights"] == 256 * 2**30
+    assert "| 144 MiB | 1 152 MiB | 256 GiB |" in doc
+    small = capture_bytes_per_layer(heads=9, kv_heads=3, head_dim=64, tokens=2048)
+    assert small["per_rank"] == 6 * 2**20 and "| 6.0 MiB | 6.0 MiB | 144 MiB |" in doc
