@@ -103,6 +103,7 @@ class Store:
             return
         self.runner = runner
         if not self.hooked:
+            self.hooked = True  # once, even if it fails: a failure is logged once, serving goes on uncaptured
             self._hook(runner)
         now = time.monotonic()
         with self.lock:
@@ -130,6 +131,7 @@ class Store:
         runner = getattr(worker, "model_runner", None)
         if not self.hooked and runner is not None and getattr(runner, "model", None) is not None:
             self.runner = runner
+            self.hooked = True
             self._hook(runner)
 
     def _evict(self, now: float) -> None:
