@@ -75,6 +75,7 @@ from app.labs.paged import PagedLab, PagedLimits
 from app.labs.patch import PatchLab, PatchLimits, result_bytes
 from app.labs.prefix import PrefixLab, PrefixLabs, PrefixLimits
 from app.labs.queue import LabQueue
+from app.labs.served import ServedLab
 from app.labs.speculative import SpecLimits, SpeculativeLab
 from app.labs.train import TrainingLab, TrainLimits
 from app.labs.zoom import ZoomLab, ZoomLimits
@@ -134,6 +135,7 @@ class AppState:
     engine: EngineLab = field(init=False)
     patch: PatchLab = field(init=False)
     kit: KitLab = field(init=False)
+    served: ServedLab = field(init=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _janitor: threading.Thread | None = field(default=None, repr=False)
 
@@ -193,6 +195,7 @@ class AppState:
         state.patch = PatchLab(registry=registry, limits=patch,
                                line=state.lab_queue("patch", max_run_s=patch.patch_max_s,
                                                     cache_bytes=patch.patch_cache_bytes, result_bytes=result_bytes))
+        state.served = ServedLab(engine=state.engine, inspect=state.inspect, limits=EngineLimits.of(s))
         state.kit = KitLab(home=s.home, inspect=state.inspect, zoom=state.zoom, heads=state.heads, arena=state.arena,
                            speculative=state.speculative, long=state.long, limits=KitLimits.of(s))
         return state

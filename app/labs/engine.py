@@ -84,6 +84,8 @@ class EngineLimits(Limits):
     engine_max_pending_texts: int
     engine_max_streams: int
     engine_drive_max_blocks: int
+    engine_served_max_traces: int
+    engine_served_timeout_s: float
 
 
 def links_from(limits: EngineLimits) -> list[EngineLink]:

@@ -22,6 +22,7 @@ from app.labs.long import LongLab
 from app.labs.paged import PagedLab
 from app.labs.patch import PatchLab
 from app.labs.prefix import PrefixLabs
+from app.labs.served import ServedLab
 from app.labs.speculative import SpeculativeLab
 from app.labs.train import TrainingLab
 from app.labs.zoom import ZoomLab
@@ -121,6 +122,10 @@ async def get_kit(request: Request) -> KitLab:
     return request.app.state.kv.kit
 
 
+async def get_served(request: Request) -> ServedLab:
+    return request.app.state.kv.served
+
+
 StateDep = Annotated[AppState, Depends(get_state)]
 OwnerDep = Annotated[str, Depends(get_owner)]
 AddressDep = Annotated[str, Depends(get_address)]
@@ -143,6 +148,7 @@ EngineDep = Annotated[EngineLab, Depends(get_engine)]
 SpeculativeDep = Annotated[SpeculativeLab, Depends(get_speculative)]
 PatchDep = Annotated[PatchLab, Depends(get_patch)]
 KitDep = Annotated[KitLab, Depends(get_kit)]
+ServedDep = Annotated[ServedLab, Depends(get_served)]
 
 
 def is_htmx(request: Request) -> bool:

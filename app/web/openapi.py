@@ -86,9 +86,12 @@ WHY = {
     403: "Refused: a state-changing request sent by another site's page, or a class-kit pin deleted by another browser",
     404: "Not found: the thing named does not exist",
     410: "Gone: what the id names has ended or expired, or belongs to another browser",
+    409: "Conflict: the thing named cannot be given as it is (an engine's capture over its budget or still running, or"
+         " of a model this server does not run)",
     413: "The request body is larger than the server accepts",
     422: "Invalid input: a wrong type, a value out of bounds, or a name the server does not know",
     429: "This browser has too many requests waiting for the model: retry later",
+    502: "The serving engine named by index could not be reached or answered with something KVScope cannot read",
     503: "The server is busy (model queue, caps on sessions or memory, a run in progress): retry later",
 }
 ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}

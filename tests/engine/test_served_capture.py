@@ -130,3 +130,41 @@ def test_an_engine_without_the_plugin_names_the_pip_command(engine):
     with pytest.raises(ServedError) as e:
         fetch_served(engine.url, "anything")
     assert e.value.key == "err.served.no_plugin" and "pip install" in e.value.message
+
+
+def test_a_served_request_opens_on_inspect_with_its_banner(served, smol, tmp_path):
+    """The page a learner reaches from the Engine page's form: Inspect's views over the engine's attention, with the
+    banner naming engine, ranks and the difference from KVScope's own capture; the capture gone from the engine
+    once opened (a second open says so), and an unknown key a clear 410."""
+    from fastapi.testclient import TestClient
+
+    from app.settings import Settings
+    from app.web.main import create_app
+    from tests.conftest import make_state
+
+    settings = Settings(models=("builtin",), home=tmp_path, allowed_hosts=("testserver",), engine=(served.url,))
+    name = label()
+    out = complete(served, "The capital of France is", max_tokens=3, label=name)
+    assert out["choices"][0]["text"]
+    with TestClient(create_app(state=make_state(settings, smol))) as c:
+        r = c.post("/engine/served", data={"index": "0", "name": name}, follow_redirects=False)
+        assert r.status_code == 303, r.text
+        page = c.get(r.headers["location"])
+        assert page.status_code == 200
+        assert "tensor-parallel ranks 3" in page.text and 'id="served-banner"' in page.text
+        key = r.headers["location"].rsplit("/", 1)[-1]
+        _, trace = c.app.state.kv.inspect.trace_by_key(key)
+        assert max(trace.meta["served"]["max_diff"]) <= TOL
+        body = c.get(f"/api/traces/{key}/attention/7/4").json()
+        import base64
+
+        import numpy as np
+        got = np.frombuffer(base64.b64decode(body["data"]), dtype="<f4")
+        own = own_trace(smol, trace.token_ids).attention_rows(7, heads=slice(4, 5))[0].numpy()
+        want = own[np.tril_indices(own.shape[0])]
+        # The engine's q·k (its matmul order) against KVScope's eager: ~5e-6 apart, never bit for bit over a whole
+        # head, so equality here would mean the page showed KVScope's own capture instead of the engine's.
+        assert 0 < np.abs(got - want).max() <= TOL
+        again = c.post("/api/engine/0/served", json={"name": name})
+        assert again.status_code == 404 and name in again.json()["detail"]
+        assert c.get("/served/served-0000").status_code == 410
