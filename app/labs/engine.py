@@ -194,9 +194,12 @@ class EngineLab:
 
     def metrics_view(self, link: EngineLink) -> dict | None:
         with link.lock:  # the HTTP thread appends to the log: it is read as a copy, taken under the lock
-            m, log = link.metrics, tuple(link.metrics_log)
+            m, log, down = link.metrics, tuple(link.metrics_log), link.http_status
         if m is None:
             return None
+        # The engine no longer answers its scrape (stopped, crashed, unreachable): these are its last figures, from
+        # the scrape that last worked, that many seconds ago (the page counts on from there).
+        stale_s = time.time() - log[-1][0] if log and down is not None and down[0].startswith("err.") else None
         before = None
         for t, old in log:  # the rate over the last minute: Δ hits ÷ Δ queries
             if t >= time.time() - 60:
@@ -205,7 +208,7 @@ class EngineLab:
         return {"usage": m.usage, "queries": m.prefix_queries, "hits": m.prefix_hits,
                 "hit_rate": m.hit_rate_since(None), "hit_rate_recent": m.hit_rate_since(before),
                 "running": m.running, "waiting": m.waiting, "ttft_mean_s": m.ttft_mean_s, "ttft_count": m.ttft_count,
-                "itl_mean_s": m.itl_mean_s, "itl_count": m.itl_count,
+                "itl_mean_s": m.itl_mean_s, "itl_count": m.itl_count, "stale_s": stale_s,
                 "config": {k: m.config.get(k) for k in ("block_size", "num_gpu_blocks", "kv_cache_memory_bytes",
                                                         "kv_cache_size_tokens", "kv_cache_max_concurrency",
                                                         "prefix_caching_hash_algo", "cache_dtype",
