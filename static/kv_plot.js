@@ -32,7 +32,7 @@
       P[name] = function () {
         if ((name === "newPlot" || name === "react") && kv.narrow()) {
           if (Array.isArray(arguments[1])) arguments[1] = arguments[1].map(barUnder);
-          if (arguments[2] && typeof arguments[2] === "object") arguments[2] = phoneLayout(arguments[0], arguments[2]);
+          if (arguments[2] && typeof arguments[2] === "object") arguments[2] = phoneLayout(arguments[0], arguments[2], arguments[1]);
         }
         const out = orig.apply(this, arguments);
         Promise.resolve(out).then(chartKeyboard, () => {});
@@ -54,30 +54,49 @@
      powers of ten (Plotly draws the 2s and 5s between them at ¾ size). */
   const MIN_PX = 14;
   const floorFont = (o) => (o && o.font && o.font.size < MIN_PX ? Object.assign({}, o, { font: Object.assign({}, o.font, { size: MIN_PX }) }) : o);
-  function phoneLayout(gd, layout) {
+  const MODEBAR_PX = 40;  // the PNG / SVG buttons' strip at the chart's top right: nothing is drawn under it
+  function phoneLayout(gd, layout, traces) {
     const el = typeof gd === "string" ? document.getElementById(gd) : gd;
     const L = Object.assign({}, layout), W = (el && el.clientWidth) || window.innerWidth;
     const size = Math.max(MIN_PX, (L.font && L.font.size) || 12), family = (L.font && L.font.family) || kv.plotFont.family;
     L.font = Object.assign({}, L.font, { size });
     const m = Object.assign({ l: 80, r: 80, t: 100, b: 80 }, L.margin), H = L.height || (el && el.clientHeight) || 450;
     if (L.legend) L.legend = floorFont(L.legend);
-    if (L.annotations) L.annotations = L.annotations.map(floorFont);
+    // The top margin holds, from the top: the mode bar, the title's lines, a colour bar moved above the cells (its
+    // title on top) or a legend above the plot. Each gets its own band, so none is drawn over another.
+    const shown = Array.isArray(traces) ? traces.filter((t) => t && t.visible !== false) : [];
+    const hasBar = shown.some((t) => t.showscale !== false && (t.type === "heatmap" || t.colorbar));
+    const legendAbove = L.legend && L.legend.orientation === "h" &&  // above the plot, under the buttons (below, it meets the x title)
+      shown.filter((t) => t.showlegend !== false && t.name).length > 1;
+    let top = MODEBAR_PX;
     if (L.title) {
       L.title = fitTitle(L.title, size * 1.4, family, W - 20);
-      // The lines stand on the plot's top edge (where Plotly places a title of several lines right), and the top
-      // margin grows to hold them.
-      if (L.title.text && L.title.text.includes("<br>")) {
-        L.title = Object.assign({ y: 1, yref: "paper", yanchor: "bottom", pad: { b: 8 }, automargin: true }, L.title);
-      }
+      const lines = ((L.title.text || "").match(/<br>/gi) || []).length + 1;
+      // its first line just under the mode bar's band: Plotly anchors a title of several lines at its first line
+      // and draws the others above it, so the anchor goes down by those lines
+      L.title = Object.assign({}, L.title, { yref: "container", yanchor: "top", pad: { t: 0, b: 0 },
+        y: 1 - (MODEBAR_PX + 8 + (lines - 1) * size * 1.4) / H });
+      top += lines * size * 1.4 + 16;
     }
+    if (hasBar) top += 70;  // 12 px bar, its ticks, its title above it
+    if (legendAbove) {
+      const names = shown.filter((t) => t.showlegend !== false && t.name).map((t) => textWidth(String(t.name), size, family) + 60);  // its symbol and gap, generously
+      let rows = 1, run = 0;
+      for (const w of names) { if (run && run + w > W - 20) { rows++; run = 0; } run += w; }
+      L.legend = Object.assign({}, L.legend, { y: 1.02, yanchor: "bottom" });
+      top += rows * size * 1.9 + 12;
+    }
+    L.margin = Object.assign({}, L.margin, { t: Math.max((L.margin && L.margin.t) || 0, Math.ceil(top)) });
+    m.t = L.margin.t;
+    if (L.annotations) L.annotations = L.annotations.map(floorFont);
     for (const k of Object.keys(L)) {
       if (!/^[xy]axis\d*$/.test(k) || !L[k]) continue;
       const ax = Object.assign({}, L[k]), dom = ax.domain || [0, 1];
       const room = (k[0] === "x" ? W - m.l - m.r : H - m.t - m.b) * (dom[1] - dom[0]) - 8;
       if (ax.tickfont && ax.tickfont.size < MIN_PX) ax.tickfont = Object.assign({}, ax.tickfont, { size: MIN_PX });
-      if (ax.title) {
+      if (ax.title) {  // broken into lines that fit, and the margin made room for it beside its tick labels
         ax.title = fitTitle(ax.title, size * 1.2, family, room);
-        if (ax.title.text && ax.title.text.includes("<br>")) ax.automargin = true;
+        ax.automargin = true;
       }
       if (ax.type === "log" && ax.dtick === undefined) ax.dtick = 1;
       L[k] = ax;

@@ -57,8 +57,22 @@ window.kv.page("patch", (page) => {
     });
     const notes = $("patch-notes");
     notes.replaceChildren();
-    [["answer", d.answer], ["wrong", d.wrong]].forEach(([, a]) => {
+    [["answer", d.answer], ["wrong", d.wrong]].forEach(([field, a]) => {
       if (a.pieces > 1) notes.append(kv.el("li", {}, kv.t("patch.answer.first", { typed: a.typed, used: a.used, n: a.pieces })));
+      notes.append(kv.el("li", { class: "patch-scored", "data-field": field },
+        kv.t("patch.answer.scored", { typed: a.typed, used: a.used, id: a.id })));
+      if (a.spaced) {  // typed without its leading space: say the space matters, offer the token a preset scores
+        const use = kv.el("button", { type: "button", class: "patch-use-space", "data-field": field },
+          kv.t("patch.answer.use_space", { used: a.spaced.used }));
+        use.addEventListener("click", () => {
+          $("patch-" + field).value = a.spaced.text;
+          form.querySelector("input[value=own]").checked = true;
+          run();
+        });
+        notes.append(kv.el("li", { class: "patch-space", "data-field": field },
+          kv.t("patch.answer.space", { typed: a.typed, used: a.used, id: a.id, spaced: a.spaced.used, spaced_id: a.spaced.id }),
+          " ", use));
+      }
     });
     notes.append(kv.el("li", {}, kv.t("patch.differ", {
       positions: d.differ.map((p) => p + " " + d.clean_tokens[p] + " → " + d.corrupted_tokens[p]).join(", ") })));

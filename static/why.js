@@ -4,8 +4,9 @@
 (function () {
   "use strict";
 
-  const label = (w, p) => (w.unit === "pair"
-    ? kv.t("js.why.pair", { p: p.i, theta: p.theta.toPrecision(3) })
+  // In a sentence: θ with its unit; under a bar: short (the axis title gives the unit).
+  const label = (w, p, tick) => (w.unit === "pair"
+    ? kv.t(tick ? "js.why.pair_tick" : "js.why.pair", { p: p.i, theta: p.theta.toPrecision(3) })
     : kv.t("js.why.dim", { p: p.i }));
 
   async function draw(panel, k) {
@@ -30,7 +31,7 @@
         angle: kv.fmt(p.angle, 3), value: kv.fmt(p.value, 4), content: kv.fmt(p.content, 4) })
       : kv.t("js.why.hover_dim", { p: p.i, value: kv.fmt(p.value, 4) })));
     const traces = [{
-      type: "bar", x: w.parts.map((p) => label(w, p)), y: w.parts.map((p) => p.value),
+      type: "bar", x: w.parts.map((p) => label(w, p, true)), y: w.parts.map((p) => p.value),
       marker: { color: w.parts.map((p) => (named.has(p.i) ? "#c2410c" : "#2563eb")) },
       hovertext: hover, hoverinfo: "text", showlegend: false,
     }];

@@ -72,3 +72,16 @@ def test_chinese_is_offered_and_falls_back_to_english_key_by_key():
     assert html_lang("zh") == "zh-Hans" and html_lang("en") == "en"
     assert translate("tokens.count", "zh", n=7) == "7 个 token"
     assert translate("no.such.key", "zh") == "no.such.key"
+
+
+def test_chinese_names_a_head_tou_outside_brackets_and_translates_the_prefill_button():
+    """ZH-TERMS: English terms stay in （…） beside the Chinese one; "单个 head" beside "KV 头" read as two words."""
+    import re
+
+    zh = catalog("zh")
+    for key, text in zh.items():
+        bare = re.sub(r"（[^）]*）|\([^)]*\)|<[^>]*>|\{[^}]*\}|`[^`]*`", "", text)
+        assert not re.search(r"(?<![A-Za-z_.-])head(?![A-Za-z_-])", bare), (key, text)
+    assert zh["head.title"] == "单个头" and zh["grid.title"] == "全部头"
+    assert zh["decode.cost"] == "缓存省下了什么"
+    assert "prefill" in zh["decode.prefill"] and zh["decode.prefill"] != "Prefill"

@@ -262,7 +262,8 @@ def context_points(context: int, max_positions: int) -> list[int]:
 
 
 def chart(model: ModelConfig, inp: CalcInput) -> dict:
-    """KV bytes of the batch against context (block-rounded), and MHA / GQA / MQA (/ MLA) of the same model."""
+    """KV bytes of the batch against context (block-rounded), and MHA / GQA / MQA (/ MLA) of the same model: those
+    in the chosen K/V dtype, all on one GPU (``dtype`` and ``tp`` say so, for the chart's title)."""
     xs = context_points(inp.context, model.max_positions)
     kinds = ["MHA", "GQA", "MQA"] + (["MLA"] if model.kv_lora_rank else [])
     variants = []
@@ -275,4 +276,4 @@ def chart(model: ModelConfig, inp: CalcInput) -> dict:
             "batch_bytes": [inp.batch * request_bytes(m, one, x) for x in xs],
         })
     return {"contexts": xs, "batch_bytes": [inp.batch * request_bytes(model, inp, x) for x in xs],
-            "variants": variants}
+            "variants": variants, "dtype": inp.dtype, "tp": 1}

@@ -186,5 +186,6 @@ class EngineProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
 
-    def serve_line(self) -> str:
-        return f"kvscope serve --engine {self.url} --engine-events {self.events}"
+    def serve_line(self, kvscope: str = "kvscope") -> str:
+        """The ``serve`` command that watches this engine; ``kvscope`` is how the shell runs KVScope's command."""
+        return f"{kvscope} serve --engine {self.url} --engine-events {self.events}"

@@ -144,8 +144,9 @@ class EngineLab:
 
     def metrics_view(self, link: EngineLink) -> dict | None:
         with link.lock:  # the HTTP thread appends to the log: it is read as a copy, taken under the lock
-            m, log = link.metrics, tuple(link.metrics_log)
-        return views.metrics_view(m, log, time.time())
+            m, log, down = link.metrics, tuple(link.metrics_log), link.http_status
+        stopped = down is not None and down[0].startswith("err.")
+        return views.metrics_view(m, log, time.time(), stopped=stopped)
 
     def calculator_line(self, link: EngineLink) -> dict | None:
         """KVScope's calculator on the engine's own configuration, beside the engine's ``cache_config_info``

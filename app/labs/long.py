@@ -45,6 +45,13 @@ def long_text() -> str:
     return LONG_TEXT_PATH.read_text(encoding="utf-8")
 
 
+def essay_cut(lm: LoadedModel, ids: list[int]) -> int | None:
+    """The built-in essay's whole length in ``lm``'s tokens where ``ids`` are its opening, cut shorter (to the
+    model's or the server's limit); None for any other text, and for the whole essay."""
+    essay = lm.encode(long_text())
+    return len(essay) if len(ids) < len(essay) and essay[:len(ids)] == list(ids) else None
+
+
 @contextmanager
 def layer_progress(adapter: ModelAdapter, pace: GatedPace) -> Iterator[None]:
     """While the block runs, each layer's first hook point reports ``layer`` (1-based) of ``layers`` to the job and

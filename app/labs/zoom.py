@@ -177,9 +177,13 @@ class ZoomLab:
         """The long prompt's page: its metadata, its model's card, the head it opens on (Inspect's choice for the
         last query, ``opening_head``: a telling head, not layer 0 head 0; the URL's layer and head win) and the
         rows of its grid of heads made so far (a pinned trace's: all it was pinned with), drawn at once."""
+        from app.labs.long import essay_cut
+
         meta = self.meta(key)
-        _, trace = self.inspect.trace_by_key(key)
+        lm, trace = self.inspect.trace_by_key(key)
         choice = opening_head(trace, trace.n_tokens - 1)
+        if trace.past_length == 0 and trace.n_tokens > 1:  # the built-in essay cut to a limit: say so, with both counts
+            meta["cut_from"] = essay_cut(lm, trace.token_ids)
         return {"meta": meta, "card": model_card(self.inspect.registry.get(meta["model"])), "key": key,
                 "choice": choice, "q": trace.n_tokens - 1,
                 "grid_rows": {str(layer): row for layer, row in sorted(self.grid_rows(key).items())}}

@@ -200,6 +200,9 @@ def arithmetic(trace: Trace, layer: int, head: int, pos: int, *, limit: int = 48
         "rows": rows,
         "shown": len(rows),
         "visible": int(weights.numel()),
+        # every key's token, for the why panel's key list (a phone's picker shows only an option's text)
+        "key_tokens": [visible(texts[j - trace.past_length]) if j >= trace.past_length else ""
+                       for j in range(int(weights.numel()))],
         "weight_sum": float(weights.sum()),
         "out": [round(x, 4) for x in out.tolist()],
         "captured_out": [round(x, 4) for x in captured_out.tolist()],

@@ -138,12 +138,16 @@ def snapshot_view(index: int, link: LinkState, lang: str, *, streams: int, max_s
             "changes": [{**c, "hash": hex_id(c.get("hash")), "parent": hex_id(c.get("parent"))} for c in changes]}
 
 
-def metrics_view(metrics: EngineMetrics | None, log: Sequence[tuple[float, EngineMetrics]], now: float) -> dict | None:
+def metrics_view(metrics: EngineMetrics | None, log: Sequence[tuple[float, EngineMetrics]], now: float, *,
+                 stopped: bool = False) -> dict | None:
     """The engine's counters as the page shows them; the recent hit rate over the last minute of ``log`` (oldest
-    first: (time, scrape)) up to ``now``: Δ hits ÷ Δ queries."""
+    first: (time, scrape)) up to ``now``: Δ hits ÷ Δ queries. ``stopped``: the engine no longer answers its scrape
+    (stopped, crashed, unreachable), so these are its last figures, from the scrape that last worked ``stale_s``
+    seconds ago (the page counts on from there)."""
     m = metrics
     if m is None:
         return None
+    stale_s = now - log[-1][0] if log and stopped else None
     before = None
     for t, old in log:
         if t >= now - 60:
@@ -152,7 +156,7 @@ def metrics_view(metrics: EngineMetrics | None, log: Sequence[tuple[float, Engin
     return {"usage": m.usage, "queries": m.prefix_queries, "hits": m.prefix_hits,
             "hit_rate": m.hit_rate_since(None), "hit_rate_recent": m.hit_rate_since(before),
             "running": m.running, "waiting": m.waiting, "ttft_mean_s": m.ttft_mean_s, "ttft_count": m.ttft_count,
-            "itl_mean_s": m.itl_mean_s, "itl_count": m.itl_count,
+            "itl_mean_s": m.itl_mean_s, "itl_count": m.itl_count, "stale_s": stale_s,
             "config": {k: m.config.get(k) for k in CONFIG_SHOWN}}
 
 

@@ -45,6 +45,17 @@ def patch_view(lm: LoadedModel, req: PatchRequest, result: PatchResult, *, clean
     else:
         columns, rows = positions, [f"L{i}" for i in range(grid.shape[0])]
     answer_used, wrong_used = lm.tokens.text(req.answer), lm.tokens.text(req.wrong)
+
+    def spaced(typed: str, scored: int) -> dict | None:
+        """Typed without a leading space: the token that text makes after a space (the one a preset scores, "␣Paris":
+        a word after a word carries its space), where it is another token than the one scored."""
+        if not typed or typed[0].isspace():
+            return None
+        ids = lm.encode(" " + typed)
+        if not ids or ids[0] == scored:
+            return None
+        return {"text": " " + typed, "used": visible(lm.tokens.text(ids[0])), "id": ids[0]}
+
     return {
         "model": lm.name, "kind": req.kind, "metric": req.metric, "direction": req.direction,
         "normalized": scaled and abs(gap) > 1e-9, "layer": req.layer, "head": req.head,
@@ -55,8 +66,9 @@ def patch_view(lm: LoadedModel, req: PatchRequest, result: PatchResult, *, clean
         "clean_tokens": [visible(t) for t in clean_texts], "corrupted_tokens": [visible(t) for t in corrupt_texts],
         "differ": [p for p, (a, b) in enumerate(zip(req.clean, req.corrupted, strict=True)) if a != b],
         "answer": {"typed": req.answer_text, "used": visible(answer_used), "id": req.answer,
-                   "pieces": req.answer_pieces},
-        "wrong": {"typed": req.wrong_text, "used": visible(wrong_used), "id": req.wrong, "pieces": req.wrong_pieces},
+                   "pieces": req.answer_pieces, "spaced": spaced(req.answer_text, req.answer)},
+        "wrong": {"typed": req.wrong_text, "used": visible(wrong_used), "id": req.wrong, "pieces": req.wrong_pieces,
+                  "spaced": spaced(req.wrong_text, req.wrong)},
         "n_layer": lm.adapter.n_layer, "n_head": lm.adapter.n_head, "n_tokens": len(req.clean),
         "forwards": result.forwards,
         "inspect": "/?" + urlencode({"prompt": clean_text, "model": lm.name}),

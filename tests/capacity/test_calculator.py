@@ -321,3 +321,20 @@ def test_the_engine_figures_are_the_ones_vllm_computes(case, engine_venv_dir):  
                            max_num_batched_tokens=batched)
     assert (ours["num_blocks"], ours["tokens"], ours["max_concurrency"]) == (
         vllm["num_gpu_blocks"], vllm["kv_cache_size_tokens"], vllm["kv_cache_max_concurrency"])
+
+
+def test_the_charts_title_names_the_dtype_the_chart_was_computed_in_and_counts_requests():
+    """fp32 K/V: the chart's lines are 4 B a value (MHA of llama-3-8b: 2 · 32 · 32 · 128 · 4 B), and its title says
+    fp32, not a fixed bf16; one request reads "1 request"."""
+    from app.i18n import translate
+
+    r = calc("llama-3-8b", dtype="fp32", context=8192, batch=1)
+    assert r["chart"]["dtype"] == "fp32" and r["chart"]["tp"] == 1
+    mha = {v["kind"]: v for v in r["chart"]["variants"]}["MHA"]
+    assert mha["bytes_per_token"] == 2 * 32 * 32 * 128 * 4
+    for lang in ("en", "zh"):
+        title = translate("js.capacity.chart.title", lang, n=1, batch="1", dtype=r["chart"]["dtype"], tp=1)
+        assert "fp32" in title and "bf16" not in title
+    assert "1 request " in translate("js.capacity.chart.title", "en", n=1, batch="1", dtype="fp32")
+    assert "1 request of" in translate("js.capacity.fits", "en", n=1, batch="1", ctx="8,192", whole="3")
+    assert "3 requests of" in translate("js.capacity.fits", "en", n=3, batch="3", ctx="8,192", whole="3")

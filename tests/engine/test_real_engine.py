@@ -175,14 +175,22 @@ def test_an_engine_killed_mid_stream_is_reported_and_mirrored_again_when_back(en
     link.complete("A killed engine loses its cache. " * 8, max_tokens=1)
     assert wait_for(lambda: link.mirror.blocks, timeout=10)
     restarts = link.mirror.restarts
+    assert wait_for(lambda: link.metrics is not None, 15)
+    assert lab.metrics_view(link)["stale_s"] is None  # answering: the figures are now's
     engine.kill()
     assert wait_for(lambda: link.http_status is not None and link.http_status[0] == "err.engine.unreachable", 15)
+    last_ok = link.metrics_log[-1][0]
+    stale = lab.metrics_view(link)
+    # Its last figures stay, marked with the age of the scrape that last worked (the page counts on from there)
+    assert stale["stale_s"] is not None and stale["stale_s"] >= 0
+    assert stale["queries"] == link.metrics.prefix_queries and link.metrics_log[-1][0] == last_ok
     assert wait_for(lambda: not link.events_connected, 15)
     status = [s["key"] for s in lab.status(link, "en")]
     assert "err.engine.unreachable" in status and "err.engine.events_unreachable" in status
     engine.start()  # the same ports again
     engine.wait_healthy(timeout_s=420)
     assert wait_for(lambda: link.http_status is None and link.events_connected and link.mirror.restarts > restarts, 30)
+    assert lab.metrics_view(link)["stale_s"] is None
     assert not link.mirror.blocks  # a new engine holds nothing: neither does its mirror
     text = "A restarted engine starts empty. " * 8
     link.complete(text, max_tokens=1)

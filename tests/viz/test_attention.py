@@ -154,3 +154,17 @@ def test_grid_pooled_a_few_bands_at_a_time_equals_pooling_the_whole_maps(trace):
 def test_bad_indexes_are_clear_errors(trace, kw):
     with pytest.raises(BadInput, match="does not exist"):
         head_matrix(trace, kw.get("layer", 0), kw.get("head", 0))
+
+
+def test_every_key_has_its_token_for_the_key_list_even_where_rows_are_cut(trace, distil):
+    """The why panel's key list names each key by position and token (a phone's picker shows only that text): one
+    per key, the token the model read there (its id decoded again by the tokenizer), also where the arithmetic's
+    rows are cut to the strongest three."""
+    from app.viz.tokens import visible
+
+    a = arithmetic(trace, 0, 0, trace.n_tokens - 1, limit=3)
+    assert len(a["key_tokens"]) == a["visible"] == trace.n_tokens
+    ids = distil.encode("The cat sat on the mat because it was warm")  # the fixture's prompt
+    assert a["key_tokens"] == [visible(distil.tokenizer.decode([i])) for i in ids]
+    assert a["key_tokens"][1] == "␣cat"
+    assert all(a["key_tokens"][r["pos"]] == r["token"] for r in a["rows"])

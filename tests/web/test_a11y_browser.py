@@ -263,6 +263,25 @@ CHART_TEXT = """() => { const out = [];
   }
   return out.slice(0, 10); }"""
 
+# A chart's titles (its own, its axes', its colour bar's) and legend drawn over one another.
+CHART_OVERLAP = """() => { const out = [];
+  const hit = (a, b) => a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1;
+  for (const gd of document.querySelectorAll(".js-plotly-plot")) {
+    const b = gd.getBoundingClientRect();
+    if (!b.width) continue;
+    const parts = [...gd.querySelectorAll(".g-gtitle text, .cbtitle text, .g-xtitle text, .g-ytitle text, .legend")]
+      .filter((t) => t.getBoundingClientRect().width && (t.textContent || "").trim());
+    for (let i = 0; i < parts.length; i++) {
+      const r = parts[i].getBoundingClientRect();
+      for (let j = i + 1; j < parts.length; j++) {
+        if (hit(r, parts[j].getBoundingClientRect())) {
+          out.push(`#${gd.id} ${parts[i].textContent.slice(0, 20)} over ${parts[j].textContent.slice(0, 20)}`);
+        }
+      }
+    }
+  }
+  return out.slice(0, 10); }"""
+
 
 def test_every_page_fits_a_phone(a11y_page, live_server):
     """In English at 390 px: nothing scrolls the page sideways (wide tables and tracks scroll in their own box),
@@ -289,6 +308,9 @@ def test_every_page_fits_a_phone(a11y_page, live_server):
         charts = page.evaluate(CHART_TEXT)
         if charts:
             problems.append(f"{name}: chart text under 14 px or cut: {charts}")
+        overlap = page.evaluate(CHART_OVERLAP)
+        if overlap:
+            problems.append(f"{name}: chart text drawn over other text: {overlap}")
         found = axe_scan(page)
         serious = [v for v in found if v["impact"] in SERIOUS]
         if serious:

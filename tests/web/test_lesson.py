@@ -176,5 +176,5 @@ def test_the_api_tells_each_model_its_own_story(client, settings, llama):
     assert "4×" in " ".join(lam["prefill"]["text"])
     # Inspect draws the head grid beside the head view (above it only on a narrow screen).
     assert "grid beside this panel" in " ".join(lam["scores"]["text"])
-    assert "旁边的“全部 head”网格" in " ".join(zh["scores"]["text"])
+    assert "旁边的“全部头”网格" in " ".join(zh["scores"]["text"])
     assert "分组查询注意力" in " ".join(zh["qkv"]["text"]) and zh["mask"]["title"] == "因果掩码"

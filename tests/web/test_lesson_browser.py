@@ -26,6 +26,24 @@ FIT = """() => {
   return {card: [c.scrollHeight, c.clientHeight], text: [t.scrollHeight, t.clientHeight],
           more: t.classList.contains('more'), cut}; }"""
 
+# What the highlighted panel holds, cut sideways at 1280×720: a box that scrolls (the columns the card names off to
+# the right) or an element that runs past the panel's edge, under the card.
+CLIPPED = """() => { const out = [];
+  for (const t of document.querySelectorAll('.lesson-target')) {
+    const tr = t.getBoundingClientRect();
+    // its tables, their scroll boxes and its labels (a token track scrolls in its own box by design)
+    for (const el of [t, ...t.querySelectorAll('table, table *, .table-scroll, .math-scroll, label')]) {
+      if (!el.getClientRects().length || el.closest('.sr-only, .chart-export, .align-scroll')) continue;
+      const cs = getComputedStyle(el), r = el.getBoundingClientRect();
+      const scrolls = el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0 && cs.overflowX !== 'visible';
+      const bleeds = r.width > 0 && r.right > tr.right + 1 && cs.position !== 'fixed';
+      const name = el.tagName.toLowerCase() + (el.id ? '#' + el.id : '') + '.' + [...el.classList].join('.');
+      if (scrolls) out.push(`${name} scrolls ${el.scrollWidth} > ${el.clientWidth}`);
+      else if (bleeds) out.push(`${name} ends at ${Math.round(r.right)} > ${Math.round(tr.right)}`);
+    }
+  }
+  return out.slice(0, 8); }"""
+
 pytestmark = pytest.mark.browser
 
 READY = """k => { const c = document.getElementById('lesson-card');
@@ -92,6 +110,7 @@ def test_walk_the_whole_lesson(browser, live_server, lang):
             fit = page.evaluate(FIT)  # the whole text in its box at 1280×720, no scrolling; no view button cut
             assert fit["card"][0] <= fit["card"][1] and fit["text"][0] <= fit["text"][1], (stop["id"], fit)
             assert not fit["more"] and fit["cut"] == [], (stop["id"], fit)
+            assert page.evaluate(CLIPPED) == [], stop["id"]  # nothing the panel shows is cut off or scrolled away
             if k == n:
                 break
             if k == 5 and not backed:

@@ -57,3 +57,16 @@ def test_bad_input_gets_a_clear_message(client):
     assert client.post("/api/patch/run", json=CAPITAL | {"kind": "nope"}).status_code == 422
     r = client.post("/api/patch/run", json=CAPITAL | {"model": "builtin", "clean": "a 😀 b", "corrupted": "a 😀 c"})
     assert r.status_code == 422 and "😀" in r.json()["detail"]
+
+
+def test_a_target_typed_without_its_space_says_so_and_names_the_spaced_token(client, distil):
+    """"Paris" is another token than the preset's "␣Paris": the answer says which id it scores and offers the
+    spaced one (ids from the tokenizer itself); typed with its space, nothing is offered."""
+    bare = client.post("/api/patch/run", json=CAPITAL | {"answer": "Paris", "wrong": "Rome"}).json()
+    paris, spaced = distil.tokenizer.encode("Paris")[0], distil.tokenizer.encode(" Paris")[0]
+    assert paris != spaced
+    assert bare["answer"]["id"] == paris and bare["answer"]["used"] == "Paris"
+    assert bare["answer"]["spaced"] == {"text": " Paris", "used": "␣Paris", "id": spaced}
+    assert bare["wrong"]["spaced"]["id"] == distil.tokenizer.encode(" Rome")[0]
+    preset = client.post("/api/patch/run", json=CAPITAL).json()
+    assert preset["answer"]["id"] == spaced and preset["answer"]["spaced"] is None and preset["wrong"]["spaced"] is None

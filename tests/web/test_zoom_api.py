@@ -125,7 +125,7 @@ def test_a_long_capture_reports_layers_and_opens_the_zoom_page(client, state):
     assert result["n_tokens"] == trace.n_tokens > TILE
     page = client.get(result["url"])
     assert page.status_code == 200 and 'id="zoom-canvas"' in page.text
-    assert f"{trace.n_tokens:,}" in page.text
+    assert f"{trace.n_tokens:,}" in page.text and 'id="zoom-cut"' not in page.text  # its own text: not cut
 
 
 def test_the_builtin_text_is_long_and_cut_to_the_model(client, state, tiny):
@@ -133,6 +133,12 @@ def test_the_builtin_text_is_long_and_cut_to_the_model(client, state, tiny):
     r = client.post("/api/long/jobs", json={"model": "builtin", "builtin": True})
     result = events(r)[-1]["result"]
     assert result["n_tokens"] == tiny.max_positions
+    # ... and its page says it was cut, with both counts (the whole essay in this model's tokens, encoded again)
+    whole = len(tiny.encode(long_lab.long_text()))
+    assert whole > tiny.max_positions
+    page = client.get(result["url"])
+    assert page.status_code == 200
+    assert f"cut to {tiny.max_positions:,} of its {whole:,} tokens" in page.text
     limits = client.get("/api/long/text", params={"model": "distilgpt2"}).json()
     assert limits["max_tokens"] == 1024 and limits["text"] == long_lab.long_text()
 

@@ -27,7 +27,9 @@ router = APIRouter()
 SCRIPT_KEYS = (
     "patch.axis.block", "patch.axis.position", "patch.axis.head", "patch.colour.normalized", "patch.colour.prob",
     "patch.hover.cell", "patch.hover.raw", "patch.what.resid", "patch.what.attn", "patch.what.mlp", "patch.what.head",
-    "patch.what.head_pos", "patch.summary", "patch.summary.prob", "patch.answer.first", "patch.open_inspect",
+    "patch.what.head_pos", "patch.summary", "patch.summary.prob", "patch.answer.first", "patch.answer.scored",
+    "patch.answer.space",
+    "patch.answer.use_space", "patch.open_inspect",
     "patch.differ", "patch.direction.denoise.means", "patch.direction.noise.means", "patch.prob.means",
 )
 
