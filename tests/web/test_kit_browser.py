@@ -66,3 +66,7 @@ def test_a_pinned_long_trace_opens_with_the_banner_its_grid_and_the_language_ask
         page.goto(f"{url}/kit/{pin.kit}")  # the kit's code: its list, the item in it
         page.wait_for_selector(f"#pin-{pin.code}")
         assert page.inner_text("#kit-big-code") == pin.kit
+        page.goto(f"{url}/kit/{pin.kit}?present=1")  # on the projector too, where a page's own heading is hidden
+        assert page.evaluate("document.body.classList.contains('present')")
+        heading = "getComputedStyle(document.querySelector('#kit-big-code').parentElement).display"
+        assert page.evaluate(heading) != "none"
