@@ -56,14 +56,28 @@
       root.querySelectorAll(".zg-cell").forEach((c) => c.classList.toggle("sel", !!z && +c.dataset.layer === z.layer && +c.dataset.head === z.head));
     }
 
+    /* About how long: whole seconds up to a minute and a half, then minutes (as the server's lines say it). */
+    function about(seconds) {
+      return seconds < 90 ? kv.t("js.zoomgrid.seconds", { s: Math.max(1, Math.round(seconds)) })
+        : kv.t("js.zoomgrid.minutes", { m: Math.round(seconds / 60) });
+    }
+
     async function fill() {
       if (running) return;
       running = true; run.hidden = true; stop.hidden = false; bar.hidden = false;
+      // The time left from this run's own pace: the layers computed so far, each a pass over all its weights, so
+      // every layer costs about the same; said once one layer is in (before it, nothing is measured).
+      const start = performance.now();
+      let timed = 0;
       for (let l = 0; l < L && running; l++) {
         if (rows[l]) continue;
         bar.value = l;
-        status.textContent = kv.t("js.zoomgrid.progress", { layer: l + 1, layers: L });
+        const left = rows.filter((r) => !r).length;  // this layer and those after it not yet in
+        const per = timed ? (performance.now() - start) / timed / 1000 : null;
+        status.textContent = per === null ? kv.t("js.zoomgrid.progress", { layer: l + 1, layers: L })
+          : kv.t("js.zoomgrid.progress_eta", { layer: l + 1, layers: L, eta: about(per * left), per: about(per) });
         try { rows[l] = await kv.getJSON(`/api/traces/${key}/heads/${l}`); } catch (e) { running = false; break; }
+        timed++;
         paint();
       }
       const done = rows.filter(Boolean).length;

@@ -123,8 +123,17 @@ def test_zoom_pan_and_hover_a_4096_token_prompt(browser, long_server):
         assert f"{top['keys'][0]['weight']:.4f}" in items.nth(0).inner_text()
 
         # The grid of heads, filled layer by layer on demand; a square shows the endpoint's number and opens its head.
+        page.evaluate("""() => { window.__gridSaid = []; const s = document.getElementById('zoom-grid-status');
+            new MutationObserver(() => window.__gridSaid.push(s.textContent)).observe(s, {childList: true}); }""")
         page.click("#zoom-grid-run")
         page.wait_for_function("document.body.dataset.zoomGridDone === '2'", timeout=120_000)
+        said = page.evaluate("window.__gridSaid")
+        # Layer 1 with nothing measured yet; layer 2 with the time left from this run's pace (one layer to go: the
+        # time left is one layer's).
+        assert said[0] == "Layer 1 of 2…"
+        eta = next(t for t in said if t.startswith("Layer 2 of 2… about "))
+        left, per = eta.removeprefix("Layer 2 of 2… about ").split(" left (this run's pace: ")
+        assert per == left + " a layer)"
         row = page.request.get(f"{url}/api/traces/{key}/heads/1").json()
         cell = page.locator(".zg-cell[data-layer='1'][data-head='1']")
         assert float(cell.get_attribute("data-value")) == row["first"][1]
