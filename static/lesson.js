@@ -129,12 +129,29 @@
       : stop.text.concat(stop.when.filter((w) => $(w.sel)).map((w) => w.text)).map((t) => fill(stop, t));
     if (ready === "missing") lines.push(L.labels.missing);
     box.replaceChildren(...lines.map((t) => kv.el("p", null, t)));
+    if (ready === "wait") waiting(box.firstChild);
     box.scrollTop = 0;
     cue();
     document.getElementById("lesson-back").disabled = stop.index === 1;
     document.getElementById("lesson-next").textContent = stop.index === n ? L.labels.finish : L.labels.next;
     card.dataset.step = stop.index;
     card.dataset.ready = ready;
+  }
+
+  /* While a stop sets itself up (a capture, a lab's run), the card counts the seconds and repeats what the page's
+     own progress line says (its place in line, its layer, its time left from the run's own pace: the lab lines of
+     Arena, Patching and Training, the zoom grid's, the long capture's), so a 30 s wait is never a blank card. */
+  const PROGRESS = ".lab-line:not([hidden]) .lab-line-text, #zoom-grid-status, #long-status";
+  function waiting(line) {
+    const start = Date.now(), base = L.labels.waiting, mine = turn;
+    const tick = () => {
+      if (!line.isConnected || card.dataset.ready !== "wait" || mine !== turn) return;
+      const s = Math.round((Date.now() - start) / 1000);
+      const said = [...document.querySelectorAll(PROGRESS)].map((el) => el.textContent.trim()).find(Boolean);
+      line.textContent = s < 2 ? base : base + " " + L.labels.waited.replace("{s}", s) + (said ? " " + said : "");
+      setTimeout(tick, 500);
+    };
+    setTimeout(tick, 500);
   }
 
   function spotlight(stop) {

@@ -269,4 +269,5 @@ def lesson_view(card: dict, translate: Callable[..., str], has_key: Callable[[st
         })
     return {"prompt": PROMPT, "model": card["name"], "stops": stops,
             "labels": {k: translate(f"lesson.ui.{k}") for k in
-                       ("next", "back", "exit", "finish", "step", "waiting", "missing", "title", "keys", "more")}}
+                       ("next", "back", "exit", "finish", "step", "waiting", "waited", "missing", "title", "keys",
+                        "more")}}

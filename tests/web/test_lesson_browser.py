@@ -164,3 +164,43 @@ def test_the_real_models_longest_stops_fit_their_card_in_presenter_mode(browser,
             if k < last:
                 page.click("#lesson-next")
         assert page.js_errors == []
+
+
+def test_a_stop_that_waits_for_the_model_counts_and_says_what_its_page_says(browser, kv_home):
+    """The compression stop runs the arena; with the model busy (the gate taken by this test once the lesson's
+    card has its stops, as another class member's long capture would take it) the run waits in the arena's line,
+    and the card counts the seconds and repeats the page's own line instead of a bare "Setting up"; once the
+    model is free the stop is shown."""
+    import threading
+
+    from app.model.loading import load_builtin
+
+    st = make_state(Settings(models=("builtin",), home=kv_home, session_ttl_s=600), load_builtin(kv_home))
+    k = next(i for i, s in enumerate(STOPS, 1) if s["id"] == "compress")
+    held, free = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with st.model_lock.use():
+            held.set()
+            free.wait(60)
+
+    def lesson_then_busy(route) -> None:  # the lesson's stops answered, then the model taken
+        answer = route.fetch()
+        threading.Thread(target=hold, daemon=True).start()
+        assert held.wait(10)
+        route.fulfill(response=answer)
+
+    with serve_in_thread(st) as url, browser_page(browser, viewport={"width": 1280, "height": 720}) as page:
+        try:
+            page.route("**/api/lesson*", lesson_then_busy)
+            page.goto(f"{url}/arena?lesson={k}&model=builtin")
+            page.wait_for_function("""() => { const t = document.getElementById('lesson-text'),
+                line = document.getElementById('arena-line-text');
+                return t && /s so far\\)/.test(t.textContent) && line && line.textContent.trim() !== ''; }""",
+                                   timeout=60_000)
+            said = page.inner_text("#lesson-text")
+            assert said.startswith(translate("lesson.ui.waiting"))
+            assert page.inner_text("#arena-line-text").strip() in said  # the page's own line, repeated
+        finally:
+            free.set()
+        page.wait_for_function(READY, arg=k, timeout=90_000)
