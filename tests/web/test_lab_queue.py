@@ -176,7 +176,9 @@ def test_stop_removes_a_waiting_run_and_a_running_one_and_the_line_moves_on(serv
             assert (running_a["event"], queued_b["place"], queued_c["place"]) == ("running", 1, 2)
             assert a.http.delete(f"/api/arena/jobs/{queued_b['job']}").json() == {"stopped": False}  # not a's
             assert b.http.delete(f"/api/arena/jobs/{queued_b['job']}").json() == {"stopped": True}
-            assert [e["event"] for e in seen_by_b] == ["stopped"]
+            # Its line may say its wait once more first (a's pace measured meanwhile: a new estimate), then stopped.
+            rest = [e["event"] for e in seen_by_b]
+            assert rest[-1] == "stopped" and set(rest[:-1]) <= {"queued"}
             assert next(seen_by_c)["place"] == 1  # it moved up
             assert a.http.post(f"/api/arena/jobs/{running_a['job']}/stop").json() == {"stopped": True}
             assert list(seen_by_a)[-1]["event"] == "stopped"  # it stopped while waiting for the model
