@@ -56,7 +56,7 @@ class ServedLab:
         own = self.inspect.compute_trace(lm, list(served.token_ids))
         trace = served_trace(own, served, engine=index)
         key = PREFIX + hashlib.sha256(f"{index}|{served.request_id}|{id(trace)}".encode()).hexdigest()[:16]
-        figures = banner(trace.meta["served"], link.name)
+        figures = banner(trace.meta["served"], link.url)
         with self._lock:
             self.inspect.pin(key, (lm, trace))
             self._held[key] = figures
@@ -75,11 +75,11 @@ class ServedLab:
         return self.inspect.key_page(key, prompt="".join(tokens)) | {"served": figures}
 
 
-def banner(meta: dict, engine_name: str) -> dict:
+def banner(meta: dict, engine_url: str) -> dict:
     """What the banner says of a served trace: the engine, the request, its ranks, which positions it computed and
     which keys came from cached blocks, and the largest difference per layer from KVScope's own capture."""
     diffs = meta["max_diff"]
-    return {"engine": meta["engine"], "engine_name": engine_name, "request_id": meta["request_id"],
+    return {"engine": meta["engine"], "engine_url": engine_url, "request_id": meta["request_id"],
             "label": meta["label"], "tp": meta["tp"], "pp": meta["pp"], "computed_from": meta["computed_from"],
             "cached_blocks": len(meta["cached_block_ids"]), "block_ids": list(meta["cached_block_ids"]),
             "block_size": meta["block_size"], "steps": len(meta["steps"]), "max_diff": f"{max(diffs):.1e}",
