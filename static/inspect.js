@@ -16,6 +16,7 @@
       key: root.dataset.key, T: +root.dataset.tokens, L: +root.dataset.layers, H: +root.dataset.heads,
       layer: +root.dataset.layer, head: +root.dataset.head, q: +root.dataset.q, kind: root.dataset.kind,
       KV: +root.dataset.kvHeads || +root.dataset.heads, labels: labels(), matrix: null, grid: null,
+      cached: +root.dataset.cachedKeys || 0,  // a served request's keys read from the engine's cached blocks
       scale: new URL(window.location.href).searchParams.get("scale") || "sqrt",
       ...multiFromUrl(+root.dataset.tokens),
     };
@@ -490,6 +491,11 @@
   function marks(cols, key) {
     const out = [{ type: "rect", xref: "x", yref: "y", x0: -0.5, x1: cols - 0.5, y0: S.q - 0.5, y1: S.q + 0.5,
       line: { color: "#d08a00", width: 3 }, fillcolor: "rgba(0,0,0,0)" }];
+    // A served request's keys that came from cached blocks (another request computed them): their columns shaded
+    // under a hatch-free grey veil, with the banner above naming the blocks.
+    if (S.cached) out.unshift({ type: "rect", xref: "x", yref: "paper", x0: -0.5, x1: S.cached - 0.5, y0: 0, y1: 1,
+      line: { color: "#6b7280", width: 1, dash: "dot" }, fillcolor: "rgba(107,114,128,0.22)", layer: "above",
+      name: "cached-keys" });
     // The tokens summed: their rows (query tokens) or columns (key tokens), dashed.
     const rows = S.matrix ? S.matrix.p.m.rows : cols;
     for (const t of S.multi) {

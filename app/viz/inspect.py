@@ -76,4 +76,7 @@ def inspect_view(
         "sel": {"layer": layer, "head": head, "q": q, "kind": kind},
         "choice": choice if choice and choice["role"] else None,  # why the page opened on this head
         "query": sel,
+        # A request a serving engine computed (app/engine/served_trace.py): its keys before this position came from
+        # the engine's cached blocks (a prefix-cache hit), so the heatmap shades those columns. None otherwise.
+        "cached_keys": (trace.meta.get("served") or {}).get("computed_from") or None,
     }

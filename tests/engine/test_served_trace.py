@@ -52,3 +52,13 @@ def test_other_tokens_are_refused(own):
     served.token_ids = served.token_ids[::-1]
     with pytest.raises(BadInput):
         served_trace(own, served)
+
+
+def test_inspect_shades_the_keys_a_served_request_read_from_cached_blocks(own, llama):
+    """The view names where the request's own rows start (the cached blocks' end): the heatmap shades the columns
+    before it; a request without a hit, and any trace not served, shade nothing."""
+    from app.viz.inspect import inspect_view
+
+    assert inspect_view(llama, "k", served_trace(own, as_served(own, computed_from=4)))["cached_keys"] == 4
+    assert inspect_view(llama, "k", served_trace(own, as_served(own)))["cached_keys"] is None
+    assert inspect_view(llama, "k", own)["cached_keys"] is None
