@@ -75,11 +75,16 @@ def listening(port: int) -> bool:
 
 
 def process_group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    """A process of the group still runs (a zombie, already dead and waiting for its new parent to reap it, does not
+    count: it holds no memory and no port)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(group) == pgid and state != "Z":
+            return True
+    return False
 
 
 def children_of(pid: int) -> list[int]:

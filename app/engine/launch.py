@@ -165,19 +165,23 @@ class EngineProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM to its process group (vLLM starts an engine-core child), SIGKILL if it lingers."""
+        """SIGTERM to its process group (vLLM starts an engine-core child, and workers with tensor parallel), SIGKILL
+        if any of it lingers; returns once none of the group runs (the API server exits before its children do)."""
         if self.proc is None or self.proc.poll() is not None:
             return
+        pgid = self.proc.pid
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
-                os.killpg(self.proc.pid, sig)
+                os.killpg(pgid, sig)
             except ProcessLookupError:
                 return
-            try:
+            deadline = time.monotonic() + timeout_s
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=timeout_s)
+            while group_running(pgid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not group_running(pgid):
                 return
-            except subprocess.TimeoutExpired:
-                continue
 
     def kill(self) -> None:
         """SIGKILL at once (a crash, as the mirror must survive it)."""
@@ -189,3 +193,23 @@ class EngineProcess:
     def serve_line(self, kvscope: str = "kvscope") -> str:
         """The ``serve`` command that watches this engine; ``kvscope`` is how the shell runs KVScope's command."""
         return f"{kvscope} serve --engine {self.url} --engine-events {self.events}"
+
+
+def group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs: one that is not a zombie (a zombie holds no memory and no
+    port; its new parent reaps it). Read from /proc where there is one, else ``killpg(pgid, 0)``."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, parent, process group
+            return True
+    return False
