@@ -99,28 +99,39 @@ def children_of(pid: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_to_kvscope_engine_stops_its_vllm_and_frees_its_ports(sig, engine_venv_dir, smollm2_dir, tmp_path):
+def start_engine_cli(engine_venv_dir, smollm2_dir):
+    """``kvscope engine`` on free ports, with SIGINT ignored as a shell's ``&`` starts a background job (Ctrl-C /
+    kill -INT must still stop it), read until it says its engine is up: (process, its ports, what it said)."""
     http, events = free_port(), free_port_pair()
     no_kvscope = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if not (Path(d) / "kvscope").exists())
     env = {**os.environ, "KVSCOPE_HOME": str(smollm2_dir.parents[1]), "PATH": no_kvscope}
-    # SIGINT ignored, as a shell's ``&`` starts a background job: Ctrl-C / kill -INT must still stop it.
     cli = subprocess.Popen([sys.executable, "-m", "app.cli", "engine", "--port", str(http), "--events-port",
                             str(events), "--venv", str(engine_venv_dir)], cwd=ROOT, env=env, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in cli.stdout], daemon=True).start()
-    said, vllm = [], []
+    said: list[str] = []
+    deadline = time.monotonic() + 420
+    while not any("stops it" in line for line in said) and time.monotonic() < deadline:
+        if cli.poll() is not None:
+            break
+        try:
+            said.append(lines.get(timeout=1))
+        except queue.Empty:
+            continue
+    return cli, (http, events), said
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_kvscope_engine_stops_its_vllm_and_frees_its_ports(sig, engine_venv_dir, smollm2_dir, tmp_path):
+    cli, (http, events), said = start_engine_cli(engine_venv_dir, smollm2_dir)
+    if cli.poll() is not None and "not healthy" in "".join(said):
+        # vLLM's start on 2 busy cores has stalled at its worker's start (seen once in a run beside another suite):
+        # what is tested here is the stop, so a start that never came up is tried once more, on new ports.
+        cli, (http, events), said = start_engine_cli(engine_venv_dir, smollm2_dir)
+    vllm: list[int] = []
     try:
-        deadline = time.monotonic() + 420
-        while not any("stops it" in line for line in said) and time.monotonic() < deadline:
-            if cli.poll() is not None:
-                break
-            try:
-                said.append(lines.get(timeout=1))
-            except queue.Empty:
-                continue
         assert any("stops it" in line for line in said), "".join(said)
         vllm = children_of(cli.pid)
         assert len(vllm) == 1 and listening(http) and listening(events)
