@@ -59,6 +59,7 @@ test:
 # real-vLLM test on one. Each install is a no-op when its part is already there.
 suite: test-deps chromium axe-deps
 	$(BIN)/ruff check app tests bench
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder
 
 engine-deps-beside:
@@ -91,6 +92,7 @@ numerics: test-deps
 
 lint: test-deps
 	$(BIN)/ruff check app tests bench
+	$(BIN)/mypy
 
 bench: test-deps
 	$(BIN)/pip install -q -e '.[bench]'
