@@ -144,6 +144,8 @@ class Settings:
     # at most this many held at once (the oldest let go first), and seconds one fetch from the engine may take.
     engine_served_max_traces: int = 4
     engine_served_timeout_s: float = 60.0
+    # A prompt the Engine page sends to be captured ("Send and capture"): at most this many new tokens decoded.
+    engine_served_max_new_tokens: int = 8
     # The fleet panel (several engines or ranks): at most this many prefixes (chains of cached blocks) listed.
     engine_fleet_max_chains: int = 24
     # What an engine may send (app/engine/events.py, link.py): tokens a KV block (a larger block_size is a bad
@@ -438,7 +440,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
                "engine_max_num_batched_tokens", "engine_max_runs_kept", "engine_fleet_max_chains", "max_prompt_chars",
                "engine_max_block_size", "engine_max_tokens", "engine_max_message_mib", "engine_max_pending_texts",
                "engine_max_streams", "engine_drive_max_blocks", "engine_served_max_traces",
-               "engine_served_timeout_s"),
+               "engine_served_timeout_s", "engine_served_max_new_tokens"),
     "lines": ("lab_queue_max", "lab_jobs_per_browser", "lab_max_wait_s"),
 }
 

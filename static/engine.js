@@ -189,6 +189,19 @@ window.kv.page("engine", (page) => {
     drawRun(run);
   });
 
+  /* Send and capture: the two requests go to the engine shown (the first plain, the second flagged), then the
+     captured one opens on Inspect; a lesson in progress goes along (kv.visit). Without scripts the form posts. */
+  $("served-ask").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const f = e.target, send = $("served-send");
+    send.disabled = true;
+    const out = await kv.act("POST", "/api/engine/" + index + "/served/ask", {
+      before: f.before.value.trim() || null, prompt: f.prompt.value, max_tokens: +f.max_tokens.value || 1,
+    }, "served-busy");
+    send.disabled = false;
+    if (out) kv.visit(out.page);
+  });
+
   /* The fleet: every engine's index as chains of blocks, merged (GET /api/engine/fleet), refreshed every few
      seconds while the page is in view; a typed prompt scored on each engine (POST /api/engine/route). */
   async function drawFleet() {

@@ -242,7 +242,14 @@
     if (via) { // the page that makes this stop's page: start its run, which opens that page (?lesson=k kept)
       at = k;
       show(stop, "wait");
-      await act(stop, ++turn, stop.via.action, "via");
+      const mine = ++turn;
+      await act(stop, mine, stop.via.action, "via");
+      // Still here: the run could not open the stop's page (no engine connected, or it refused). The page's own
+      // panel that says so is the stop's, with the sentence that applies.
+      if (mine === turn && stop.via.target) {
+        const el = spotlight({ target: stop.via.target });
+        show(stop, el ? "ready" : "missing");
+      }
       return;
     }
     // Reached by a link or a reload: bring the page to this stop's state (the earlier stops' actions here).

@@ -267,10 +267,13 @@ class EngineLink:
             raise _bad(self.url + "/detokenize", "err.engine.answer.no_text")
         return shown(out["prompt"], TEXT_CHARS_PER_TOKEN * max(1, len(tokens)))
 
-    def complete(self, prompt: str, *, max_tokens: int = 1, timeout: float = 60.0) -> str:
-        """One completion of ``prompt``, greedy; the text generated."""
-        out = self.post("/v1/completions", {"model": self.served_model(), "prompt": prompt,
-                                            "max_tokens": max_tokens, "temperature": 0}, timeout=timeout)
+    def complete(self, prompt: str, *, max_tokens: int = 1, timeout: float = 60.0,
+                 extra: dict | None = None) -> str:
+        """One completion of ``prompt``, greedy; the text generated. ``extra``: more fields of the request (the
+        capture plugin's ``vllm_xargs``), never the model, prompt or sampling."""
+        body = {**(extra or {}), "model": self.served_model(), "prompt": prompt, "max_tokens": max_tokens,
+                "temperature": 0}
+        out = self.post("/v1/completions", body, timeout=timeout)
         choices = out.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise _bad(self.url + "/v1/completions", "err.engine.answer.no_choices")

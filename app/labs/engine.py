@@ -86,6 +86,7 @@ class EngineLimits(Limits):
     engine_drive_max_blocks: int
     engine_served_max_traces: int
     engine_served_timeout_s: float
+    engine_served_max_new_tokens: int
 
 
 def links_from(limits: EngineLimits) -> list[EngineLink]:
@@ -125,6 +126,14 @@ class EngineLab:
         if not 0 <= index < len(self.links):
             raise NotFound("err.engine.no_engine", index=index, n=len(self.links))
         return self.links[index]
+
+    def blocks_held(self, index: int, hashes: list[int]) -> list[tuple[int, tuple[int, ...]] | None]:
+        """For each event id in ``hashes``: (the event batch that stored it, its token ids) as engine ``index``'s
+        mirror holds it (group 0, any medium), or None where the mirror does not hold it."""
+        link = self.link(index)
+        with link.lock:
+            by_hash = {b.block_hash: b for b in link.mirror.blocks.values() if b.group_idx == 0}
+            return [(b.seq, b.token_ids) if (b := by_hash.get(h)) is not None else None for h in hashes]
 
     def last_run(self, owner: str) -> dict | None:
         """This browser's last comparison (a drive's view), while it is among the newest ``engine_max_runs_kept``."""

@@ -5,7 +5,14 @@ held for Inspect's views.
 
     ServedLab.open(index, name)   fetch the capture named ``name`` (a label or a request id) from engine ``index``,
                                   hold it as a trace; its key (``served-…``), found by every Inspect view
+    ServedLab.ask(index, prompt)  send ``prompt`` to engine ``index`` flagged for capture (``before`` first, not
+                                  flagged: its blocks land in the engine's prefix cache), then ``open`` it
     ServedLab.page(key)           the Inspect page's context for a held served trace, with its banner's figures
+
+The banner names the cached blocks a prefix hit read its keys from twice over: the block ids the workers read (the
+plugin's), and their hashes computed the engine's way from the request's token ids (``app/engine/hashing.py``),
+each looked up in the mirror of the engine's KV events (``EngineLab.blocks_held``): a hash the mirror holds with
+the same tokens is the block the engine announced when another request stored it.
 
 The engine drops a capture once fetched, so a served trace is held here (through Inspect's pin protocol: never
 recomputed, since KVScope cannot recompute what the engine computed) and at most ``engine_served_max_traces`` at
@@ -16,16 +23,32 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
+import uuid
 from collections import OrderedDict
 
 from app.engine.capture import ServedAttention, ServedConflict, fetch_served
+from app.engine.hashing import VllmBlockHasher
 from app.engine.served_trace import served_trace
-from app.errors import Expired
+from app.errors import BadInput, Expired
 from app.labs.engine import EngineLab, EngineLimits
 from app.labs.inspect import InspectLab
 from app.model.loading import LoadedModel
 
 PREFIX = "served-"
+# How long the banner waits for the KV event of a cached block the mirror does not hold yet: the engine publishes a
+# block's event in the step that stored it, so a block missing after this is one the mirror will not get (stored
+# before the server listened, or evicted).
+EVENTS_GRACE_S = 1.0
+# The Engine page's "Send and capture" form, filled in: a beginning of three full blocks (vLLM's 32 tokens a block
+# on CPU, SmolLM2's tokenizer), sent first, then the same beginning with a question, captured. The lesson's stop on
+# the keys a request did not compute presses its button.
+ASK_BEFORE = ("A serving engine keeps the keys and values of every token it has read in its KV cache, in blocks of "
+              "a fixed number of tokens. When a new request begins with exactly the same tokens as an earlier one, "
+              "the engine finds those blocks by their hashes and reads their keys and values instead of computing "
+              "them again, so only the new tokens run through the model. This is called prefix caching, and it is "
+              "why a long shared system prompt costs almost nothing after its first request.")
+ASK_PROMPT = ASK_BEFORE + " Question: which of these tokens did the second request compute itself? Answer:"
 
 
 class ServedLab:
@@ -57,6 +80,8 @@ class ServedLab:
         trace = served_trace(own, served, engine=index)
         key = PREFIX + hashlib.sha256(f"{index}|{served.request_id}|{id(trace)}".encode()).hexdigest()[:16]
         figures = banner(trace.meta["served"], link.url)
+        figures["blocks"] = self._blocks(index, served)
+        figures["listening"] = link.events is not None
         with self._lock:
             self.inspect.pin(key, (lm, trace))
             self._held[key] = figures
@@ -64,6 +89,45 @@ class ServedLab:
                 old, _ = self._held.popitem(last=False)
                 self.inspect.unpin(old)
         return key
+
+    def ask(self, index: int, prompt: str, before: str | None = None, max_tokens: int = 4) -> str:
+        """Send ``prompt`` to engine ``index`` flagged for capture, ``before`` (if given) first and unflagged, so a
+        prompt that begins with it finds its blocks cached; then open the capture: its key."""
+        link = self.engine.link(index)
+        prompt, before = (prompt or "").strip(), (before or "").strip() or None
+        if not prompt:
+            raise BadInput("err.engine.empty_prompt")
+        limit = self.limits.max_prompt_chars
+        if len(prompt) > limit or (before is not None and len(before) > limit):
+            raise BadInput("err.engine.prompt_long", n=limit)
+        if not 1 <= max_tokens <= self.limits.engine_served_max_new_tokens:
+            raise BadInput("err.served.new_tokens", n=self.limits.engine_served_max_new_tokens)
+        timeout = self.limits.engine_served_timeout_s
+        if before is not None:
+            link.complete(before, max_tokens=1, timeout=timeout)
+        name = "kvscope-" + uuid.uuid4().hex[:16]  # this request's label: no other request carries it
+        link.complete(prompt, max_tokens=max_tokens, timeout=timeout,
+                      extra={"vllm_xargs": {"kvscope_capture": name}})
+        return self.open(index, name)
+
+    def _blocks(self, index: int, served: ServedAttention) -> list[dict]:
+        """Each cached block the request read keys from: its id in the engine's pool (the workers'), its hash as
+        vLLM chains it from the token ids, and whether the mirror of the engine's events holds that hash with
+        these tokens (and from which event batch)."""
+        c, bs = served.computed_from, served.block_size
+        hashes = VllmBlockHasher().request(served.token_ids[:c], bs) if c and bs else []
+        held = self.engine.blocks_held(index, hashes)
+        link = self.engine.link(index)
+        end = time.monotonic() + EVENTS_GRACE_S
+        while link.events is not None and None in held and (left := end - time.monotonic()) > 0:
+            link.wait(link.mirror.version, left)  # a block stored a moment ago: its event may still be on its way
+            held = self.engine.blocks_held(index, hashes)
+        out = []
+        for j, (bid, h, seen) in enumerate(zip(served.cached_block_ids, hashes, held, strict=False)):
+            tokens = tuple(served.token_ids[j * bs:(j + 1) * bs])
+            out.append({"index": j, "id": bid, "hash": f"{h:016x}", "first": j * bs, "last": (j + 1) * bs - 1,
+                        "seq": seen[0] if seen is not None and seen[1] == tokens else None})
+        return out
 
     def page(self, key: str) -> dict:
         """Inspect's page context for a held served trace, ``served`` the banner's figures."""

@@ -49,7 +49,8 @@ LONG_PROMPT = "{long_prompt}"  # an action value the server replaces with that t
 
 # Each page's path; a path ending in "/" is a family of pages (the zoom page of each long capture).
 PAGES = {"inspect": "/", "decode": "/decode", "prefix": "/prefix", "paged": "/paged", "capacity": "/capacity",
-         "zoom": "/zoom/", "arena": "/arena", "heads": "/heads", "speculative": "/speculative", "engine": "/engine"}
+         "zoom": "/zoom/", "arena": "/arena", "heads": "/heads", "speculative": "/speculative", "engine": "/engine",
+         "served": "/served/"}
 PROMPT_PAGES = ("inspect", "decode")  # pages that take ?prompt=
 ARENA_PAIR = ("window", "streaming")  # the compression stop's two policies: a plain window, StreamingLLM
 ARENA_STEPS = 8
@@ -161,6 +162,15 @@ STOPS: tuple[dict, ...] = (
     # --- The real engine: vLLM's own cache, when one is connected ------------------------------------------
     {"id": "engine", "page": "engine", "target": "#engine-status-panel, #engine-none",
      "when": {"connected": "#engine-root", "none": "#engine-none"}, "fill": {"url": "#engine-url"}},
+    # --- The engine's own request: the keys a prefix hit read from cached blocks, on Inspect ------------------
+    # Reached via the Engine page's "Send and capture" (its two prompts filled in by the server): the captured
+    # request opens on /served/<key>. Where it cannot (no engine, or the engine refused), the Engine page's own
+    # panel is shown instead (``via_target``) with the sentence that says why.
+    {"id": "served", "page": "served", "target": "#served-banner", "via": "engine", "via_action": [
+        {"do": "click", "sel": "#served-send", "if": "#served-send", "once": True,
+         "wait": "#error .error-box", "ms": RUN_MS},
+    ], "via_target": "#engine-none, #engine-served-panel",
+     "when": {"connected": "#served-banner", "none": "#engine-none", "refused": "#error .error-box"}},
 )
 
 # Sentences a stop may add for some models: key suffix → when it applies, read from the model card and from what
@@ -178,7 +188,7 @@ EXTRAS: dict[str, Callable[[dict], bool]] = {
     "induction": lambda c: c["heads"].get("induction") is not None,
 }
 # Sentences that apply to what the page shows (a stop's ``when``): every suffix a stop may use.
-WHEN = ("connected", "none")
+WHEN = ("connected", "none", "refused")
 
 
 def stop_keys(stop: dict) -> list[str]:
@@ -259,8 +269,8 @@ def lesson_view(card: dict, translate: Callable[..., str], has_key: Callable[[st
                       if applies(caps) and has_key(f"{base}.{extra}")]
         when = [{"sel": sel, "text": translate(f"{base}.{suffix}", **values, **runtime)}
                 for suffix, sel in stop.get("when", {}).items()]
-        via = {"path": PAGES[stop["via"]], "action": _with_values(stop["via_action"], {LONG_PROMPT: long_prompt})
-               } if "via" in stop else None
+        via = {"path": PAGES[stop["via"]], "action": _with_values(stop["via_action"], {LONG_PROMPT: long_prompt}),
+               "target": stop.get("via_target")} if "via" in stop else None
         stops.append({
             "index": i, "id": stop["id"], "page": stop["page"], "path": PAGES[stop["page"]],
             "url": stop_url(i, model=card["name"]), "target": stop["target"],

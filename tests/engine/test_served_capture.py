@@ -168,3 +168,46 @@ def test_a_served_request_opens_on_inspect_with_its_banner(served, smol, tmp_pat
         again = c.post("/api/engine/0/served", json={"name": name})
         assert again.status_code == 404 and name in again.json()["detail"]
         assert c.get("/served/served-0000").status_code == 410
+
+
+def test_send_and_capture_names_the_cached_blocks_by_the_hashes_the_engines_events_announced(served, smol, tmp_path):
+    """The Engine page's "Send and capture": the passage first, then the passage with a question, captured and
+    opened on Inspect. Its banner's blocks are found a second way here: walking the mirror of the engine's KV events
+    by token content (a root block holding the first 32 tokens, its child the next 32, …), never by hash."""
+    from bs4 import BeautifulSoup
+    from fastapi.testclient import TestClient
+
+    from app.labs.served import ASK_BEFORE, ASK_PROMPT
+    from app.settings import Settings
+    from app.web.main import create_app
+    from tests.conftest import make_state
+    from tests.engine.publisher import wait_for
+
+    settings = Settings(models=("builtin",), home=tmp_path, allowed_hosts=("testserver",), engine=(served.url,),
+                        engine_events=(served.events,), engine_poll_s=0.5)
+    with TestClient(create_app(state=make_state(settings, smol))) as c:
+        link = c.app.state.kv.engine.links[0]
+        assert wait_for(lambda: link.events_connected, timeout=30)
+        before = hits(served)
+        r = c.post("/api/engine/0/served/ask", json={"before": ASK_BEFORE, "prompt": ASK_PROMPT, "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        page = c.get(r.json()["page"])
+        assert page.status_code == 200
+        _, trace = c.app.state.kv.inspect.trace_by_key(r.json()["key"])
+        served_meta = trace.meta["served"]
+        bs, cached = served_meta["block_size"], served_meta["computed_from"]
+        assert cached >= 2 * bs and hits(served) - before == cached  # the engine's own count of cached tokens
+        rows = BeautifulSoup(page.text, "html.parser").select("#served-blocks-table tbody tr")
+        assert len(rows) == cached // bs and all(row.has_attr("data-seen") for row in rows)
+        with link.lock:
+            blocks = [b for b in link.mirror.blocks.values() if b.group_idx == 0]
+        parent, walked = None, []
+        for j in range(cached // bs):
+            tokens = tuple(trace.token_ids[j * bs:(j + 1) * bs])
+            (b,) = {b.block_hash: b for b in blocks if b.parent == parent and b.token_ids == tokens}.values()
+            walked.append(f"{b.block_hash:016x}")
+            parent = b.block_hash
+        assert [row["data-hash"] for row in rows] == walked
+        assert max(served_meta["max_diff"]) <= TOL
+        bad = c.post("/api/engine/0/served/ask", json={"prompt": "x", "max_tokens": 99})
+        assert bad.status_code == 422 and "KVSCOPE_ENGINE_SERVED_MAX_NEW_TOKENS" in bad.json()["detail"]

@@ -70,6 +70,9 @@ def _reads_the_page(page, stop_id: str, text: str, lang: str) -> None:
         assert page.locator(".zg-cell.top.sel").count() == 1
     if stop_id == "engine":  # no engine in the tests: the card says how to start one, nothing about a connection
         assert translate("lesson.engine.none", lang) in text and page.locator("#engine-none").count() == 1
+    if stop_id == "served":  # nor a served request to open: the Engine page's panel says so, and the card why
+        assert translate("lesson.served.none", lang) in text and page.locator("#engine-none.lesson-target").count() == 1
+        assert translate("lesson.served.connected", lang) not in text
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])

@@ -11,6 +11,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 from app.i18n import catalog
+from app.labs.served import ASK_BEFORE, ASK_PROMPT
 from app.web.deps import EngineDep, OwnerDep
 from app.web.openapi import Body, errors
 from app.web.render import render, request_lang
@@ -33,7 +34,8 @@ class RouteBody(Body):
 def read_engine_page(request: Request, lab: EngineDep, owner: OwnerDep):
     lang = request_lang(request)
     return render(request, "engine.html", page="engine", script_keys=SCRIPT_KEYS, **lab.page(lang),
-                  last_run=lab.last_run(owner))
+                  last_run=lab.last_run(owner), ask={"before": ASK_BEFORE, "prompt": ASK_PROMPT,
+                                                     "max_tokens": lab.limits.engine_served_max_new_tokens})
 
 
 @router.get("/api/engine/fleet", tags=["engine"], responses=errors(404))

@@ -20,12 +20,32 @@ class ServedBody(Body):
     name: str = Field(..., description="the capture's label (vllm_xargs kvscope_capture) or the engine's request id")
 
 
+class AskBody(Body):
+    prompt: str = Field(..., description="sent to the engine flagged for capture, then opened")
+    before: str | None = Field(None, description="sent first, not captured: its full blocks land in the prefix cache")
+    max_tokens: int = Field(4, description="new tokens the captured request decodes (engine_served_max_new_tokens)")
+
+
 @router.post("/api/engine/{index}/served", tags=["engine"], responses=errors(404, 409, 410, 422, 502))
 def open_served_api(lab: ServedDep, index: int, body: ServedBody) -> dict:
     """Fetch a flagged request's capture from engine ``index`` (the engine drops it once fetched) and hold it as a
     trace: its key and the page that shows it."""
     key = lab.open(index, body.name)
     return {"key": key, "page": f"/served/{key}"}
+
+
+@router.post("/api/engine/{index}/served/ask", tags=["engine"], responses=errors(404, 409, 410, 422, 502))
+def ask_served_api(lab: ServedDep, index: int, body: AskBody) -> dict:
+    """Send ``before`` (if given) then ``prompt`` to engine ``index``, the second flagged for capture, and hold its
+    capture as a trace: its key and the page that shows it."""
+    key = lab.ask(index, body.prompt, body.before, body.max_tokens)
+    return {"key": key, "page": f"/served/{key}"}
+
+
+@router.post("/engine/served/ask", include_in_schema=False)
+def ask_served_form(lab: ServedDep, index: Annotated[int, Form()], prompt: Annotated[str, Form()],
+                    before: Annotated[str, Form()] = "", max_tokens: Annotated[int, Form()] = 4):
+    return RedirectResponse(f"/served/{lab.ask(index, prompt, before, max_tokens)}", status_code=303)
 
 
 @router.post("/engine/served", include_in_schema=False)
