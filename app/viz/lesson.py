@@ -164,9 +164,9 @@ STOPS: tuple[dict, ...] = (
      "when": {"connected": "#engine-root", "none": "#engine-none"}, "fill": {"url": "#engine-url"}},
     # --- The engine's own request: the keys a prefix hit read from cached blocks, on Inspect ------------------
     # Reached via the Engine page's "Send and capture" (its two prompts filled in by the server): the captured
-    # request opens on /served/<key>. Where it cannot (no engine, or the engine refused), the Engine page's own
-    # panel is shown instead (``via_target``) with the sentence that says why.
-    {"id": "served", "page": "served", "target": "#served-banner", "via": "engine", "via_action": [
+    # request opens on /served/<key>, its heatmap's cached key columns shaded. Where it cannot (no engine, or the
+    # engine refused), the Engine page's own panel is shown instead (``via_target``) with the sentence that says why.
+    {"id": "served", "page": "served", "target": "#head-panel", "via": "engine", "via_action": [
         {"do": "click", "sel": "#served-send", "if": "#served-send", "once": True,
          "wait": "#error .error-box", "ms": RUN_MS},
     ], "via_target": "#engine-none, #engine-served-panel",

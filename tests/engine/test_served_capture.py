@@ -211,3 +211,39 @@ def test_send_and_capture_names_the_cached_blocks_by_the_hashes_the_engines_even
         assert max(served_meta["max_diff"]) <= TOL
         bad = c.post("/api/engine/0/served/ask", json={"prompt": "x", "max_tokens": 99})
         assert bad.status_code == 422 and "KVSCOPE_ENGINE_SERVED_MAX_NEW_TOKENS" in bad.json()["detail"]
+
+
+@pytest.mark.browser
+def test_the_lessons_stop_sends_the_passage_twice_and_opens_the_hit_with_its_cached_keys_shaded(served, smol,
+                                                                                                browser, tmp_path):
+    """A learner's path: the lesson's stop on the keys a request did not compute, started on the Engine page,
+    presses Send and capture; the served request opens on Inspect with the card beside its heatmap, whose cached
+    key columns (the banner's blocks × their size) are shaded."""
+    from app.i18n import translate
+    from app.settings import Settings
+    from app.viz.lesson import STOPS
+    from tests.conftest import make_state
+    from tests.live import browser_page, serve_in_thread
+
+    k = next(i for i, s in enumerate(STOPS, start=1) if s["id"] == "served")
+    settings = Settings(models=(smol.name,), home=tmp_path, engine=(served.url,), engine_events=(served.events,),
+                        engine_poll_s=0.5)
+    with serve_in_thread(make_state(settings, smol)) as url, \
+            browser_page(browser, viewport={"width": 1280, "height": 720}) as page:
+        page.context.add_cookies([{"name": "kvscope_present", "value": "1", "url": url}])
+        page.goto(url + f"/engine?lesson={k}")
+        page.wait_for_url("**/served/*", timeout=300_000)
+        page.wait_for_function("() => { const c = document.getElementById('lesson-card');"
+                               " return c && c.dataset.ready === 'ready'; }", timeout=120_000)
+        text = page.inner_text("#lesson-text")
+        assert translate("lesson.served.connected", "en") in text and translate("lesson.served.none", "en") not in text
+        assert page.locator("#head-panel.lesson-target").count() == 1
+        rows = page.locator("#served-blocks-table tbody tr").count()
+        assert rows >= 2 and page.locator("#served-blocks-table tr[data-seen]").count() == rows
+        size = int(page.get_attribute("#inspect-view", "data-cached-keys") or 0)
+        assert size == rows * 32  # vLLM's CPU block size: the banner's blocks are the shaded columns
+        page.wait_for_function("+document.body.dataset.heatmapPlotly >= 1", timeout=60_000)
+        shaded = page.evaluate("() => (document.getElementById('heatmap').layout.shapes || [])"
+                               ".filter((s) => s.name === 'cached-keys').map((s) => s.x1)")
+        assert shaded == [size - 0.5]
+        assert page.js_errors == []
