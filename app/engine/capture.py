@@ -34,6 +34,9 @@ PLUGIN_PIP = ("pip install plugins/kvscope-capture (into the engine's venv) and 
               "VLLM_PLUGINS=kvscope_capture")
 MAX_ANSWER_BYTES = 512 * 1024 * 1024  # the largest answer read from an engine (its workers' bound is their own)
 KEY_CHARS = 128
+# The dtypes an engine's attention may compute in, with their mantissa bits (the banner's line on the difference);
+# any other name an engine sends is not shown.
+COMPUTE_DTYPES = {"float32": 23, "bfloat16": 7, "float16": 10}
 
 
 class ServedError(UserError):
@@ -65,6 +68,7 @@ class ServedAttention:
     head_dim: int
     nbytes: int = 0
     steps: list[tuple[int, int]] = field(default_factory=list)  # (first position, rows) per forward step
+    compute_dtype: str | None = None  # the dtype the engine's attention computed in (None: an older plugin)
 
     @property
     def n_tokens(self) -> int:
@@ -222,9 +226,11 @@ def parse_served(payload) -> ServedAttention:
         qs[layer] = torch.cat([q_parts[layer][r] for r in range(tp)])  # (H, Tc, Dh): heads by rank
         ks[layer] = torch.cat([k_parts[layer][r][torch.arange(hl) // group] for r in range(tp)])  # (H, T, Dh)
     ids = (prompt[:cached] + tokens) if cached else tokens
+    dtype = workers[0].get("compute_dtype")
     return ServedAttention(rid, str(first.get("label", ""))[:KEY_CHARS], ids, cached, qs, ks,
                            _ints(first.get("cached_block_ids", []), "cached_block_ids"),
-                           _int(first.get("block_size", 0), "block_size"), tp, pp, hd, nbytes, steps)
+                           _int(first.get("block_size", 0), "block_size"), tp, pp, hd, nbytes, steps,
+                           dtype if dtype in COMPUTE_DTYPES else None)
 
 
 def fetch_served(url: str, key: str, *, timeout_s: float = 60.0) -> ServedAttention:

@@ -35,7 +35,7 @@ def served_trace(trace, served: ServedAttention, *, engine: int = 0):
     out.meta = {**trace.meta, "served": {
         "request_id": served.request_id, "label": served.label, "engine": engine, "tp": served.tp_size,
         "pp": served.pp_size, "computed_from": served.computed_from, "cached_block_ids": served.cached_block_ids,
-        "block_size": served.block_size, "max_diff": diffs, "steps": served.steps}}
+        "block_size": served.block_size, "max_diff": diffs, "steps": served.steps, "dtype": served.compute_dtype}}
     kv_map = list(a.kv_map)
     first_head = [kv_map.index(j) for j in range(max(kv_map) + 1)]  # a query head of each KV head
     c = served.computed_from

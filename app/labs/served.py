@@ -27,7 +27,7 @@ import time
 import uuid
 from collections import OrderedDict
 
-from app.engine.capture import ServedAttention, ServedConflict, fetch_served
+from app.engine.capture import COMPUTE_DTYPES, ServedAttention, ServedConflict, fetch_served
 from app.engine.hashing import VllmBlockHasher
 from app.engine.served_trace import served_trace
 from app.errors import BadInput, Expired
@@ -146,5 +146,8 @@ def banner(meta: dict, engine_url: str) -> dict:
     return {"engine": meta["engine"], "engine_url": engine_url, "request_id": meta["request_id"],
             "label": meta["label"], "tp": meta["tp"], "pp": meta["pp"], "computed_from": meta["computed_from"],
             "cached_blocks": len(meta["cached_block_ids"]), "block_ids": list(meta["cached_block_ids"]),
-            "block_size": meta["block_size"], "steps": len(meta["steps"]), "max_diff": f"{max(diffs):.1e}",
-            "worst_layer": diffs.index(max(diffs)), "diffs": [f"{d:.1e}" for d in diffs]}
+            "block_size": meta["block_size"], "steps": len(meta["steps"]),
+            "step_rows": ", ".join(f"{a}" if n == 1 else f"{a}–{a + n - 1}" for a, n in meta["steps"]),
+            "max_diff": f"{max(diffs):.1e}",
+            "worst_layer": diffs.index(max(diffs)), "diffs": [f"{d:.1e}" for d in diffs],
+            "dtype": meta.get("dtype"), "mantissa": COMPUTE_DTYPES.get(meta.get("dtype") or "")}

@@ -247,3 +247,41 @@ def test_the_lessons_stop_sends_the_passage_twice_and_opens_the_hit_with_its_cac
                                ".filter((s) => s.name === 'cached-keys').map((s) => s.x1)")
         assert shaded == [size - 0.5]
         assert page.js_errors == []
+
+
+@pytest.fixture(scope="module")
+def served_bf16(engine_venv_dir, smollm2_dir, tmp_path_factory):
+    """The same model served in bfloat16 (one worker): what a GPU engine most often runs."""
+    log = tmp_path_factory.mktemp("vllm-served-bf16") / "vllm.log"
+    proc = EngineProcess(smollm2_dir, venv=engine_venv_dir, log_path=log, tensor_parallel=1, dtype="bfloat16",
+                         capture=True, capture_limits={"max_bytes": BUDGET})
+    try:
+        proc.start()
+        proc.wait_healthy(timeout_s=420)
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_a_bf16_engine_names_its_dtype_and_its_difference_is_bf16_rounding(served_bf16, smol, tmp_path):
+    """The difference from KVScope's float32 capture, shown honestly: bfloat16 keeps 8 significant bits, so q and k
+    are each off by up to 2⁻⁸ of themselves and a logit of size ~20 by ~0.1: attention weights move by a few
+    hundredths (measured 0.057 at most, 0.023 the median layer). Above 1e-3 — an fp32 engine is ~5e-6 — so the
+    capture is the bf16 one, not KVScope's own; below 0.25, so no row is misplaced (those differ by O(1))."""
+    from fastapi.testclient import TestClient
+
+    from app.i18n import translate
+    from app.settings import Settings
+    from app.web.main import create_app
+    from tests.conftest import make_state
+
+    settings = Settings(models=("builtin",), home=tmp_path, allowed_hosts=("testserver",), engine=(served_bf16.url,))
+    with TestClient(create_app(state=make_state(settings, smol))) as c:
+        r = c.post("/api/engine/0/served/ask", json={"prompt": "The capital of France is", "max_tokens": 3})
+        assert r.status_code == 200, r.text
+        _, trace = c.app.state.kv.inspect.trace_by_key(r.json()["key"])
+        meta = trace.meta["served"]
+        assert meta["dtype"] == "bfloat16" and len(meta["steps"]) == 3
+        assert 1e-3 < max(meta["max_diff"]) < 0.25
+        page = c.get(r.json()["page"]).text
+        assert translate("served.dtype.half", "en", dtype="bfloat16", bits=7, parts=128) in page

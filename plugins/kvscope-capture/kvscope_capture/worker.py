@@ -95,6 +95,7 @@ class Store:
         self.tp_rank = self.tp_size = self.pp_rank = self.pp_size = 0
         self.rank = 0
         self.model_layers = 0
+        self.compute_dtype = ""  # q's dtype as the attention layers receive it (known after the first step)
 
     # --- the step -------------------------------------------------------------------------------------------
     def before_step(self, worker, scheduler_output) -> None:
@@ -199,6 +200,7 @@ class Store:
         with self.lock:
             if self.layout is None:
                 self.layout = self._batch_layout(module)
+            self.compute_dtype = str(q.dtype).removeprefix("torch.")  # what the engine's attention computes in
             for rid, start, n, first, token_ids in self.layout:
                 cap = self.captures.get(rid)
                 if cap is None or cap.over_budget:
@@ -279,7 +281,8 @@ class Store:
         return {"plugin": PLUGIN_VERSION, "rank": self.rank, "tp_rank": self.tp_rank, "tp_size": self.tp_size,
                 "pp_rank": self.pp_rank, "pp_size": self.pp_size, "layers": sorted(self.layers),
                 "model_layers": self.model_layers,
-                "heads": self.heads, "kv_heads": self.kv_heads, "head_dim": self.head_dim}
+                "heads": self.heads, "kv_heads": self.kv_heads, "head_dim": self.head_dim,
+                "compute_dtype": self.compute_dtype}
 
     def listing(self) -> dict:
         with self.lock:
