@@ -475,6 +475,10 @@
       }
     }
     ctx.putImageData(img, 0, 0);
+    if (S.cached) { // a served request's cached key columns, veiled as the chart's shape veils them (marks)
+      ctx.fillStyle = CACHED_VEIL;
+      ctx.fillRect(0, 0, Math.min(S.cached, m.cols), m.rows);
+    }
     return c;
   }
 
@@ -487,6 +491,7 @@
     requestAnimationFrame(() => setTimeout(() => document.body.dispatchEvent(new CustomEvent("kv-heatmap")), 0));
   }
 
+  const CACHED_VEIL = "rgba(107,114,128,0.22)";  // over the key columns a served request read from cached blocks
   /* The selected query's row framed; the hovered key's column too (both as layout shapes: no redraw of cells). */
   function marks(cols, key) {
     const out = [{ type: "rect", xref: "x", yref: "y", x0: -0.5, x1: cols - 0.5, y0: S.q - 0.5, y1: S.q + 0.5,
@@ -494,7 +499,7 @@
     // A served request's keys that came from cached blocks (another request computed them): their columns shaded
     // under a hatch-free grey veil, with the banner above naming the blocks.
     if (S.cached) out.unshift({ type: "rect", xref: "x", yref: "paper", x0: -0.5, x1: S.cached - 0.5, y0: 0, y1: 1,
-      line: { color: "#6b7280", width: 1, dash: "dot" }, fillcolor: "rgba(107,114,128,0.22)", layer: "above",
+      line: { color: "#6b7280", width: 1, dash: "dot" }, fillcolor: CACHED_VEIL, layer: "above",
       name: "cached-keys" });
     // The tokens summed: their rows (query tokens) or columns (key tokens), dashed.
     const rows = S.matrix ? S.matrix.p.m.rows : cols;
