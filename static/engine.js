@@ -189,17 +189,38 @@ window.kv.page("engine", (page) => {
     drawRun(run);
   });
 
-  /* Send and capture: the two requests go to the engine shown (the first plain, the second flagged), then the
-     captured one opens on Inspect; a lesson in progress goes along (kv.visit). Without scripts the form posts. */
+  /* Send and capture, watched: the two requests go to the engine shown (the first plain, the second flagged); while
+     the engine serves the second, each forward step's rows appear on a small map as its workers capture them
+     (POST /api/engine/<i>/served/follow, kv.follow), then the captured request opens on Inspect; a lesson in
+     progress goes along (kv.visit). Without scripts the form posts and the page opens at the end. */
+  function drawRows(ev) {
+    const c = $("served-follow-canvas"), ctx = c.getContext("2d"), n = ev.expect, s = c.width / Math.max(n, 1);
+    ctx.clearRect(0, 0, c.width, c.height);
+    ctx.fillStyle = "#f1efe6";  // the positions no step has computed (yet)
+    ctx.fillRect(0, 0, c.width, c.height);
+    ev.steps.forEach(([a, rows], k) => {  // a step's rows: each attends to every key up to itself
+      ctx.fillStyle = k === 0 ? "#6f9fd8" : k === ev.steps.length - 1 ? "#d08a00" : "#1f5fa8";
+      for (let r = a; r < a + rows; r++) ctx.fillRect(0, r * s, (r + 1) * s, Math.max(s, 1));
+    });
+    if (ev.computed_from) {  // the keys read from cached blocks
+      ctx.fillStyle = "rgba(107,114,128,0.45)";
+      ctx.fillRect(0, 0, ev.computed_from * s, c.height);
+    }
+  }
   $("served-ask").addEventListener("submit", async (e) => {
     e.preventDefault();
     const f = e.target, send = $("served-send");
     send.disabled = true;
-    const out = await kv.act("POST", "/api/engine/" + index + "/served/ask", {
-      before: f.before.value.trim() || null, prompt: f.prompt.value, max_tokens: +f.max_tokens.value || 1,
-    }, "served-busy");
+    kv.clearError();
+    $("served-follow").hidden = false;
+    const body = { before: f.before.value.trim() || null, prompt: f.prompt.value, max_tokens: +f.max_tokens.value || 1 };
+    const last = await kv.follow("/api/engine/" + index + "/served/follow", body, (ev) => {
+      $("served-follow-text").textContent = ev.text || "";
+      if (ev.steps) drawRows(ev.event === "done" ? { ...ev, expect: ev.steps.at(-1)[0] + ev.steps.at(-1)[1] } : ev);
+    }).catch(() => null);
     send.disabled = false;
-    if (out) kv.visit(out.page);
+    if (last && last.event === "done") kv.visit(last.result.page);
+    else if (last && last.event === "failed") kv.showError(last.text);
   });
 
   /* The fleet: every engine's index as chains of blocks, merged (GET /api/engine/fleet), refreshed every few

@@ -33,6 +33,7 @@ from app.errors import UserError
 PLUGIN_PIP = ("pip install plugins/kvscope-capture (into the engine's venv) and start vLLM with "
               "VLLM_PLUGINS=kvscope_capture")
 MAX_ANSWER_BYTES = 512 * 1024 * 1024  # the largest answer read from an engine (its workers' bound is their own)
+MAX_LISTING_BYTES = 4 * 1024 * 1024  # the plugin's listing: a few hundred bytes a capture, at most a few dozen held
 KEY_CHARS = 128
 # The dtypes an engine's attention may compute in, with their mantissa bits (the banner's line on the difference);
 # any other name an engine sends is not shown.
@@ -254,6 +255,42 @@ def fetch_served(url: str, key: str, *, timeout_s: float = 60.0) -> ServedAttent
     except ValueError:
         raise _bad("the answer is not JSON") from None
     return parse_served(payload)
+
+
+def served_progress(url: str, key: str, *, timeout_s: float = 5.0) -> tuple[int, list[tuple[int, int]]] | None:
+    """How far the engine has served the flagged request ``key`` while it runs, from the plugin's listing
+    (``GET /kvscope/v1/captures``: no tensors): its cached prefix in tokens and the forward steps every worker has
+    captured in every layer, as (first position, rows). None while no worker holds it yet (not scheduled)."""
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/kvscope/v1/captures", timeout=timeout_s) as r:  # noqa: S310
+            payload = json.loads(r.read(MAX_LISTING_BYTES + 1)[:MAX_LISTING_BYTES])
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            raise ServedError("err.served.no_plugin", url=url, pip=PLUGIN_PIP) from None
+        raise ServedError("err.served.engine_error", url=url, status=e.code) from None
+    except (OSError, ValueError):
+        raise ServedError("err.served.unreachable", url=url) from None
+    workers = payload.get("workers") if isinstance(payload, dict) else None
+    if not isinstance(workers, list) or not workers:
+        raise _bad("the answer has no list of workers")
+    per_worker = []
+    for w in workers:
+        caps = w.get("captures") if isinstance(w, dict) else None
+        mine = [c for c in caps if isinstance(c, dict) and key in (c.get("label"), c.get("request_id"))] \
+            if isinstance(caps, list) else []
+        if not mine:
+            return None
+        if mine[0].get("over_budget"):
+            raise ServedConflict("err.served.over_budget")
+        steps = mine[0].get("steps")
+        if not isinstance(steps, list) or not all(isinstance(x, list) and len(x) == 2 for x in steps):
+            raise _bad("a worker's steps are not a list of [first position, rows]")
+        per_worker.append(([(_int(a, "step start"), _int(n, "step rows", 1)) for a, n in steps],
+                           _int(mine[0].get("cached_tokens", 0), "cached_tokens")))
+    done = min(per_worker, key=lambda p: len(p[0]))
+    if any(p[0][:len(done[0])] != done[0] or p[1] != done[1] for p in per_worker):
+        raise _bad("the workers disagree on the request's steps")
+    return done[1], done[0]
 
 
 def compare(served: ServedAttention, trace) -> list[float]:

@@ -26,11 +26,13 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 
-from app.engine.capture import COMPUTE_DTYPES, ServedAttention, ServedConflict, fetch_served
+from app.engine.capture import COMPUTE_DTYPES, ServedAttention, ServedConflict, fetch_served, served_progress
 from app.engine.hashing import VllmBlockHasher
 from app.engine.served_trace import served_trace
-from app.errors import BadInput, Expired
+from app.errors import BadInput, Expired, UserError
+from app.i18n import translate
 from app.labs.engine import EngineLab, EngineLimits
 from app.labs.inspect import InspectLab
 from app.model.loading import LoadedModel
@@ -40,6 +42,7 @@ PREFIX = "served-"
 # block's event in the step that stored it, so a block missing after this is one the mirror will not get (stored
 # before the server listened, or evicted).
 EVENTS_GRACE_S = 1.0
+FOLLOW_POLL_S = 0.05  # how often a followed request's progress is read while it runs (a decode step here: ~0.1 s)
 # The Engine page's "Send and capture" form, filled in: a beginning of three full blocks (vLLM's 32 tokens a block
 # on CPU, SmolLM2's tokenizer), sent first, then the same beginning with a question, captured. The lesson's stop on
 # the keys a request did not compute presses its button.
@@ -90,10 +93,7 @@ class ServedLab:
                 self.inspect.unpin(old)
         return key
 
-    def ask(self, index: int, prompt: str, before: str | None = None, max_tokens: int = 4) -> str:
-        """Send ``prompt`` to engine ``index`` flagged for capture, ``before`` (if given) first and unflagged, so a
-        prompt that begins with it finds its blocks cached; then open the capture: its key."""
-        link = self.engine.link(index)
+    def _checked(self, prompt: str, before: str | None, max_tokens: int) -> tuple[str, str | None]:
         prompt, before = (prompt or "").strip(), (before or "").strip() or None
         if not prompt:
             raise BadInput("err.engine.empty_prompt")
@@ -102,13 +102,83 @@ class ServedLab:
             raise BadInput("err.engine.prompt_long", n=limit)
         if not 1 <= max_tokens <= self.limits.engine_served_max_new_tokens:
             raise BadInput("err.served.new_tokens", n=self.limits.engine_served_max_new_tokens)
-        timeout = self.limits.engine_served_timeout_s
+        return prompt, before
+
+    def _send(self, index: int, prompt: str, before: str | None, max_tokens: int, name: str) -> None:
+        link, timeout = self.engine.link(index), self.limits.engine_served_timeout_s
         if before is not None:
             link.complete(before, max_tokens=1, timeout=timeout)
-        name = "kvscope-" + uuid.uuid4().hex[:16]  # this request's label: no other request carries it
         link.complete(prompt, max_tokens=max_tokens, timeout=timeout,
                       extra={"vllm_xargs": {"kvscope_capture": name}})
+
+    def ask(self, index: int, prompt: str, before: str | None = None, max_tokens: int = 4) -> str:
+        """Send ``prompt`` to engine ``index`` flagged for capture, ``before`` (if given) first and unflagged, so a
+        prompt that begins with it finds its blocks cached; then open the capture: its key."""
+        self.engine.link(index)  # 404 for an engine the server was not started with, before anything is sent
+        prompt, before = self._checked(prompt, before, max_tokens)
+        name = "kvscope-" + uuid.uuid4().hex[:16]  # this request's label: no other request carries it
+        self._send(index, prompt, before, max_tokens, name)
         return self.open(index, name)
+
+    def follow(self, index: int, prompt: str, before: str | None, max_tokens: int, lang: str) -> Callable[[], dict]:
+        """``ask``, watched: the request is sent from a thread, and its capture read while the engine serves it
+        (the steps every worker has finished in every layer, ``served_progress``: no tensors), so each forward
+        step's rows are seen as the engine computes them. Returns ``look()``: the newest of
+            {"event": "sending"}                                   the plain request first, if any
+            {"event": "rows", "computed_from", "n_tokens", "steps", "expect", "text"}   the steps done so far
+            {"event": "done", "result": {"key", "page"}, ...}    held, open it
+            {"event": "failed", "text"}                            the reason, in ``lang``; nothing held
+        Checked before anything is sent (a bad request raises here, as ``ask`` does)."""
+        link = self.engine.link(index)
+        prompt, before = self._checked(prompt, before, max_tokens)
+        name = "kvscope-" + uuid.uuid4().hex[:16]
+        state: dict = {"event": "sending", "text": translate("served.follow.sending", lang)}
+
+        def rows(cached: int, steps: list[tuple[int, int]]) -> dict:
+            last_a, last_n = steps[-1]
+            n_tokens = last_a + last_n
+            expect = steps[0][0] + steps[0][1] + max_tokens - 1  # the prefill's rows, a row per new token but the last
+            return {"event": "rows", "computed_from": cached, "n_tokens": n_tokens, "steps": [list(x) for x in steps],
+                    "expect": max(expect, n_tokens),
+                    "text": translate("served.follow.rows", lang, k=len(steps), a=last_a, b=n_tokens - 1, c=cached)}
+
+        def run() -> None:
+            nonlocal state
+            sent: list[BaseException] = []
+
+            def send() -> None:
+                try:
+                    self._send(index, prompt, before, max_tokens, name)
+                except BaseException as exc:  # noqa: BLE001 (told to the follower below)
+                    sent.append(exc)
+
+            try:
+                sender = threading.Thread(target=send, name="kvscope-served-send", daemon=True)
+                sender.start()
+                seen = 0
+                while sender.is_alive():
+                    sender.join(FOLLOW_POLL_S)
+                    if not sender.is_alive():
+                        break
+                    progress = served_progress(link.url, name, timeout_s=self.limits.engine_served_timeout_s)
+                    if progress is not None and len(progress[1]) > seen:  # None: not scheduled yet
+                        seen = len(progress[1])
+                        state = rows(*progress)
+                if sent:
+                    raise sent[0]
+                key = self.open(index, name)
+                served_meta = self.inspect.trace_by_key(key)[1].meta["served"]
+                state = {"event": "done", "result": {"key": key, "page": f"/served/{key}"},
+                         "text": translate("served.follow.done", lang),
+                         "steps": [list(x) for x in served_meta["steps"]],
+                         "computed_from": served_meta["computed_from"]}
+            except UserError as exc:
+                state = {"event": "failed", "text": exc.text(lang)}
+            except Exception:  # noqa: BLE001 (an engine's failure ends the follow with a message, never a dead page)
+                state = {"event": "failed", "text": translate("err.served.unreachable", lang, url=link.url)}
+
+        threading.Thread(target=run, name="kvscope-served-follow", daemon=True).start()
+        return lambda: state
 
     def _blocks(self, index: int, served: ServedAttention) -> list[dict]:
         """Each cached block the request read keys from: its id in the engine's pool (the workers'), its hash as

@@ -285,3 +285,35 @@ def test_a_bf16_engine_names_its_dtype_and_its_difference_is_bf16_rounding(serve
         assert 1e-3 < max(meta["max_diff"]) < 0.25
         page = c.get(r.json()["page"]).text
         assert translate("served.dtype.half", "en", dtype="bfloat16", bits=7, parts=128) in page
+
+
+def test_a_followed_request_shows_each_forward_step_as_the_engine_computes_it(served, smol, tmp_path):
+    """Send and capture, watched: while the engine decodes, the follow names the steps its workers have captured in
+    every layer (the plugin's listing, no tensors), each a prefix of the finished capture's steps; 32 new tokens, so
+    the decode outlasts many polls on any CPU."""
+    from fastapi.testclient import TestClient
+
+    from app.labs.served import ASK_BEFORE
+    from app.settings import Settings
+    from app.web.main import create_app
+    from tests.conftest import make_state
+
+    settings = Settings(models=("builtin",), home=tmp_path, allowed_hosts=("testserver",), engine=(served.url,),
+                        engine_served_max_new_tokens=32)
+    with TestClient(create_app(state=make_state(settings, smol))) as c:
+        # (a count the model carries on greedily past 32 tokens: it never stops early at its end token)
+        body = {"before": ASK_BEFORE, "prompt": ASK_BEFORE + " Counting: 1, 2, 3, 4, 5, 6,", "max_tokens": 32}
+        with c.stream("POST", "/api/engine/0/served/follow", json=body) as r:
+            assert r.status_code == 200
+            events = [json.loads(line) for line in r.iter_lines() if line]
+        assert events[0]["event"] == "sending" and events[-1]["event"] == "done", events[-1]
+        _, trace = c.app.state.kv.inspect.trace_by_key(events[-1]["result"]["key"])
+        final = [list(x) for x in trace.meta["served"]["steps"]]
+        assert len(final) == 32 and events[-1]["steps"] == final  # the prefill, then a step per new token but the last
+        seen = [e for e in events if e["event"] == "rows"]
+        assert seen and all(e["steps"] == final[:len(e["steps"])] for e in seen)
+        assert [len(e["steps"]) for e in seen] == sorted({len(e["steps"]) for e in seen})  # growing, never repeated
+        assert any(len(e["steps"]) < len(final) for e in seen)  # seen while the engine was still decoding
+        assert all(e["computed_from"] == trace.meta["served"]["computed_from"] for e in seen)
+        bad = c.post("/api/engine/0/served/follow", json={"prompt": " "})
+        assert bad.status_code == 422

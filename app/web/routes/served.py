@@ -9,9 +9,10 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse
 from pydantic import Field
 
+from app.web.cancel import FollowResponse
 from app.web.deps import ServedDep
 from app.web.openapi import Body, errors
-from app.web.render import render
+from app.web.render import render, request_lang
 
 router = APIRouter()
 
@@ -40,6 +41,16 @@ def ask_served_api(lab: ServedDep, index: int, body: AskBody) -> dict:
     capture as a trace: its key and the page that shows it."""
     key = lab.ask(index, body.prompt, body.before, body.max_tokens)
     return {"key": key, "page": f"/served/{key}"}
+
+
+@router.post("/api/engine/{index}/served/follow", tags=["engine"], response_class=FollowResponse,
+             responses=errors(404, 422))
+async def follow_served_api(request: Request, lab: ServedDep, index: int, body: AskBody) -> FollowResponse:
+    """``/served/ask``, watched: one JSON line (``application/x-ndjson``) per change — ``sending``, ``rows`` (the
+    forward steps every worker has captured, as [first position, rows], while the engine serves the request),
+    then ``done`` (``result``: its key and page) or ``failed`` (``text``: why, in the request's language)."""
+    look = lab.follow(index, body.prompt, body.before, body.max_tokens, request_lang(request))
+    return FollowResponse(look, is_last=lambda s: s["event"] in ("done", "failed"), poll_s=0.05, min_interval_s=0.05)
 
 
 @router.post("/engine/served/ask", include_in_schema=False)

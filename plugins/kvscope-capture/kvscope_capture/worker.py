@@ -288,8 +288,17 @@ class Store:
         with self.lock:
             self._evict(time.monotonic())
             caps = [{"request_id": c.request_id, "label": c.label, "finished": c.finished,
-                     "over_budget": c.over_budget, "nbytes": c.nbytes} for c in self.captures.values()]
+                     "over_budget": c.over_budget, "nbytes": c.nbytes, "cached_tokens": c.cached_tokens,
+                     "steps": self._steps_done(c)} for c in self.captures.values()]
         return {**self.describe(), "captures": caps}
+
+    def _steps_done(self, cap: Capture) -> list[list[int]]:
+        """The forward steps this worker has captured in every one of its layers, as [first position, rows]: a
+        step in flight has reached some layers only (the list a follower polls while the request runs)."""
+        if not self.layers or any(layer not in cap.rows for layer in self.layers):
+            return []
+        done = min(len(cap.rows[layer]) for layer in self.layers)
+        return [[first, n] for first, n, _, _ in cap.rows[self.layers[0]][:done]]
 
     def fetch(self, key: str, drop: bool = True) -> dict:
         with self.lock:
