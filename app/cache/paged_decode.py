@@ -11,9 +11,8 @@ one ``PagedKVCache``, forked, finished, cancelled, preempted and recomputed, one
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict, deque
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -74,7 +73,7 @@ class PagedEngine:
 
     def __init__(
         self, lm: LoadedModel, *, num_blocks: int, block_size: int, max_sequences: int = 8, log_size: int = 40,
-        lock: threading.RLock | None = None, preemption: str = "manual", max_num_seqs: int | None = None,
+        lock: AbstractContextManager | None = None, preemption: str = "manual", max_num_seqs: int | None = None,
         ignore_eos: bool = False,
     ) -> None:
         a = lm.adapter

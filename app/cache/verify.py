@@ -17,8 +17,7 @@ run on its own choices, a path's output differs completely from that step on.)
 
 from __future__ import annotations
 
-import threading
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
 
 import torch
@@ -53,7 +52,7 @@ def dynamic_cache_bytes(cache: DynamicCache) -> int:
 @torch.no_grad()
 def run_bench(
     lm: LoadedModel, ids: list[int], *, steps: int, block_size: int = 16, window: int = 8,
-    lock: threading.RLock | None = None,
+    lock: AbstractContextManager | None = None,
 ) -> dict:
     """``steps`` rows, one per generated token: step 0 is the prefill's prediction, step s the s-th decode step
     (the arena counts the same way). Each row: every path's logits error and the token it would choose."""
