@@ -55,6 +55,13 @@ class RecordingStore(FloatKVStore):
     def observe(self, layer: int, weights: torch.Tensor) -> None:
         self.last[layer] = weights[:, -1]
 
+    def last_weights(self) -> list[torch.Tensor]:
+        """Per layer, the newest query's weights (H, Tk) of the forward that just ran (every layer observes)."""
+        got = [w for w in self.last if w is not None]
+        if len(got) != len(self.last):
+            raise RuntimeError("a layer observed no attention weights in the last forward")
+        return got
+
 
 @dataclass(frozen=True)
 class FullRun:
@@ -130,12 +137,11 @@ def _full_run(lm: LoadedModel, prompt: list[int], reference: list[int] | None, s
     all ``steps``."""
     a = lm.adapter
     rec = RecordingStore(a.n_layer)
-    tell = {"phase": "reference", "steps": steps}
     with pace.piece():
         logits = [lm.adapter.forward_through(rec, prompt)[-1]]
-        weights = [list(rec.last)]
+        weights = [rec.last_weights()]
         after_prefill = copy.deepcopy(rec)
-    pace.step(**tell, step=1)
+    pace.step(phase="reference", steps=steps, step=1)
     greedy = [int(logits[0].argmax())]
     margins = [top2_margin(logits[0])]
     for s in range(1, steps):
@@ -144,8 +150,8 @@ def _full_run(lm: LoadedModel, prompt: list[int], reference: list[int] | None, s
         tok = reference[s - 1] if reference is not None else greedy[-1]
         with pace.piece():
             logits.append(lm.adapter.forward_through(rec, [tok])[-1])
-            weights.append(list(rec.last))
-        pace.step(**tell, step=s + 1)
+            weights.append(rec.last_weights())
+        pace.step(phase="reference", steps=steps, step=s + 1)
         if reference is None:
             greedy.append(int(logits[-1].argmax()))
             margins.append(top2_margin(logits[-1]))
@@ -154,7 +160,7 @@ def _full_run(lm: LoadedModel, prompt: list[int], reference: list[int] | None, s
         for s in range(1, steps):
             with pace.piece():
                 step_logits = lm.adapter.forward_through(free, [greedy[-1]])[-1]
-            pace.step(**tell, step=s + 1, free=True)
+            pace.step(phase="reference", steps=steps, step=s + 1, free=True)
             greedy.append(int(step_logits.argmax()))
             margins.append(top2_margin(step_logits))
     return FullRun(logits, weights, greedy, margins)

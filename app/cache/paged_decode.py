@@ -11,9 +11,8 @@ one ``PagedKVCache``, forked, finished, cancelled, preempted and recomputed, one
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict, deque
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -74,7 +73,7 @@ class PagedEngine:
 
     def __init__(
         self, lm: LoadedModel, *, num_blocks: int, block_size: int, max_sequences: int = 8, log_size: int = 40,
-        lock: threading.RLock | None = None, preemption: str = "manual", max_num_seqs: int | None = None,
+        lock: AbstractContextManager | None = None, preemption: str = "manual", max_num_seqs: int | None = None,
         ignore_eos: bool = False,
     ) -> None:
         a = lm.adapter
@@ -201,10 +200,12 @@ class PagedEngine:
         i = 0
         while i < len(running):
             seq = running[i]
+            token = seq.pending
+            assert token is not None, "a running sequence holds the token its admission or last step picked"
             had = len(self.cache.block_tables.get(seq.seq_id, ()))
             try:
                 with self._lock:
-                    logits = forward_through(self.lm, PagedSeqStore(self.cache, seq.seq_id), [seq.pending])
+                    logits = forward_through(self.lm, PagedSeqStore(self.cache, seq.seq_id), [token])
             except PoolExhausted:
                 if self.preemption == "manual":
                     blocked.append(seq.seq_id)
@@ -216,7 +217,7 @@ class PagedEngine:
                 if victim is seq:
                     break
                 continue  # retry seq with the freed blocks
-            seq.tokens.append(seq.pending)
+            seq.tokens.append(token)
             decoded.append(seq.seq_id)
             table = self.cache.block_tables.get(seq.seq_id, [])
             if len(table) > had:
@@ -246,7 +247,7 @@ class PagedEngine:
         freed = self.cache.free(seq.seq_id)
         seq.status, seq.preemptions = WAITING, seq.preemptions + 1
         stalled = self.stall["seq_id"] if self.stall and self.stall["kind"] == "admit" else None
-        if front or stalled not in self.waiting:
+        if front or stalled is None or stalled not in self.waiting:
             self.waiting.appendleft(seq.seq_id)
         else:  # the user freed blocks for the sequence waiting to be admitted: it goes first, then this one
             self.waiting.insert(self.waiting.index(stalled) + 1, seq.seq_id)

@@ -121,31 +121,40 @@ class QuantizedStream:
         b, offset = divmod(self.length, self.block_size)
         need = _scale(x.abs().amax(dim=-1, keepdim=True), 127.0)  # (H, 1, 1)
         if offset == 0:  # a new block starts with this token's scale
-            self.scales = need if self.scales is None else torch.cat((self.scales, need), dim=1)
+            scales = need if self.scales is None else torch.cat((self.scales, need), dim=1)
         else:
-            old = self.scales[:, b : b + 1]
+            payload, scales = self._held()
+            old = scales[:, b : b + 1]
             new = torch.maximum(old, need)
             if bool((new > old).any()):  # re-quantize the block's earlier tokens with the larger scale
                 start = b * self.block_size
-                earlier = self.payload[:, start:].to(torch.float32) * old
-                self.payload[:, start:] = torch.round(earlier / new).clamp(-127, 127).to(torch.int8)
-                self.scales[:, b : b + 1] = new
-        s = self.scales[:, b : b + 1]
+                earlier = payload[:, start:].to(torch.float32) * old
+                payload[:, start:] = torch.round(earlier / new).clamp(-127, 127).to(torch.int8)
+                scales[:, b : b + 1] = new
+        self.scales = scales
+        s = scales[:, b : b + 1]
         q = torch.round(x / s).clamp(-127, 127).to(torch.int8)
         self.payload = q if self.payload is None else torch.cat((self.payload, q), dim=1)
         self.length += 1
 
     def read(self) -> torch.Tensor:
         """(H, T, Dh) float32, dequantized."""
+        payload, scales = self._held()
         if self.fmt != "int8-block":
-            return dequantize(self.payload, self.scales, self.fmt)
-        per_token = self.scales.repeat_interleave(self.block_size, dim=1)[:, : self.length]  # (H, T, 1)
-        return self.payload.to(torch.float32) * per_token
+            return dequantize(payload, scales, self.fmt)
+        per_token = scales.repeat_interleave(self.block_size, dim=1)[:, : self.length]  # (H, T, 1)
+        return payload.to(torch.float32) * per_token
+
+    def _held(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Payload and scales, both set by the first ``append``."""
+        if self.payload is None or self.scales is None:
+            raise RuntimeError("the stream holds no token yet: append before reading")
+        return self.payload, self.scales
 
     @property
     def nbytes(self) -> int:
         """Bytes actually held: payload plus scales."""
-        if self.payload is None:
+        if self.payload is None or self.scales is None:
             return 0
         return self.payload.numel() * self.payload.element_size() + self.scales.numel() * self.scales.element_size()
 

@@ -115,7 +115,7 @@ class SlidingWindowSpec(AttentionSpec):
     """A layer whose query at position n reads keys n - W + 1 .. n only (vLLM's ``SlidingWindowSpec``): once a block
     lies wholly before that, no query reads it again and the layer gives it back to the pool."""
 
-    sliding_window: int  # type: ignore[misc]  (a field here, a class constant on full attention)
+    sliding_window: int  # type: ignore[misc]  # a field here, a class constant on full attention
 
     kind: ClassVar[str] = SLIDING_WINDOW
 
@@ -288,12 +288,14 @@ def sizes(c: ModelConfig, *, dtype: str = "bf16", scales: str = "head-token", bl
     ratio (query heads per KV head).
     """
     specs = from_config(c)
-    shape = {"scales": scales, "block_size": block_size, "tp": tp}
+
+    def token_bytes(spec: KVCacheSpec) -> float:
+        return spec.bytes_per_token(dtype, scales=scales, block_size=block_size, tp=tp)
+
     kinds = [{k: r[k] for k in ("kind", "spec_kind", "window", "layers", "n_layers", "bytes_per_token")}
-             for r in kind_rows(specs, 1, dtype=dtype, **shape)]
-    per_token = sum(s.bytes_per_token(dtype, **shape) for s in specs)
-    mha = per_token if c.mla else sum(FullAttentionSpec(c.n_head, c.head_dim).bytes_per_token(dtype, **shape)
-                                      for _ in specs)
-    return {"parameters": c.parameters, "layer_bytes": specs[0].bytes_per_token(dtype, **shape),
+             for r in kind_rows(specs, 1, dtype=dtype, scales=scales, block_size=block_size, tp=tp)]
+    per_token = sum(token_bytes(s) for s in specs)
+    mha = per_token if c.mla else sum(token_bytes(FullAttentionSpec(c.n_head, c.head_dim)) for _ in specs)
+    return {"parameters": c.parameters, "layer_bytes": token_bytes(specs[0]),
             "bytes_per_token": per_token, "kinds": kinds, "mha_bytes_per_token": mha,
             "kv_saving": mha / per_token if per_token else 1.0, "attention": c.attention}

@@ -31,7 +31,8 @@ from app.cache.paged import PagedKVCache
 class KVStore(Protocol):
     """What ``forward_through`` reads and writes K/V through."""
 
-    window: int | None
+    @property
+    def window(self) -> int | None: ...
 
     @property
     def length(self) -> int: ...
@@ -76,9 +77,9 @@ class FloatKVStore:
 
     def attend_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         old_k, old_v = self.k[layer], self.v[layer]
-        self.k[layer] = k if old_k is None else torch.cat((old_k, k), dim=1)
-        self.v[layer] = v if old_v is None else torch.cat((old_v, v), dim=1)
-        return self.k[layer], self.v[layer], torch.arange(self.k[layer].shape[1])
+        self.k[layer] = k = k if old_k is None else torch.cat((old_k, k), dim=1)
+        self.v[layer] = v = v if old_v is None else torch.cat((old_v, v), dim=1)
+        return k, v, torch.arange(k.shape[1])
 
     def end(self, n_new: int) -> None:
         self.length += n_new

@@ -17,17 +17,18 @@ run on its own choices, a path's output differs completely from that step on.)
 
 from __future__ import annotations
 
-import threading
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, cast
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedConfig
+from transformers.cache_utils import CacheLayerMixin
 
 from app.cache.blocks import blocks_needed
 from app.cache.paged import PagedKVCache
 from app.cache.paged_decode import forward_through
 from app.cache.quant import FORMATS, QuantizedKVStore, float_bytes_per_token
-from app.cache.store import PagedSeqStore
+from app.cache.store import KVStore, PagedSeqStore
 from app.cache.window import WindowKVStore
 from app.model.loading import LoadedModel
 
@@ -38,10 +39,20 @@ def path_names(window: int) -> list[str]:
     return ["full", "contiguous", "paged", *QUANT_PATHS, f"window-{window}"]
 
 
+def dynamic_cache_bytes(cache: DynamicCache) -> int:
+    """K and V bytes transformers' own cache holds: every layer an attention layer that has seen the tokens."""
+    total = 0
+    for layer in cache.layers:
+        if not isinstance(layer, CacheLayerMixin) or layer.keys is None:
+            raise TypeError(f"a {type(layer).__name__} holds no keys to count")
+        total += 2 * layer.keys.numel() * layer.keys.element_size()
+    return total
+
+
 @torch.no_grad()
 def run_bench(
     lm: LoadedModel, ids: list[int], *, steps: int, block_size: int = 16, window: int = 8,
-    lock: threading.RLock | None = None,
+    lock: AbstractContextManager | None = None,
 ) -> dict:
     """``steps`` rows, one per generated token: step 0 is the prefill's prediction, step s the s-th decode step
     (the arena counts the same way). Each row: every path's logits error and the token it would choose."""
@@ -53,14 +64,15 @@ def run_bench(
     names = path_names(window)
     paged = PagedKVCache(num_blocks=blocks_needed(len(ids) + steps - 1, block_size), block_size=block_size,
                          n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim, dtype=a.dtype)
-    stores = {"paged": PagedSeqStore(paged, 0)}
+    stores: dict[str, KVStore] = {"paged": PagedSeqStore(paged, 0)}
     stores |= {f: QuantizedKVStore(f, n_layer=a.n_layer, block_size=block_size) for f in QUANT_PATHS}
     stores[names[-1]] = WindowKVStore(window, n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim)
-    dyn = DynamicCache(config=model.config)
+    # nn.Module types an unknown attribute as Tensor | Module; a transformers model's ``config`` is its config
+    dyn = DynamicCache(config=cast(PreTrainedConfig, model.config))
 
     prefix = list(ids)
     feed = list(ids)  # what the cached paths process this step: the prompt, then one token at a time
-    rows = []
+    rows: list[dict[str, Any]] = []
     for step in range(steps):
         with guard:
             ref = model(input_ids=torch.tensor([prefix])).logits[0, -1]  # (V,)
@@ -86,7 +98,7 @@ def run_bench(
     bytes_per_token = {"full": 0.0, "contiguous": float(fp32), "paged": float(fp32), names[-1]: float(fp32)}
     bytes_per_token |= {f: FORMATS[f].bytes_per_token(**shape, block_size=block_size) for f in QUANT_PATHS}
     held = {n: stores[n].nbytes for n in ("paged", *QUANT_PATHS, names[-1])}
-    held["contiguous"] = sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in dyn.layers)
+    held["contiguous"] = dynamic_cache_bytes(dyn)
     held["full"] = 0
     return {
         "prompt_ids": list(ids), "steps": steps, "block_size": block_size, "window": window, "paths": names,

@@ -21,12 +21,25 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from app.capacity.simulator import FINISHED, Request, SimConfig, Simulator, StepCost, unit_cost
 from app.errors import BadInput
-from app.settings import Settings
 
 CANCELLED, STEP_LIMIT, TIME_LIMIT = "cancelled", "steps", "time"
+
+
+class SimSettings(Protocol):
+    """Where the bounds are read: ``Settings``, or the capacity lab's limits (its group, the same names)."""
+
+    @property
+    def capacity_sim_max_blocks(self) -> int: ...
+    @property
+    def capacity_sim_max_tokens(self) -> int: ...
+    @property
+    def capacity_sim_max_steps(self) -> int: ...
+    @property
+    def capacity_sim_max_s(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -37,7 +50,7 @@ class SimLimits:
     max_s: float
 
     @classmethod
-    def from_settings(cls, s: Settings) -> SimLimits:
+    def from_settings(cls, s: SimSettings) -> SimLimits:
         return cls(max_blocks=s.capacity_sim_max_blocks, max_tokens=s.capacity_sim_max_tokens,
                    max_steps=s.capacity_sim_max_steps, max_s=s.capacity_sim_max_s)
 

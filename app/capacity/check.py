@@ -62,16 +62,16 @@ def run_engine(lm: LoadedModel, requests: list[Request], *, num_blocks: int, blo
             seq_of[engine.add(prompts[r.rid], r.output_len, admit=False).seq_id] = r.rid
         before = {i: (s.status, s.preemptions) for i, s in engine.sequences.items()}
         engine.step()
-        rec = {"admitted": [], "preempted": [], "finished": []}
+        moved: dict[str, list[int]] = {"admitted": [], "preempted": [], "finished": []}
         for i, s in engine.sequences.items():
             status, preemptions = before[i]
             if s.preemptions > preemptions:
-                rec["preempted"].append(seq_of[i])
+                moved["preempted"].append(seq_of[i])
             if status == WAITING and s.status in (RUNNING, FINISHED) and s.preemptions == preemptions:
-                rec["admitted"].append(seq_of[i])
+                moved["admitted"].append(seq_of[i])
             if status != FINISHED and s.status == FINISHED:
-                rec["finished"].append(seq_of[i])
-        rec = {k: sorted(v) for k, v in rec.items()}
+                moved["finished"].append(seq_of[i])
+        rec: dict[str, object] = {k: sorted(v) for k, v in moved.items()}
         rec["blocks_used"] = engine.cache.num_used_blocks
         rec["running"] = sum(s.status == RUNNING for s in engine.sequences.values())
         rec["waiting"] = len(engine.waiting)

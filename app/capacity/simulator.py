@@ -113,6 +113,12 @@ class _Req:
         self.ev_block = -1  # the step at whose start its blocks are full (it needs one more)
         self.ev_finish = -1  # the step whose token is its last
 
+    def finished_times(self) -> tuple[float, float]:
+        """(first token, finish) of a finished request: ``_finish`` sets both."""
+        if self.first_token is None or self.finish is None:
+            raise RuntimeError("the request has not finished")
+        return self.first_token, self.finish
+
 
 @dataclass
 class StepRecord:
@@ -203,8 +209,8 @@ class Simulator:
         max_blocks = (q.num_tokens - 1) // self.cfg.block_size
         if not self.multi:
             return self.pool.find_longest_cache_hit(keys, max_blocks)
-        keys = list(islice(keys, max_blocks))
-        group_keys = [keys if g == 0 else [(g, k) for k in keys] for g in range(self.n_groups)]
+        first = list(islice(keys, max_blocks))
+        group_keys = [first if g == 0 else [(g, k) for k in first] for g in range(self.n_groups)]
         return hybrid_cache_hit(self.pool, group_keys, self.cfg.groups, self.cfg.block_size)
 
     def _allocate_groups(self, q: _Req, n_new: int, hits: list[list] | None) -> bool:
@@ -330,6 +336,7 @@ class Simulator:
 
     def _materialize(self, q: _Req, step: int, ran: bool = False) -> None:
         """Make a lazy request eager with its counters at the start of ``step`` (after it, if ``ran``)."""
+        assert q.base_step is not None, "only a lazy request (base_step set) is materialized"
         k = step - q.base_step
         c = q.num_computed + k
         self.n_lazy -= 1
@@ -658,7 +665,7 @@ def synthetic_workload(
 def parse_requests(text: str, *, max_requests: int) -> list[Request]:
     """A pasted list, one request a line: ``arrival prompt_tokens output_tokens [prefix_group prefix_tokens]``
     (spaces or commas; ``#`` starts a comment)."""
-    out = []
+    out: list[Request] = []
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].replace(",", " ").split()
         if not line:

@@ -1,7 +1,8 @@
 """KVScope's own block pool run on the requests an engine was sent, and held against what the engine reported.
 
-The prediction is vLLM's rule on ``app/cache/blocks.py``'s ``BlockPool`` with the engine's block size, block
-count and hash (``app/engine/hashing.py``), one request after the other (each finished before the next)::
+The prediction is vLLM's rule on ``app/cache/blocks.py``'s pool (``ArrayBlockPool``: ``BlockPool``'s decisions,
+keyed by any hashable, here the engine's integer ids) with the engine's block size, block count and hash
+(``app/engine/hashing.py``), one request after the other (each finished before the next)::
 
     hashes = the chained hashes of the prompt's full blocks
     hits   = the longest run of leading cached hashes, at most (n - 1) // block_size blocks (one token is
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.cache.blocks import BlockPool, blocks_needed
+from app.cache.blocks import ArrayBlockPool, blocks_needed
 from app.engine.hashing import VllmBlockHasher
 
 
@@ -46,13 +47,13 @@ class Observed:
 
 
 class Predictor:
-    """KVScope's own engine for one run: a ``BlockPool`` shaped like the engine's, hashed like the engine."""
+    """KVScope's own engine for one run: a block pool shaped like the engine's, hashed like the engine."""
 
     def __init__(self, *, num_blocks: int, block_size: int, seed: str | None = None,
                  held: tuple[int, ...] = ()) -> None:
         self.block_size = block_size
         self.hasher = VllmBlockHasher(seed)
-        self.pool = BlockPool(num_blocks, enable_caching=True)
+        self.pool = ArrayBlockPool(num_blocks, enable_caching=True)
         for h in held[-num_blocks:]:  # what the engine holds now, as cached free blocks, oldest first
             (block,) = self.pool.get_new_blocks(1)
             self.pool.cache_full_block(block, h)

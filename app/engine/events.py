@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 import msgpack
 
@@ -127,7 +127,12 @@ def _wrong(field_name: str, value: Any) -> BadEvents:
     return BadEvents("err.engine.field_type", field=field_name, got=type(value).__name__)
 
 
+@overload
+def _int(value: Any, where: str, low: int, high: int, *, none: Literal[False]) -> int: ...
+@overload
+def _int(value: Any, where: str, low: int, high: int, *, none: bool = True) -> int | None: ...
 def _int(value: Any, where: str, low: int, high: int, *, none: bool = True) -> int | None:
+    """``value`` as an int in low .. high; None passes unless ``none=False`` (then it is refused like any non-int)."""
     if value is None and none:
         return None
     if isinstance(value, bool) or not isinstance(value, int):

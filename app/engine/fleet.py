@@ -159,6 +159,7 @@ def fleet_chains(engines: Sequence[EngineIndex], *, max_chains: int) -> tuple[li
             if root is None:
                 root = b
         held = {e.index: n for e in engines if (n := e.matched(path))}
+        assert root is not None, "a chain holds at least its leaf"
         chains.append(Chain(hashes=path, texts=texts, tokens=tokens, from_start=root.parent is None, held=held))
     chains.sort(key=lambda c: (-len(c.held), -len(c.hashes), c.hashes[0]))
     return chains[:max_chains], len(chains)

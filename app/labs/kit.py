@@ -288,11 +288,11 @@ class KitLab:
             record = {"view": view, "form": ARENA_DEFAULTS | form | {"model": lm.name}}
             return self._write(kind, name, lm.name, owner, record, {"policies": list(req.policies), "steps": req.steps},
                                kit=kit)
-        view = self.speculative.kept(run_id or "")
-        if view is None:
+        kept = self.speculative.kept(run_id or "")
+        if kept is None:
             raise Expired("err.kit.gone")
-        return self._write(kind, name, view["model"], owner, {"view": view},
-                           {"speedup": view["speedup"], "draft": view["draft"], "prompt_tokens": view["prompt_tokens"]},
+        return self._write(kind, name, kept["model"], owner, {"view": kept},
+                           {"speedup": kept["speedup"], "draft": kept["draft"], "prompt_tokens": kept["prompt_tokens"]},
                            kit=kit)
 
     def _kit_of(self, owner: str) -> str:
@@ -308,12 +308,12 @@ class KitLab:
             raise BadInput("err.kit.already", code=key.removeprefix(PIN_PREFIX))
         lm, trace = self.inspect.kept_trace(key)
         grid = trace.meta.get("grid")
-        record = {"grid": list(grid) if grid is not None else None,
-                  "zoom_grid": {str(k): v for k, v in self.zoom.grid_rows(key).items()},
+        zoom_grid = {str(k): v for k, v in self.zoom.grid_rows(key).items()}
+        record = {"grid": list(grid) if grid is not None else None, "zoom_grid": zoom_grid,
                   "prompt": lm.tokenizer.decode(trace.token_ids, clean_up_tokenization_spaces=False)}
         tensor_meta = {"model": lm.name, "sizes": _sizes(lm.adapter)}
         summary = {"tokens": trace.n_tokens, "opening": " ".join("".join(trace.token_texts[:24]).split())[:80],
-                   "long": bool(trace.meta.get("tail")), "grid_layers": len(record["zoom_grid"]),
+                   "long": bool(trace.meta.get("tail")), "grid_layers": len(zoom_grid),
                    "thumbnails": grid is not None}
 
         bases = self.zoom.pyramid_bases(key)  # the zoom's pooled maps made so far: its first tiles come back at once
@@ -442,7 +442,7 @@ class KitLab:
             if self.inspect.pinned_item(pin.key) is None:
                 raise Expired("err.model.gone", model=pin.model)
             self._check_mapped(pin)
-            lm, trace = self.inspect.trace_by_key(pin.key)
+            _, trace = self.inspect.trace_by_key(pin.key)
             long = bool(trace.meta.get("tail")) or trace.n_tokens > self.inspect.limits.zoom_min_tokens
             page = None if long else self.inspect.key_page(pin.key, prompt=record.get("prompt", ""))
             return pin, {"key": pin.key, "long": long, "inspect": page}

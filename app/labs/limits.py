@@ -8,25 +8,29 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
-from typing import ClassVar, Self
+from dataclasses import dataclass, fields
+from typing import ClassVar, TypeVar
 
 from app.errors import BadInput
 from app.settings import Settings
 
+_L = TypeVar("_L", bound="Limits")  # typing.Self is 3.11+; the project runs on 3.10
 
+
+@dataclass(frozen=True)
 class Limits:
     """Base of every lab's limits (``InspectLimits``, ``PagedLimits`` …): a lab holds its limits, never the whole
-    ``Settings``, so its group in ``Settings.GROUPS`` is exactly what it reads."""
+    ``Settings``, so its group in ``Settings.GROUPS`` is exactly what it reads. A frozen dataclass with no fields of
+    its own, as each lab's limits are with theirs."""
 
     GROUP: ClassVar[str]
     # A prefix every name of the group has and the fields drop (``spec_max_gamma`` read as ``max_gamma``).
     PREFIX: ClassVar[str] = ""
 
     @classmethod
-    def of(cls, settings: Settings) -> Self:
+    def of(cls: type[_L], settings: Settings) -> _L:
         group = {name.removeprefix(cls.PREFIX): value for name, value in settings.group(cls.GROUP).items()}
-        return cls(**{f.name: group[f.name] for f in fields(cls)})  # type: ignore[arg-type]
+        return cls(**{f.name: group[f.name] for f in fields(cls)})
 
     def block_sizes(self, largest: int) -> tuple[int, ...]:
         """1, 2, 4 … up to ``largest``: the block sizes a lab offers (``Settings.block_sizes``)."""

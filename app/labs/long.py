@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from app.errors import BadInput, Expired
 from app.i18n import translate
@@ -233,7 +234,8 @@ class LongLab:
         """The built-in long text's first ``n_tokens`` tokens of ``lm`` (fewer where the model reads fewer), as text
         the long-prompt form takes back (the guided lesson's long-context stop types it there)."""
         limit = min(n_tokens, self.token_limit(lm))
-        text = lm.tokenizer.decode(lm.encode(long_text())[:limit], clean_up_tokenization_spaces=False)
+        # one sequence of ids decodes to one string (transformers types decode's result str | list[str])
+        text = cast(str, lm.tokenizer.decode(lm.encode(long_text())[:limit], clean_up_tokenization_spaces=False))
         while len(lm.encode(text)) > limit:  # a cut inside a word may encode to one token more
             text = text[:-8]
         return text

@@ -212,7 +212,8 @@ def split_prompts(text: str | None) -> list[str]:
     """The form's textarea as prompts: lines holding only ``PROMPT_SEPARATOR`` separate them."""
     if not text:
         return []
-    parts, cur = [], []
+    parts: list[str] = []
+    cur: list[str] = []
     for line in text.replace("\r\n", "\n").split("\n"):
         if line.strip() == PROMPT_SEPARATOR:
             parts.append("\n".join(cur))

@@ -375,7 +375,8 @@ class LabQueue:
 
     def _execute(self, job: Job) -> None:
         pace = GatedPace(self, job)
-        status, result, error = DONE, None, None
+        status, result = DONE, None
+        error: BaseException | None = None
         try:
             pace.check()
             result = job.work(pace)
@@ -477,7 +478,8 @@ class LabQueue:
         if job.status == QUEUED:
             ahead = list(itertools.takewhile(lambda j: j is not job, self._line))
             waits = [self._left_s(j) for j in ([self._running] if self._running else []) + ahead + [job]]
-            eta = None if any(w is None for w in waits) else round(sum(waits), 1)  # type: ignore[arg-type]
+            known = [w for w in waits if w is not None]
+            eta = round(sum(known), 1) if len(known) == len(waits) else None
             return base | {"event": QUEUED, "place": len(ahead) + 1, "line": len(self._line), "eta_s": eta}
         if job.status == RUNNING:
             left = self._left_s(job)

@@ -35,6 +35,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import cast
 
 import torch
 from transformers import GPT2LMHeadModel
@@ -168,9 +169,11 @@ class TrainingJob:
         self.losses.append((info.step, info.loss))
 
     def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
+        # one sequence of ids decodes to one string (transformers types decode's result str | list[str])
+        return cast(str, self.tokenizer.decode([token_id]))
 
-    def snapshot(self, name: str, part: str | None) -> dict:
+    def snapshot(self, name: str | None, part: str | None) -> dict:
+        """One parameter now (``name`` None: the page's default one)."""
         with self.step_lock:
             return param_view(self.model, self.optimizer, name, part)
 
@@ -298,7 +301,7 @@ class TrainingLab:
                 self._preview = TrainingJob(0, make_spec())
             return self._preview
 
-    def parameter(self, name: str, part: str | None = None) -> dict:
+    def parameter(self, name: str | None, part: str | None = None) -> dict:
         job = self.subject()
         view = job.snapshot(name, part)
         view["job"] = job.id

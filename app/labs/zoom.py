@@ -37,12 +37,14 @@ from app.viz.models import model_card
 from app.viz.tokens import visible
 from app.viz.zoom import POOLS, TILE, HeadPyramid, check_pool, tiles_per_side
 
+GridRow = dict[str, list[float | None]]  # one layer's grid of heads: per measure, per head (None: the measure is NaN)
+
 
 @dataclass(frozen=True)
 class ZoomPin:
     """What the zoom lab holds of a pinned trace: its grid of heads' rows (by layer) and its heads' pooled bases."""
 
-    rows: dict[int, dict[str, list[float]]]
+    rows: dict[int, GridRow]
     trace: Trace | None
     bases: dict[str, torch.Tensor]
 
@@ -68,12 +70,12 @@ class ZoomLab:
         self.max_bytes = limits.zoom_cache_bytes
         self._items: OrderedDict[tuple[str, int, int], tuple[HeadPyramid, threading.Lock]] = OrderedDict()
         self._lock = threading.Lock()
-        self._grid: OrderedDict[tuple[str, int], dict[str, list[float]]] = OrderedDict()  # (key, layer) -> measures
+        self._grid: OrderedDict[tuple[str, int], GridRow] = OrderedDict()  # (key, layer) -> measures
         # A pinned trace's rows and pooled bases (app/labs/kit.py): read first, never dropped
-        self.pinned_grid: dict[tuple[str, int], dict[str, list[float]]] = {}
+        self.pinned_grid: dict[tuple[str, int], GridRow] = {}
         self.pinned_pyramids: dict[tuple[str, int, int], tuple[HeadPyramid, threading.Lock]] = {}
 
-    def grid_row(self, key: str, layer: int, make) -> dict[str, list[float]]:
+    def grid_row(self, key: str, layer: int, make) -> GridRow:
         """One layer's head summaries, made by ``make()`` once (outside the lock: other heads' tiles go on)."""
         with self._lock:
             row = self.pinned_grid.get((key, layer)) or self._grid.get((key, layer))
@@ -85,7 +87,7 @@ class ZoomLab:
                     self._grid.popitem(last=False)
         return row
 
-    def grid_rows(self, key: str) -> dict[int, dict[str, list[float]]]:
+    def grid_rows(self, key: str) -> dict[int, GridRow]:
         """The layers' head summaries of one trace made so far (what its grid of heads shows), by layer."""
         with self._lock:
             return {layer: row for (k, layer), row in (self._grid | self.pinned_grid).items() if k == key}
@@ -95,6 +97,8 @@ class ZoomLab:
         """Hold a pinned trace's grid rows and pooled bases under ``key`` (read first, never dropped)."""
         self.pin_grid(key, pinned.rows)
         if pinned.bases:
+            if pinned.trace is None:
+                raise ValueError("pooled bases are pinned with the trace they pool")
             self.pin_pyramids(key, pinned.trace, pinned.bases)
 
     def unpin(self, key: str) -> None:
@@ -106,17 +110,17 @@ class ZoomLab:
             held = any(k[0] == key for k in self.pinned_pyramids)
         return ZoomPin(rows=rows, trace=None, bases={}) if rows or held else None
 
-    def pin_grid(self, key: str, rows: dict[int, dict[str, list[float]]]) -> None:
+    def pin_grid(self, key: str, rows: dict[int, GridRow]) -> None:
         """A pinned trace's rows, kept until ``unpin_grid``."""
         with self._lock:
             self.pinned_grid.update({(key, layer): row for layer, row in rows.items()})
 
     def unpin_grid(self, key: str) -> None:
         with self._lock:
-            for k in [k for k in self.pinned_grid if k[0] == key]:
-                del self.pinned_grid[k]
-            for k in [k for k in self.pinned_pyramids if k[0] == key]:
-                del self.pinned_pyramids[k]
+            for grid_key in [k for k in self.pinned_grid if k[0] == key]:
+                del self.pinned_grid[grid_key]
+            for pyramid_key in [k for k in self.pinned_pyramids if k[0] == key]:
+                del self.pinned_pyramids[pyramid_key]
 
     def pyramid_bases(self, key: str) -> dict[str, torch.Tensor]:
         """Every pooled base made so far of one trace's heads, as ``"layer.head.pool"`` -> cells."""
@@ -218,7 +222,7 @@ class ZoomLab:
         _, trace = self.inspect.trace_by_key(key)
         check_indexes(trace, layer=layer)
 
-        def make() -> dict[str, list[float]]:
+        def make() -> GridRow:
             rows = [summaries.head_summary(trace, layer, h) for h in range(trace.adapter.n_head)]
             return {m: [None if math.isnan(r[m]) else r[m] for r in rows] for m in summaries.MEASURES}
 

@@ -36,9 +36,10 @@ def _histogram(xs: list[float], bins: int = BINS) -> dict:
 def simulation_view(sim: Simulator, *, cost: dict) -> dict:
     steps = sim.steps
     done = [q for q in sim.reqs if q.status == FINISHED]
-    ttft = [q.first_token - q.r.arrival for q in done]
-    e2e = [q.finish - q.r.arrival for q in done]
-    tpot = [(q.finish - q.first_token) / (q.r.output_len - 1) for q in done if q.r.output_len > 1]
+    times = [(q.r, *q.finished_times()) for q in done]  # (request, first token, finish)
+    ttft = [first - r.arrival for r, first, _ in times]
+    e2e = [finish - r.arrival for r, _, finish in times]
+    tpot = [(finish - first) / (r.output_len - 1) for r, first, finish in times if r.output_len > 1]
     out_tokens = sum(q.r.output_len for q in done)
     start = min((q.r.arrival for q in sim.reqs), default=0.0)
     span = max(sim.now - start, 1e-12)

@@ -5,6 +5,8 @@ Pure functions: tensors (and the adapter's read-out functions ``final_norm`` / `
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from app.errors import BadInput
@@ -43,6 +45,8 @@ def sinks_view(weights: list[torch.Tensor] | None = None, *, first: int, token_t
     if first < 1 or first >= len(token_texts):
         raise BadInput("err.explain.first", last=max(1, len(token_texts) - 1))
     if shares is None:
+        if weights is None:
+            raise ValueError("the sinks explainer needs every layer's weights or their shares")
         shares = sink_shares(weights, first)  # (L, H)
     T = len(token_texts)
     uniform, mean = uniform_share(T, first), float(shares.mean())
@@ -79,7 +83,7 @@ def lens_view(adapter, resid: list[torch.Tensor], *, token_texts: list[str], tok
     logits = lens_logits(adapter, [h[start - offset :] for h in resid])  # (L+1, T - start, V)
     probs = torch.softmax(logits.double(), -1)
     final = logits[-1].argmax(-1)  # the model's own prediction at each shown position
-    layers = []
+    layers: list[dict[str, Any]] = []
     for i, p in enumerate(probs):
         top = p.topk(1, dim=-1)
         cells = [{"text": visible(token_text(int(top.indices[t, 0]))), "prob": float(top.values[t, 0]),

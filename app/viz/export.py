@@ -76,7 +76,7 @@ def pack_trace(trace: Trace, fmt: str, *, model: str) -> bytes:
         arrays["token_texts"] = np.array(trace.token_texts, dtype=str)
         arrays["meta"] = np.array(json.dumps(meta))
         buf = io.BytesIO()
-        np.savez(buf, **arrays)
+        np.savez(buf, allow_pickle=True, **arrays)  # numpy's default, spelled out: its stubs would match **arrays to it
         return buf.getvalue()
     raise BadInput("err.export.format", fmt=fmt, formats=", ".join(FORMATS))
 

@@ -21,6 +21,7 @@ perfect head scores 1 on its role and the others stay near 0, which makes the co
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlencode
 
 import torch
@@ -50,7 +51,8 @@ def role_scores(weights: torch.Tensor, *, period: int) -> dict[str, torch.Tensor
     after0 = torch.arange(1, T)  # queries that can read something besides themselves
     second = torch.arange(period, T)  # queries in the second copy
     far = torch.arange(min(LOCAL_FAR + 1, T), T)  # queries whose whole local window exists without token 0
-    window = sum(weights[:, far, far - d].double() for d in range(LOCAL_NEAR, LOCAL_FAR + 1))  # (H, |far|)
+    terms = [weights[:, far, far - d].double() for d in range(LOCAL_NEAR, LOCAL_FAR + 1)]
+    window = sum(terms[1:], terms[0])  # (H, |far|)
     return {
         "previous": _mean_on(weights, after0, after0 - 1),
         "induction": _mean_on(weights, second, second - period + 1),
@@ -81,15 +83,15 @@ def head_roles_view(scores: dict[str, torch.Tensor], *, kv_map: tuple[int, ...] 
     Inspect opens with the last token selected: it sits in the second copy, so every role's key exists for it."""
     L, H = scores[ROLES[0]].shape
     q = len(token_texts) - 1
-    rows = []
+    rows: list[dict[str, Any]] = []
     for layer in range(L):
         for head in range(H):
             values = {role: _number(scores[role][layer, head]) for role in ROLES}
-            known = [r for r in ROLES if values[r] is not None]
-            best = max(known, key=lambda r: values[r], default=None)
+            known = {r: v for r, v in values.items() if v is not None}
+            best = max(known, key=known.__getitem__, default=None)
             rows.append({
                 "layer": layer, "head": head, "kv_head": int(kv_map[head]), "scores": values,
-                "best": best if best is not None and values[best] >= STRONG else None,
+                "best": best if best is not None and known[best] >= STRONG else None,
                 "href": inspect_url(model=model, prompt=text, layer=layer, head=head, q=q),
             })
     summary = []

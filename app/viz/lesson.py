@@ -241,7 +241,7 @@ def stop_url(index: int, *, model: str, extra: dict | None = None) -> str:
     the page takes one, the stop's own query, the model."""
     stop = STOPS[index - 1]
     page = stop.get("via", stop["page"])
-    query = {"prompt": PROMPT} if page in PROMPT_PAGES and "via" not in stop else {}
+    query: dict[str, object] = {"prompt": PROMPT} if page in PROMPT_PAGES and "via" not in stop else {}
     query |= {**stop.get("query", {}), "model": model, **(extra or {}), "lesson": index}
     return f"{PAGES[page]}?{urlencode(query)}"
 

@@ -5,6 +5,8 @@ Pure functions: engine or bench result in, plain JSON-ready data out. No tensors
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from app.cache.blocks import blocks_needed
 from app.cache.paged import NULL_BLOCK
 from app.cache.paged_decode import PagedEngine
@@ -16,7 +18,8 @@ from app.viz.tokens import honest_text, honest_texts, visible
 
 
 def _text(lm: LoadedModel, ids: list[int]) -> str:
-    return lm.tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+    # one sequence of ids decodes to one string (transformers types decode's result str | list[str])
+    return cast(str, lm.tokenizer.decode(ids, clean_up_tokenization_spaces=False))
 
 
 def pool_view(engine: PagedEngine) -> dict:
@@ -32,7 +35,7 @@ def pool_view(engine: PagedEngine) -> dict:
     blocks = []
     for block in cache.blocks:
         held = holders.get(block.block_id, [])
-        entry = {"id": block.block_id, "ref_cnt": block.ref_cnt, "owners": [s for s, _, _ in held],
+        entry: dict[str, Any] = {"id": block.block_id, "ref_cnt": block.ref_cnt, "owners": [s for s, _, _ in held],
                  "filled": 0, "slots": [], "free_pos": free_order.get(block.block_id),
                  "group": held[0][2] if held else None}
         if held:

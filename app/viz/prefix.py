@@ -19,10 +19,12 @@ class PrefixLabState(Protocol):
     """What a view reads of one browser's prefix lab (``app.labs.prefix.PrefixLab``)."""
 
     cache: PrefixCache | None
-    requests: Mapping[int, PrefixRequest]
     totals: Any
     last_run: list[int]
     notes: list[tuple[str, dict]]
+
+    @property
+    def requests(self) -> Mapping[int, PrefixRequest]: ...  # read-only, so the lab's OrderedDict is one
 
 
 def short_hash(h: str | None, n: int = 6) -> str:

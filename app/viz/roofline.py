@@ -31,7 +31,7 @@ def what_if(lm, *, context: int, batches: tuple[int, ...] = (1, 16)) -> list[dic
     """Decode intensity computed (not measured) for this model's query heads with every query head its own KV head
     (MHA), its real KV heads (GQA here) and one shared KV head (MQA), at ``context`` tokens and each batch."""
     a = lm.adapter
-    rows = []
+    rows: list[dict] = []
     for name, kv in (("MHA", a.n_head), (a.attention_kind, a.n_kv_head), ("MQA", 1)):
         if rows and any(r["kv_heads"] == kv for r in rows):
             continue
@@ -46,7 +46,10 @@ def roofline_view(run) -> dict:
     """``run``: an ``app.labs.speculative.RooflineRun`` (the lab's measurements; viz imports nothing above it)."""
     line = max(p.value for p in run.bandwidth)
     machine = roof(line, run.peak.value)
-    gpu = roof(rl.H100_SXM["bandwidth"], rl.H100_SXM["peak_flops"])
+    bandwidth, peak = rl.H100_SXM["bandwidth"], rl.H100_SXM["peak_flops"]
+    if not isinstance(bandwidth, float) or not isinstance(peak, float):
+        raise TypeError("the datasheet's bandwidth and peak are numbers")
+    gpu = roof(bandwidth, peak)
     points = [_point(p, line) for p in run.points]
     longest = max((p.cost.context for p in run.points if p.cost.phase == "decode"), default=1)
     weights, count = rl.weight_bytes(run.lm)

@@ -128,6 +128,8 @@ def compare_row(run: SpecRunState, lang: str) -> dict:
     costs one step per token. So speed-up ≈ tokens per forward × plain step / (draft + verify per round):
     ``from_parts``, which the measured ``speedup`` (whole runs, rollbacks and bookkeeping included) should be near."""
     r = run.result
+    if r.plain_ms is None:
+        raise ValueError("a compared run times plain decoding too")
     rounds = len(r.rounds)
     plain_step = r.plain_ms / r.tokens
     draft_round, verify_round = r.draft_ms / rounds, r.verify_ms / rounds

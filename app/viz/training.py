@@ -54,7 +54,7 @@ def heatmap_figure(matrix: list[list[float]] | None, *, x_title: str, y_title: s
     if matrix is None:
         return {"data": [], "layout": {}}
     peak = max((abs(v) for row in matrix for v in row), default=1.0) or 1.0
-    trace = {"z": matrix, "type": "heatmap", "hovertemplate": hover + ": %{z:.3g}<extra></extra>"}
+    trace: dict[str, object] = {"z": matrix, "type": "heatmap", "hovertemplate": hover + ": %{z:.3g}<extra></extra>"}
     if diverging:
         trace.update(colorscale="RdBu", reversescale=True, zmin=-peak, zmax=peak)
     else:

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -41,7 +41,8 @@ from app.i18n import DEFAULT_LANG, available_languages, html_lang, scope_lang, t
 from app.settings import Settings
 from app.web.security import HostAndOrigin, SecurityHeaders, allowed_hosts
 
-ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+Message = MutableMapping[str, Any]  # an ASGI scope or message (starlette.types' Scope and Message)
+ASGIApp = Callable[[Message, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
 Loader = Callable[[Settings], ASGIApp]
 RETRY_AFTER_S = 2  # the starting page reloads itself this often, and API answers ask to retry after it
 
@@ -139,9 +140,9 @@ class BootApp:
         key, params = startup.current()
         doing = translate(key, lang, **params)
         if scope["path"] == "/healthz":
-            body = {"status": "failed" if self.failed else "starting", "stage": key,
-                    "detail": translate("boot.failed", lang) if self.failed else doing, "seconds": seconds}
-            await _respond(send, scope, 503, json.dumps(body, ensure_ascii=False).encode(), b"application/json")
+            health = {"status": "failed" if self.failed else "starting", "stage": key,
+                      "detail": translate("boot.failed", lang) if self.failed else doing, "seconds": seconds}
+            await _respond(send, scope, 503, json.dumps(health, ensure_ascii=False).encode(), b"application/json")
         elif request.wants_page():
             page = starting_page(lang, doing=doing, seconds=seconds, prompt=request.query("prompt"),
                                  failed=self.failed is not None)
@@ -253,7 +254,8 @@ class _Lifespan:
     def __init__(self, app: ASGIApp, scope: dict) -> None:
         self._to_app: asyncio.Queue = asyncio.Queue()
         self._from_app: asyncio.Queue = asyncio.Queue()
-        self._task = asyncio.create_task(app(scope, self._to_app.get, self._from_app.put))
+        # ensure_future takes any awaitable (ASGI's type); an app's coroutine becomes a task, as create_task's would
+        self._task = asyncio.ensure_future(app(scope, self._to_app.get, self._from_app.put))
         # Its exception, if any, is reported through startup() (a "failed" message) or means "no lifespan".
         self._task.add_done_callback(lambda task: task.cancelled() or task.exception())
 
@@ -280,7 +282,7 @@ class _Lifespan:
 
 # --- the command -----------------------------------------------------------------------------------------------
 
-def console_lang(env: dict[str, str] | None = None) -> str:
+def console_lang(env: Mapping[str, str] | None = None) -> str:
     """The console's language from the locale (``LANG=zh_CN.UTF-8`` → zh), English otherwise."""
     env = os.environ if env is None else env
     for var in ("LC_ALL", "LC_MESSAGES", "LANG"):

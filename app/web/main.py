@@ -120,8 +120,9 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(UserError)
     async def on_user_error(request: Request, exc: UserError):
         response = _error_response(request, exc.status, exc.text(request_lang(request)))
-        if getattr(exc, "retry_after", None):
-            response.headers["Retry-After"] = str(exc.retry_after)
+        retry_after = getattr(exc, "retry_after", None)  # a busy gate's errors say when to come back
+        if retry_after:
+            response.headers["Retry-After"] = str(retry_after)
         return response
 
     @app.exception_handler(RequestValidationError)
@@ -138,7 +139,8 @@ def _install_error_handlers(app: FastAPI) -> None:
             message = translate("err.method", lang, method=request.method, allowed=(exc.headers or {}).get("Allow", ""))
         elif exc.status_code == 400 and exc.detail == "There was an error parsing the body":  # FastAPI's words
             message = translate("err.body_unreadable", lang)
-        return _error_response(request, exc.status_code, message, headers=exc.headers)
+        headers = None if exc.headers is None else dict(exc.headers)
+        return _error_response(request, exc.status_code, message, headers=headers)
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception):

@@ -9,6 +9,10 @@ surfacing as an exception inside the app's form or JSON parser. Bodies are at mo
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # starlette is imported where a request is answered, not with this module
+    from starlette.types import Message, Receive, Scope, Send
 
 
 class BodyLimit:
@@ -19,7 +23,7 @@ class BodyLimit:
         self.max_bytes = max_bytes
         self.wider = wider or {}
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         limit = self.wider.get(scope.get("path", ""), self.max_bytes)
@@ -55,7 +59,7 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-def _replay(messages: list[dict], receive):
+def _replay(messages: list[Message], receive: Receive) -> Receive:
     """A receive() that hands out ``messages`` first, then waits on the real one (for disconnects)."""
     pending = list(messages)
 

@@ -118,11 +118,13 @@ def install(app: FastAPI) -> None:
     generate = app.openapi
 
     def openapi() -> dict:
-        if app.openapi_schema is None:
-            document_common_errors(generate())  # FastAPI keeps the schema it returns in app.openapi_schema
-        return app.openapi_schema  # type: ignore[return-value]
+        schema = app.openapi_schema
+        if schema is None:
+            schema = generate()  # FastAPI keeps the schema it returns in app.openapi_schema
+            document_common_errors(schema)
+        return schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend its schema
 
 
 def document_common_errors(schema: dict) -> dict:

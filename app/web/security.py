@@ -161,7 +161,7 @@ def allowed_hosts(host: str, extra: tuple[str, ...] = ()) -> set[str]:
         hostname = socket.gethostname()
         names |= {hostname.lower(), socket.getfqdn().lower()}
         with contextlib.suppress(OSError):
-            names |= {info[4][0] for info in socket.getaddrinfo(hostname, None)}
+            names |= {a for info in socket.getaddrinfo(hostname, None) if isinstance(a := info[4][0], str)}
     return names
 
 

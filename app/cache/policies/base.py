@@ -64,22 +64,24 @@ class EvictingKVStore(ABC):
 
     def read_keys(self, layer: int) -> torch.Tensor:
         """The keys attention reads, from what is kept (identity here; StreamingLLM re-rotates)."""
-        return self.k[layer]
+        return held(self.k, layer)
 
     def attend_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         T = k.shape[1]
         new_pos = torch.arange(self.length, self.length + T)
         new_pos_h = new_pos.expand(self.n_kv_head, T)
         k = self.stored_keys(layer, k)
-        if self.k[layer] is None:
+        old_k, old_v, old_pos = self.k[layer], self.v[layer], self.pos[layer]
+        if old_k is None or old_v is None or old_pos is None:
             self.k[layer], self.v[layer], self.pos[layer] = k, v, new_pos_h.clone()
             mask_pos = new_pos
         else:
-            self.k[layer] = torch.cat((self.k[layer], k), dim=1)
-            self.v[layer] = torch.cat((self.v[layer], v), dim=1)
-            mask_pos = torch.cat((self.pos[layer].amax(dim=0), new_pos))
-            self.pos[layer] = torch.cat((self.pos[layer], new_pos_h), dim=1)
-        return self.read_keys(layer), self.v[layer], mask_pos
+            self.k[layer] = torch.cat((old_k, k), dim=1)
+            v = torch.cat((old_v, v), dim=1)
+            self.v[layer] = v
+            mask_pos = torch.cat((old_pos.amax(dim=0), new_pos))
+            self.pos[layer] = torch.cat((old_pos, new_pos_h), dim=1)
+        return self.read_keys(layer), v, mask_pos
 
     def observe(self, layer: int, weights: torch.Tensor) -> None:
         """Softmax weights (H, T, n) -> per KV head, summed over the query heads that share it: (H_kv, T, n)."""
@@ -95,7 +97,7 @@ class EvictingKVStore(ABC):
             self.prompt_length = n_new
         self.length += n_new
         for layer in range(self.n_layer):
-            n = self.k[layer].shape[1]
+            n = held(self.k, layer).shape[1]
             if n > self.budget:
                 idx = self.choose(layer, n)  # (H_kv, budget) slot indices
                 idx = idx.sort(dim=1).values  # keep position order
@@ -107,14 +109,14 @@ class EvictingKVStore(ABC):
 
     def gather(self, layer: int, idx: torch.Tensor) -> None:
         expand = idx[..., None].expand(-1, -1, self.head_dim)
-        self.k[layer] = self.k[layer].gather(1, expand)
-        self.v[layer] = self.v[layer].gather(1, expand)
-        self.pos[layer] = self.pos[layer].gather(1, idx)
+        self.k[layer] = held(self.k, layer).gather(1, expand)
+        self.v[layer] = held(self.v, layer).gather(1, expand)
+        self.pos[layer] = held(self.pos, layer).gather(1, idx)
 
     # --- what the arena reads ---------------------------------------------------------------------------
     def kept_positions(self, layer: int) -> torch.Tensor:
         """(H_kv, n) positions each KV head holds now."""
-        return self.pos[layer]
+        return held(self.pos, layer)
 
     @property
     def tokens_held(self) -> int:
@@ -125,6 +127,14 @@ class EvictingKVStore(ABC):
     def nbytes(self) -> int:
         """Bytes of K and V held (float32); bookkeeping (positions, scores) is not counted."""
         return sum(2 * k.numel() * k.element_size() for k in self.k if k is not None)
+
+
+def held(per_layer: list[torch.Tensor | None], layer: int) -> torch.Tensor:
+    """``per_layer[layer]``, which the layer's first ``attend_kv`` of the run set."""
+    tensor = per_layer[layer]
+    if tensor is None:
+        raise RuntimeError(f"layer {layer} holds nothing yet: its first attend_kv comes before any read")
+    return tensor
 
 
 def recent_slots(pos: torch.Tensor, count: int) -> torch.Tensor:

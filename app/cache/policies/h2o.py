@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from app.cache.policies.base import EvictingKVStore, recent_slots, top_with
+from app.cache.policies.base import EvictingKVStore, held, recent_slots, top_with
 
 
 class H2OStore(EvictingKVStore):
@@ -30,9 +30,9 @@ class H2OStore(EvictingKVStore):
         self.acc[layer] = got
 
     def choose(self, layer: int, n: int) -> torch.Tensor:
-        forced = recent_slots(self.pos[layer], self.recent)
-        return top_with(forced, self.acc[layer], self.budget)
+        forced = recent_slots(held(self.pos, layer), self.recent)
+        return top_with(forced, held(self.acc, layer), self.budget)
 
     def gather(self, layer: int, idx: torch.Tensor) -> None:
         super().gather(layer, idx)
-        self.acc[layer] = self.acc[layer].gather(1, idx)
+        self.acc[layer] = held(self.acc, layer).gather(1, idx)

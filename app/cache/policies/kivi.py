@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from app.cache.policies.base import held
+
 PARAM_BYTES = 8  # float32 scale + float32 minimum per group
 
 
@@ -77,13 +79,13 @@ class KIVIStore:
         return b if a is None else torch.cat((a, b), dim=1)
 
     def attend_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        self.k_res[layer] = self._cat(self.k_res[layer], k)
-        self.v_res[layer] = self._cat(self.v_res[layer], v)
-        keys, values = self.k_res[layer], self.v_res[layer]
-        if self.k_deq[layer] is not None:
-            keys = torch.cat((self.k_deq[layer], keys), dim=1)
-        if self.v_deq[layer] is not None:
-            values = torch.cat((self.v_deq[layer], values), dim=1)
+        self.k_res[layer] = keys = self._cat(self.k_res[layer], k)
+        self.v_res[layer] = values = self._cat(self.v_res[layer], v)
+        k_deq, v_deq = self.k_deq[layer], self.v_deq[layer]
+        if k_deq is not None:
+            keys = torch.cat((k_deq, keys), dim=1)
+        if v_deq is not None:
+            values = torch.cat((v_deq, values), dim=1)
         return keys, values, torch.arange(keys.shape[1])
 
     def end(self, n_new: int) -> None:
@@ -93,7 +95,7 @@ class KIVIStore:
 
     def _settle(self, layer: int) -> None:
         H, Dh, G = self.n_kv_head, self.head_dim, self.group
-        res = self.k_res[layer]
+        res = held(self.k_res, layer)
         if res.shape[1] >= self.residual:  # keys: quantize whole residuals of R tokens, G tokens per group
             n = res.shape[1] - res.shape[1] % self.residual
             for start in range(0, n, G):
@@ -101,7 +103,7 @@ class KIVIStore:
                 self.kq[layer].append((pack2(codes), scale, lo))
                 self.k_deq[layer] = self._cat(self.k_deq[layer], dequantize_groups(codes, scale, lo))
             self.k_res[layer] = res[:, n:]
-        res = self.v_res[layer]
+        res = held(self.v_res, layer)
         extra = res.shape[1] - self.residual
         if extra > 0:  # values: tokens leaving the recent R, G channels per group
             old = res[:, :extra].reshape(H, extra, Dh // self.v_group, self.v_group)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from app.cache.policies.base import EvictingKVStore, top_with
+from app.cache.policies.base import EvictingKVStore, held, top_with
 
 
 class SnapKVStore(EvictingKVStore):
@@ -47,16 +47,17 @@ class SnapKVStore(EvictingKVStore):
         self.votes = [None] * self.n_layer  # one selection, at the end of the prefill
 
     def choose(self, layer: int, n: int) -> torch.Tensor:
-        if self.votes[layer] is not None:  # the end of the prefill: the one selection
+        votes = self.votes[layer]
+        if votes is not None:  # the end of the prefill: the one selection
             keep = max(1, self.budget - self.reserve)
             w = min(self.obs_window, n, keep)
             forced = torch.zeros(self.n_kv_head, n, dtype=torch.bool)
             forced[:, n - w :] = True
-            idx = top_with(forced, self.votes[layer], keep)
+            idx = top_with(forced, votes, keep)
             self.votes[layer] = None
             return idx
         # decoding past the reserve: drop the oldest generated token (the oldest token if none was generated)
-        generated = self.pos[layer] >= self.prompt_length  # (H_kv, n)
+        generated = held(self.pos, layer) >= self.prompt_length  # (H_kv, n)
         first_gen = torch.where(generated.any(dim=1), generated.float().argmax(dim=1), torch.zeros(self.n_kv_head,
                                 dtype=torch.long))
         slots = torch.arange(n).expand(self.n_kv_head, -1)

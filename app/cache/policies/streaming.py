@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from app.cache.policies.base import EvictingKVStore
+from app.cache.policies.base import EvictingKVStore, held
 
 
 class StreamingLLMStore(EvictingKVStore):
@@ -46,12 +46,12 @@ class StreamingLLMStore(EvictingKVStore):
 
     def read_keys(self, layer: int) -> torch.Tensor:
         if not self.rerotate:
-            return self.k[layer]
-        return self.adapter.rotate(self.k[layer], self.cache_places(layer), layer)
+            return held(self.k, layer)
+        return self.adapter.rotate(held(self.k, layer), self.cache_places(layer), layer)
 
     def cache_places(self, layer: int) -> torch.Tensor:
         """Where the kept keys are rotated to: cache index, shifted so the newest query sits at its position."""
-        n = self.k[layer].shape[1]
+        n = held(self.k, layer).shape[1]
         last = self.length + self._new - 1  # the newest query's position
         return torch.arange(n) + (last - (n - 1))
 

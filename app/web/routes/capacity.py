@@ -3,7 +3,7 @@ route parses, calls one method of ``app/labs/capacity.py``, renders."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from fastapi import APIRouter, Request
 from pydantic import AfterValidator, Field
@@ -25,8 +25,8 @@ TPs = Literal[1, 2, 4, 8, 16, 32, 64]
 BlockSize = Annotated[BlockSizes, NotBool]  # strict bodies still match true to 1 in a Literal of numbers
 TP = Annotated[TPs, NotBool]
 MAX_TEXT = 60_000
-assert set(Dtype.__args__) == set(DTYPE_BYTES) and set(Scales.__args__) == set(SCALES)  # type: ignore[attr-defined]
-assert TPs.__args__ == TP_DEGREES  # type: ignore[attr-defined]
+assert set(get_args(Dtype)) == set(DTYPE_BYTES) and set(get_args(Scales)) == set(SCALES)
+assert get_args(TPs) == TP_DEGREES
 # Smaller positive numbers are not a model or a workload but a float's edge: 5e-324 GiB of weights is 0 bytes once
 # multiplied out, and a step time of 0 divides the tokens per second; a rate of 1e-300 requests/s puts arrivals
 # past any clock. The bounds are far below any real model (1 KiB of weights) or class demo (a request every

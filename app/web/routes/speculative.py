@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from pydantic import BaseModel, Field, field_validator
 
-from app.labs.speculative import DEFAULTS, SpecAsk
+from app.labs.speculative import DEFAULT_PROMPT, DEFAULTS, SpecAsk
 from app.web.deps import SpeculativeDep
 from app.web.openapi import Body, errors
 from app.web.render import render, request_lang
@@ -23,7 +23,7 @@ D = DEFAULTS
 
 class SpecFields(BaseModel):
     model: str | None = None
-    prompt: str = Field(D.prompt, max_length=20_000)
+    prompt: str = Field(DEFAULT_PROMPT, max_length=20_000)  # SpecAsk's default (its field also takes None)
     chat: bool = Field(D.chat, description="the prompt as a user turn in the model's chat template; the output then "
                                             "ends at the template's end-of-turn token")
     go_on: bool = Field(D.go_on, description="decode past the model's end-of-turn / end-of-sequence token (default: "
@@ -53,7 +53,7 @@ class SpecForm(SpecFields):
     """The page's form: strings made into numbers; an empty field is the default (FastAPI drops empty form values),
     but an emptied prompt is no prompt, and is refused as one."""
 
-    prompt: str | None = Field(None, max_length=20_000)
+    prompt: str | None = Field(None, max_length=20_000)  # type: ignore[assignment]  # the form's field widened
 
     @field_validator("model", "draft_model", "exit_layer", mode="before")
     @classmethod
