@@ -418,8 +418,15 @@ def speculate(target: Runner, draft: Draft, prompt_ids: list[int], *, gamma: int
     while len(ids) - len(prompt_ids) < max_new_tokens:
         r0 = time.perf_counter()
         t_start, d_start = target.length, draft.length
-        proposal = draft.propose(ids, gamma, mode=mode, temperature=temperature, generator=gen)
+        # Prompt lookup, as transformers' own: no more drafts than the budget leaves room for (the verify forward
+        # adds one token of its own), and none from a stop token on — the prompt's chat template holds the end of
+        # turn, and a draft past it would be verified only to be cut off there (a wasted 9-token forward).
+        room = max_new_tokens - (len(ids) - len(prompt_ids)) - 1
+        g = max(0, min(gamma, room)) if isinstance(draft, PromptLookup) else gamma
+        proposal = draft.propose(ids, g, mode=mode, temperature=temperature, generator=gen)
         drafted = proposal.tokens  # γ tokens (prompt lookup: up to γ, none when nothing matched)
+        if proposal.q is None and stop:
+            drafted = drafted[:next((i for i, t in enumerate(drafted) if t in stop), len(drafted))]
         r1 = time.perf_counter()
         base = len(ids)  # committed tokens; the target cache holds base − 1 of them
         logits = target.forward(ids[target.length:] + drafted, keep=len(drafted) + 1)  # (γ+1, V)

@@ -271,7 +271,8 @@ def test_prompt_lookup_rounds_say_what_matched_and_a_round_without_a_match_is_a_
     context = list(ids)
     kinds = set()
     for r in result.rounds:
-        proposal, n, at = spec.lookup(context, 3, 2)
+        room = 16 - (len(context) - len(ids)) - 1  # transformers' rule: no drafts past the budget's last token
+        proposal, n, at = spec.lookup(context, max(0, min(3, room)), 2)
         assert (r.drafted, r.ngram, r.match_at) == (proposal, n, at)
         assert r.q == [1.0] * len(r.drafted)  # one-hot: the draft is certain of its token
         if not r.drafted:
@@ -341,3 +342,17 @@ def test_greedy_prompt_lookup_on_smollm2_copies_the_sentence_as_plain_greedy_doe
         hf = smol.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=48,
                                  eos_token_id=2, pad_token_id=2)
     assert hf[0, len(ids):].tolist() == result.output
+
+
+def test_prompt_lookup_drafts_nothing_from_a_stop_token_on_and_still_decodes_greedily(tiny):
+    """As transformers' prompt lookup: a draft is cut before the first stop token it would copy (a chat prompt
+    holds the end of turn), so the verify forward never feeds tokens past it; the output is plain greedy's."""
+    ids = tiny.encode(REPEATING[0])
+    plain, _ = plain_decode(Runner(tiny), ids, max_new_tokens=16)
+    stop = {plain[5]}  # a token greedy decoding reaches, which the repeating text holds for the lookup to copy
+    want, _ = plain_decode(Runner(tiny), ids, max_new_tokens=16, stop=stop)
+    result = speculate(Runner(tiny), make_draft(tiny, kind="lookup", max_ngram=2), ids, gamma=3, max_new_tokens=16,
+                       stop=stop)
+    assert result.output == want and result.output[-1] in stop
+    assert not any(t in stop for r in result.rounds for t in r.drafted)
+    assert any(plain[5] in spec.lookup(list(ids) + plain[:k], 3, 2)[0] for k in range(6))  # the cut was needed

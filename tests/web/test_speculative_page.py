@@ -179,7 +179,8 @@ def test_a_lookup_run_shows_each_rounds_match_and_only_the_targets_blocks(client
             n, at = look["n"], look["at"]
             assert context[at:at + n] == context[-n:]
             assert look["gram"] == visible("".join(honest_texts(tiny, context[-n:])))
-            assert drafted == context[at + n:at + n + 3] and look["follow_at"] == at + n
+            room = 12 - (len(context) - len(tiny.encode(prompt))) - 1  # no drafts past the budget (transformers')
+            assert drafted == context[at + n:at + n + min(3, room)] and look["follow_at"] == at + n
         else:
             assert drafted == [] and r["final"]["kind"] == "plain" and r["target_before"] == r["target_after"]
         assert r["blocks"]["draft"] is None
