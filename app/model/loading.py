@@ -30,7 +30,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from app import startup
 from app.catalog import LOADABLE, download_command
@@ -59,7 +59,7 @@ class ModelUnavailable(RuntimeError):
 class LoadedModel:
     name: str  # what the UI and the API call it
     source: str  # where the weights came from
-    model: torch.nn.Module
+    model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     adapter: ModelAdapter
     is_builtin: bool = False
