@@ -62,6 +62,7 @@ class Gemma3Adapter(LlamaAdapter):
         for i in range(self.n_layer):
             p, b = f"model.layers.{i}", f"blocks.{i}"
             at, mlp = f"{p}.self_attn", f"{p}.mlp"
+            pre_ff, post_ff = f"{p}.pre_feedforward_layernorm", f"{p}.post_feedforward_layernorm"  # around the MLP
             points += [
                 # [batch, pos, d_model]
                 HookPoint(f"{b}.ln_1", part(f"{p}.input_layernorm"), "output", params(f"{p}.input_layernorm")),
@@ -79,10 +80,8 @@ class Gemma3Adapter(LlamaAdapter):
                 HookPoint(f"{b}.attn.o_proj", part(f"{at}.o_proj"), "output", params(f"{at}.o_proj")),
                 HookPoint(f"{b}.attn.out", part(f"{p}.post_attention_layernorm"), "output",  # [batch, pos, d_model]
                           params(f"{p}.post_attention_layernorm")),
-                # [batch, pos, d_model]
-                HookPoint(f"{b}.resid_mid", part(f"{p}.pre_feedforward_layernorm"), "input0", ()),
-                HookPoint(f"{b}.ln_2", part(f"{p}.pre_feedforward_layernorm"), "output",  # [batch, pos, d_model]
-                          params(f"{p}.pre_feedforward_layernorm")),
+                HookPoint(f"{b}.resid_mid", part(pre_ff), "input0", ()),  # [batch, pos, d_model]
+                HookPoint(f"{b}.ln_2", part(pre_ff), "output", params(pre_ff)),  # [batch, pos, d_model]
                 # [batch, pos, d_mlp]
                 HookPoint(f"{b}.mlp.gate", part(f"{mlp}.gate_proj"), "output", params(f"{mlp}.gate_proj")),
                 # [batch, pos, d_mlp]
@@ -91,8 +90,7 @@ class Gemma3Adapter(LlamaAdapter):
                 HookPoint(f"{b}.mlp.hidden", part(f"{mlp}.down_proj"), "input0", ()),
                 # [batch, pos, d_model]: before the norm after the MLP
                 HookPoint(f"{b}.mlp.down", part(f"{mlp}.down_proj"), "output", params(f"{mlp}.down_proj")),
-                HookPoint(f"{b}.mlp.out", part(f"{p}.post_feedforward_layernorm"), "output",  # [batch, pos, d_model]
-                          params(f"{p}.post_feedforward_layernorm")),
+                HookPoint(f"{b}.mlp.out", part(post_ff), "output", params(post_ff)),  # [batch, pos, d_model]
                 HookPoint(f"{b}.resid_out", part(p), "output", ()),  # [batch, pos, d_model]
             ]
         points += [
