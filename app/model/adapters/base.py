@@ -209,6 +209,7 @@ class ModelAdapter(ABC):
             raise ValueError(f"{type(self).__name__} does not read model_type={config.model_type!r}")
         self.model = model
         self.config = config
+        self._parts: dict[str, nn.Module] = {}  # ``part``'s lookups, one per path
         self.dtype = next(model.parameters()).dtype
         self.read_sizes(config)
         self.kv_map: tuple[int, ...] = kv_map_for(self.n_head, self.n_kv_head)
@@ -257,9 +258,13 @@ class ModelAdapter(ABC):
 
     # --- the model's own modules, by the dotted path its parameters are named by (``transformer.h.3.attn``) ------
     # ``get_submodule`` raises AttributeError on a path that names no module; reading the tree as attributes
-    # (``model.transformer.h[3].attn``) would type each step ``Tensor | Module``.
+    # (``model.transformer.h[3].attn``) would type each step ``Tensor | Module``. Each path is looked up once: no
+    # module of a loaded model is replaced (``place`` moves weights in place), and the block parts ask per layer.
     def part(self, path: str) -> nn.Module:
-        return self.model.get_submodule(path)
+        module = self._parts.get(path)
+        if module is None:
+            module = self._parts[path] = self.model.get_submodule(path)
+        return module
 
     def params(self, path: str) -> tuple[tuple[str, nn.Parameter], ...]:
         """The parameters of the module at ``path``, named as the checkpoint names them."""
