@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import TypedDict
 
 from app.errors import BadInput
 from app.kv_bytes import MLA
@@ -123,8 +124,22 @@ def count_parameters(c: ModelConfig) -> int:
 # --- the catalog ---------------------------------------------------------------------------------------------
 
 GEMMA3_270M_WINDOWS = tuple(None if (i + 1) % 6 == 0 else 512 for i in range(18))
-GPT2_PARTS = {"norm": "layernorm", "mlp": "gelu", "positions": "table", "biases": True, "qkv_bias": True}
-GEMMA3_PARTS = {"mlp": "geglu", "qk_norm": True, "post_norms": True}
+
+
+class Parts(TypedDict, total=False):
+    """Some of a ``ModelConfig``'s parts fields, as a family's layout states them."""
+
+    norm: str
+    mlp: str
+    positions: str
+    biases: bool
+    qkv_bias: bool
+    qk_norm: bool
+    post_norms: bool
+
+
+GPT2_PARTS: Parts = {"norm": "layernorm", "mlp": "gelu", "positions": "table", "biases": True, "qkv_bias": True}
+GEMMA3_PARTS: Parts = {"mlp": "geglu", "qk_norm": True, "post_norms": True}
 
 CATALOG: dict[str, ModelConfig] = {m.key: m for m in (
     ModelConfig("gpt2", "GPT-2", "openai-community/gpt2", "gpt2", 12, 12, 12, 64, 768, 3072, 50257, 1024,
@@ -185,7 +200,8 @@ def download_command(name: str) -> str:
 
 # --- other sources of a config -------------------------------------------------------------------------------
 
-def _int_field(cfg: dict, *names: str, required: bool = True, default: int | None = None) -> int | None:
+def _optional_int(cfg: dict, *names: str) -> int | None:
+    """The first of ``names`` the config sets (to a whole number in range, or BadInput), or None."""
     for name in names:
         if name in cfg and cfg[name] is not None:
             value = cfg[name]
@@ -194,7 +210,15 @@ def _int_field(cfg: dict, *names: str, required: bool = True, default: int | Non
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIM * 1024:
                 raise BadInput("err.capacity.config_field", field=name, value=json.dumps(value)[:40])
             return value
-    if required and default is None:
+    return None
+
+
+def _int_field(cfg: dict, *names: str, default: int | None = None) -> int:
+    """The same, for a field the config must set unless it has a ``default``."""
+    value = _optional_int(cfg, *names)
+    if value is not None:
+        return value
+    if default is None:
         raise BadInput("err.capacity.config_missing", field=" / ".join(names))
     return default
 
@@ -219,13 +243,13 @@ def _windows(cfg: dict, rule: str | None, n_layer: int) -> tuple[int | None, ...
     """Per-layer windows as transformers reads them: ``layer_types`` (Gemma 3, newer configs), else the model type's
     rule: ``sliding_window_pattern`` (every n-th layer full: Gemma 3), one window on every layer (Mistral), or on every
     layer only when ``use_sliding_window`` says so (Qwen2; any config that says it)."""
-    window = _int_field(cfg, "sliding_window", required=False)
+    window = _optional_int(cfg, "sliding_window")
     if window is None:
         return ()
     types = cfg.get("layer_types")
     if isinstance(types, list) and len(types) == n_layer and all(isinstance(t, str) for t in types):
         return tuple(window if t == "sliding_attention" else None for t in types)
-    pattern = _int_field(cfg, "sliding_window_pattern", required=False)
+    pattern = _optional_int(cfg, "sliding_window_pattern")
     if rule == "pattern" and pattern:
         return tuple(None if (i + 1) % pattern == 0 else window for i in range(n_layer))
     if rule == "every" or cfg.get("use_sliding_window") is True:
@@ -249,12 +273,12 @@ def from_config_json(text: str, name: str = "config.json") -> ModelConfig:
     n_layer = _int_field(cfg, "num_hidden_layers", "n_layer", "num_layers")
     n_head = _int_field(cfg, "num_attention_heads", "n_head")
     hidden = _int_field(cfg, "hidden_size", "n_embd", "d_model")
-    n_kv_head = _int_field(cfg, "num_key_value_heads", "n_kv_head", required=False, default=n_head)
-    kv_lora = _int_field(cfg, "kv_lora_rank", required=False)
-    rope = _int_field(cfg, "qk_rope_head_dim", required=False)
-    head_dim = _int_field(cfg, "head_dim", required=False)
+    n_kv_head = _int_field(cfg, "num_key_value_heads", "n_kv_head", default=n_head)
+    kv_lora = _optional_int(cfg, "kv_lora_rank")
+    rope = _optional_int(cfg, "qk_rope_head_dim")
+    head_dim = _optional_int(cfg, "head_dim")
     if head_dim is None and kv_lora:
-        head_dim = (_int_field(cfg, "qk_nope_head_dim", required=False) or 0) + (rope or 0) or hidden // n_head
+        head_dim = (_optional_int(cfg, "qk_nope_head_dim") or 0) + (rope or 0) or hidden // n_head
     if head_dim is None:
         if hidden % n_head:
             raise BadInput("err.capacity.config_head_dim", hidden=hidden, heads=n_head)
@@ -266,15 +290,14 @@ def from_config_json(text: str, name: str = "config.json") -> ModelConfig:
     window_rule = parts.pop("windows", None)
     tied = parts.pop("tied_embeddings", False)
     qkv_bias = parts.pop("qkv_bias", False)
-    intermediate = _int_field(cfg, "intermediate_size", "n_inner", required=False) or 4 * hidden
+    intermediate = _optional_int(cfg, "intermediate_size", "n_inner") or 4 * hidden
     dense = not any(k in cfg for k in ("n_routed_experts", "num_local_experts", "num_experts"))
     return ModelConfig(
         key="config", name=str(cfg.get("_name_or_path") or name)[:80], hf_id="", family=family,
         n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim, hidden=hidden,
         intermediate=intermediate,
-        vocab=_int_field(cfg, "vocab_size", required=False, default=32000),
-        max_positions=_int_field(cfg, "max_position_embeddings", "n_positions", "n_ctx", required=False,
-                                 default=4096),
+        vocab=_int_field(cfg, "vocab_size", default=32000),
+        max_positions=_int_field(cfg, "max_position_embeddings", "n_positions", "n_ctx", default=4096),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", tied)),
         qkv_bias=bool(cfg.get("attention_bias", qkv_bias)),
         kv_lora_rank=kv_lora, qk_rope_head_dim=rope if kv_lora else None,

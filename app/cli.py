@@ -150,14 +150,14 @@ def cmd_download(args: argparse.Namespace) -> int:
     repo = entry.hf_id
     print(f"Downloading {repo} into the Hugging Face cache ...", flush=True)
     try:
-        path = snapshot_download(
+        folder = snapshot_download(
             repo, allow_patterns=["*.json", "*.safetensors", "*.txt", "merges.txt", "vocab.json"]
         )
     except Exception as exc:  # network errors come in many types
         print(f"Could not download {repo}: {exc}", file=sys.stderr)
         return 1
-    lm = load_dir(path, name=args.name)
-    print(f"OK: {repo} at {path} ({lm.adapter.parameter_count():,} parameters).")
+    lm = load_dir(folder, name=args.name)
+    print(f"OK: {repo} at {folder} ({lm.adapter.parameter_count():,} parameters).")
     return 0
 
 
@@ -236,14 +236,21 @@ Example (TOML):
 """
 
 
-def read_kit_file(path: Path) -> list:
-    """The demos of a kit file (.toml: [[demo]] tables; else JSON: an array, or {"demo": [...]})."""
+def read_kit_file(path: Path) -> object:
+    """The demos of a kit file (.toml: [[demo]] tables; else JSON: an array, or {"demo": [...]}), as the file states
+    them: ``Kit.check_demos`` checks them."""
     import json
 
-    import tomllib
-
     text = path.read_text(encoding="utf-8")
-    data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
+    if path.suffix.lower() == ".toml":
+        if sys.version_info < (3, 11):  # tomllib came with 3.11; this package asks for 3.10 or later
+            raise ValueError("reading TOML needs Python 3.11 or later (tomllib); write the kit as JSON")
+        else:
+            import tomllib
+
+            data = tomllib.loads(text)
+    else:
+        data = json.loads(text)
     return data.get("demo", data.get("demos")) if isinstance(data, dict) else data
 
 
@@ -273,7 +280,7 @@ def cmd_kit(args: argparse.Namespace) -> int:
     line = ProgressLine(sys.stdout)
     ticker = line.tick_every(1.0 if sys.stdout.isatty() else 15.0)
     try:
-        pins = state.kit.prepare(demos, line.start)
+        pins = state.kit.prepare(state.kit.check_demos(demos), line.start)
     except UserError as exc:
         line.end()
         print(exc.message, file=sys.stderr)

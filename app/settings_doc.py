@@ -96,11 +96,11 @@ def render() -> str:
     out = [HEADER]
     for title, paragraphs in _sections():
         out.append(f"\n## {title}\n")
-        for text, names in paragraphs:
+        for text, fields in paragraphs:
             if text:
                 out.append(f"\n{text}\n")
             out.append("\n")
-            for n in names:
+            for n in fields:
                 notes = [f"read by {', '.join(readers[n])}"] if n in readers else []
                 if n in ZERO_MEANS:
                     notes.append(f"0: {ZERO_MEANS[n]}")

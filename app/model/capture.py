@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 
 import torch
-from transformers import AttentionInterface, DynamicCache
+from transformers import AttentionInterface, DynamicCache, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from app.admission import pause_point
@@ -69,7 +69,7 @@ _users: dict[int, tuple[int, str]] = {}  # id(model) -> (blocks open on it, the 
 _mine = threading.local()  # per thread: id(model) -> this thread's blocks open on it
 
 
-def _open(model: torch.nn.Module, n: int) -> None:
+def _open(model: PreTrainedModel, n: int) -> None:
     key = id(model)
     with _switch:
         users, before = _users.get(key, (0, model.config._attn_implementation))
@@ -78,7 +78,7 @@ def _open(model: torch.nn.Module, n: int) -> None:
         _users[key] = (users + n, before)
 
 
-def _close(model: torch.nn.Module, n: int) -> None:
+def _close(model: PreTrainedModel, n: int) -> None:
     key = id(model)
     with _switch:
         users, before = _users[key]
@@ -96,7 +96,7 @@ def _depth() -> dict[int, int]:
 
 
 @contextmanager
-def lse_attention(model: torch.nn.Module) -> Iterator[None]:
+def lse_attention(model: PreTrainedModel) -> Iterator[None]:
     """Inside the block ``model`` attends through ``sdpa_lse_forward``; after the last of overlapping blocks it
     is back to what it was (eager for a model loaded to show weights: ``output_attentions`` still works there).
 
@@ -115,7 +115,7 @@ def lse_attention(model: torch.nn.Module) -> Iterator[None]:
         _close(model, 1)
 
 
-def lse_paused(model: torch.nn.Module) -> tuple[Callable[[], None], Callable[[], None]]:
+def lse_paused(model: PreTrainedModel) -> tuple[Callable[[], None], Callable[[], None]]:
     """(leave, come back): close this thread's ``lse_attention`` blocks on ``model`` and open them again; the two
     run holding the model gate, around its hand-over (``pause_point``)."""
     def leave() -> None:
@@ -132,7 +132,7 @@ def lse_paused(model: torch.nn.Module) -> tuple[Callable[[], None], Callable[[],
 
 
 @contextmanager
-def layer_pauses(model: torch.nn.Module, adapter: ModelAdapter) -> Iterator[None]:
+def layer_pauses(model: PreTrainedModel, adapter: ModelAdapter) -> Iterator[None]:
     """For this thread's forwards inside the block: before each part of each layer (every module a block's hook
     points name: norms, projections, attention, MLP ...), let short work of other browsers through the model gate
     (``app/admission.py``, ``pause_point``; a no-op when none waits or the gate is not held for long work), this
@@ -242,7 +242,7 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def fill_cache(model: torch.nn.Module, token_ids: list[int], cache=None, adapter: ModelAdapter | None = None):
+def fill_cache(model: PreTrainedModel, token_ids: list[int], cache=None, adapter: ModelAdapter | None = None):
     """One forward over ``token_ids`` (after ``cache`` if given) with no hooks, through the same fused attention
     as ``run_traced``; returns the cache with their K/V appended. Nothing else outlives the call: each layer's
     activations are freed as the forward goes (a prefill's bulk, before its last token is captured). With
@@ -258,7 +258,7 @@ def fill_cache(model: torch.nn.Module, token_ids: list[int], cache=None, adapter
 
 @torch.no_grad()
 def run_traced(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     adapter: ModelAdapter,
     token_ids: list[int],
     token_texts: list[str],

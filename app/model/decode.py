@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 import torch
+from transformers import Cache
 
 from app.admission import yielded_s
 from app.errors import BadInput
@@ -62,7 +63,7 @@ class DecodeSession:
     prompt_ids: list[int]
     sampling: Sampling
     max_steps: int
-    cache: object | None = None
+    cache: Cache | None = None
     steps: list[Step] = field(default_factory=list)
     generator: torch.Generator = field(default_factory=torch.Generator)
     texts: list[str] = field(default_factory=list)  # text of every id in ``ids``, decoded once
@@ -118,6 +119,7 @@ class DecodeSession:
         # position's logits are computed (a long prompt's others would be T × vocab).
         trace = run_traced(lm.model, lm.adapter, fed[-1:], lm.token_texts(fed[-1:]), cache=cache, all_logits=False)
         ms = (time.perf_counter() - t0 - (yielded_s() - lent)) * 1000  # not the other browsers' steps in between
+        assert trace.cache is not None, "run_traced keeps the cache it appended to (keep_cache=True)"
         self.cache = trace.cache
         logits = trace["logits"][0, -1]
         state = self.generator.get_state()

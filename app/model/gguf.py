@@ -40,8 +40,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from app import startup
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -290,8 +294,10 @@ def convert(info: GGUFInfo, home: Path, *, title: str) -> Path:
     startup.report("boot.status.dequantizing", model=title, done=0, total=0)
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     with _progress(title):
-        model, loading = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32,
-                                                              output_loading_info=True)
+        loaded = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32,
+                                                      output_loading_info=True)
+    # transformers types from_pretrained as returning the model; with output_loading_info it returns (model, info)
+    model, loading = cast("tuple[PreTrainedModel, dict[str, list[str]]]", loaded)
     if missing := sorted(loading["missing_keys"]):  # transformers would leave them randomly initialised
         raise BadGGUF("err.gguf.missing_tensors", spec=src.name, count=len(missing), names=", ".join(missing[:3]))
     startup.report("boot.status.saving", model=title)

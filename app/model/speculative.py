@@ -73,13 +73,15 @@ def accept(draft: list[int], q: torch.Tensor | None, p: torch.Tensor, *, mode: s
     position and keep dᵢ while r < min(1, pᵢ(dᵢ)/qᵢ(dᵢ)); at the first rejection draw from
     normalize(max(0, pᵢ − qᵢ)); after γ kept tokens draw the bonus from pγ+1 — all with ``generator``."""
     gamma = len(draft)
-    assert p.shape[0] == gamma + 1 and (mode == GREEDY or q.shape[0] == gamma), (p.shape, gamma)
+    assert p.shape[0] == gamma + 1 and (mode == GREEDY or q is None or q.shape[0] == gamma), (p.shape, gamma)
     ratios: list[float] = []
     if mode == GREEDY:  # q plays no part: one argmax over every position at once, then the first disagreement
         best = p.argmax(dim=-1).tolist()
         n = next((i for i, d in enumerate(draft) if best[i] != d), gamma)
         ratios = [1.0] * n + ([0.0] if n < gamma else [])
         return Verdict(n, best[n], n == gamma and gamma > 0, ratios)
+    if q is None:
+        raise ValueError("sampled acceptance reads q, the draft's distributions (γ, V)")
     for i, d in enumerate(draft):
         pi, qi = float(p[i, d]), float(q[i, d])
         ratio = 1.0 if qi <= 0 else min(1.0, pi / qi)

@@ -30,8 +30,10 @@ SPACE_PIECE = "▁"  # SentencePiece's mark for a space
 BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
-def _bytes_shown(exc: UnicodeDecodeError) -> tuple[str, int]:
+def _bytes_shown(exc: UnicodeError) -> tuple[str, int]:
     """Bytes that are not a whole UTF-8 character shown as their values: ‹e4 bd›."""
+    if not isinstance(exc, UnicodeDecodeError):
+        raise exc  # a decoding handler only (``bytes.decode(..., errors="kvscope-bytes")``)
     return "‹" + " ".join(f"{b:02x}" for b in exc.object[exc.start : exc.end]) + "›", exc.end
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from transformers import Cache
 
 from app.model import attention
 from app.model.adapters import ModelAdapter
@@ -55,7 +56,7 @@ class Trace:
     steps: list[ShapeStep]
     adapter: ModelAdapter
     past_length: int = 0  # tokens already in the cache before this forward
-    cache: object | None = None  # transformers' Cache after this forward, if one was kept
+    cache: Cache | None = None  # transformers' Cache after this forward, if one was kept
     meta: dict = field(default_factory=dict)
 
     # --- names -----------------------------------------------------------------------------------

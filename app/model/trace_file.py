@@ -25,6 +25,7 @@ import json
 import math
 import mmap
 from pathlib import Path
+from typing import TypeGuard
 
 import torch
 
@@ -102,7 +103,7 @@ def _write(path: Path, tensors: dict[str, torch.Tensor], header: bytes, order: l
         for name in order:
             t = _owned(tensors[name])
             if t.numel():
-                written += f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+                written += f.write(t.reshape(-1).view(torch.uint8).numpy().data)  # the array's bytes, not copied
     return written
 
 
@@ -115,11 +116,13 @@ def read_trace(path: Path, adapter: ModelAdapter) -> tuple[Trace, dict]:
     ``TraceFileError`` (or ``OSError``) for anything else: every field is checked before a ``Trace`` is made."""
     tensors, meta = _read(path)
     ids, texts, steps = meta.get("token_ids"), meta.get("token_texts"), meta.get("steps")
-    _need(_ints(ids) and len(ids) > 0, path, "token_ids")
-    _need(isinstance(texts, list) and len(texts) == len(ids) and all(isinstance(t, str) for t in texts),
-          path, "token_texts")
+    if not (_ints(ids) and len(ids) > 0):
+        raise _broken(path, "token_ids")
+    if not (isinstance(texts, list) and len(texts) == len(ids) and all(isinstance(t, str) for t in texts)):
+        raise _broken(path, "token_texts")
     _need(meta.get("past_length") == 0, path, "past_length")  # only a prefill's trace is written
-    _need(isinstance(steps, list) and all(_step(s) for s in steps), path, "steps")
+    if not (isinstance(steps, list) and all(_step(s) for s in steps)):
+        raise _broken(path, "steps")
     _need(isinstance(meta.get("meta"), dict), path, "meta")
     tail = meta["meta"].get("tail")
     _need(tail is None or (type(tail) is int and 0 < tail <= len(ids)), path, "meta.tail")
@@ -160,9 +163,10 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     for name in names:
         e = header[name]
         dtype, shape, offsets = BY_NAME.get(e.get("dtype")), e.get("shape"), e.get("data_offsets")
-        _need(dtype is not None and _ints(shape) and all(n >= 0 for n in shape), path, f"{name}: dtype or shape")
-        _need(_ints(offsets) and len(offsets) == 2 and 0 <= offsets[0] <= offsets[1] <= len(mapped) - start,
-              path, f"{name}: byte range")
+        if not (dtype is not None and _ints(shape) and all(n >= 0 for n in shape)):
+            raise _broken(path, f"{name}: dtype or shape")
+        if not (_ints(offsets) and len(offsets) == 2 and 0 <= offsets[0] <= offsets[1] <= len(mapped) - start):
+            raise _broken(path, f"{name}: byte range")
         lo, hi = offsets
         _need(hi - lo == math.prod(shape) * dtype.itemsize and lo % dtype.itemsize == 0, path, f"{name}: byte range")
         if hi == lo:
@@ -173,12 +177,16 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     return tensors, meta
 
 
+def _broken(path: Path, what: str) -> TraceFileError:
+    return TraceFileError(f"{path.name}: not a pinned trace written whole ({what})")
+
+
 def _need(ok: bool, path: Path, what: str) -> None:
     if not ok:
-        raise TraceFileError(f"{path.name}: not a pinned trace written whole ({what})")
+        raise _broken(path, what)
 
 
-def _ints(value: object) -> bool:
+def _ints(value: object) -> TypeGuard[list[int]]:
     return isinstance(value, list) and all(type(v) is int for v in value)
 
 

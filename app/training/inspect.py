@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 
 from app.errors import BadInput
 from app.model.adapters import ModelAdapter, adapter_class
@@ -29,25 +30,25 @@ FP32_BYTES = 4
 STATE_TENSORS = ("value", "grad", "exp_avg", "exp_avg_sq")
 
 
-def _family(model: nn.Module) -> type[ModelAdapter]:
+def _family(model: PreTrainedModel) -> type[ModelAdapter]:
     cls = adapter_class(getattr(model.config, "model_type", None))
     if cls is None:
         raise ValueError(f"no adapter reads model type {model.config.model_type!r}")
     return cls
 
 
-def default_parameter(model: nn.Module) -> str:
+def default_parameter(model: PreTrainedModel) -> str:
     """The parameter the page opens on: the family's own choice (layer 0's query projection)."""
     return _family(model).default_parameter(model.config)
 
 
-def parameter_names(model: nn.Module) -> list[dict]:
+def parameter_names(model: PreTrainedModel) -> list[dict]:
     """Every parameter with its shape; ``default`` marks the one the page opens on."""
     first = default_parameter(model)
     return [{"name": n, "shape": list(p.shape), "default": n == first} for n, p in model.named_parameters()]
 
 
-def _part_slice(model: nn.Module, name: str, part: str | None) -> tuple[tuple, str | None]:
+def _part_slice(model: PreTrainedModel, name: str, part: str | None) -> tuple[tuple, str | None]:
     """Index into parameter ``name`` selecting the Q, K or V block of a fused projection (all of it otherwise)."""
     fused = _family(model).fused_qkv(model.config, name)
     if fused is None or part in (None, "", "all"):
@@ -68,7 +69,7 @@ def _matrix(t: torch.Tensor | None, index: tuple) -> list[list[float]] | None:
     return [[float(f"{float(x):.7g}") for x in row] for row in m[:MAX_ROWS]]  # significant digits: v is ~1e-7
 
 
-def param_view(model: nn.Module, optimizer: torch.optim.Optimizer, name: str | None,
+def param_view(model: PreTrainedModel, optimizer: torch.optim.Optimizer, name: str | None,
                part: str | None = None) -> dict:
     """One parameter as training sees it now (``name`` None: the default one). Call it between steps (under the
     trainer's lock)."""
@@ -110,15 +111,11 @@ def memory_view(model: nn.Module, files: dict[str, Path] | None = None) -> dict:
     ``files`` maps a role (``weights``, ``model_state``, ``train_state``) to a path on disk.
     """
     n = parameter_count(model)
-    per_param = [
-        {"what": "weight", "bytes": FP32_BYTES},
-        {"what": "grad", "bytes": FP32_BYTES},
-        {"what": "exp_avg", "bytes": FP32_BYTES},
-        {"what": "exp_avg_sq", "bytes": FP32_BYTES},
-    ]
-    per_param_total = sum(r["bytes"] for r in per_param)
+    sizes = {"weight": FP32_BYTES, "grad": FP32_BYTES, "exp_avg": FP32_BYTES, "exp_avg_sq": FP32_BYTES}
+    per_param = [{"what": what, "bytes": size} for what, size in sizes.items()]
+    per_param_total = sum(sizes.values())
     expected = {"weights": n * FP32_BYTES, "model_state": n * FP32_BYTES, "train_state": 3 * n * FP32_BYTES}
-    written = []
+    written: list[dict] = []  # one row per file, as the page shows it
     for role, path in (files or {}).items():
         size = path.stat().st_size
         written.append({"role": role, "file": path.name, "bytes": size, "tensor_bytes": expected.get(role)})
@@ -136,7 +133,7 @@ def memory_view(model: nn.Module, files: dict[str, Path] | None = None) -> dict:
 
 
 @torch.no_grad()
-def cached_vs_full(model: nn.Module, prompt_ids: list[int], n_new: int = 8) -> dict:
+def cached_vs_full(model: PreTrainedModel, prompt_ids: list[int], n_new: int = 8) -> dict:
     """Greedy-decode ``n_new`` tokens two ways and compare the next-token logits at every step.
 
     Cached: the prompt is prefilled once into a ``DynamicCache``; each step feeds only the newest token.

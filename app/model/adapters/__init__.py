@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from transformers import PreTrainedModel
+
 from app.model.adapters.base import HookPoint, ModelAdapter, for_this_thread
 
 __all__ = ["HookPoint", "ModelAdapter", "for_this_thread", "adapter_for", "adapter_class", "supported_model_types"]
@@ -22,8 +24,9 @@ def _families() -> list[type[ModelAdapter]]:
 
 
 def _subclasses(cls: type) -> list[type]:
-    out = []
-    for sub in cls.__subclasses__():
+    out: list[type] = []
+    subs: list[type] = cls.__subclasses__()
+    for sub in subs:
         out += [sub, *_subclasses(sub)]
     return out
 
@@ -39,7 +42,7 @@ def adapter_class(model_type: str | None) -> type[ModelAdapter] | None:
     return None
 
 
-def adapter_for(model) -> ModelAdapter:
+def adapter_for(model: PreTrainedModel) -> ModelAdapter:
     cls = adapter_class(getattr(model.config, "model_type", None))
     if cls is None:
         raise ValueError(f"unsupported model type {model.config.model_type!r}; "

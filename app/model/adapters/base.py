@@ -67,6 +67,7 @@ from typing import ClassVar, Literal
 
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 
 from app.model.attention import attend, kv_map_for
 
@@ -202,12 +203,13 @@ class ModelAdapter(ABC):
     qk_norm: bool = False  # a norm on each head's q and k before rotation (set by read_sizes where a config says so)
     embed_scale: float = 1.0  # the token row is multiplied by this on the way in (Gemma: √d_model)
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         config = model.config
         if getattr(config, "model_type", None) not in self.model_types:
             raise ValueError(f"{type(self).__name__} does not read model_type={config.model_type!r}")
         self.model = model
         self.config = config
+        self._parts: dict[str, nn.Module] = {}  # ``part``'s lookups, one per path
         self.dtype = next(model.parameters()).dtype
         self.read_sizes(config)
         self.kv_map: tuple[int, ...] = kv_map_for(self.n_head, self.n_kv_head)
@@ -253,6 +255,20 @@ class ModelAdapter(ABC):
 
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
+
+    # --- the model's own modules, by the dotted path its parameters are named by (``transformer.h.3.attn``) ------
+    # ``get_submodule`` raises AttributeError on a path that names no module; reading the tree as attributes
+    # (``model.transformer.h[3].attn``) would type each step ``Tensor | Module``. Each path is looked up once: no
+    # module of a loaded model is replaced (``place`` moves weights in place), and the block parts ask per layer.
+    def part(self, path: str) -> nn.Module:
+        module = self._parts.get(path)
+        if module is None:
+            module = self._parts[path] = self.model.get_submodule(path)
+        return module
+
+    def params(self, path: str) -> tuple[tuple[str, nn.Parameter], ...]:
+        """The parameters of the module at ``path``, named as the checkpoint names them."""
+        return params_of(self.part(path), path)
 
     # --- parameters by role (class methods of the config: no adapter instance, no eager attention needed) ----
     @classmethod

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from app.model.adapters.base import HookPoint, LayerSpec, params_of
+from app.model.adapters.base import HookPoint, LayerSpec
 from app.model.adapters.llama import LlamaAdapter
 
 
@@ -52,51 +52,49 @@ class Gemma3Adapter(LlamaAdapter):
 
     # --- hooks -----------------------------------------------------------------------------------
     def hook_points(self) -> list[HookPoint]:
-        m = self._base
-        emb = params_of(m.embed_tokens, "model.embed_tokens")
+        part, params = self.part, self.params
         points = [
             # [batch, pos]: the ids; ``derive`` looks their rows up
-            HookPoint("embed.wte", m.embed_tokens, "input0", emb),
-            HookPoint("embed.h0", m.embed_tokens, "output", ()),  # [batch, pos, d_model]: rows * sqrt(d_model)
+            HookPoint("embed.wte", part("model.embed_tokens"), "input0", params("model.embed_tokens")),
+            # [batch, pos, d_model]: rows * sqrt(d_model)
+            HookPoint("embed.h0", part("model.embed_tokens"), "output", ()),
         ]
-        for i, layer in enumerate(m.layers):
+        for i in range(self.n_layer):
             p, b = f"model.layers.{i}", f"blocks.{i}"
-            at, mlp = layer.self_attn, layer.mlp
-
-            def ps(module, name, prefix=p):
-                return params_of(module, f"{prefix}.{name}")
-
+            at, mlp = f"{p}.self_attn", f"{p}.mlp"
+            pre_ff, post_ff = f"{p}.pre_feedforward_layernorm", f"{p}.post_feedforward_layernorm"  # around the MLP
             points += [
                 # [batch, pos, d_model]
-                HookPoint(f"{b}.ln_1", layer.input_layernorm, "output", ps(layer.input_layernorm, "input_layernorm")),
+                HookPoint(f"{b}.ln_1", part(f"{p}.input_layernorm"), "output", params(f"{p}.input_layernorm")),
                 # [batch, head, pos, d_head]: after q_norm, before rotation
-                HookPoint(f"{b}.attn.q_proj", at.q_norm, "output",
-                          ps(at.q_proj, "self_attn.q_proj") + ps(at.q_norm, "self_attn.q_norm")),
-                HookPoint(f"{b}.attn.k_proj", at.k_norm, "output",  # [batch, head_kv, pos, d_head]: after k_norm
-                          ps(at.k_proj, "self_attn.k_proj") + ps(at.k_norm, "self_attn.k_norm")),
+                HookPoint(f"{b}.attn.q_proj", part(f"{at}.q_norm"), "output",
+                          params(f"{at}.q_proj") + params(f"{at}.q_norm")),
+                # [batch, head_kv, pos, d_head]: after k_norm
+                HookPoint(f"{b}.attn.k_proj", part(f"{at}.k_norm"), "output",
+                          params(f"{at}.k_proj") + params(f"{at}.k_norm")),
                 # [batch, pos, head_kv * d_head]
-                HookPoint(f"{b}.attn.v_proj", at.v_proj, "output", ps(at.v_proj, "self_attn.v_proj")),
-                HookPoint(f"{b}.attn.lse", at, "output1", ()),  # [batch, head, pos]
-                HookPoint(f"{b}.attn.merged", at.o_proj, "input0", ()),  # [batch, pos, head * d_head]
+                HookPoint(f"{b}.attn.v_proj", part(f"{at}.v_proj"), "output", params(f"{at}.v_proj")),
+                HookPoint(f"{b}.attn.lse", part(at), "output1", ()),  # [batch, head, pos]
+                HookPoint(f"{b}.attn.merged", part(f"{at}.o_proj"), "input0", ()),  # [batch, pos, head * d_head]
                 # [batch, pos, d_model]: before the norm after attention
-                HookPoint(f"{b}.attn.o_proj", at.o_proj, "output", ps(at.o_proj, "self_attn.o_proj")),
-                HookPoint(f"{b}.attn.out", layer.post_attention_layernorm, "output",  # [batch, pos, d_model]
-                          ps(layer.post_attention_layernorm, "post_attention_layernorm")),
-                HookPoint(f"{b}.resid_mid", layer.pre_feedforward_layernorm, "input0", ()),  # [batch, pos, d_model]
-                HookPoint(f"{b}.ln_2", layer.pre_feedforward_layernorm, "output",  # [batch, pos, d_model]
-                          ps(layer.pre_feedforward_layernorm, "pre_feedforward_layernorm")),
+                HookPoint(f"{b}.attn.o_proj", part(f"{at}.o_proj"), "output", params(f"{at}.o_proj")),
+                HookPoint(f"{b}.attn.out", part(f"{p}.post_attention_layernorm"), "output",  # [batch, pos, d_model]
+                          params(f"{p}.post_attention_layernorm")),
+                HookPoint(f"{b}.resid_mid", part(pre_ff), "input0", ()),  # [batch, pos, d_model]
+                HookPoint(f"{b}.ln_2", part(pre_ff), "output", params(pre_ff)),  # [batch, pos, d_model]
                 # [batch, pos, d_mlp]
-                HookPoint(f"{b}.mlp.gate", mlp.gate_proj, "output", ps(mlp.gate_proj, "mlp.gate_proj")),
-                HookPoint(f"{b}.mlp.up", mlp.up_proj, "output", ps(mlp.up_proj, "mlp.up_proj")),  # [batch, pos, d_mlp]
-                HookPoint(f"{b}.mlp.hidden", mlp.down_proj, "input0", ()),  # [batch, pos, d_mlp]: act(gate) * up
+                HookPoint(f"{b}.mlp.gate", part(f"{mlp}.gate_proj"), "output", params(f"{mlp}.gate_proj")),
+                # [batch, pos, d_mlp]
+                HookPoint(f"{b}.mlp.up", part(f"{mlp}.up_proj"), "output", params(f"{mlp}.up_proj")),
+                # [batch, pos, d_mlp]: act(gate) * up
+                HookPoint(f"{b}.mlp.hidden", part(f"{mlp}.down_proj"), "input0", ()),
                 # [batch, pos, d_model]: before the norm after the MLP
-                HookPoint(f"{b}.mlp.down", mlp.down_proj, "output", ps(mlp.down_proj, "mlp.down_proj")),
-                HookPoint(f"{b}.mlp.out", layer.post_feedforward_layernorm, "output",  # [batch, pos, d_model]
-                          ps(layer.post_feedforward_layernorm, "post_feedforward_layernorm")),
-                HookPoint(f"{b}.resid_out", layer, "output", ()),  # [batch, pos, d_model]
+                HookPoint(f"{b}.mlp.down", part(f"{mlp}.down_proj"), "output", params(f"{mlp}.down_proj")),
+                HookPoint(f"{b}.mlp.out", part(post_ff), "output", params(post_ff)),  # [batch, pos, d_model]
+                HookPoint(f"{b}.resid_out", part(p), "output", ()),  # [batch, pos, d_model]
             ]
         points += [
-            HookPoint("ln_f", m.norm, "output", params_of(m.norm, "model.norm")),  # [batch, pos, d_model]
+            HookPoint("ln_f", part("model.norm"), "output", params("model.norm")),  # [batch, pos, d_model]
             # [batch, pos, d_vocab]
             HookPoint("logits", self.model.lm_head, "output", (("lm_head.weight", self.model.lm_head.weight),)),
         ]
@@ -121,20 +119,21 @@ class Gemma3Adapter(LlamaAdapter):
     # --- rotary positions: one base per kind of layer ------------------------------------------------
     def rope_cos_sin(self, positions: torch.Tensor, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         probe = self.token_table[:1].unsqueeze(0)  # only its dtype and device are read
-        cos, sin = self._base.rotary_emb(probe, positions.reshape(1, -1), self.config.layer_types[layer])
+        cos, sin = self.part("model.rotary_emb")(probe, positions.reshape(1, -1), self.config.layer_types[layer])
         return cos[0], sin[0]
 
     # --- block parts ---------------------------------------------------------------------------------
     def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self._base.embed_tokens(ids)  # (1, T, D) rows · √d_model
+        return self.part("model.embed_tokens")(ids)  # (1, T, D) rows · √d_model
 
     def attn_out(self, layer: int, merged: torch.Tensor) -> torch.Tensor:
-        block = self._base.layers[layer]
-        return block.post_attention_layernorm(block.self_attn.o_proj(merged))
+        block = f"model.layers.{layer}"
+        return self.part(f"{block}.post_attention_layernorm")(self.output_projection(layer)(merged))
 
     def mlp_branch(self, layer: int, h: torch.Tensor) -> torch.Tensor:
-        block = self._base.layers[layer]
-        return block.post_feedforward_layernorm(block.mlp(block.pre_feedforward_layernorm(h)))
+        b = f"model.layers.{layer}"
+        before, after = self.part(f"{b}.pre_feedforward_layernorm"), self.part(f"{b}.post_feedforward_layernorm")
+        return after(self.part(f"{b}.mlp")(before(h)))
 
     def unembed(self, h: torch.Tensor) -> torch.Tensor:
         logits = self.model.lm_head(h)

@@ -15,7 +15,7 @@ import re
 import torch
 from torch import nn
 
-from app.model.adapters.base import FusedQKV, HookPoint, LayerSpec, ModelAdapter, params_of
+from app.model.adapters.base import FusedQKV, HookPoint, LayerSpec, ModelAdapter
 
 
 class GPT2Adapter(ModelAdapter):
@@ -48,49 +48,49 @@ class GPT2Adapter(ModelAdapter):
 
     @property
     def token_table(self) -> torch.Tensor:
-        return self.model.transformer.wte.weight  # (V, D)
+        return self.model.get_parameter("transformer.wte.weight")  # (V, D)
 
     @property
     def position_table(self) -> torch.Tensor:
-        return self.model.transformer.wpe.weight  # (n_positions, D)
+        return self.model.get_parameter("transformer.wpe.weight")  # (n_positions, D)
 
     # kept for the pages' older names
     wte = token_table
     wpe = position_table
 
     def hook_points(self) -> list[HookPoint]:
-        tr = self.model.transformer
+        part, params = self.part, self.params
         points = [
             # [batch, pos, d_model]: wte row of each token
-            HookPoint("embed.wte", tr.wte, "output", params_of(tr.wte, "transformer.wte")),
+            HookPoint("embed.wte", part("transformer.wte"), "output", params("transformer.wte")),
             # [1, pos, d_model]: wpe row of each position
-            HookPoint("embed.wpe", tr.wpe, "output", params_of(tr.wpe, "transformer.wpe")),
-            HookPoint("embed.h0", tr.drop, "output", ()),  # [batch, pos, d_model]: wte + wpe (after dropout)
+            HookPoint("embed.wpe", part("transformer.wpe"), "output", params("transformer.wpe")),
+            # [batch, pos, d_model]: wte + wpe (after dropout)
+            HookPoint("embed.h0", part("transformer.drop"), "output", ()),
         ]
-        for i, block in enumerate(tr.h):
+        for i in range(self.n_layer):
             p, b = f"transformer.h.{i}", f"blocks.{i}"
-            attn, mlp = block.attn, block.mlp
             points += [
                 # [batch, pos, d_model]
-                HookPoint(f"{b}.ln_1", block.ln_1, "output", params_of(block.ln_1, f"{p}.ln_1")),
+                HookPoint(f"{b}.ln_1", part(f"{p}.ln_1"), "output", params(f"{p}.ln_1")),
                 # [batch, pos, 3 * d_model]: c_attn; q, k, v its three d_model-wide slices
-                HookPoint(f"{b}.attn.qkv", attn.c_attn, "output", params_of(attn.c_attn, f"{p}.attn.c_attn")),
-                HookPoint(f"{b}.attn.lse", attn, "output1", ()),  # [batch, head, pos]
-                HookPoint(f"{b}.attn.merged", attn.c_proj, "input0", ()),  # [batch, pos, head * d_head]
+                HookPoint(f"{b}.attn.qkv", part(f"{p}.attn.c_attn"), "output", params(f"{p}.attn.c_attn")),
+                HookPoint(f"{b}.attn.lse", part(f"{p}.attn"), "output1", ()),  # [batch, head, pos]
+                HookPoint(f"{b}.attn.merged", part(f"{p}.attn.c_proj"), "input0", ()),  # [batch, pos, head * d_head]
                 # [batch, pos, d_model]
-                HookPoint(f"{b}.attn.out", attn.c_proj, "output", params_of(attn.c_proj, f"{p}.attn.c_proj")),
-                HookPoint(f"{b}.resid_mid", block.ln_2, "input0", ()),  # [batch, pos, d_model]
+                HookPoint(f"{b}.attn.out", part(f"{p}.attn.c_proj"), "output", params(f"{p}.attn.c_proj")),
+                HookPoint(f"{b}.resid_mid", part(f"{p}.ln_2"), "input0", ()),  # [batch, pos, d_model]
                 # [batch, pos, d_model]
-                HookPoint(f"{b}.ln_2", block.ln_2, "output", params_of(block.ln_2, f"{p}.ln_2")),
+                HookPoint(f"{b}.ln_2", part(f"{p}.ln_2"), "output", params(f"{p}.ln_2")),
                 # [batch, pos, d_mlp]: c_fc, before GELU
-                HookPoint(f"{b}.mlp.fc", mlp.c_fc, "output", params_of(mlp.c_fc, f"{p}.mlp.c_fc")),
-                HookPoint(f"{b}.mlp.hidden", mlp.act, "output", ()),  # [batch, pos, d_mlp]
+                HookPoint(f"{b}.mlp.fc", part(f"{p}.mlp.c_fc"), "output", params(f"{p}.mlp.c_fc")),
+                HookPoint(f"{b}.mlp.hidden", part(f"{p}.mlp.act"), "output", ()),  # [batch, pos, d_mlp]
                 # [batch, pos, d_model]
-                HookPoint(f"{b}.mlp.out", mlp.c_proj, "output", params_of(mlp.c_proj, f"{p}.mlp.c_proj")),
-                HookPoint(f"{b}.resid_out", block, "output", ()),  # [batch, pos, d_model]
+                HookPoint(f"{b}.mlp.out", part(f"{p}.mlp.c_proj"), "output", params(f"{p}.mlp.c_proj")),
+                HookPoint(f"{b}.resid_out", part(p), "output", ()),  # [batch, pos, d_model]
             ]
         points += [
-            HookPoint("ln_f", tr.ln_f, "output", params_of(tr.ln_f, "transformer.ln_f")),  # [batch, pos, d_model]
+            HookPoint("ln_f", part("transformer.ln_f"), "output", params("transformer.ln_f")),  # [batch, pos, d_model]
             # [batch, pos, d_vocab]
             HookPoint("logits", self.model.lm_head, "output", (("lm_head.weight", self.model.lm_head.weight),)),
         ]
@@ -122,27 +122,26 @@ class GPT2Adapter(ModelAdapter):
 
     # --- block parts: h = wte[ids] + wpe[pos]; ln_1 → c_attn → attend → c_proj; ln_2 → MLP ------------------
     def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        tr = self.model.transformer
-        return tr.wte(ids) + tr.wpe(positions)[None]  # (1, T, D)
+        return self.part("transformer.wte")(ids) + self.part("transformer.wpe")(positions)[None]  # (1, T, D)
 
     def attn_in(self, layer: int, h: torch.Tensor) -> torch.Tensor:
-        return self.model.transformer.h[layer].ln_1(h)
+        return self.part(f"transformer.h.{layer}.ln_1")(h)
 
     def qkv(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.split_qkv(self.model.transformer.h[layer].attn.c_attn(x))  # (1, H, T, Dh) each
+        return self.split_qkv(self.part(f"transformer.h.{layer}.attn.c_attn")(x))  # (1, H, T, Dh) each
 
     def attn_out(self, layer: int, merged: torch.Tensor) -> torch.Tensor:
-        return self.model.transformer.h[layer].attn.c_proj(merged)
+        return self.output_projection(layer)(merged)
 
     def mlp_branch(self, layer: int, h: torch.Tensor) -> torch.Tensor:
-        block = self.model.transformer.h[layer]
-        return block.mlp(block.ln_2(h))
+        block = f"transformer.h.{layer}"
+        return self.part(f"{block}.mlp")(self.part(f"{block}.ln_2")(h))
 
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:
-        return self.model.transformer.ln_f(h)
+        return self.part("transformer.ln_f")(h)
 
     def unembed(self, h: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(h)
 
     def output_projection(self, layer: int) -> nn.Module:
-        return self.model.transformer.h[layer].attn.c_proj
+        return self.part(f"transformer.h.{layer}.attn.c_proj")

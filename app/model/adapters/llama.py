@@ -21,15 +21,17 @@ in TransformerLens's axis names (checked on a forward by tests/model/test_hook_s
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
-from app.model.adapters.base import HookPoint, LayerSpec, ModelAdapter, apply_rope, params_of
+from app.model.adapters.base import HookPoint, LayerSpec, ModelAdapter, apply_rope
 
 
 class LlamaAdapter(ModelAdapter):
     family = "llama"
-    model_types = ("llama", "mistral", "qwen2", "qwen3")
+    model_types: ClassVar[tuple[str, ...]] = ("llama", "mistral", "qwen2", "qwen3")
     rotary = True
     norm_kind = "rmsnorm"
     mlp_kind = "swiglu"
@@ -45,17 +47,13 @@ class LlamaAdapter(ModelAdapter):
         self.vocab_size = config.vocab_size
         self.qk_norm = config.model_type == "qwen3"
 
-    @property
-    def _base(self) -> nn.Module:
-        return self.model.model
-
     @classmethod
     def qkv_parameters(cls, config, layer: int) -> dict[str, str]:
         return {p: f"model.layers.{layer}.self_attn.{p}_proj.weight" for p in "qkv"}  # three Linear layers
 
     @property
     def token_table(self) -> torch.Tensor:
-        return self._base.embed_tokens.weight  # (V, D)
+        return self.model.get_parameter("model.embed_tokens.weight")  # (V, D)
 
     def layer_spec(self, layer: int) -> LayerSpec:
         c = self.config
@@ -66,51 +64,52 @@ class LlamaAdapter(ModelAdapter):
 
     # --- hooks -----------------------------------------------------------------------------------
     def hook_points(self) -> list[HookPoint]:
-        m = self._base
+        part, params = self.part, self.params
         points = [
             # [batch, pos, d_model]
-            HookPoint("embed.wte", m.embed_tokens, "output", params_of(m.embed_tokens, "model.embed_tokens")),
+            HookPoint("embed.wte", part("model.embed_tokens"), "output", params("model.embed_tokens")),
             # [1, pos, d_head]: rotary_emb's cos of every position's angles
-            HookPoint("rope.cos", m.rotary_emb, "output0", ()),
-            HookPoint("rope.sin", m.rotary_emb, "output1", ()),  # [1, pos, d_head]
+            HookPoint("rope.cos", part("model.rotary_emb"), "output0", ()),
+            HookPoint("rope.sin", part("model.rotary_emb"), "output1", ()),  # [1, pos, d_head]
         ]
-        for i, layer in enumerate(m.layers):
+        for i in range(self.n_layer):
             p, b = f"model.layers.{i}", f"blocks.{i}"
-            at, mlp = layer.self_attn, layer.mlp
-            q_src = at.q_norm if self.qk_norm else at.q_proj
-            k_src = at.k_norm if self.qk_norm else at.k_proj
-            q_params = params_of(at.q_proj, f"{p}.self_attn.q_proj")
-            k_params = params_of(at.k_proj, f"{p}.self_attn.k_proj")
+            at, mlp = f"{p}.self_attn", f"{p}.mlp"
+            q_src = part(f"{at}.q_norm" if self.qk_norm else f"{at}.q_proj")
+            k_src = part(f"{at}.k_norm" if self.qk_norm else f"{at}.k_proj")
+            q_params, k_params = params(f"{at}.q_proj"), params(f"{at}.k_proj")
             if self.qk_norm:
-                q_params += params_of(at.q_norm, f"{p}.self_attn.q_norm")
-                k_params += params_of(at.k_norm, f"{p}.self_attn.k_norm")
+                q_params += params(f"{at}.q_norm")
+                k_params += params(f"{at}.k_norm")
             points += [
-                HookPoint(f"{b}.ln_1", layer.input_layernorm, "output",  # [batch, pos, d_model]
-                          params_of(layer.input_layernorm, f"{p}.input_layernorm")),
+                # [batch, pos, d_model]
+                HookPoint(f"{b}.ln_1", part(f"{p}.input_layernorm"), "output", params(f"{p}.input_layernorm")),
                 # [batch, pos, head * d_head]; q/k norm (Qwen3): after q_norm, [batch, pos, head, d_head]
                 HookPoint(f"{b}.attn.q_proj", q_src, "output", q_params),
                 # [batch, pos, head_kv * d_head]; q/k norm: [batch, pos, head_kv, d_head]
                 HookPoint(f"{b}.attn.k_proj", k_src, "output", k_params),
                 # [batch, pos, head_kv * d_head]
-                HookPoint(f"{b}.attn.v_proj", at.v_proj, "output", params_of(at.v_proj, f"{p}.self_attn.v_proj")),
-                HookPoint(f"{b}.attn.lse", at, "output1", ()),  # [batch, head, pos]
-                HookPoint(f"{b}.attn.merged", at.o_proj, "input0", ()),  # [batch, pos, head * d_head]
+                HookPoint(f"{b}.attn.v_proj", part(f"{at}.v_proj"), "output", params(f"{at}.v_proj")),
+                HookPoint(f"{b}.attn.lse", part(at), "output1", ()),  # [batch, head, pos]
+                HookPoint(f"{b}.attn.merged", part(f"{at}.o_proj"), "input0", ()),  # [batch, pos, head * d_head]
                 # [batch, pos, d_model]
-                HookPoint(f"{b}.attn.out", at.o_proj, "output", params_of(at.o_proj, f"{p}.self_attn.o_proj")),
-                HookPoint(f"{b}.resid_mid", layer.post_attention_layernorm, "input0", ()),  # [batch, pos, d_model]
-                HookPoint(f"{b}.ln_2", layer.post_attention_layernorm, "output",  # [batch, pos, d_model]
-                          params_of(layer.post_attention_layernorm, f"{p}.post_attention_layernorm")),
-                # [batch, pos, d_mlp]
-                HookPoint(f"{b}.mlp.gate", mlp.gate_proj, "output", params_of(mlp.gate_proj, f"{p}.mlp.gate_proj")),
-                # [batch, pos, d_mlp]
-                HookPoint(f"{b}.mlp.up", mlp.up_proj, "output", params_of(mlp.up_proj, f"{p}.mlp.up_proj")),
-                HookPoint(f"{b}.mlp.hidden", mlp.down_proj, "input0", ()),  # [batch, pos, d_mlp]: act(gate) * up
+                HookPoint(f"{b}.attn.out", part(f"{at}.o_proj"), "output", params(f"{at}.o_proj")),
                 # [batch, pos, d_model]
-                HookPoint(f"{b}.mlp.out", mlp.down_proj, "output", params_of(mlp.down_proj, f"{p}.mlp.down_proj")),
-                HookPoint(f"{b}.resid_out", layer, "output", ()),  # [batch, pos, d_model]
+                HookPoint(f"{b}.resid_mid", part(f"{p}.post_attention_layernorm"), "input0", ()),
+                HookPoint(f"{b}.ln_2", part(f"{p}.post_attention_layernorm"), "output",  # [batch, pos, d_model]
+                          params(f"{p}.post_attention_layernorm")),
+                # [batch, pos, d_mlp]
+                HookPoint(f"{b}.mlp.gate", part(f"{mlp}.gate_proj"), "output", params(f"{mlp}.gate_proj")),
+                # [batch, pos, d_mlp]
+                HookPoint(f"{b}.mlp.up", part(f"{mlp}.up_proj"), "output", params(f"{mlp}.up_proj")),
+                # [batch, pos, d_mlp]: act(gate) * up
+                HookPoint(f"{b}.mlp.hidden", part(f"{mlp}.down_proj"), "input0", ()),
+                # [batch, pos, d_model]
+                HookPoint(f"{b}.mlp.out", part(f"{mlp}.down_proj"), "output", params(f"{mlp}.down_proj")),
+                HookPoint(f"{b}.resid_out", part(p), "output", ()),  # [batch, pos, d_model]
             ]
         points += [
-            HookPoint("ln_f", m.norm, "output", params_of(m.norm, "model.norm")),  # [batch, pos, d_model]
+            HookPoint("ln_f", part("model.norm"), "output", params("model.norm")),  # [batch, pos, d_model]
             # [batch, pos, d_vocab]
             HookPoint("logits", self.model.lm_head, "output", (("lm_head.weight", self.model.lm_head.weight),)),
         ]
@@ -162,37 +161,38 @@ class LlamaAdapter(ModelAdapter):
     def rope_cos_sin(self, positions: torch.Tensor, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of every position's angles, (T, Dh), from the model's own rotary module (one base for all)."""
         probe = self.token_table[:1].unsqueeze(0)  # only its dtype and device are read
-        cos, sin = self._base.rotary_emb(probe, positions.reshape(1, -1))
+        cos, sin = self.part("model.rotary_emb")(probe, positions.reshape(1, -1))
         return cos[0], sin[0]
 
     # --- block parts: h = embed[ids]; RMSNorm → q/k/v (→ q/k norm) → rotate → attend → o_proj; RMSNorm → SwiGLU
     def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self._base.embed_tokens(ids)  # (1, T, D): positions enter later, as a rotation
+        return self.part("model.embed_tokens")(ids)  # (1, T, D): positions enter later, as a rotation
 
     def attn_in(self, layer: int, h: torch.Tensor) -> torch.Tensor:
-        return self._base.layers[layer].input_layernorm(h)
+        return self.part(f"model.layers.{layer}.input_layernorm")(h)
 
     def qkv(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        at = self._base.layers[layer].self_attn
+        at = f"model.layers.{layer}.self_attn"
         B, T = x.shape[:2]
-        q, k = at.q_proj(x), at.k_proj(x)
+        q, k = self.part(f"{at}.q_proj")(x), self.part(f"{at}.k_proj")(x)
         if self.qk_norm:
-            q = at.q_norm(q.view(B, T, self.n_head, self.head_dim))
-            k = at.k_norm(k.view(B, T, self.n_kv_head, self.head_dim))
-        return self._heads(q, self.n_head), self._heads(k, self.n_kv_head), self._heads(at.v_proj(x), self.n_kv_head)
+            q = self.part(f"{at}.q_norm")(q.view(B, T, self.n_head, self.head_dim))
+            k = self.part(f"{at}.k_norm")(k.view(B, T, self.n_kv_head, self.head_dim))
+        v = self.part(f"{at}.v_proj")(x)
+        return self._heads(q, self.n_head), self._heads(k, self.n_kv_head), self._heads(v, self.n_kv_head)
 
     def attn_out(self, layer: int, merged: torch.Tensor) -> torch.Tensor:
-        return self._base.layers[layer].self_attn.o_proj(merged)
+        return self.output_projection(layer)(merged)
 
     def mlp_branch(self, layer: int, h: torch.Tensor) -> torch.Tensor:
-        block = self._base.layers[layer]
-        return block.mlp(block.post_attention_layernorm(h))
+        block = f"model.layers.{layer}"
+        return self.part(f"{block}.mlp")(self.part(f"{block}.post_attention_layernorm")(h))
 
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:
-        return self._base.norm(h)
+        return self.part("model.norm")(h)
 
     def unembed(self, h: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(h)
 
     def output_projection(self, layer: int) -> nn.Module:
-        return self._base.layers[layer].self_attn.o_proj
+        return self.part(f"model.layers.{layer}.self_attn.o_proj")
