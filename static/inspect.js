@@ -20,6 +20,8 @@
       scale: new URL(window.location.href).searchParams.get("scale") || "sqrt",
       ...multiFromUrl(+root.dataset.tokens),
     };
+    // The layers this page drew while its prompt was captured (climb.js): the same bytes the server would send.
+    S.climb = kv.climb && kv.climb.key === S.key && kv.climb.done ? kv.climb : null;
     const scale = document.getElementById("sel-scale");
     if (!kv.SCALES[S.scale]) S.scale = "sqrt";
     scale.value = S.scale;
@@ -50,8 +52,21 @@
     // The grid after the first heatmap: its request (every head's weights, pooled) would share the server's and the
     // browser's CPU with the first paint, which does not need it.
     const mine = S;
-    document.body.addEventListener("kv-heatmap", () => { if (S === mine) drawGrid(); }, { once: true });
-    drawHead();
+    if (climbGrid()) drawGrid();  // already drawn while the capture ran: shown again at once, not blanked
+    else document.body.addEventListener("kv-heatmap", () => { if (S === mine) drawGrid(); }, { once: true });
+    // A head the learner clicked while the layers came in is the one the view opens on.
+    const picked = S.climb && S.climb.picked;
+    if (picked && (picked.layer !== S.layer || picked.head !== S.head)) select(picked);
+    else drawHead();
+  }
+
+  /* The all-heads grid as the climb received it, every layer in (null otherwise). */
+  function climbGrid() {
+    const c = S.climb;
+    if (!c || Object.keys(c.layers).length !== S.L) return null;
+    const n = S.H * c.side * c.side, bytes = new Uint8Array(S.L * n);
+    for (let l = 0; l < S.L; l++) bytes.set(c.layers[l], l * n);
+    return { n_layer: S.L, n_head: S.H, side: c.side, gamma: 0.5, bytes };
   }
 
   function syncUrl() {
@@ -130,9 +145,13 @@
   const GROUP_COLOURS = ["#1f5fbf", "#d08a00", "#1c8a4a", "#a4001d", "#6a3fb5", "#008b8b", "#8a4b00", "#c2185b"];
 
   async function drawGrid() {
-    const g = await kv.getJSON(`/api/traces/${S.key}/grid`);
+    const url = `/api/traces/${S.key}/grid`, mine = S, climbed = climbGrid();
+    const g = climbed || await kv.getJSON(url);
     S.grid = g;
-    S.grid.bytes = kv.b64ToBytes(g.data);
+    if (!climbed) S.grid.bytes = kv.b64ToBytes(g.data);
+    else {  // the sink view's shares come with the server's grid (its cells are the bytes drawn already)
+      kv.getJSON(url).then((full) => { if (S === mine) S.grid = Object.assign(full, { bytes: g.bytes }); });
+    }
     const box = document.getElementById("head-grid");
     box.textContent = "";
     const label = (content, cls) => kv.el("div", { class: "lbl" + (cls ? " " + cls : "") }, ...[].concat(content));
@@ -318,7 +337,8 @@
     // The first paint draws weights from one byte a cell (a quarter of float32's bytes: what the page receives
     // before its first heatmap); the exact float32 cells, which hover, the row chart and sums read, come with Plotly.
     const first = !window.Plotly && S.kind === "weights";
-    let m = await kv.getJSON(first ? url + "&encoding=sqrt-u8" : url);
+    const climbed = first && S.climb && S.climb.heads[`${S.layer}/${S.head}`];  // drawn during the capture
+    let m = climbed || await kv.getJSON(first ? url + "&encoding=sqrt-u8" : url);
     if (stale()) return;
     let p = packed(m);
     if (!window.Plotly) {
