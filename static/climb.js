@@ -81,7 +81,6 @@
     const data = bytes(part.grid);
     climb.side = part.side;
     climb.layers[part.layer] = data;
-    box.hidden = false;
     root.classList.add("climbing");
     line.textContent = part.line;
     paintRow(part, data);
@@ -115,8 +114,11 @@
           const script = node.previousElementSibling;
           if (script && script.classList.contains("kv-layer")) apply(JSON.parse(script.textContent));
         } else if (node.classList.contains("view-end")) {
+          // The view (or its error) is in: the climb goes, its ids (the token strip's) with it; what it drew
+          // stays in kv.climb for inspect.js. A capture that stopped leaves nothing of it.
           climb.done = true;
           root.classList.remove("climbing");
+          box.remove();
           watch.disconnect();
         }
       }

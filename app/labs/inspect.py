@@ -32,7 +32,7 @@ from app.model.trace import Trace
 from app.viz.attention import GRID_SIDE, arithmetic, climb_part, embedding_rows, grid_thumbnails, head_matrix
 from app.viz.inspect import check_selection, inspect_view, query_view
 from app.viz.models import model_card
-from app.viz.tokens import honest_texts
+from app.viz.tokens import honest_texts, token_strip, unknown_note
 from app.viz.why import why_attends
 
 INDEX_KEYS = 10_000  # newest trace keys remembered (a key is ~100 bytes; an older link recomputes nothing: 410)
@@ -209,6 +209,8 @@ class InspectLab:
         wanted = {0: (first,)}
         if layer is not None:
             wanted[layer] = tuple(sorted({*wanted.get(layer, ()), first}))
+        if len(ids) > self.limits.zoom_min_tokens:  # a long prompt's head is the zoom map's tiles: the grid only
+            wanted = {}
 
         def view(emit: Callable[[dict], None], cancel: threading.Event) -> dict:
             rows: list = []
@@ -228,8 +230,13 @@ class InspectLab:
             trace = self.traces.get_or_compute(key, compute, expected=self.expected_bytes(lm, len(ids)))
             return inspect_view(lm, key, trace, layer=layer, head=head, q=q, kind=kind, prompt=prompt)
 
-        frame = {"view": None, "prompt": prompt, "card": model_card(lm), "chat": chat, "limits": self.limits,
-                 "climb": {"key": key, "n_tokens": len(ids), "layer": layer, "head": head, "kind": kind}}
+        card = model_card(lm)
+        # The token strip as the view will show it (it needs no forward), so the panels the climb fills stand where
+        # the view's will: the view replaces them without moving the page.
+        strip = {"n_tokens": len(ids), "model": card, "tokens": token_strip(ids, honest_texts(lm, ids)),
+                 "unknown": unknown_note(lm, list(ids), prompt), "sel": {"q": len(ids) - 1 if q is None else q}}
+        frame = {"view": None, "prompt": prompt, "card": card, "chat": chat, "limits": self.limits,
+                 "climb": {"key": key, "layer": layer, "head": head, "strip": strip}}
         return frame, view
 
     def key_page(self, key: str, *, prompt: str) -> dict:

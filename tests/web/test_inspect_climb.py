@@ -73,7 +73,7 @@ def test_each_layer_arrives_before_the_capture_ends_with_the_finished_traces_byt
     assert [p["layer"] for p in parts] == list(range(6))
     assert page.index('class="kv-layer"') < page.index('id="inspect-view"')  # every layer before the view
     key = re.search(r'id="inspect-view" data-key="([0-9a-f]+)"', page).group(1)
-    assert key == re.search(r'id="climb" hidden data-key="([0-9a-f]+)"', page).group(1)
+    assert key == re.search(r'id="climb" data-key="([0-9a-f]+)"', page).group(1)
 
     # The same bytes as the finished trace's grid and first-paint matrix, as its endpoints answer them.
     from fastapi.testclient import TestClient
