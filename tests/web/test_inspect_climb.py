@@ -171,3 +171,49 @@ def test_a_capture_stopped_mid_way_keeps_nothing_and_leaves_no_half_view(state, 
         assert page.rstrip().endswith("</html>") and '<i class="view-end"></i>' in page
     else:
         assert ran == []  # the capture ended before layer 3: the page's client had gone
+
+
+@pytest.mark.browser
+def test_the_grid_fills_layer_by_layer_in_chromium_and_the_view_takes_it_over(page, state, distil):
+    """Real headless Chromium: while the forward waits before layer 3, rows 0–2 of the grid are drawn (and only
+    they), the line says so and the first head is drawn from layer 0; once the view is in, the climb is gone, the
+    grid shows at once from the bytes already drawn and a head clicked meanwhile is the one the view opens on."""
+    from urllib.parse import quote
+
+    from tests.live import serve_in_thread
+
+    with serve_in_thread(state) as url, held_before(distil, 3) as go:
+        page.goto(url + "/?prompt=" + quote(PROMPT), wait_until="commit")
+        page.wait_for_function("+document.body.dataset.climbLayers === 3")
+        ready = page.eval_on_selector_all("#climb .head-cell.ready", "cs => cs.map(c => +c.dataset.layer)")
+        assert sorted(set(ready)) == [0, 1, 2] and len(ready) == 3 * 12
+        assert all(page.eval_on_selector_all("#climb .head-cell.ready",
+                                              "cs => cs.map(c => c.style.backgroundImage.startsWith('url('))"))
+        assert page.locator("#climb-line").text_content().startswith("Layer 3 of 6 computed")
+        assert page.evaluate("document.body.dataset.climbHead") == "0/0"
+        assert page.locator("#climb-heat canvas").is_visible() and page.locator("#inspect-view").count() == 0
+        assert page.evaluate("document.body.dataset.heatmapDrawn") is None
+        page.click("#climb .head-cell[data-layer='2'][data-head='7']")  # picked while the rest computes
+        go.set()
+        page.wait_for_function("(document.getElementById('head-label') || {textContent: ''}).textContent"
+                               ".startsWith('layer 2 · head 7')")
+        page.wait_for_function("document.body.dataset.gridPainted")
+    assert page.locator("#climb").count() == 0 and page.locator("#token-strip").count() == 1
+    assert "layer=2" in page.url and "head=7" in page.url
+    assert page.locator("#head-grid .head-cell.sel[data-layer='2'][data-head='7']").count() == 1
+    assert page.js_errors == []
+
+
+@pytest.mark.browser
+def test_a_capture_that_fails_mid_way_leaves_only_its_message_in_chromium(page, state, distil):
+    from urllib.parse import quote
+
+    from tests.live import serve_in_thread
+
+    with serve_in_thread(state) as url, held_before(distil, 2, fail=RuntimeError("a real error")) as go:
+        page.goto(url + "/?prompt=" + quote(PROMPT + " again"), wait_until="commit")
+        page.wait_for_function("+document.body.dataset.climbLayers === 2")
+        go.set()
+        page.wait_for_selector(".error-box", state="visible")
+    assert page.locator("#climb").count() == 0 and page.locator("#capture-pending").is_hidden()
+    assert page.locator("#inspect-view").count() == 0 and page.js_errors == []
