@@ -56,6 +56,7 @@
     else document.body.addEventListener("kv-heatmap", () => { if (S === mine) drawGrid(); }, { once: true });
     // A head the learner clicked while the layers came in is the one the view opens on.
     const picked = S.climb && S.climb.picked;
+    if (picked) S.climb.picked = null;  // once: a later swap of the same prompt opens on its own head
     if (picked && (picked.layer !== S.layer || picked.head !== S.head)) select(picked);
     else drawHead();
   }
