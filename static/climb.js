@@ -22,7 +22,7 @@
   // byte b -> the colour of the weight (b / 255)² on the page's scale (the grid's and the heatmap's colours)
   const lut = new Uint8ClampedArray(256 * 3);
   for (let b = 0; b < 256; b++) {
-    const [r, g, bl] = kv.weightColour(f(Math.pow(b / 255, 2)));
+    const [r, g, bl] = kv.weightColour(f(kv.fromSqrtU8(b)));
     lut[3 * b] = r; lut[3 * b + 1] = g; lut[3 * b + 2] = bl;
   }
   const bytes = (b64) => Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));

@@ -197,7 +197,7 @@
   }
 
   /* The grid's pixels in the chosen colour scale, so the grid and the big map agree. The server sends
-     weight**gamma as uint8; the weight is recovered, then scaled like the heatmap's colours. */
+     round(255·√w) (kv.fromSqrtU8); the weight is recovered, then scaled like the heatmap's colours. */
   function paintGrid() {
     const g = S.grid;
     if (!g) return;
@@ -205,7 +205,7 @@
     if (sinks && sinks.checked && g.sink_share) return paintSinks();
     const n = g.side * g.side, f = kv.SCALES[S.scale].f, lut = new Uint8ClampedArray(256 * 3);
     for (let v = 0; v < 256; v++) {
-      const [r, gg, b] = kv.weightColour(f(Math.pow(v / 255, 1 / g.gamma)));
+      const [r, gg, b] = kv.weightColour(f(kv.fromSqrtU8(v)));
       lut[3 * v] = r; lut[3 * v + 1] = gg; lut[3 * v + 2] = b;
     }
     const sprite = kv.el("canvas", { width: g.side * g.n_head, height: g.side * g.n_layer });
@@ -306,7 +306,7 @@
      (the default) or one step beside it. */
   function fromSqrtU8(bytes) {
     const out = new Float32Array(bytes.length);
-    for (let i = 0; i < bytes.length; i++) { const r = bytes[i] / 255; out[i] = r * r; }
+    for (let i = 0; i < bytes.length; i++) out[i] = kv.fromSqrtU8(bytes[i]);
     return out;
   }
   /* Rows for Plotly and the row chart; null marks cells the causal mask hides. */
