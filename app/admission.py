@@ -126,8 +126,10 @@ class ModelGate:
         self.release()
 
     @contextmanager
-    def use(self, kind: str = LONG) -> Iterator[None]:
-        self.acquire(kind)
+    def use(self, kind: str = LONG, cancel: threading.Event | None = None) -> Iterator[None]:
+        """The gate held for the block; with ``cancel``: ``Withdrawn`` (nothing held) once it is set while waiting."""
+        if not self.acquire(kind, cancel):
+            raise Withdrawn
         try:
             yield
         finally:
@@ -136,10 +138,10 @@ class ModelGate:
     def short(self):
         return self.use(SHORT)
 
-    def for_tokens(self, n_tokens: int):
+    def for_tokens(self, n_tokens: int, cancel: threading.Event | None = None):
         """The gate for a forward over ``n_tokens`` new tokens: short work up to ``short_tokens`` (a short prompt's
         capture or prefill is served between a long capture's layers, like a decode step), long work beyond."""
-        return self.use(SHORT if n_tokens <= self.short_tokens else LONG)
+        return self.use(SHORT if n_tokens <= self.short_tokens else LONG, cancel)
 
     def acquire(self, kind: str = LONG, cancel: threading.Event | None = None) -> bool:
         """Wait for the gate (see the module docstring). With ``cancel``: give up, holding nothing, once it is

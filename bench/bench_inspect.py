@@ -11,6 +11,9 @@
     head_view rendered from a file:// URL (its CDN scripts served from local npm copies);
 (4) click-to-drawn-heatmap at T=512: another head in the grid (its cells drawn over the chart; then Plotly's
     interactive chart redrawn), another query token;
+(6) with ``--climb``: the forward pass watched, T=512 cold: the first layer's row of the grid and the first head
+    on screen while the capture runs (static/climb.js), and the view's first heatmap, beside a bare transformers
+    forward of the same prompt on the same weights (eager as loaded, and SDPA), interleaved in the same run;
 (5) with ``--baseline PATH`` (another checkout, e.g. a ``git worktree`` of an older commit): this tree's and that
     tree's servers side by side, each in its own process on the same model, cold first heatmaps alternated
     (a new prompt each time, so neither server has its trace), bytes counted the same way.
@@ -75,7 +78,7 @@ FRAME_CLOCK = """window.__frames = {};
 new MutationObserver(() => {
   const b = document.body;
   if (!b) return;
-  for (const k of ["heatmapDrawn", "heatmapPlotly"]) {
+  for (const k of ["heatmapDrawn", "heatmapPlotly", "climbHead", "climbLayers"]) {
     const key = k + b.dataset[k];
     if (b.dataset[k] && !(key in window.__frames)) {
       window.__frames[key] = null;
@@ -83,7 +86,8 @@ new MutationObserver(() => {
     }
   }
 }).observe(document, { attributes: true, subtree: true,
-                       attributeFilter: ["data-heatmap-drawn", "data-heatmap-plotly"] });"""
+                       attributeFilter: ["data-heatmap-drawn", "data-heatmap-plotly", "data-climb-head",
+                                         "data-climb-layers"] });"""
 KV_DRAWN = ("(n) => (+(document.body && document.body.dataset.heatmapDrawn) > n)"
             " && window.__frames['heatmapDrawn' + (n + 1)]")
 KV_PLOTLY = ("(n) => (+(document.body && document.body.dataset.heatmapPlotly) > n)"
@@ -115,6 +119,72 @@ def bench_capture(lm, n_tokens: int, repeats: int) -> dict:
     pair = [c / e for c, e in zip(times["capture"], times["eager"], strict=True)]
     return {"T": n_tokens, "repeats": repeats, **times, "ratio_of_medians": median(times["capture"]) /
             median(times["eager"]), "median_pair_ratio": median(pair)}
+
+
+# --- (6) the forward pass, watched ------------------------------------------------------------------
+
+def bare_forwards(lm, ids: list[int], repeats: int) -> dict[str, list[float]]:
+    """transformers' own forward of ``ids``, nothing hooked: as the model is loaded (eager) and through SDPA."""
+    x = torch.tensor([ids])
+    before = lm.model.config._attn_implementation
+
+    def run(impl: str):
+        def go():
+            lm.model.set_attn_implementation(impl)
+            try:
+                with torch.no_grad():
+                    lm.model(input_ids=x)
+            finally:
+                lm.model.set_attn_implementation(before)
+        return go
+
+    return interleaved({"eager": run("eager"), "sdpa": run("sdpa")}, repeats)
+
+
+def kvscope_climb(browser, base: str, prompt: str) -> dict:
+    """A cold navigation to /?prompt=...: when the first grid row, the first head (climb.js) and the view's first
+    heatmap reach the screen (the frame after each is set), seconds from navigation start."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.add_init_script(FRAME_CLOCK)
+    page = context.new_page()
+    try:
+        page.goto(f"{base}/?prompt={quote(prompt)}", wait_until="commit", timeout=300_000)
+        t = page.wait_for_function(KV_DRAWN, arg=0, polling="raf", timeout=300_000).json_value()
+        frames = page.evaluate("window.__frames")
+        page.wait_for_load_state("networkidle", timeout=300_000)
+        return {"row_s": frames.get("climbLayers1", 0) / 1e3, "head_s": frames.get("climbHead0/0", 0) / 1e3,
+                "heatmap_s": t / 1e3}
+    finally:
+        context.close()
+
+
+def bench_climb(lm, browser, base: str, state, repeats: int) -> dict:
+    prompt, ids = prompt_of(lm, 512)
+    runs, bare = [], {"eager": [], "sdpa": []}
+    kvscope_climb(browser, base, prompt_of(lm, 8)[0])  # warm-up
+    for i in range(repeats):
+        state.traces.clear()
+        runs.append(kvscope_climb(browser, base, prompt_of(lm, 512, skip=i + 1)[0]))
+        for k, v in bare_forwards(lm, ids, 1).items():
+            bare[k] += v
+    return {"runs": runs, "bare": bare}
+
+
+def report_climb(res: dict) -> None:
+    runs, bare = res["runs"], res["bare"]
+    row, head, heat = (median([r[k] for r in runs]) for k in ("row_s", "head_s", "heatmap_s"))
+    eager, sdpa = median(bare["eager"]), median(bare["sdpa"])
+    print(f"\n## (6) The forward pass watched, T=512, cold (median of {len(runs)}; bare forwards interleaved)")
+    print(table(["what", "median", "runs (s)"], [
+        ["bare forward, eager (as loaded)", f"{eager:.2f} s", ", ".join(f"{x:.2f}" for x in bare["eager"])],
+        ["bare forward, SDPA", f"{sdpa:.2f} s", ", ".join(f"{x:.2f}" for x in bare["sdpa"])],
+        ["first grid row on screen (layer 0)", f"{row:.2f} s", ", ".join(f"{r['row_s']:.2f}" for r in runs)],
+        ["first head on screen (layer 0, head 0)", f"{head:.2f} s", ", ".join(f"{r['head_s']:.2f}" for r in runs)],
+        ["the view's first heatmap", f"{heat:.2f} s", ", ".join(f"{r['heatmap_s']:.2f}" for r in runs)],
+    ]))
+    print(f"\nfirst attention on screen / bare forward: {head / eager:.2f}× eager, {head / sdpa:.2f}× SDPA "
+          f"(target ≤ 0.5×); the view's first heatmap − bare forward: {heat - eager:+.2f} s eager, "
+          f"{heat - sdpa:+.2f} s SDPA (target ≤ +0.4 s)")
 
 
 # --- bertviz --------------------------------------------------------------------------------------
@@ -354,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nav-repeats", type=int, default=None,
                    help="cold first heatmaps per size and tree in (3) and (5) (default 3, --quick 1)")
     p.add_argument("--no-browser", action="store_true", help="only (1)")
+    p.add_argument("--climb", action="store_true", help="only (6): the forward pass watched at T=512")
     p.add_argument("--baseline", type=Path, default=None,
                    help="another checkout (e.g. a git worktree of an older commit): (5) runs its server beside ours")
     p.add_argument("--only-baseline", action="store_true", help="skip (1)–(4): only (5)")
@@ -379,6 +450,14 @@ def main(argv: list[str] | None = None) -> int:
     lm = load_model()
     results: dict = {"date": dt.date.today().isoformat(), "machine": machine(), "quick": quick,
                      "browser": browser_path}
+
+    if args.climb:
+        state = make_state(lm)
+        with live_server(state) as base, chromium(args.chromium) as browser:
+            results["climb"] = bench_climb(lm, browser, base, state, nav_repeats if args.nav_repeats else 5)
+        report_climb(results["climb"])
+        _dump(args.json, results)
+        return 0
 
     if args.only_baseline:
         if not args.baseline:

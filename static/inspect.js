@@ -20,6 +20,8 @@
       scale: new URL(window.location.href).searchParams.get("scale") || "sqrt",
       ...multiFromUrl(+root.dataset.tokens),
     };
+    // The layers this page drew while its prompt was captured (climb.js): the same bytes the server would send.
+    S.climb = kv.climb && kv.climb.key === S.key && kv.climb.done ? kv.climb : null;
     const scale = document.getElementById("sel-scale");
     if (!kv.SCALES[S.scale]) S.scale = "sqrt";
     scale.value = S.scale;
@@ -50,8 +52,22 @@
     // The grid after the first heatmap: its request (every head's weights, pooled) would share the server's and the
     // browser's CPU with the first paint, which does not need it.
     const mine = S;
-    document.body.addEventListener("kv-heatmap", () => { if (S === mine) drawGrid(); }, { once: true });
-    drawHead();
+    if (climbGrid()) drawGrid();  // already drawn while the capture ran: shown again at once, not blanked
+    else document.body.addEventListener("kv-heatmap", () => { if (S === mine) drawGrid(); }, { once: true });
+    // A head the learner clicked while the layers came in is the one the view opens on.
+    const picked = S.climb && S.climb.picked;
+    if (picked) S.climb.picked = null;  // once: a later swap of the same prompt opens on its own head
+    if (picked && (picked.layer !== S.layer || picked.head !== S.head)) select(picked);
+    else drawHead();
+  }
+
+  /* The all-heads grid as the climb received it, every layer in (null otherwise). */
+  function climbGrid() {
+    const c = S.climb;
+    if (!c || Object.keys(c.layers).length !== S.L) return null;
+    const n = S.H * c.side * c.side, bytes = new Uint8Array(S.L * n);
+    for (let l = 0; l < S.L; l++) bytes.set(c.layers[l], l * n);
+    return { n_layer: S.L, n_head: S.H, side: c.side, gamma: 0.5, bytes };
   }
 
   function syncUrl() {
@@ -130,9 +146,13 @@
   const GROUP_COLOURS = ["#1f5fbf", "#d08a00", "#1c8a4a", "#a4001d", "#6a3fb5", "#008b8b", "#8a4b00", "#c2185b"];
 
   async function drawGrid() {
-    const g = await kv.getJSON(`/api/traces/${S.key}/grid`);
+    const url = `/api/traces/${S.key}/grid`, mine = S, climbed = climbGrid();
+    const g = climbed || await kv.getJSON(url);
     S.grid = g;
-    S.grid.bytes = kv.b64ToBytes(g.data);
+    if (!climbed) S.grid.bytes = kv.b64ToBytes(g.data);
+    else {  // the sink view's shares come with the server's grid (its cells are the bytes drawn already)
+      kv.getJSON(url).then((full) => { if (S === mine) S.grid = Object.assign(full, { bytes: g.bytes }); });
+    }
     const box = document.getElementById("head-grid");
     box.textContent = "";
     const label = (content, cls) => kv.el("div", { class: "lbl" + (cls ? " " + cls : "") }, ...[].concat(content));
@@ -177,7 +197,7 @@
   }
 
   /* The grid's pixels in the chosen colour scale, so the grid and the big map agree. The server sends
-     weight**gamma as uint8; the weight is recovered, then scaled like the heatmap's colours. */
+     round(255·√w) (kv.fromSqrtU8); the weight is recovered, then scaled like the heatmap's colours. */
   function paintGrid() {
     const g = S.grid;
     if (!g) return;
@@ -185,7 +205,7 @@
     if (sinks && sinks.checked && g.sink_share) return paintSinks();
     const n = g.side * g.side, f = kv.SCALES[S.scale].f, lut = new Uint8ClampedArray(256 * 3);
     for (let v = 0; v < 256; v++) {
-      const [r, gg, b] = kv.weightColour(f(Math.pow(v / 255, 1 / g.gamma)));
+      const [r, gg, b] = kv.weightColour(f(kv.fromSqrtU8(v)));
       lut[3 * v] = r; lut[3 * v + 1] = gg; lut[3 * v + 2] = b;
     }
     const sprite = kv.el("canvas", { width: g.side * g.n_head, height: g.side * g.n_layer });
@@ -286,7 +306,7 @@
      (the default) or one step beside it. */
   function fromSqrtU8(bytes) {
     const out = new Float32Array(bytes.length);
-    for (let i = 0; i < bytes.length; i++) { const r = bytes[i] / 255; out[i] = r * r; }
+    for (let i = 0; i < bytes.length; i++) out[i] = kv.fromSqrtU8(bytes[i]);
     return out;
   }
   /* Rows for Plotly and the row chart; null marks cells the causal mask hides. */
@@ -318,7 +338,8 @@
     // The first paint draws weights from one byte a cell (a quarter of float32's bytes: what the page receives
     // before its first heatmap); the exact float32 cells, which hover, the row chart and sums read, come with Plotly.
     const first = !window.Plotly && S.kind === "weights";
-    let m = await kv.getJSON(first ? url + "&encoding=sqrt-u8" : url);
+    const climbed = first && S.climb && S.climb.heads[`${S.layer}/${S.head}`];  // drawn during the capture
+    let m = climbed || await kv.getJSON(first ? url + "&encoding=sqrt-u8" : url);
     if (stale()) return;
     let p = packed(m);
     if (!window.Plotly) {

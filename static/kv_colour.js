@@ -39,6 +39,9 @@
     stops[stops.length - 1][0] = 1;
     return stops;
   };
+  /* A weight sent as one byte for drawing, round(255·√w) (app/viz/attention.py sqrt_u8: a head's first paint, the
+     grid, the layers streamed during a capture), back to a weight: (b / 255)². */
+  kv.fromSqrtU8 = (b) => (b / 255) * (b / 255);
   kv.MASK_COLOUR = "#e8d9b5";
   kv.MASK_RGB = [0xe8, 0xd9, 0xb5];
 })();

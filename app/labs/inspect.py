@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.admission import ModelGate
+from app.admission import ModelGate, Withdrawn
 from app.errors import Expired
 from app.labs.limits import Limits
 from app.model.capture import run_traced
@@ -29,10 +29,10 @@ from app.model.loading import LoadedModel, ModelRegistry
 from app.model.prompts import encode_prompt
 from app.model.store import LENS_POSITIONS, TraceStore, check_trace_fits, shape_only, slim, tail_only, trace_bytes
 from app.model.trace import Trace
-from app.viz.attention import arithmetic, embedding_rows, grid_thumbnails, head_matrix
+from app.viz.attention import GRID_SIDE, arithmetic, climb_part, embedding_rows, grid_thumbnails, head_matrix
 from app.viz.inspect import check_selection, inspect_view, query_view
 from app.viz.models import model_card
-from app.viz.tokens import honest_texts
+from app.viz.tokens import honest_texts, token_strip, unknown_note
 from app.viz.why import why_attends
 
 INDEX_KEYS = 10_000  # newest trace keys remembered (a key is ~100 bytes; an older link recomputes nothing: 410)
@@ -94,16 +94,19 @@ class InspectLab:
             self.index.popitem(last=False)
         return digest
 
-    def _compute(self, lm: LoadedModel, ids: list[int]) -> Trace:
+    def _compute(self, lm: LoadedModel, ids: list[int], on_layer: Callable[[int, Trace], None] | None = None,
+                 cancel: threading.Event | None = None) -> Trace:
         long = len(ids) > self.limits.full_trace_max_tokens
-        with self.gate.for_tokens(len(ids)):  # a short prompt's capture runs between a long one's layers
+        # A short prompt's capture runs between a long one's layers. ``cancel`` set (its page's client gone): the
+        # wait for the gate ends, and so does the forward at its next layer (``on_layer`` raises ``Withdrawn``).
+        with self.gate.for_tokens(len(ids), cancel):
             # Token texts as the pages show them: a byte piece of a multi-byte character by its byte values. What
             # ``slim`` drops is not held while the forward runs: activations by shape only, no copy of K/V in a cache,
             # a long prompt's per-position activations cut to its last positions as they are hooked.
             return slim(run_traced(lm.model, lm.adapter, ids, honest_texts(lm, ids), keep_cache=False,
                                    all_logits=len(ids) <= self.limits.full_logits_max_tokens,
                                    shape_only=shape_only, tail_only=tail_only if long else None,
-                                   tail=LENS_POSITIONS if long else 0))
+                                   tail=LENS_POSITIONS if long else 0, on_layer=on_layer))
 
     def trace_key(self, lm: LoadedModel, ids: list[int] | tuple[int, ...]) -> str:
         """The key a trace of these tokens is kept and found under (``trace_by_key``)."""
@@ -190,18 +193,50 @@ class InspectLab:
         return {"view": view, "prompt": prompt or "", "card": card, "chat": chat, "limits": self.limits}
 
     def page_in_parts(self, *, model: str | None, prompt: str, layer: int | None, head: int | None, q: int | None,
-                      kind: str, chat: bool) -> tuple[dict, Callable[[], dict]]:
+                      kind: str, chat: bool) -> tuple[dict, Callable[[Callable[[dict], None], threading.Event], dict]]:
         """``page`` in two parts, for a page sent while its prompt is captured (``app/web/render.py``
         ``render_in_parts``): the frame's context now, with every input checked (so a bad one is answered with its
-        status before anything is sent), and a function that captures the prompt and returns the view."""
+        status before anything is sent), and ``view(emit, cancel)``, which captures the prompt and returns the view.
+
+        While the capture climbs the model, ``emit`` is handed each layer as soon as it is computed (``climb_part``:
+        its row of the all-heads grid; layer 0's matrix of the head the URL names, else head 0, and the URL's own
+        head once its layer is in), the bytes the finished trace answers. A trace already kept (or being computed
+        for another page) sends no layers: its view follows at once. ``cancel`` set: the capture stops at its next
+        layer (``Withdrawn``) and nothing is kept."""
         lm, ids, key = self.prepare(model, prompt, chat=chat)
         check_selection(lm.adapter, len(ids), layer=layer, head=head, q=q, kind=kind)
+        first = head or 0
+        wanted = {0: (first,)}
+        if layer is not None:
+            wanted[layer] = tuple(sorted({*wanted.get(layer, ()), first}))
+        if len(ids) > self.limits.zoom_min_tokens:  # a long prompt's head is the zoom map's tiles: the grid only
+            wanted = {}
 
-        def view() -> dict:
-            trace = self._trace(lm, ids, key)
+        def view(emit: Callable[[dict], None], cancel: threading.Event) -> dict:
+            rows: list = []
+
+            def on_layer(i: int, part: Trace) -> None:
+                if cancel.is_set():
+                    raise Withdrawn
+                data, row = climb_part(part, i, wanted.get(i, ()), GRID_SIDE)
+                rows.append(row)
+                emit(data)
+
+            def compute() -> Trace:
+                trace = self._compute(lm, ids, on_layer, cancel)
+                trace.meta["grid_rows"] = rows  # the grid's rows as the page already drew them (``grid``)
+                return trace
+
+            trace = self.traces.get_or_compute(key, compute, expected=self.expected_bytes(lm, len(ids)))
             return inspect_view(lm, key, trace, layer=layer, head=head, q=q, kind=kind, prompt=prompt)
 
-        frame = {"view": None, "prompt": prompt, "card": model_card(lm), "chat": chat, "limits": self.limits}
+        card = model_card(lm)
+        # The token strip as the view will show it (it needs no forward), so the panels the climb fills stand where
+        # the view's will: the view replaces them without moving the page.
+        strip = {"n_tokens": len(ids), "model": card, "tokens": token_strip(ids, honest_texts(lm, ids)),
+                 "unknown": unknown_note(lm, list(ids), prompt), "sel": {"q": len(ids) - 1 if q is None else q}}
+        frame = {"view": None, "prompt": prompt, "card": card, "chat": chat, "limits": self.limits,
+                 "climb": {"key": key, "layer": layer, "head": head, "strip": strip}}
         return frame, view
 
     def key_page(self, key: str, *, prompt: str) -> dict:
@@ -223,7 +258,8 @@ class InspectLab:
         # once may both compute it; they compute the same view.
         kept = trace.meta.get("grid")
         if kept is None or kept[0] != size:
-            kept = trace.meta["grid"] = (size, grid_thumbnails(trace, size=size))
+            rows = trace.meta.get("grid_rows") if size == GRID_SIDE else None
+            kept = trace.meta["grid"] = (size, grid_thumbnails(trace, size=size, layers=rows))
         return kept[1]
 
     def attention(self, key: str, layer: int, head: int, kind: str, encoding: str = "f32"):

@@ -158,8 +158,9 @@ def layer_pauses(model: PreTrainedModel, adapter: ModelAdapter) -> Iterator[None
 
 class Recorder:
     def __init__(self, shape_only: Callable[[str], bool] | None = None, tail_only: Callable[[str], bool] | None = None,
-                 tail: int = 0) -> None:
+                 tail: int = 0, after: Callable[[str], None] | None = None) -> None:
         self.tensors: dict[str, torch.Tensor] = {}
+        self.after = after  # told each point's name once it is kept
         self.params: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] = {}
         self.shape_only = shape_only
         self.tail_only = tail_only
@@ -175,6 +176,8 @@ class Recorder:
             tensor = tensor[:, -self.tail :].clone()  # (B, tail, ...): the last positions, the rest freed
         self.tensors[point.name] = tensor
         self.params[point.name] = tuple((n, tuple(p.shape)) for n, p in point.params)
+        if self.after is not None:
+            self.after(point.name)
 
 
 def _hook_for(point: HookPoint, rec: Recorder):
@@ -193,11 +196,13 @@ def _hook_for(point: HookPoint, rec: Recorder):
 
 @contextmanager
 def capture(adapter: ModelAdapter, shape_only: Callable[[str], bool] | None = None,
-            tail_only: Callable[[str], bool] | None = None, tail: int = 0) -> Iterator[Recorder]:
+            tail_only: Callable[[str], bool] | None = None, tail: int = 0,
+            after: Callable[[str], None] | None = None) -> Iterator[Recorder]:
     """Attach one hook per hook point for the duration of the block, recording this thread's forwards only
     (``for_this_thread``); ``shape_only(name)``: record that one's shape;
-    ``tail_only(name)``: keep that one (B, T, ...) at its last ``tail`` positions."""
-    rec = Recorder(shape_only, tail_only, tail)
+    ``tail_only(name)``: keep that one (B, T, ...) at its last ``tail`` positions; ``after(name)``: called once
+    each point is kept."""
+    rec = Recorder(shape_only, tail_only, tail, after)
     handles = []
     try:
         for point in adapter.hook_points():
@@ -256,6 +261,18 @@ def fill_cache(model: PreTrainedModel, token_ids: list[int], cache=None, adapter
     return out.cache
 
 
+def layer_part(rec: Recorder, adapter: ModelAdapter, layer: int, token_ids: list[int],
+               token_texts: list[str]) -> Trace:
+    """A prefill's trace of one layer as soon as its attention is computed: the tensors hooked so far outside the
+    blocks (embeddings, rotary tables) and that layer's, brought to the host and derived exactly as ``run_traced``
+    does at the end (``to_host``, ``adapter.derive``), so its q, k and log-sum-exp are the finished trace's."""
+    mine = f"blocks.{layer}."
+    hooked = {name: to_host(t) for name, t in rec.tensors.items()
+              if not name.startswith("blocks.") or name.startswith(mine)}
+    tensors = adapter.derive(hooked, torch.arange(len(token_ids)))
+    return Trace(token_ids=list(token_ids), token_texts=list(token_texts), tensors=tensors, steps=[], adapter=adapter)
+
+
 @torch.no_grad()
 def run_traced(
     model: PreTrainedModel,
@@ -269,6 +286,7 @@ def run_traced(
     shape_only: Callable[[str], bool] | None = None,
     tail_only: Callable[[str], bool] | None = None,
     tail: int = 0,
+    on_layer: Callable[[int, Trace], None] | None = None,
 ) -> Trace:
     """One forward pass over ``token_ids`` (appended after ``cache`` if given), fully captured.
 
@@ -277,12 +295,24 @@ def run_traced(
     ``shape_only(name)`` true: that hooked tensor is recorded by its shape alone; ``tail_only(name)`` true: kept at
     the last ``tail`` positions (see the module docstring). Held for long work, the model gate lets other browsers'
     short work through between the layers (``layer_pauses``); the trace is the same as without.
+
+    ``on_layer(i, part)`` (a prefill only): called in the forward as soon as layer ``i``'s attention is computed,
+    with ``part`` a trace of that layer's attention tensors alone (``layer_part``), the same values the finished
+    trace will hold; what it raises ends the forward.
     """
     past = cache.get_seq_length() if cache is not None else 0
+    if on_layer is not None and past:
+        raise ValueError("on_layer is for a prefill: a later step's keys are read from the cache")
     if keep_cache and cache is None:
         cache = DynamicCache(config=model.config)
     input_ids = torch.tensor([token_ids], dtype=torch.long, device=next(model.parameters()).device)
-    with lse_attention(model), capture(adapter, shape_only, tail_only, tail) as rec, layer_pauses(model, adapter):
+    def layer_done(name: str) -> None:
+        if on_layer is not None and name.startswith("blocks.") and name.endswith(".attn.lse"):
+            layer = int(name.split(".")[1])
+            on_layer(layer, layer_part(rec, adapter, layer, token_ids, token_texts))
+
+    with (lse_attention(model), capture(adapter, shape_only, tail_only, tail, layer_done) as rec,
+          layer_pauses(model, adapter)):
         out = model(input_ids=input_ids, cache=cache if keep_cache else None, use_cache=keep_cache,
                     logits_to_keep=0 if all_logits else 1)
     # MKL's scratch for this pass (~64 MB at T=200 on DistilGPT-2) would stay with this server thread: one pool per

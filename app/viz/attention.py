@@ -99,8 +99,19 @@ def head_matrix(trace: Trace, layer: int, head: int, kind: str = "weights", enco
     }
 
 
-def grid_thumbnails(trace: Trace, size: int = 48, gamma: float = 0.5) -> dict:
-    """Every layer × head as a small image: max-pooled to at most size×size, colour = weight**gamma.
+GRID_SIDE = 48  # the all-heads grid's default image side (pixels)
+
+
+def layer_thumbnails(trace: Trace, layer: int, side: int) -> torch.Tensor:
+    """(H, side, side) uint8: one layer's heads, max-pooled (``pooled_rows``), on the √ scale (``sqrt_u8``, the
+    first paint's encoding). The grid's rows, streamed one by one while a capture climbs the model
+    (``climb_part``) and joined when it is done (``grid_thumbnails``): the same bytes either way."""
+    return sqrt_u8(pooled_rows(trace, layer, min(side, trace.n_tokens)))
+
+
+def grid_thumbnails(trace: Trace, size: int = GRID_SIDE, layers: list[torch.Tensor] | None = None) -> dict:
+    """Every layer × head as a small image: max-pooled to at most size×size, colour byte round(255·√w)
+    (``layer_thumbnails``; ``layers``: those already made, one per layer, while the capture ran).
 
     Max pooling keeps a strong single cell visible when a long prompt is shrunk. Each layer's maps are pooled one
     band of query rows at a time (``pooled_rows``), never all heads' T × T at once.
@@ -108,17 +119,26 @@ def grid_thumbnails(trace: Trace, size: int = 48, gamma: float = 0.5) -> dict:
     a = trace.adapter
     T = trace.n_tokens
     side = min(size, T)
-    heads = []
-    for layer in range(a.n_layer):
-        pooled = pooled_rows(trace, layer, side)  # (H, side, side)
-        heads.append((pooled.clamp(0, 1) ** gamma * 255).round())
-    stack = torch.stack(heads)  # (L, H, side, side)
+    if layers is None or len(layers) != a.n_layer:
+        layers = [layer_thumbnails(trace, layer, side) for layer in range(a.n_layer)]
+    stack = torch.stack(layers)  # (L, H, side, side)
     # The grid's sink view (a toggle): each head's share of attention on token 0, as the sinks explainer counts it.
     shares = first_token_shares(trace, 1) if T > 1 else None
-    return {"n_layer": a.n_layer, "n_head": a.n_head, "side": side, "tokens": T, "gamma": gamma, "data": b64_u8(stack),
+    return {"n_layer": a.n_layer, "n_head": a.n_head, "side": side, "tokens": T, "gamma": 0.5, "data": b64_u8(stack),
             "sink_share": [[round(float(x), 4) for x in row] for row in shares] if shares is not None else None,
             "sink_uniform": round(uniform_share(T, 1), 4) if T > 1 else None,
             "first_token": visible(trace.token_texts[0])}
+
+
+def climb_part(trace: Trace, layer: int, heads: tuple[int, ...] = (), side: int = GRID_SIDE
+               ) -> tuple[dict, torch.Tensor]:
+    """What the page draws of one layer as soon as the capture has computed it: its row of the all-heads grid
+    (``layer_thumbnails``) and the first paint's matrices of ``heads`` (``head_matrix``, ``sqrt-u8``), the bytes
+    the finished trace's grid and attention endpoints answer. (The part as plain data, the grid row's tensor.)"""
+    row = layer_thumbnails(trace, layer, side)
+    part = {"layer": layer, "n_layer": trace.adapter.n_layer, "n_head": trace.adapter.n_head, "side": row.shape[-1],
+            "grid": b64_u8(row), "heads": [head_matrix(trace, layer, h, "weights", "sqrt-u8") for h in heads]}
+    return part, row
 
 
 def pooled_rows(trace: Trace, layer: int, side: int, *, chunk: int = 256) -> torch.Tensor:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -13,6 +15,7 @@ from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 from starlette.concurrency import run_in_threadpool
 
+from app.admission import Withdrawn
 from app.errors import UserError
 from app.i18n import (
     DEFAULT_LANG,
@@ -36,6 +39,8 @@ TEMPLATES.env.filters["bytes"] = lambda n: human_bytes(n)
 TEMPLATES.env.globals["localize"] = lambda text, lang: localize(text, lang)
 TEMPLATES.env.globals["asset"] = lambda url: _asset(url)
 TEMPLATES.env.globals["scripts"] = lambda *urls: Markup(f'<script src="{_bundle(*urls)}" defer></script>')
+# A script the parser runs where it stands, while the rest of a streamed page is still coming (static/climb.js).
+TEMPLATES.env.globals["scripts_now"] = lambda *urls: Markup(f'<script src="{_bundle(*urls)}"></script>')
 TEMPLATES.env.globals["styles"] = lambda *urls: Markup(f'<link rel="stylesheet" href="{_bundle(*urls)}">')
 
 
@@ -113,13 +118,16 @@ def render(request: Request, template: str, status_code: int = 200, headers: dic
 
 # Where a page sent in two parts is cut: the template writes ``slot`` once, where the second part goes.
 SLOT = Markup("<!--kv:slot-->")
+POLL_S = 0.25  # while a part is computed, how often the client is checked (a stop reaches the capture within it)
 
 
-def render_in_parts(request: Request, template: str, fragment: str, fill: Callable[[], dict], **context
-                    ) -> StreamingResponse:
+def render_in_parts(request: Request, template: str, fragment: str, fill: Callable[[Callable[[dict], None],
+                    threading.Event], dict], *, part: str | None = None, **context) -> StreamingResponse:
     """A page sent while its content is computed: ``template`` at once, up to where it writes ``slot`` (the browser
-    fetches the styles and scripts, and paints the frame, meanwhile), then ``fill()``'s view (run in a worker
-    thread) rendered by ``fragment`` as ``view``, then the rest. The inputs were checked before (a bad one is
+    fetches the styles and scripts, and paints the frame, meanwhile), then ``fill(emit, cancel)``'s view (run in a
+    worker thread) rendered by ``fragment`` as ``view``, then the rest. Each dict ``fill`` hands ``emit`` on the
+    way (a layer the capture has computed) is sent at once, rendered by ``part`` as ``part``. ``cancel`` is set
+    once the client has gone (``fill`` stops; nothing more is sent). The inputs were checked before (a bad one is
     answered with its status); an error ``fill`` still meets (the model busy, a store too full) is the page's
     error box in place of the fragment, its message from the catalog."""
     _page_context(request, context, ())
@@ -128,18 +136,48 @@ def render_in_parts(request: Request, template: str, fragment: str, fill: Callab
     lang = context["lang"]
 
     async def parts():
-        yield first
+        loop = asyncio.get_running_loop()
+        sent: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+        work: asyncio.Future | None = None
+
+        def emit(item: dict) -> None:  # from the worker thread: into this loop's queue
+            loop.call_soon_threadsafe(sent.put_nowait, item)
+
+        def fragment_of(item: dict) -> str:
+            return TEMPLATES.get_template(part).render({**context, "part": item}) if part else ""
+
         try:
-            view = await run_in_threadpool(fill)
-            middle = TEMPLATES.get_template(fragment).render({**context, "view": view})
-        except UserError as exc:
-            middle = TEMPLATES.get_template("partials/_error.html").render({**context, "message": exc.text(lang)})
-        except Exception:  # never a stack trace in the page: the server's log has it
-            log.exception("unexpected error while filling %s", request.url.path)
-            middle = TEMPLATES.get_template("partials/_error.html").render(
-                {**context, "message": translator(lang)("err.server")})
-        yield middle
-        yield rest
+            yield first
+            work = asyncio.ensure_future(run_in_threadpool(fill, emit, cancel))
+            while not work.done():
+                getting = asyncio.ensure_future(sent.get())
+                await asyncio.wait({work, getting}, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
+                if getting.done():
+                    yield fragment_of(getting.result())
+                else:
+                    getting.cancel()
+                    if await request.is_disconnected():
+                        cancel.set()
+            while not sent.empty():
+                yield fragment_of(sent.get_nowait())
+            try:
+                view = work.result()
+                middle = TEMPLATES.get_template(fragment).render({**context, "view": view})
+            except Withdrawn:  # the client has gone: nobody to tell
+                return
+            except UserError as exc:
+                middle = TEMPLATES.get_template("partials/_error.html").render({**context, "message": exc.text(lang)})
+            except Exception:  # never a stack trace in the page: the server's log has it
+                log.exception("unexpected error while filling %s", request.url.path)
+                middle = TEMPLATES.get_template("partials/_error.html").render(
+                    {**context, "message": translator(lang)("err.server")})
+            yield middle
+            yield rest
+        finally:  # a client gone or the server stopping: the worker's capture ends at its next layer
+            cancel.set()
+            if work is not None and not work.done():  # its end (``Withdrawn``) is nobody's to read
+                work.add_done_callback(lambda done: done.cancelled() or done.exception())
 
     return StreamingResponse(parts(), media_type="text/html; charset=utf-8")
 

@@ -202,7 +202,8 @@ def test_the_pages_frame_is_sent_before_its_capture_and_the_view_follows(state):
             conn, resp = _page(url, "The cat sat on the warm mat")
             assert resp.status == 200
             first = _read_until(resp, 'id="capture-pending"')
-            assert first.count("/bundle/") == 3  # the scripts and styles, asked for while the model runs
+            # the scripts and styles, asked for while the model runs, and the climb's (run as it is parsed)
+            assert first.count("/bundle/") == 4
             assert "正在用模型运行" in first and 'id="inspect-view"' not in first
             gate.release()
             held = False

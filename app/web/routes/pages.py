@@ -24,8 +24,8 @@ def read_inspect(
 ):
     if prompt is not None and not is_htmx(request):  # the page's frame first, its view once the prompt is captured
         frame, fill = lab.page_in_parts(model=model, prompt=prompt, layer=layer, head=head, q=q, kind=kind, chat=chat)
-        return render_in_parts(request, "inspect.html", "partials/_inspect_page.html", fill, page="inspect",
-                               chat_option=True, **frame)
+        return render_in_parts(request, "inspect.html", "partials/_inspect_page.html", fill,
+                               part="partials/_climb_layer.html", page="inspect", chat_option=True, **frame)
     page = lab.page(model=model, prompt=prompt, layer=layer, head=head, q=q, kind=kind, chat=chat)
     template = "partials/_inspect.html" if is_htmx(request) and page["view"] else "inspect.html"
     return render(request, template, page="inspect", chat_option=True, **page)
