@@ -18,10 +18,10 @@ run on its own choices, a path's output differs completely from that step on.)
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, cast
+from typing import Any
 
 import torch
-from transformers import DynamicCache, PreTrainedConfig
+from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin
 
 from app.cache.blocks import blocks_needed
@@ -67,8 +67,7 @@ def run_bench(
     stores: dict[str, KVStore] = {"paged": PagedSeqStore(paged, 0)}
     stores |= {f: QuantizedKVStore(f, n_layer=a.n_layer, block_size=block_size) for f in QUANT_PATHS}
     stores[names[-1]] = WindowKVStore(window, n_layer=a.n_layer, n_kv_head=a.n_kv_head, head_dim=a.head_dim)
-    # nn.Module types an unknown attribute as Tensor | Module; a transformers model's ``config`` is its config
-    dyn = DynamicCache(config=cast(PreTrainedConfig, model.config))
+    dyn = DynamicCache(config=model.config)
 
     prefix = list(ids)
     feed = list(ids)  # what the cached paths process this step: the prompt, then one token at a time

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from functools import lru_cache
 from pathlib import Path
 
@@ -135,7 +135,7 @@ def render_in_parts(request: Request, template: str, fragment: str, fill: Callab
     first, rest = TEMPLATES.get_template(template).render({**context, "slot": SLOT}).split(SLOT)
     lang = context["lang"]
 
-    async def parts():
+    async def parts() -> AsyncIterator[str]:
         loop = asyncio.get_running_loop()
         sent: asyncio.Queue = asyncio.Queue()
         cancel = threading.Event()
