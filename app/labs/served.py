@@ -140,7 +140,8 @@ class ServedLab:
             expect = steps[0][0] + steps[0][1] + max_tokens - 1  # the prefill's rows, a row per new token but the last
             return {"event": "rows", "computed_from": cached, "n_tokens": n_tokens, "steps": [list(x) for x in steps],
                     "expect": max(expect, n_tokens),
-                    "text": translate("served.follow.rows", lang, k=len(steps), a=last_a, b=n_tokens - 1, c=cached)}
+                    "text": translate("served.follow.rows" if last_n > 1 else "served.follow.row", lang, k=len(steps),
+                                      a=last_a, b=n_tokens - 1, c=cached)}
 
         def run() -> None:
             nonlocal state
