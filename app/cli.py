@@ -238,7 +238,7 @@ Example (TOML):
 
 def read_kit_file(path: Path) -> object:
     """The demos of a kit file (.toml: [[demo]] tables; else JSON: an array, or {"demo": [...]}), as the file states
-    them: ``Kit.check_demos`` checks them."""
+    them: ``KitDemos.check`` (app/labs/kit_demos.py) checks them."""
     import json
 
     text = path.read_text(encoding="utf-8")
@@ -265,6 +265,7 @@ def cmd_kit(args: argparse.Namespace) -> int:
     import time
 
     from app.errors import UserError
+    from app.labs.kit_demos import KitDemos
     from app.state import AppState
 
     path = Path(args.file)
@@ -280,7 +281,8 @@ def cmd_kit(args: argparse.Namespace) -> int:
     line = ProgressLine(sys.stdout)
     ticker = line.tick_every(1.0 if sys.stdout.isatty() else 15.0)
     try:
-        pins = state.kit.prepare(state.kit.check_demos(demos), line.start)
+        runner = KitDemos(kit=state.kit, long=state.long)
+        pins = runner.prepare(runner.check(demos), line.start)
     except UserError as exc:
         line.end()
         print(exc.message, file=sys.stderr)
@@ -318,7 +320,7 @@ class ProgressLine:
         return f"{self.text} ... {self.clock() - self.since:.0f} s" if self.text else ""
 
     def start(self, i: int, n: int, text: str) -> None:
-        """Demo ``i`` of ``n`` begins (``KitLab.prepare``'s progress callback); ``i == n``: all done."""
+        """Demo ``i`` of ``n`` begins (``KitDemos.prepare``'s progress callback); ``i == n``: all done."""
         with self._lock:
             if self.text and self.tty:
                 self.out.write("\n")

@@ -197,7 +197,7 @@ class AppState:
                                                     cache_bytes=patch.patch_cache_bytes, result_bytes=result_bytes))
         state.served = ServedLab(engine=state.engine, inspect=state.inspect, limits=EngineLimits.of(s))
         state.kit = KitLab(home=s.home, inspect=state.inspect, zoom=state.zoom, heads=state.heads, arena=state.arena,
-                           speculative=state.speculative, long=state.long, limits=KitLimits.of(s))
+                           speculative=state.speculative, limits=KitLimits.of(s))
         return state
 
     def lab_queue(self, name: str, *, max_run_s: float, cache_items: int = 0, cache_bytes: int = 0,

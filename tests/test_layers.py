@@ -91,8 +91,8 @@ def test_the_scan_catches_an_upward_import(tmp_path):
 
 
 # Modules of app/labs/ that are a lab's helpers, not a lab: the limits, the lines, how a run in one is shown,
-# what a pin's files must hold.
-LAB_HELPERS = {"limits", "queue", "lines", "kit_files", "pins"}
+# what a pin's files must hold, how a kit file's demos are run into the kit.
+LAB_HELPERS = {"limits", "queue", "lines", "kit_files", "pins", "kit_demos"}
 TYPED_ELSEWHERE: set[str] = set()
 
 

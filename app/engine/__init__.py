@@ -10,6 +10,9 @@
     fleet      several engines' indexes: their chains of blocks, a prompt's score on each, a KV-aware router's pick
     compare    KVScope's own block pool predicting what the engine caches for the same prompts
     drive      send prompts to an engine through its link and record, request by request, prediction and report
+    capture    the attention a vLLM served, as its workers captured it (``plugins/kvscope-capture``): fetched,
+               checked, stitched
+    served_trace  a served request as a trace Inspect's views read (docs/served-capture.md)
 
 This package sits beside ``capacity`` and ``training`` (it uses ``cache`` and the base, nothing above).
 """

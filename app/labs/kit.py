@@ -10,7 +10,9 @@ has been dropped), and reopening reads what the pin wrote.
     pins() / open(code)             the kit as listed / one pin with what its page shows
     delete(code, owner, address)    only the browser that pinned it, or the machine itself (loopback), may
     skipped                         the pins whose files could not be read, with why (``app/labs/kit_files.py``)
-    prepare(demos, progress)        run a list of demos through the labs' own methods and pin each (the CLI)
+
+A kit file's demos (``kvscope kit prepare FILE``) are run through the labs and pinned here by
+``app/labs/kit_demos.py``.
 
 On disk, one folder per pin, named by its code (server-made: ``CODE``; nothing a browser types becomes a path)::
 
@@ -51,9 +53,8 @@ from app.labs.heads import HeadsLab
 from app.labs.inspect import InspectLab
 from app.labs.kit_files import KINDS, Damaged, check_bases, check_trace_record, digest, read_pin
 from app.labs.limits import Limits
-from app.labs.long import LongLab
 from app.labs.pins import PinTarget
-from app.labs.speculative import SpecAsk, SpeculativeLab
+from app.labs.speculative import SpeculativeLab
 from app.labs.zoom import ZoomLab, ZoomPin
 from app.model.trace_file import (
     TraceFileError,
@@ -145,14 +146,13 @@ def check_code(code: str) -> str:
 
 class KitLab:
     def __init__(self, *, home: Path, inspect: InspectLab, zoom: ZoomLab, heads: HeadsLab, arena: ArenaLab,
-                 speculative: SpeculativeLab, long: LongLab, limits: KitLimits) -> None:
+                 speculative: SpeculativeLab, limits: KitLimits) -> None:
         self.folder = home / "kit"
         self.inspect = inspect
         self.zoom = zoom
         self.heads = heads
         self.arena = arena
         self.speculative = speculative
-        self.long = long
         self.limits = limits
         self._pins: dict[str, Pin] = {}
         self.skipped: dict[str, Damaged] = {}  # code -> why its files could not be read (not listed, not opened)
@@ -301,7 +301,7 @@ class KitLab:
         h = owner_hash(owner)
         with self._lock:
             mine = sorted((p for p in self._pins.values() if h and p.owner == h and p.kit), key=lambda p: -p.created)
-        return mine[0].kit if mine else self._new_code()
+        return mine[0].kit if mine else self.new_code()
 
     def _pin_trace(self, key: str, name: str, owner: str, kit: str) -> Pin:
         if key.startswith(PIN_PREFIX):
@@ -331,9 +331,9 @@ class KitLab:
     def _write(self, kind: str, name: str, model: str, owner: str, record: dict, summary: dict, *, extra: int = 0,
                write_files: Callable[[Path], None] | None = None, mount: bool = False, kit: str = "") -> Pin:
         """Reserve the bytes (or refuse), write into a temporary folder, rename it into place, list it."""
-        code = self._new_code()
+        code = self.new_code()
         while code == kit:
-            code = self._new_code()
+            code = self.new_code()
         pin = Pin(code=code, name=name, kind=kind, model=model, bytes=0, created=round(time.time(), 3),
                   owner=owner_hash(owner), summary=summary, kit=kit)
         body = _dump(pin, record)
@@ -368,7 +368,8 @@ class KitLab:
             self._mount(pin, record)
         return pin
 
-    def _new_code(self) -> str:
+    def new_code(self) -> str:
+        """A code no pin and no kit has yet (a pin's, or a whole kit's: ``app/labs/kit_demos.py`` names one)."""
         with self._lock:
             while True:
                 code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LEN))
@@ -524,77 +525,6 @@ class KitLab:
         self._forget(pin.code)
         shutil.rmtree(self.folder / pin.code, ignore_errors=True)
         return {"deleted": pin.code}
-
-    # --- ahead of class -----------------------------------------------------------------------------------
-    def prepare(self, demos: list[dict], progress: Callable[[int, int, str], None], *, owner: str = "",
-                address: str = "127.0.0.1") -> list[Pin]:
-        """Each demo run by the same lab methods the pages call, then pinned; ``progress(i, n, text)`` before each.
-        Every demo is checked before the first runs (``check_demos``)."""
-        demos = self.check_demos(demos)
-        kit = self._new_code()  # one code for the whole kit
-        out = []
-        for i, d in enumerate(demos):
-            progress(i, len(demos), f"{d['kind']}: {d['name']}")
-            try:
-                out.append(self._prepare_one(d, owner=owner, address=address, kit=kit))
-            except UserError:
-                raise
-            except (TypeError, ValueError) as exc:  # a field of the wrong type in the file (a page's form is typed)
-                raise BadInput("err.kit.field", name=d["name"], detail=str(exc)[:200]) from None
-        progress(len(demos), len(demos), "done")
-        return out
-
-    def check_demos(self, demos: object) -> list[dict]:
-        if not isinstance(demos, list) or not demos:
-            raise BadInput("err.kit.demos")
-        out = []
-        for d in demos:
-            if not isinstance(d, dict) or d.get("kind") not in KINDS:
-                raise BadInput("err.kit.kind", kind=str(d.get("kind") if isinstance(d, dict) else d)[:20],
-                               kinds=", ".join(KINDS))
-            self.check_name(d.get("name"))
-            out.append(d)
-        return out
-
-    def _prepare_one(self, d: dict, *, owner: str, address: str, kit: str) -> Pin:
-        kind, name, model = d["kind"], d["name"], d.get("model")
-        if kind == "trace":
-            key = self._prepare_trace(d, owner=owner, address=address)
-            if d.get("grid", True):
-                _, trace = self.inspect.trace_by_key(key)
-                if trace.n_tokens > self.inspect.limits.zoom_min_tokens or trace.meta.get("tail"):
-                    # the zoom page's first view (the head it opens on: ``ZoomLab.page``'s choice), then its grid
-                    choice = self.zoom.page(key)["choice"]
-                    self.zoom.tile(key, layer=choice["layer"], head=choice["head"], level=0, row=0, col=0, pool="max")
-                    for layer in range(trace.adapter.n_layer):
-                        self.zoom.head_grid(key, layer=layer)
-                else:
-                    self.inspect.grid(key, int(d.get("grid_size", 48)))
-            return self.pin("trace", name=name, owner=owner, key=key, kit=kit)
-        if kind == "heads":
-            self.heads.view(model)
-            return self.pin("heads", name=name, owner=owner, model=model, kit=kit)
-        if kind == "arena":
-            form = {k: v for k, v in d.items() if k in ARENA_FIELDS}
-            lm, req = self.arena.prepare(**ARENA_DEFAULTS | form)
-            if self.arena.run(lm, req, owner=owner or "kit", address=address) is None:
-                raise Expired("err.kit.gone")
-            return self.pin("arena", name=name, owner=owner, arena={**form, "policies": list(req.policies)}, kit=kit)
-        fields = {k: v for k, v in d.items() if k in SpecAsk.__dataclass_fields__}
-        view = self.speculative.view(SpecAsk(**fields))
-        return self.pin("spec", name=name, owner=owner, run_id=view["run_id"], kit=kit)
-
-    def _prepare_trace(self, d: dict, *, owner: str, address: str) -> str:
-        model = d.get("model")
-        if d.get("builtin_long") or d.get("long"):
-            lm, ids = self.long.prepare(model=model, text=d.get("prompt"), builtin=bool(d.get("builtin_long")))
-            job = self.long.submit(lm, ids, owner=owner or "kit", address=address)
-            done = self.long.line.wait(job, owner or "kit", None)
-            if done is None:
-                raise Expired("err.kit.gone")
-            return done["key"]
-        _, key, _ = self.inspect.trace_prompt(model, d.get("prompt"), chat=bool(d.get("chat")))
-        return key
 
 
 def _sizes(adapter) -> dict:
