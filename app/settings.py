@@ -141,8 +141,12 @@ class Settings:
     engine_max_num_batched_tokens: int = 2048
     engine_max_runs_kept: int = 64
     # Served requests opened on Inspect (a capture the KVScope plugin took inside the engine: docs/served-capture.md):
-    # at most this many held at once (the oldest let go first), and seconds one fetch from the engine may take.
-    engine_served_max_traces: int = 4
+    # each browser keeps its newest engine_served_per_browser; all browsers together at most engine_served_max_traces
+    # traces and engine_served_max_mib MiB of their tensors (a class's lesson stop: one each; the oldest let go
+    # first); and seconds one fetch from the engine may take.
+    engine_served_per_browser: int = 2
+    engine_served_max_traces: int = 64
+    engine_served_max_mib: int = 1024
     engine_served_timeout_s: float = 60.0
     # A prompt the Engine page sends to be captured ("Send and capture"): at most this many new tokens decoded.
     engine_served_max_new_tokens: int = 8
@@ -440,7 +444,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
                "engine_max_num_batched_tokens", "engine_max_runs_kept", "engine_fleet_max_chains", "max_prompt_chars",
                "engine_max_block_size", "engine_max_tokens", "engine_max_message_mib", "engine_max_pending_texts",
                "engine_max_streams", "engine_drive_max_blocks", "engine_served_max_traces",
-               "engine_served_timeout_s", "engine_served_max_new_tokens"),
+               "engine_served_per_browser", "engine_served_max_mib", "engine_served_timeout_s",
+               "engine_served_max_new_tokens"),
     "lines": ("lab_queue_max", "lab_jobs_per_browser", "lab_max_wait_s"),
 }
 

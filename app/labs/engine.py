@@ -85,6 +85,8 @@ class EngineLimits(Limits):
     engine_max_streams: int
     engine_drive_max_blocks: int
     engine_served_max_traces: int
+    engine_served_per_browser: int
+    engine_served_max_mib: int
     engine_served_timeout_s: float
     engine_served_max_new_tokens: int
 

@@ -15,8 +15,9 @@ each looked up in the mirror of the engine's KV events (``EngineLab.blocks_held`
 the same tokens is the block the engine announced when another request stored it.
 
 The engine drops a capture once fetched, so a served trace is held here (through Inspect's pin protocol: never
-recomputed, since KVScope cannot recompute what the engine computed) and at most ``engine_served_max_traces`` at
-once, the oldest let go first. The server connects only to the engines named in its settings.
+recomputed, since KVScope cannot recompute what the engine computed): each browser's newest
+``engine_served_per_browser``, within ``engine_served_max_traces`` and ``engine_served_max_mib`` for all browsers, the
+oldest let go first. The server connects only to the engines named in its settings.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class ServedLab:
         self.engine = engine
         self.inspect = inspect
         self.limits = limits
-        self._held: OrderedDict[str, dict] = OrderedDict()  # key -> the banner's figures, oldest first
+        self._held: OrderedDict[str, dict] = OrderedDict()  # key -> its banner's figures, owner, bytes; oldest first
         self._lock = threading.Lock()
 
     def _model(self, served: ServedAttention) -> LoadedModel:
@@ -74,8 +75,9 @@ class ServedLab:
         raise ServedConflict("err.served.no_model", layers=len(served.layers), heads=served.heads,
                           head_dim=served.head_dim)
 
-    def open(self, index: int, name: str) -> str:
-        """Fetch capture ``name`` from engine ``index``, hold it as a trace and return its key."""
+    def open(self, index: int, name: str, owner: str = "") -> str:
+        """Fetch capture ``name`` from engine ``index``, hold it as a trace for ``owner`` (the browser that asked)
+        and return its key."""
         link = self.engine.link(index)  # 404 for an engine the server was not started with
         served = fetch_served(link.url, name, timeout_s=self.limits.engine_served_timeout_s)
         lm = self._model(served)
@@ -85,13 +87,28 @@ class ServedLab:
         figures = banner(trace.meta["served"], link.url)
         figures["blocks"] = self._blocks(index, served)
         figures["listening"] = link.events is not None
+        self.hold(key, lm, trace, figures, owner)
+        return key
+
+    def hold(self, key: str, lm: LoadedModel, trace, figures: dict, owner: str) -> None:
+        """Hold a served trace for ``owner``: a browser keeps its newest ``engine_served_per_browser``; all browsers
+        together at most ``engine_served_max_traces`` traces and ``engine_served_max_mib`` MiB of tensors, the
+        oldest let go first (so in a class each learner's newest stays while the server's memory allows)."""
+        nbytes = sum(t.nbytes for t in trace.tensors.values())
+        cap_bytes = self.limits.engine_served_max_mib * 2**20
         with self._lock:
             self.inspect.pin(key, (lm, trace))
-            self._held[key] = figures
-            while len(self._held) > self.limits.engine_served_max_traces:
-                old, _ = self._held.popitem(last=False)
-                self.inspect.unpin(old)
-        return key
+            self._held[key] = {"figures": figures, "owner": owner, "nbytes": nbytes}
+            mine = [k for k, h in self._held.items() if h["owner"] == owner]
+            gone = mine[:max(0, len(mine) - self.limits.engine_served_per_browser)]
+            for k in gone:
+                del self._held[k]
+            while len(self._held) > 1 and (len(self._held) > self.limits.engine_served_max_traces
+                                           or sum(h["nbytes"] for h in self._held.values()) > cap_bytes):
+                k, _ = self._held.popitem(last=False)
+                gone.append(k)
+            for k in gone:
+                self.inspect.unpin(k)
 
     def _checked(self, prompt: str, before: str | None, max_tokens: int) -> tuple[str, str | None]:
         prompt, before = (prompt or "").strip(), (before or "").strip() or None
@@ -111,16 +128,17 @@ class ServedLab:
         link.complete(prompt, max_tokens=max_tokens, timeout=timeout,
                       extra={"vllm_xargs": {"kvscope_capture": name}})
 
-    def ask(self, index: int, prompt: str, before: str | None = None, max_tokens: int = 4) -> str:
+    def ask(self, index: int, prompt: str, before: str | None = None, max_tokens: int = 4, owner: str = "") -> str:
         """Send ``prompt`` to engine ``index`` flagged for capture, ``before`` (if given) first and unflagged, so a
         prompt that begins with it finds its blocks cached; then open the capture: its key."""
         self.engine.link(index)  # 404 for an engine the server was not started with, before anything is sent
         prompt, before = self._checked(prompt, before, max_tokens)
         name = "kvscope-" + uuid.uuid4().hex[:16]  # this request's label: no other request carries it
         self._send(index, prompt, before, max_tokens, name)
-        return self.open(index, name)
+        return self.open(index, name, owner)
 
-    def follow(self, index: int, prompt: str, before: str | None, max_tokens: int, lang: str) -> Callable[[], dict]:
+    def follow(self, index: int, prompt: str, before: str | None, max_tokens: int, lang: str,
+               owner: str = "") -> Callable[[], dict]:
         """``ask``, watched: the request is sent from a thread, and its capture read while the engine serves it
         (the steps every worker has finished in every layer, ``served_progress``: no tensors), so each forward
         step's rows are seen as the engine computes them. Returns ``look()``: the newest of
@@ -167,7 +185,7 @@ class ServedLab:
                         state = rows(*progress)
                 if sent:
                     raise sent[0]
-                key = self.open(index, name)
+                key = self.open(index, name, owner)
                 served_meta = self.inspect.trace_by_key(key)[1].meta["served"]
                 state = {"event": "done", "result": {"key": key, "page": f"/served/{key}"},
                          "text": translate("served.follow.done", lang),
@@ -203,9 +221,11 @@ class ServedLab:
     def page(self, key: str) -> dict:
         """Inspect's page context for a held served trace, ``served`` the banner's figures."""
         with self._lock:
-            figures = self._held.get(key)
-        if figures is None:
-            raise Expired("err.served.gone", limit=self.limits.engine_served_max_traces)
+            held = self._held.get(key)
+        if held is None:
+            raise Expired("err.served.gone", limit=self.limits.engine_served_max_traces,
+                          per=self.limits.engine_served_per_browser)
+        figures = held["figures"]
         tokens = self.inspect.trace_by_key(key)[1].token_texts
         return self.inspect.key_page(key, prompt="".join(tokens)) | {"served": figures}
 
