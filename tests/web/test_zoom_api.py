@@ -318,7 +318,7 @@ def test_head_grid_and_top_keys_equal_a_float64_recompute(client, state):
     for layer in (0, a.n_layer - 1):
         row = client.get(f"/api/traces/{key}/heads/{layer}").json()
         q, k = trace.q(layer)[0].double(), trace.k(layer)[0].double()[list(a.kv_map)]
-        s = (q @ k.transpose(-1, -2) * a.spec(layer).scale).masked_fill(~trace.causal_mask(layer), float("-inf"))
+        s = (q @ k.transpose(-1, -2) * a.attention(layer).scale).masked_fill(~trace.causal_mask(layer), float("-inf"))
         w = torch.softmax(s, dim=-1)  # (H, T, T) float64, written here from q and k
         first = w[:, 1:, 0].mean(-1)
         distance = (w * (i[:, None] - i[None, :])).sum(-1).mean(-1)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from app.model.adapters.base import HookPoint, LayerSpec, ModelAdapter, apply_rope, params_of
+from app.model.adapters.base import HookPoint, LayerAttention, ModelAdapter, apply_rope, params_of
 
 
 class LlamaAdapter(ModelAdapter):
@@ -57,12 +57,12 @@ class LlamaAdapter(ModelAdapter):
     def token_table(self) -> torch.Tensor:
         return self._base.embed_tokens.weight  # (V, D)
 
-    def layer_spec(self, layer: int) -> LayerSpec:
+    def read_attention(self, layer: int) -> LayerAttention:
         c = self.config
         sliding = c.model_type == "mistral" or getattr(c, "use_sliding_window", False)  # Qwen: off unless set
         window = getattr(c, "sliding_window", None) if sliding else None
         base = (getattr(c, "rope_parameters", None) or {}).get("rope_theta") or getattr(c, "rope_theta", None)
-        return LayerSpec(scale=self.head_dim**-0.5, window=window, rope_base=base)
+        return LayerAttention(scale=self.head_dim**-0.5, window=window, rope_base=base)
 
     # --- hooks -----------------------------------------------------------------------------------
     def hook_points(self) -> list[HookPoint]:
