@@ -64,6 +64,7 @@ from app.model.trace_file import (
     write_tensors,
     write_trace,
 )
+from app.quota import Requester
 
 log = logging.getLogger(__name__)
 # Codes a class reads off a projector and types: no 0/O, 1/I/L, 5/S or 8/B to confuse.
@@ -577,7 +578,7 @@ class KitLab:
         if kind == "arena":
             form = {k: v for k, v in d.items() if k in ARENA_FIELDS}
             lm, req = self.arena.prepare(**ARENA_DEFAULTS | form)
-            if self.arena.run(lm, req, owner=owner or "kit", address=address) is None:
+            if self.arena.run(lm, req, who=Requester(owner or "kit", address)) is None:
                 raise Expired("err.kit.gone")
             return self.pin("arena", name=name, owner=owner, arena={**form, "policies": list(req.policies)}, kit=kit)
         fields = {k: v for k, v in d.items() if k in SpecAsk.__dataclass_fields__}
@@ -588,7 +589,7 @@ class KitLab:
         model = d.get("model")
         if d.get("builtin_long") or d.get("long"):
             lm, ids = self.long.prepare(model=model, text=d.get("prompt"), builtin=bool(d.get("builtin_long")))
-            job = self.long.submit(lm, ids, owner=owner or "kit", address=address)
+            job = self.long.submit(lm, ids, who=Requester(owner or "kit", address))
             done = self.long.line.wait(job, owner or "kit", None)
             if done is None:
                 raise Expired("err.kit.gone")
