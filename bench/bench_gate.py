@@ -65,7 +65,7 @@ class Browsers:
         lab, owner = self.state.decode, f"browser-{i}"
         while not self.stop.is_set():
             session = lab.start_session(model=self.lm.name, prompt=PROMPTS[i % len(PROMPTS)], sampling=Sampling(),
-                                        owner=owner)
+                                        who=Requester(owner))
             for _ in range(SESSION_STEPS):
                 if self.stop.is_set():
                     break
