@@ -26,9 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from app.admission import Throttled, current_address
+from app.admission import Throttled
 from app.errors import Busy, Expired
-from app.quota import ADDRESS, BYTES, OWNER, Caps, Full, Held, Quota, request_mark, used_since
+from app.quota import ADDRESS, BYTES, OWNER, Caps, Full, Held, Quota, Requester, request_mark, used_since
 
 T = TypeVar("T")
 
@@ -77,12 +77,12 @@ class OwnedTable(Generic[T]):
         self._gone: OrderedDict[str, str] = OrderedDict()  # reclaimed id -> its owner (the newest 1000)
         self._lock = threading.Lock()
 
-    def create(self, owner: str, make: Callable[[], T], *, nbytes: int = 0, sid: str | None = None,
-               address: str | None = None) -> tuple[str, T]:
-        """Make a new object for ``owner`` if the caps allow, after reclaiming what the quota says (``make`` runs
-        only then, under the table's lock). ``sid``: the id to make it under (an object already there is
-        replaced). ``address``: the network address asking (default: the current request's)."""
-        address = current_address.get() if address is None else address
+    def create(self, who: Requester, make: Callable[[], T], *, nbytes: int = 0, sid: str | None = None
+               ) -> tuple[str, T]:
+        """Make a new object for ``who`` (its owner and network address) if the caps allow, after reclaiming what
+        the quota says (``make`` runs only then, under the table's lock). ``sid``: the id to make it under (an
+        object already there is replaced)."""
+        owner, address = who.owner, who.address
         with self._lock:
             self._purge(time.monotonic())
             if sid is not None:

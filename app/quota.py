@@ -46,6 +46,20 @@ from dataclasses import dataclass
 OWNER, ADDRESS, SERVER = "owner", "address", "server"
 ITEMS, BYTES = "items", "bytes"
 
+
+
+@dataclass(frozen=True)
+class Requester:
+    """Who is asking: the browser (its owner cookie) and the network address it came from. Made once per request,
+    by the owner-cookie middleware (``app/web/security.py``); a route hands it to the lab it calls. "" for either:
+    outside a request (the server itself, a test), never counted in that scope."""
+
+    owner: str = ""
+    address: str = ""
+
+
+NOBODY = Requester()  # the server itself: no browser, no address
+
 # The request being served (a fresh object per request, set by the owner-cookie middleware, app/web/security.py).
 current_request: ContextVar[object | None] = ContextVar("kvscope_request", default=None)
 

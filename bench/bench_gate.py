@@ -30,6 +30,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from app.quota import Requester
 from bench.common import OUT, machine, median, setup_torch, table
 
 NAME = "smollm2-135m-instruct"
@@ -64,7 +65,7 @@ class Browsers:
         lab, owner = self.state.decode, f"browser-{i}"
         while not self.stop.is_set():
             session = lab.start_session(model=self.lm.name, prompt=PROMPTS[i % len(PROMPTS)], sampling=Sampling(),
-                                        owner=owner)
+                                        who=Requester(owner))
             for _ in range(SESSION_STEPS):
                 if self.stop.is_set():
                     break
@@ -94,7 +95,7 @@ def capture(state, lm, ids: list[int], *, limit_s: float | None = None) -> dict:
     """The long capture through the long-prompt lab's line; stopped at ``limit_s`` if given."""
     state.traces.clear()  # every run computes its trace afresh
     t0 = time.perf_counter()
-    job = state.long.submit(lm, ids, owner="teacher", address="")
+    job = state.long.submit(lm, ids, who=Requester("teacher"))
     line = state.long.line
     while not line.wait_idle(0.5):
         if limit_s is not None and time.perf_counter() - t0 > limit_s:

@@ -105,7 +105,7 @@ window.kv.page("capacity", () => {
       : t(r.weights_fit ? "js.capacity.kv_memory" : "js.capacity.kv_no_room",
         Object.assign({ kv: bytes(r.kv_memory), short: bytes(r.kv_shortfall) }, memory));
     // Each figure with its unit, from the catalog: "1,671,880 tokens / 64 tokens a request = 26,123.13 requests".
-    const figs = { kv: bytes(r.kv_memory), page: bytes(r.page_bytes), blocks: int(r.num_blocks), size: int(inp.block_size),
+    const figs = { kv: bytes(r.kv_memory), page: bytes(r.page_bytes), blocks: int(r.all_layer_blocks), size: int(inp.block_size),
       tokens: int(r.tokens), ctx: int(inp.context), need: bytes(r.request_bytes), conc: kv.dec(r.max_concurrency, 2) };
     $("r-blocks").textContent = t("js.capacity.r.blocks", figs);
     $("r-tokens").textContent = t("js.capacity.r.tokens", figs);
@@ -115,7 +115,7 @@ window.kv.page("capacity", () => {
     $("r-vllm").textContent = !r.weights_fit ? t("js.capacity.vllm_no_memory")
       : r.whole_requests < 1 ? t("js.capacity.vllm_too_long", needed)
         : t("js.capacity.vllm_line", {
-          kv: (r.kv_memory / GiB).toFixed(2), blocks: r.num_blocks, ctx: inp.context, conc: r.max_concurrency.toFixed(2),
+          kv: (r.kv_memory / GiB).toFixed(2), blocks: r.all_layer_blocks, ctx: inp.context, conc: r.max_concurrency.toFixed(2),
         });
     drawTpFit(r, memory, needed);
     const fits = $("r-fits");

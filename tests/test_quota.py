@@ -14,7 +14,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from app.quota import ADDRESS, BYTES, ITEMS, OWNER, SERVER, Caps, Full, Held, Quota
+from app.quota import ADDRESS, BYTES, ITEMS, OWNER, SERVER, Caps, Full, Held, Quota, Requester
 
 TTL, PROTECT = 900.0, 120.0
 A, B = "10.0.0.66", "10.0.0.7"
@@ -218,13 +218,13 @@ def test_an_owned_tables_object_in_use_stays_idle_bytes_go_and_a_reclaimed_id_sa
 
     table: OwnedTable[object] = OwnedTable(kind="pools", ttl_s=60, protect_s=0.0,
                                            limits=Caps(max_items=3, per_owner=2, per_address=None, max_bytes=100))
-    a, _ = table.create("a", object, nbytes=60, address=A)
-    b, _ = table.create("b", object, nbytes=30, address=B)
+    a, _ = table.create(Requester("a", A), object, nbytes=60)
+    b, _ = table.create(Requester("b", B), object, nbytes=30)
     with table.entry("a", a).lock:  # a's action runs: a is in use
         with pytest.raises(Busy) as refused:
-            table.create("c", object, nbytes=20, address="10.0.0.9")  # only a's bytes may go: A is over its share
+            table.create(Requester("c", "10.0.0.9"), object, nbytes=20)  # only a's bytes may go: A is over its share
         assert refused.value.key == "limits.pools_memory_full" and len(table) == 2
-    table.create("c", object, nbytes=20, address="10.0.0.9")  # idle now: a goes (its address is over its share)
+    table.create(Requester("c", "10.0.0.9"), object, nbytes=20)  # idle now: a goes (its address is over its share)
     with pytest.raises(Expired) as gone:
         table.entry("a", a)
     assert gone.value.key == "limits.pools_reclaimed" and table.bytes() == 50

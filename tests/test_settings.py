@@ -10,6 +10,7 @@ import pytest
 from app.cli import main
 from app.errors import BadInput, BadSetting
 from app.i18n import translate
+from app.quota import Requester
 from app.settings import GROUPS, MAXIMUM, ORDERED, ZERO_MEANS, Settings, resolve_device
 
 NUMBERS = [f for f in dataclasses.fields(Settings) if f.type in ("int", "float")]
@@ -186,10 +187,11 @@ def test_a_lab_takes_its_limits_from_the_settings(tiny):
                                      capacity_check_max_blocks=5), registry)
     assert state.paged.block_sizes == (1, 2, 4)
     with pytest.raises(BadInput, match="num_blocks must be from 2 to 8, not 9"):
-        state.paged.create(model=None, num_blocks=9, block_size=4, owner="a", lang="en")
+        state.paged.create(model=None, num_blocks=9, block_size=4, who=Requester("a"), lang="en")
     with pytest.raises(BadInput, match="Block size must be one of 1, 2, 4"):
-        state.paged.create(model=None, num_blocks=8, block_size=8, owner="a", lang="en")
-    assert state.paged.create(model=None, num_blocks=8, block_size=4, owner="a", lang="en")["pool"]["num_blocks"] == 8
+        state.paged.create(model=None, num_blocks=8, block_size=8, who=Requester("a"), lang="en")
+    pool = state.paged.create(model=None, num_blocks=8, block_size=4, who=Requester("a"), lang="en")["pool"]
+    assert pool["num_blocks"] == 8
     with pytest.raises(BadInput, match="num_blocks must be from 1 to 5, not 6"):
         state.capacity.check(model=None, num_blocks=6, block_size=4, max_num_seqs=2, requests_text="0 3 3")
     assert state.prefix.limits.prefix_max_blocks == 512 and state.prefix.peek("a").limits.prefix_max_blocks == 512
@@ -213,5 +215,5 @@ def test_a_second_server_with_other_settings_is_obeyed_as_nothing_is_read_at_imp
         other.capacity.check(model=None, num_blocks=8, block_size=4, max_num_seqs=2, requests_text=three)
     for state, blocks in ((default, Settings().prefix_default_blocks), (other, 100)):
         lab = state.prefix.run(model=None, preset=None, prompts=["hello"], block_size=4, num_blocks=None, salt=None,
-                               owner="a")
+                               who=Requester("a"))
         assert lab.cache is not None and lab.cache.pool.num_blocks == blocks

@@ -37,7 +37,7 @@ group has its own block table per request and all groups draw from one block poo
         groups  [5, 11, 17]  [0, 1, 2]  [3, 4, 6]  [7, 8, 9]  [10, 12, 13]  [14, 15, 16]     6 groups of 3
 
 The specs live in ``app/cache`` (they count blocks); ``app/catalog.py`` only carries the numbers they are built from
-(``ModelConfig.windows``, ``kv_lora_rank`` ...) and ``from_adapter`` reads a loaded model's ``layer_spec(i)``.
+(``ModelConfig.windows``, ``kv_lora_rank`` ...) and ``from_adapter`` reads a loaded model's ``attention(i)``.
 """
 
 from __future__ import annotations
@@ -181,9 +181,9 @@ def from_config(c: ModelConfig) -> tuple[KVCacheSpec, ...]:
 
 
 def from_adapter(adapter) -> tuple[KVCacheSpec, ...]:
-    """Each layer's spec from a loaded model's adapter: its sizes and each layer's ``layer_spec(i).window``."""
+    """Each layer's spec from a loaded model's adapter: its sizes and each layer's ``attention(i).window``."""
     return tuple(layer_spec(n_kv_head=adapter.n_kv_head, head_dim=adapter.head_dim,
-                            window=adapter.layers[i].window) for i in range(adapter.n_layer))
+                            window=adapter.attention(i).window) for i in range(adapter.n_layer))
 
 
 def uniform(n_layer: int, n_kv_head: int, head_dim: int) -> tuple[KVCacheSpec, ...]:

@@ -62,8 +62,9 @@ def fewest_steps(cfg: SimConfig, requests: list[Request]) -> int:
     - a request gains at most one output token a step: its ``output_len`` tokens take that many steps;
     - a step gives at most ``max_num_seqs`` tokens (one per running request): Σ outputs / max_num_seqs;
     - a step computes at most ``max_num_batched_tokens`` tokens, and every token of every request is computed
-      except a cached prefix (at most ``prefix_len``, and never the whole prompt; none without prefix caching)
-      and the last output token (sampled, never fed back): Σ computed / max_num_batched_tokens.
+      except a cached prefix (at most ``prefix_len``, or all but one token of given ``tokens``, and never the whole
+      prompt; none without prefix caching) and the last output token (sampled, never fed back):
+      Σ computed / max_num_batched_tokens.
     """
     if not requests:
         return 0
@@ -71,7 +72,8 @@ def fewest_steps(cfg: SimConfig, requests: list[Request]) -> int:
     outputs = sum(r.output_len for r in requests)
     computed = 0
     for r in requests:
-        cached = min(r.prefix_len, r.prompt_len - 1) if cfg.prefix_caching and r.prefix_group >= 0 else 0
+        shareable = r.prompt_len - 1 if r.tokens is not None else r.prefix_len if r.prefix_group >= 0 else 0
+        cached = min(shareable, r.prompt_len - 1) if cfg.prefix_caching else 0
         computed += r.prompt_len - cached + r.output_len - 1
     return max(longest, -(-outputs // cfg.max_num_seqs), -(-computed // cfg.max_num_batched_tokens))
 

@@ -6,9 +6,9 @@ Everything here is arithmetic on a ``ModelConfig``; the bytes per token come fro
     KV memory per GPU   = GPU memory · utilisation − weights / TP − other (activations, CUDA graphs ...)
                           (nothing when that is ≤ 0: the weights do not fit; then the smallest TP that fits
                           one request is searched with the same formula, as vLLM would not start)
-    page (block) bytes  = block_size · bytes per token per GPU
-    num_gpu_blocks      = floor(KV memory / page bytes)
-    max concurrency     = num_gpu_blocks · block_size / context          (vLLM's "Maximum concurrency ... x")
+    page bytes          = block_size · bytes per token per GPU          (block_size tokens of every layer)
+    all_layer_blocks    = floor(KV memory / page bytes)                  (= tokens / block_size)
+    max concurrency     = all_layer_blocks · block_size / context        (vLLM's "Maximum concurrency ... x")
 
 A request of ``context`` tokens holds ceil(context / block_size) whole blocks: the last one's unused slots are
 tail waste, counted in the per-request and per-batch bytes.
@@ -23,6 +23,9 @@ Per-layer windows are counted as vLLM counts each KV-cache spec (``app/cache/spe
 What a running vLLM prints for its KV memory (``engine_capacity``, the Engine page's calculator line) is counted in
 blocks of its KV-cache groups, not of every layer: a block holds one page of each layer of one group, so Gemma 3's
 six groups of 3 layers make blocks of 3 layers' pages, and vLLM's ``num_gpu_blocks`` is 6x a count in 18-layer pages.
+``calculate`` returns one block count, ``num_blocks``: vLLM's, blocks of the pool the groups share (``block_bytes``
+each; what the simulator allocates from). ``all_layer_blocks`` counts pages of every layer instead: the same number
+for a model of one group, the one the memory line's arithmetic divides by.
 """
 
 from __future__ import annotations
@@ -133,13 +136,13 @@ def calculate(model: ModelConfig, inp: CalcInput) -> dict:
     weights_per_gpu = weight_bytes / inp.tp
     left = inp.kv_memory_gib * GiB if inp.kv_memory_gib is not None else kv_memory_left(inp, weight_bytes, inp.tp)
     kv_memory = max(0.0, left)
-    num_blocks = int(kv_memory // page)
-    tokens = num_blocks * inp.block_size
+    all_layer_blocks = int(kv_memory // page)
+    tokens = all_layer_blocks * inp.block_size
     # vLLM's pool for a hybrid model: a block holds group_size layers of whichever KV-cache group takes it.
     groups = kv_spec.kv_cache_groups(kv_spec.from_config(model))
-    group_page = kv_spec.group_size(groups) * groups[0].spec.page_size_bytes(inp.block_size, inp.dtype,
-                                                                              scales=inp.scales, tp=inp.tp)
-    whole = int(kv_memory // request) if windowed else num_blocks // blocks_per_request
+    block_bytes = kv_spec.group_size(groups) * groups[0].spec.page_size_bytes(inp.block_size, inp.dtype,
+                                                                               scales=inp.scales, tp=inp.tp)
+    whole = int(kv_memory // request) if windowed else all_layer_blocks // blocks_per_request
     # Not one request fits (the weights alone may not): the tensor-parallel degree that would, if any.
     search = whole == 0 and inp.kv_memory_gib is None
     return {
@@ -161,8 +164,8 @@ def calculate(model: ModelConfig, inp: CalcInput) -> dict:
         "windowed": windowed,  # some layers hold only their window: request bytes are summed per layer kind
         "layer_kinds": layers,
         "kv_cache_groups": [{"kind": g.kind, "window": g.window, "layers": list(g.layers)} for g in groups],
-        "group_page_bytes": group_page,  # one block of the pool the KV-cache groups share
-        "group_num_blocks": int(kv_memory // group_page),
+        "block_bytes": block_bytes,  # one block of the pool the KV-cache groups share (group_size layers' pages)
+        "num_blocks": int(kv_memory // block_bytes),  # vLLM's num_gpu_blocks: blocks of that pool
         "parameters": params,
         "weight_bytes": weight_bytes,
         "weights_per_gpu": weights_per_gpu,
@@ -171,11 +174,12 @@ def calculate(model: ModelConfig, inp: CalcInput) -> dict:
         "kv_memory": kv_memory,
         "weights_fit": left > 0,  # False: weights (and other memory) take all the GPU may use
         "kv_shortfall": max(0.0, -left),  # by how much they exceed it
-        "num_blocks": num_blocks,
+        "all_layer_blocks": all_layer_blocks,  # pages of block_size tokens of every layer (= num_blocks: one group)
         "tokens": tokens,
         "max_concurrency": kv_memory / request if windowed else tokens / inp.context,
         "whole_requests": whole,
-        "batch_fits": inp.batch * request <= kv_memory if windowed else inp.batch * blocks_per_request <= num_blocks,
+        "batch_fits": (inp.batch * request <= kv_memory if windowed
+                       else inp.batch * blocks_per_request <= all_layer_blocks),
         "tp_searched": search,
         "tp_fit": smallest_fitting_tp(model, inp, weight_bytes) if search else None,
         "chart": chart(model, inp),
@@ -246,7 +250,7 @@ def smallest_fitting_tp(model: ModelConfig, inp: CalcInput, weight_bytes: float)
         blocks = int(left // page) if left > 0 else 0
         whole = (int(left // request) if left > 0 else 0) if any(model.windows) else blocks // need
         if whole >= 1:
-            return {"tp": tp, "weights_per_gpu": weight_bytes / tp, "kv_memory": left, "num_blocks": blocks,
+            return {"tp": tp, "weights_per_gpu": weight_bytes / tp, "kv_memory": left, "all_layer_blocks": blocks,
                     "whole_requests": whole}
     return None
 

@@ -21,8 +21,11 @@ Each step (``vllm/v1/core/sched/scheduler.py``, ``Scheduler.schedule``)::
 Block pool (``block_pool.py``): the labs' own pool, ``app.cache.blocks.ArrayBlockPool`` (the array layout of
 ``BlockPool``, held to the same property tests): free blocks in an LRU queue; a freed block keeps its hash and can
 be hit again until a new allocation takes it from the front of the queue (then its hash is evicted). Full blocks
-are hashed by (prefix group, block index) for the shared part of a prompt, else by (request, block index) —
-the chain of parent hashes that vLLM computes reduces to this when prompts differ only in their shared prefix.
+are keyed as the engine keys them: each by the chain of its parent's key and its own tokens
+(``app.cache.blocks.hash_request_tokens``, the one chain the prefix cache and the Engine page use), so equal
+prefixes give equal keys across requests and a token that differs breaks the chain from its block on. The
+simulator runs no model: a request given no ``tokens`` gets stand-in ids that keep exactly what caching depends on,
+which tokens it has in common with others (``token_ids``).
 
 KV-cache groups (``SimConfig.groups``, one ``app.cache.spec`` spec per group, from the model's layers): a model whose
 layers are all alike has one group and a block holds every layer (the loop above, unchanged). A hybrid model (Gemma
@@ -44,10 +47,16 @@ from bisect import insort
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import islice
 from operator import attrgetter
 
-from app.cache.blocks import ArrayBlockPool, blocks_needed, hybrid_cache_hit
+from app.cache.blocks import (
+    ArrayBlockPool,
+    blocks_needed,
+    fast_block_hash,
+    group_block_hash,
+    hash_request_tokens,
+    hybrid_cache_hit,
+)
 from app.cache.spec import KVCacheSpec
 from app.errors import BadInput
 
@@ -69,6 +78,11 @@ class Request:
     output_len: int  # max_tokens; EOS is ignored (vLLM's ignore_eos), as benchmarks do
     prefix_group: int = -1  # requests of one group share their first prefix_len tokens
     prefix_len: int = 0
+    tokens: tuple[int, ...] | None = None  # the prompt's token ids (prompt_len of them, each >= 0), or None: stand-ins
+
+    def __post_init__(self) -> None:
+        if self.tokens is not None and (len(self.tokens) != self.prompt_len or min(self.tokens, default=0) < 0):
+            raise ValueError("a request's tokens are its prompt_len token ids, each >= 0")
 
 
 @dataclass(frozen=True)
@@ -87,7 +101,7 @@ class _Req:
 
     __slots__ = ("r", "num_tokens", "num_computed", "num_output", "blocks", "num_hashed", "status", "first_token",
                  "finish", "preemptions", "admitted_at", "hit_tokens", "slots", "target", "base_step", "gen",
-                 "ev_block", "ev_finish", "tables", "skipped")
+                 "ev_block", "ev_finish", "tables", "skipped", "keys")
 
     def __init__(self, r: Request) -> None:
         self.r = r
@@ -98,6 +112,7 @@ class _Req:
         self.tables: list[list[int]] = [self.blocks]  # one block table per KV-cache group (set by the simulator)
         self.skipped: list[int] = []  # per sliding spec: the blocks its groups have given back (0 when none)
         self.num_hashed = 0
+        self.keys: list | None = None  # its full blocks' chained keys, made when first needed, dropped when it ends
         self.status = WAITING
         self.first_token: float | None = None
         self.finish: float | None = None
@@ -144,9 +159,36 @@ def unit_cost(prefill: int, decode: int, kv_read: int, n: int) -> float:
     return 1.0
 
 
-def _shared_blocks(r: Request, block_size: int) -> int:
-    """A full block's hash key: ``(prefix group, j)`` for the first this-many blocks (wholly inside the shared
-    prefix), ``(-1 - request id, j)`` after them. The loops that hash and look up blocks build the keys inline."""
+def token_ids(r: Request) -> list[int]:
+    """A request's tokens as its blocks are keyed: its prompt, then its outputs (``output_len``, EOS ignored).
+
+    No model runs, so what is not given is made up, keeping what prefix caching depends on: which tokens a request
+    shares with others. The given prompt ``tokens`` (ids >= 0) are used as they are; otherwise a shared prefix is
+    its group's stand-in (−2 − 2·group) and every other token, the outputs included, the request's own
+    (−3 − 2·rid): negative, so never a vocabulary id, and never −1 (whose ``hash`` is −2's).
+    """
+    own = -3 - 2 * r.rid
+    if r.tokens is not None:
+        prompt = list(r.tokens)
+    elif r.prefix_group >= 0:
+        prompt = [-2 - 2 * r.prefix_group] * r.prefix_len + [own] * (r.prompt_len - r.prefix_len)
+    else:
+        prompt = [own] * r.prompt_len
+    return prompt + [own] * r.output_len
+
+
+def block_keys(r: Request, block_size: int) -> list:
+    """The chained keys of a request's full blocks (``hash_request_tokens`` over ``token_ids``), each block keyed by
+    ``fast_block_hash``: a run hashes every block of every request (hundreds of thousands), sha256 would double its
+    time, and a simulated run has no tenants to keep apart."""
+    return hash_request_tokens(token_ids(r), block_size, hash_block=fast_block_hash)
+
+
+def _most_cached(r: Request, block_size: int) -> int:
+    """At most this many of a waiting request's blocks can be cached: its shared prefix's (stand-in tokens), or all
+    but the last of its prompt's (given tokens: any of them may be another request's)."""
+    if r.tokens is not None:
+        return (r.prompt_len - 1) // block_size
     return r.prefix_len // block_size if r.prefix_group >= 0 else 0
 
 
@@ -203,15 +245,18 @@ class Simulator:
     def _hits(self, q: _Req) -> list:
         """get_computed_blocks: the cached full blocks at the start of the request (at most num_tokens − 1). With
         several groups: one list per group (None where a window does not need the block), as long in every group."""
-        r = q.r
-        shared = _shared_blocks(r, self.cfg.block_size)
-        keys = ((r.prefix_group, j) if j < shared else (-1 - r.rid, j) for j in range(q.num_tokens))
+        keys = self._keys(q)
         max_blocks = (q.num_tokens - 1) // self.cfg.block_size
         if not self.multi:
             return self.pool.find_longest_cache_hit(keys, max_blocks)
-        first = list(islice(keys, max_blocks))
-        group_keys = [first if g == 0 else [(g, k) for k in first] for g in range(self.n_groups)]
+        keys = keys[:max_blocks]
+        group_keys = [keys if g == 0 else [group_block_hash(k, g) for k in keys] for g in range(self.n_groups)]
         return hybrid_cache_hit(self.pool, group_keys, self.cfg.groups, self.cfg.block_size)
+
+    def _keys(self, q: _Req) -> list:
+        if q.keys is None:
+            q.keys = block_keys(q.r, self.cfg.block_size)
+        return q.keys
 
     def _allocate_groups(self, q: _Req, n_new: int, hits: list[list] | None) -> bool:
         """allocate_slots with several groups: in every group, blocks for num_computed + n_new tokens (the hits, then
@@ -299,19 +344,17 @@ class Simulator:
         start = q.num_hashed
         if start >= full:
             return
-        r = q.r
         cache_full_block = self.pool.cache_full_block
-        shared = _shared_blocks(r, bs)
+        keys = self._keys(q)
         if self.multi:  # every group's blocks, each under keys of its own (vLLM: the hash and the group id)
             for g, table in enumerate(q.tables):
                 for j in range(start, full):
                     if table[j] != NULL:
-                        key = (r.prefix_group, j) if j < shared else (-1 - r.rid, j)
-                        cache_full_block(table[j], key if g == 0 else (g, key))
+                        cache_full_block(table[j], keys[j] if g == 0 else group_block_hash(keys[j], g))
         else:
             blocks = q.blocks
             for j in range(start, full):
-                cache_full_block(blocks[j], (r.prefix_group, j) if j < shared else (-1 - r.rid, j))
+                cache_full_block(blocks[j], keys[j])
         q.num_hashed = full
 
     # --- lazy decoding ------------------------------------------------------------------------------------
@@ -541,7 +584,7 @@ class Simulator:
         waiting = self.waiting
         while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             q = waiting[0]
-            cached_at_most = _shared_blocks(q.r, bs) if caching else 0
+            cached_at_most = _most_cached(q.r, bs) if caching else 0
             if self.n_groups * (blocks_needed(min(q.num_tokens, budget), bs) - cached_at_most) > len(free):
                 break  # it cannot fit, however many of its blocks are cached (a cheap test: it waits a lot)
             hits = self._hits(q) if caching and q.num_computed == 0 else []
@@ -596,6 +639,7 @@ class Simulator:
         for q in done:
             q.status = FINISHED
             q.finish = end
+            q.keys = None
             self._free(q)
             finished.append(q.r.rid)
         for q in done:

@@ -299,7 +299,7 @@ def compare(served: ServedAttention, trace) -> list[float]:
     the request computed, over every key. The adapter's scale, so a model with its own one compares fairly."""
     out = []
     for layer in served.layers:
-        scale = trace.adapter.spec(layer).scale
+        scale = trace.adapter.attention(layer).scale
         mine = trace.attention_rows(layer, rows=slice(served.computed_from, served.n_tokens))
         out.append(float((served.rows(layer, scale) - mine).abs().max()))
     return out

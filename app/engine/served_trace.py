@@ -45,9 +45,9 @@ def served_trace(trace, served: ServedAttention, *, engine: int = 0):
         q = own_q.clone()
         q[0, :, c:] = served.q[layer].to(own_q.dtype)
         k = served.k[layer][first_head][None].to(trace.tensors[kn].dtype)  # (1, H_kv, T, Dh)
-        spec = a.spec(layer)
-        s = attention.scores(q[0], k[0], kv_map, spec.scale, spec.softcap)
-        ok = attention.allowed(trace.positions()[0], torch.arange(trace.total_length), spec.window)
+        att = a.attention(layer)
+        s = attention.scores(q[0], k[0], kv_map, att.scale, att.softcap)
+        ok = attention.allowed(trace.positions()[0], torch.arange(trace.total_length), att.window)
         lse = torch.logsumexp(attention.masked(s.float(), ok), dim=-1)[None]
         out.tensors[qn], out.tensors[kn], out.tensors[ln] = q, k, lse.to(trace.tensors[ln].dtype)
     return out

@@ -25,6 +25,7 @@ from app.cache.policies import POLICIES, available
 from app.labs.limits import Limits
 from app.labs.queue import TIME_LIMIT, Job, LabQueue, Stopped
 from app.model.loading import LoadedModel, ModelRegistry
+from app.quota import Requester
 from app.viz.arena import arena_view
 
 DEFAULT_POLICIES = ("window", "streaming", "streaming-norerope", "h2o", "snapkv", "kivi", "int8-head", "int4-head")
@@ -55,9 +56,9 @@ class ArenaLab:
                       max_chars=s.max_prompt_chars, go_on=go_on)
         return lm, req
 
-    def submit(self, lm: LoadedModel, req: ArenaRequest, *, owner: str, address: str, follow: bool = True) -> Job:
+    def submit(self, lm: LoadedModel, req: ArenaRequest, *, who: Requester, follow: bool = True) -> Job:
         return self.line.submit(lambda pace: self._work(lm, req, pace), key=req.key(lm), units=req.forwards(),
-                                rate_key=lm.name, owner=owner, address=address, follow=follow, keep_alive=lm)
+                                rate_key=lm.name, who=who, follow=follow, keep_alive=lm)
 
     def _work(self, lm: LoadedModel, req: ArenaRequest, pace) -> dict:
         """The run; stopped at the line's time limit after full attention and at least one policy, the policies
@@ -78,11 +79,11 @@ class ArenaLab:
         """The finished result of this very request, if the cache holds it (no waiting, no model work)."""
         return self.line.peek(req.key(lm), lm)
 
-    def run(self, lm: LoadedModel, req: ArenaRequest, *, owner: str, address: str,
+    def run(self, lm: LoadedModel, req: ArenaRequest, *, who: Requester,
             cancel: threading.Event | None = None) -> dict | None:
         """The run's numbers, after waiting its turn; None if ``cancel`` was set first (its client went)."""
-        job = self.submit(lm, req, owner=owner, address=address)
-        return self.line.wait(job, owner, cancel)
+        job = self.submit(lm, req, who=who)
+        return self.line.wait(job, who.owner, cancel)
 
     def stop(self, job_id: str, owner: str) -> dict:
         """This browser leaves the run; a waiting run nobody else asked for leaves the line, a running one stops

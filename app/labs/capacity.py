@@ -128,7 +128,7 @@ class CapacityLab:
             step_cost = stepcost.Roofline.for_model(card, config, weight_bytes=calc["weight_bytes"],
                                                     kv_bytes_per_token=calc["bytes_per_token"], tp=tp, params=params)
             cost_info = {"kind": "roofline"} | step_cost.limits()
-            blocks = num_blocks or calc["group_num_blocks"]  # blocks of group_size layers (all layers: one group)
+            blocks = num_blocks or calc["num_blocks"]  # vLLM's: blocks of group_size layers (all layers: one group)
         if blocks < 1:
             fit = calc["tp_fit"]
             if fit is None:

@@ -21,6 +21,7 @@ from app.model.prompts import encode_prompt
 from app.model.sampling import Sampling
 from app.model.sessions import SessionStore
 from app.model.timing import time_step_vs_recompute
+from app.quota import NOBODY, Requester
 from app.viz.cache_saving import saving_view
 from app.viz.decode import attention_cell, attention_view, cache_rows, step_view
 from app.viz.tokens import unknown_note
@@ -61,12 +62,12 @@ class DecodeLab:
         return {"prompt": prompt, "model_name": lm.name, "chat_template": lm.has_chat_template, "chat": chat,
                 "end_token": lm.end_text(), "limits": self.limits}
 
-    def start(self, *, model: str | None, prompt: str | None, sampling: Sampling, owner: str = "",
+    def start(self, *, model: str | None, prompt: str | None, sampling: Sampling, who: Requester = NOBODY,
               chat: bool = False, layer: int = 0, width: int = 900) -> dict:
         """A new session: the prompt prefilled, the first token chosen; its view (the attention of ``layer``
         pooled to ``width`` columns: the page's plot), with the prompt's unknown characters named."""
         self._check_layer(self.registry.pick(model), layer)
-        session = self.start_session(model=model, prompt=prompt, sampling=sampling, owner=owner, chat=chat)
+        session = self.start_session(model=model, prompt=prompt, sampling=sampling, who=who, chat=chat)
         view = step_view(session, session.steps[-1], layer=layer, width=self._width(width))
         view["unknown"] = unknown_note(session.lm, session.prompt_ids, prompt or "")
         return view
@@ -79,12 +80,12 @@ class DecodeLab:
             session, step = self.step_session(sid, owner, go_on=go_on)
             return step_view(session, step, layer=layer, width=self._width(width))
 
-    def rebuild(self, old_id: str, owner: str = "", *, layer: int = 0, width: int = 900) -> dict:
-        stone = self.sessions.tombstone(old_id, owner)
+    def rebuild(self, old_id: str, who: Requester = NOBODY, *, layer: int = 0, width: int = 900) -> dict:
+        stone = self.sessions.tombstone(old_id, who.owner)
         if stone is not None and stone["model"] in self.registry.models:
             self._check_layer(self.registry.models[stone["model"]], layer)
-        session = self.rebuild_session(old_id, owner)
-        with self.sessions.hold(session.id, owner):
+        session = self.rebuild_session(old_id, who)
+        with self.sessions.hold(session.id, who.owner):
             self._check_layer(session.lm, layer)
             return step_view(session, session.steps[-1], layer=layer, width=self._width(width))
 
@@ -149,7 +150,7 @@ class DecodeLab:
                 raise Expired("err.session.ended") from None
 
     # --- the sessions themselves --------------------------------------------------------------------------
-    def start_session(self, *, model: str | None, prompt: str | None, sampling: Sampling, owner: str = "",
+    def start_session(self, *, model: str | None, prompt: str | None, sampling: Sampling, who: Requester = NOBODY,
                       chat: bool = False) -> DecodeSession:
         lm = self.registry.pick(model)
         st = self.limits
@@ -159,21 +160,22 @@ class DecodeLab:
         ids = encode_prompt(lm, prompt, max_chars=max(st.max_prompt_chars, st.long_max_chars), reserve=1, chat=chat)
         if len(ids) > st.max_context_tokens:
             raise BadInput("err.long.tokens", n=f"{len(ids):,}", model=lm.name, limit=f"{st.max_context_tokens:,}")
-        return self._prefilled(lm, ids, sampling.validate(), owner)
+        return self._prefilled(lm, ids, sampling.validate(), who)
 
-    def rebuild_session(self, old_id: str, owner: str = "") -> DecodeSession:
+    def rebuild_session(self, old_id: str, who: Requester = NOBODY) -> DecodeSession:
         """A new session whose prompt is every token of an ended one: one prefill rebuilds its cache."""
-        stone = self.sessions.tombstone(old_id, owner)
+        stone = self.sessions.tombstone(old_id, who.owner)
         if stone is None:
             raise Expired("err.session.forgotten")
         lm = self.registry.pick(stone["model"])
         if stone["model_ref"]() is not lm:
             raise Expired("limits.model_changed", model=stone["model"])
         ids = stone["ids"][: lm.max_positions - 1]
-        return self._prefilled(lm, ids, Sampling(**stone["sampling"]), owner)
+        return self._prefilled(lm, ids, Sampling(**stone["sampling"]), who)
 
-    def _prefilled(self, lm: LoadedModel, ids: list[int], sampling: Sampling, owner: str) -> DecodeSession:
-        session = self.sessions.create(lm, ids, sampling, owner=owner)
+    def _prefilled(self, lm: LoadedModel, ids: list[int], sampling: Sampling, who: Requester) -> DecodeSession:
+        session = self.sessions.create(lm, ids, sampling, who=who)
+        owner = who.owner
         try:
             with self.sessions.hold(session.id, owner), self.sessions.room(session, len(ids)), \
                     self.gate.for_tokens(len(ids)):  # a short prompt's prefill is short work

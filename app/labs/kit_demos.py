@@ -18,6 +18,7 @@ from app.labs.kit import ARENA_DEFAULTS, ARENA_FIELDS, KitLab, Pin
 from app.labs.kit_files import KINDS
 from app.labs.long import LongLab
 from app.labs.speculative import SpecAsk
+from app.quota import Requester
 
 
 class KitDemos:
@@ -77,7 +78,7 @@ class KitDemos:
         if kind == "arena":
             form = {k: v for k, v in d.items() if k in ARENA_FIELDS}
             lm, req = labs.arena.prepare(**ARENA_DEFAULTS | form)
-            if labs.arena.run(lm, req, owner=owner or "kit", address=address) is None:
+            if labs.arena.run(lm, req, who=Requester(owner or "kit", address)) is None:
                 raise Expired("err.kit.gone")
             return self.kit.pin("arena", name=name, owner=owner, arena={**form, "policies": list(req.policies)},
                                 kit=kit)
@@ -89,7 +90,7 @@ class KitDemos:
         model = d.get("model")
         if d.get("builtin_long") or d.get("long"):
             lm, ids = self.long.prepare(model=model, text=d.get("prompt"), builtin=bool(d.get("builtin_long")))
-            job = self.long.submit(lm, ids, owner=owner or "kit", address=address)
+            job = self.long.submit(lm, ids, who=Requester(owner or "kit", address))
             done = self.long.line.wait(job, owner or "kit", None)
             if done is None:
                 raise Expired("err.kit.gone")

@@ -5,7 +5,7 @@
 
     prepare(model, text, builtin)    the model and the token ids; over a limit -> BadInput naming it, before
                                      anything waits
-    submit(lm, ids, owner, address)  into ``line``: one long capture runs at a time, the others wait their turn; the
+    submit(lm, ids, who)             into ``line``: one long capture runs at a time, the others wait their turn; the
                                      same tokens already waiting or running are joined
     limits_view(model)               the limits the page's form shows
     layer_progress(adapter, pace)    a context manager: a forward hook per hook point reports "layer n of L" and
@@ -36,6 +36,7 @@ from app.model.adapters import ModelAdapter, for_this_thread
 from app.model.loading import LoadedModel
 from app.model.prompts import encode_prompt
 from app.model.store import trace_bytes
+from app.quota import Requester
 
 TOOK_KEYS = 256  # long captures whose time is remembered (a float each)
 LONG_TEXT_PATH = Path(__file__).resolve().parents[1] / "model" / "long_reader.txt"
@@ -159,7 +160,7 @@ class LongLab:
             raise BadInput("err.long.tokens", n=f"{len(ids):,}", model=lm.name, limit=f"{limit:,}")
         return lm, ids
 
-    def submit(self, lm: LoadedModel, ids: list[int], *, owner: str, address: str) -> Job:
+    def submit(self, lm: LoadedModel, ids: list[int], *, who: Requester) -> Job:
         inspect = self.inspect
         key = inspect.trace_key(lm, ids)
         expected = expected_bytes(lm, len(ids), self.limits.full_trace_max_tokens)
@@ -176,12 +177,12 @@ class LongLab:
             # the store drops older traces first if this one needs the room
             with pace.piece(), layer_progress(lm.adapter, pace):
                 trace = inspect.traces.get_or_compute(key, capture, expected=expected,
-                                                      owner=owner)  # kept for the browser that asked (the store)
+                                                      owner=who.owner)  # kept for the browser that asked
             return {"key": key, "n_tokens": trace.n_tokens, "url": f"/zoom/{key}"}
 
         units = lm.adapter.n_layer + after_layers(lm.adapter.n_layer)
-        return self.line.submit(work, key=f"long:{key}", units=units, rate_key=lm.name, owner=owner,
-                                address=address, follow=True, keep_alive=lm)
+        return self.line.submit(work, key=f"long:{key}", units=units, rate_key=lm.name, who=who, follow=True,
+                                keep_alive=lm)
 
     def again(self, key: str) -> tuple[LoadedModel, list[int]]:
         """The model and tokens a trace's key was made from, to capture it again in the line (410 when gone)."""

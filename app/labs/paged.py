@@ -23,6 +23,7 @@ from app.labs.limits import Limits, in_range
 from app.model.loading import LoadedModel, ModelRegistry
 from app.model.prompts import encode_prompt
 from app.owned import OwnedTable
+from app.quota import Requester
 from app.viz.models import model_card
 from app.viz.paged import bench_view, engine_view
 
@@ -94,15 +95,15 @@ class PagedLab:
                     action(entry.obj)
             return engine_view(entry.obj, sid, lang, block_sizes=self.block_sizes)
 
-    def create(self, *, model: str | None, num_blocks: int, block_size: int, owner: str, lang: str) -> dict:
+    def create(self, *, model: str | None, num_blocks: int, block_size: int, who: Requester, lang: str) -> dict:
         """A new pool of ``num_blocks`` blocks of ``block_size`` tokens; a browser keeps at most a few (its oldest
         goes); the server's pools share one memory budget."""
         lm = self.registry.pick(model)
         self.check_pool(num_blocks, block_size)
         sid, _ = self.pools.create(
-            owner, lambda: PagedEngine(lm, num_blocks=num_blocks, block_size=block_size, lock=self.gate),
+            who, lambda: PagedEngine(lm, num_blocks=num_blocks, block_size=block_size, lock=self.gate),
             nbytes=self.pool_bytes(lm, num_blocks, block_size))
-        return self.act(owner, sid, lang)
+        return self.act(who.owner, sid, lang)
 
     def read(self, owner: str, sid: str, lang: str) -> dict:
         return self.act(owner, sid, lang)

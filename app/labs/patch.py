@@ -36,6 +36,7 @@ from app.labs.limits import Limits
 from app.labs.queue import GatedPace, Job, LabQueue
 from app.model.loading import LoadedModel, ModelRegistry
 from app.model.patching import DIRECTIONS, KINDS, METRICS, Patcher, PatchRequest, PatchResult, patch_map
+from app.quota import Requester
 from app.viz.patch import patch_view
 
 MAPS = (*KINDS, "head_pos")  # "head_pos": one head (layer, head) patched at each position
@@ -205,7 +206,7 @@ class PatchLab:
         """Seconds the map's forwards need holding the model, at the pace measured here (None: not known yet)."""
         return self.pace.estimate(lm.name, req.plan(lm, self.limits.patch_max_batch_rows))
 
-    def submit(self, lm: LoadedModel, req: PatchRequest, *, owner: str, address: str, follow: bool = True) -> Job:
+    def submit(self, lm: LoadedModel, req: PatchRequest, *, who: Requester, follow: bool = True) -> Job:
         """Into the line; a map that cannot finish within ``patch_max_s`` at the pace measured here is refused first
         (one already finished is answered whatever its cost)."""
         plan = req.plan(lm, self.limits.patch_max_batch_rows)
@@ -214,15 +215,15 @@ class PatchLab:
             if need is not None and need > self.limits.patch_max_s:
                 raise _too_slow(len(plan), need, self.limits.patch_max_s)
         return self.line.submit(lambda pace: self.work(lm, req, pace), key=req.key(lm), units=sum(plan),
-                                rate_key=lm.name, owner=owner, address=address, follow=follow, keep_alive=lm)
+                                rate_key=lm.name, who=who, follow=follow, keep_alive=lm)
 
     def cached(self, lm: LoadedModel, req: PatchRequest) -> PatchResult | None:
         return self.line.peek(req.key(lm), lm)
 
-    def run(self, lm: LoadedModel, req: PatchRequest, *, owner: str, address: str,
+    def run(self, lm: LoadedModel, req: PatchRequest, *, who: Requester,
             cancel: threading.Event | None = None) -> PatchResult | None:
-        job = self.submit(lm, req, owner=owner, address=address)
-        return self.line.wait(job, owner, cancel)
+        job = self.submit(lm, req, who=who)
+        return self.line.wait(job, who.owner, cancel)
 
     def stop(self, job_id: str, owner: str) -> dict:
         return {"stopped": self.line.stop(job_id, owner)}

@@ -36,6 +36,7 @@ from app.labs.limits import Limits
 from app.model.loading import LoadedModel, ModelRegistry
 from app.model.prompts import encode_prompt
 from app.owned import Entry, OwnedTable
+from app.quota import NOBODY, Requester
 from app.viz.prefix import lab_view, presets_view
 
 PROMPT_SEPARATOR = "---"  # a line holding only this separates custom prompts in the form
@@ -246,11 +247,12 @@ class PrefixLabs:
         self.limits = limits
 
     # --- this browser's lab -------------------------------------------------------------------------------
-    def entry(self, owner: str = "") -> Entry[PrefixLab]:
+    def entry(self, who: Requester = NOBODY) -> Entry[PrefixLab]:
         """This browser's lab (an entry of ``labs``: the lab and its lock), made on first use."""
+        owner = who.owner
         entry = self.labs.find(owner, owner)
         if entry is None:
-            self.labs.create(owner, lambda: PrefixLab(self.limits), sid=owner)
+            self.labs.create(who, lambda: PrefixLab(self.limits), sid=owner)
             entry = self.labs.entry(owner, owner)
             entry.obj.admit = lambda nbytes: self.labs.resize(owner, owner, nbytes)
         return entry
@@ -262,13 +264,13 @@ class PrefixLabs:
 
     # --- commands -------------------------------------------------------------------------------------------
     def run(self, *, model: str | None, preset: str | None, prompts: list[str] | None, block_size: str | int | None,
-            num_blocks: int | None, salt: str | None, owner: str = "") -> PrefixLab:
+            num_blocks: int | None, salt: str | None, who: Requester = NOBODY) -> PrefixLab:
         """Run a preset (or the given prompts) through this browser's prefix cache."""
         lm = self.registry.pick(model)
         if preset and preset != "custom" and preset not in PRESETS:
             raise BadInput("err.prefix.preset", preset=repr(preset), presets=", ".join(PRESETS))
         size = parse_block_size(block_size)
-        entry = self.entry(owner)
+        entry = self.entry(who)
         lab = entry.obj
         with entry.lock:
             if preset and preset != "custom":
@@ -280,17 +282,17 @@ class PrefixLabs:
                 lab.timestamp_runs += preset == "timestamp"
         return lab
 
-    def finish(self, *, request_id: int | None, reason: str = "finished", owner: str = "") -> PrefixLab:
-        entry = self.entry(owner)
+    def finish(self, *, request_id: int | None, reason: str = "finished", who: Requester = NOBODY) -> PrefixLab:
+        entry = self.entry(who)
         with entry.lock:
             entry.obj.finish(request_id, reason=reason)
         return entry.obj
 
-    def reset(self, owner: str = "") -> PrefixLab:
-        entry = self.entry(owner)
+    def reset(self, who: Requester = NOBODY) -> PrefixLab:
+        entry = self.entry(who)
         with entry.lock:
             entry.obj.reset()
-            self.labs.resize(owner, owner, 0)
+            self.labs.resize(who.owner, who.owner, 0)
         return entry.obj
 
     # --- views ----------------------------------------------------------------------------------------------

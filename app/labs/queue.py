@@ -48,7 +48,7 @@ from typing import Any
 
 from app.admission import LONG, ModelGate, Throttled, Withdrawn
 from app.errors import Busy, Expired, UserError
-from app.quota import ADDRESS, Caps, Full, Held, Quota
+from app.quota import ADDRESS, NOBODY, Caps, Full, Held, Quota, Requester
 
 log = logging.getLogger(__name__)
 
@@ -135,12 +135,13 @@ class LabQueue:
 
     # --- asking -------------------------------------------------------------------------------------
     def submit(self, work: Callable[[GatedPace], Any], *, key: str | None = None, units: float = 1.0,
-               rate_key: str = "", owner: str = "", address: str = "", follow: bool = True,
+               rate_key: str = "", who: Requester = NOBODY, follow: bool = True,
                payload: Any = None, keep_alive: object | None = None,
                on_status: Callable[[Job], None] | None = None) -> Job:
-        """Queue ``work`` for ``owner`` (see the module docstring). ``follow``: the caller follows the job and
+        """Queue ``work`` for ``who`` (see the module docstring). ``follow``: the caller follows the job and
         releases it when done (``release``); otherwise the owner holds it until it stops it. ``keep_alive``: the
         object a cached result belongs to (the model): a result of an object no longer alive is not reused."""
+        owner, address = who.owner, who.address
         with self._changed:
             now = self.clock()
             self._expire(now)

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from app.admission import ModelGate, pause_point
-from app.cache.spec_blocks import BlockLedger, watch
+from app.cache.speculative_blocks import BlockLedger, watch
 from app.errors import BadInput
 from app.labs.limits import Limits
 from app.model import roofline as rl

@@ -48,6 +48,7 @@ from app.labs.queue import CANCELLED, RUNNING, GatedPace, Job, LabQueue, Stopped
 from app.model.builtin import N_POSITIONS, article_corpus_text, build_char_tokenizer, save_checkpoint, tiny_config
 from app.model.loading import LoadedModel, ModelRegistry
 from app.model.trained import load_trained, next_trained_name, prune_trained, trained_root
+from app.quota import NOBODY, Requester
 from app.settings import Settings
 from app.training.builtin import ARTICLE_CONFIG
 from app.training.inspect import cached_vs_full, memory_view, param_view, parameter_names
@@ -205,20 +206,20 @@ class TrainingLab:
         """What a user sent, checked against this lab's limits."""
         return make_spec(**form, limits=self.limits)
 
-    def submit(self, spec: JobSpec, *, owner: str = "", address: str = "", follow: bool = False) -> Job:
+    def submit(self, spec: JobSpec, *, who: Requester = NOBODY, follow: bool = False) -> Job:
         """A new run into the line (``follow``: the caller follows it and releases it, see ``LabQueue``)."""
         with self._lock:
             job = TrainingJob(self._next_id, spec)
             self._next_id += 1
-        return self._enqueue(job, owner=owner, address=address, follow=follow)
+        return self._enqueue(job, who=who, follow=follow)
 
-    def start(self, spec: JobSpec, *, owner: str = "", address: str = "") -> dict:
+    def start(self, spec: JobSpec, *, who: Requester = NOBODY) -> dict:
         """A new run, not tied to a request: it trains when its turn comes, until it ends, is stopped, or
         reaches ``Settings.train_max_s``."""
-        self.submit(spec, owner=owner, address=address)
-        return self.status(owner=owner)
+        self.submit(spec, who=who)
+        return self.status(owner=who.owner)
 
-    def resume(self, steps: int | None = None, *, owner: str = "", address: str = "", follow: bool = False) -> Job:
+    def resume(self, steps: int | None = None, *, who: Requester = NOBODY, follow: bool = False) -> Job:
         """The stopped run shown on the page back into the line, to continue from where it stopped, optionally
         to a new total of ``steps``."""
         with self._lock:
@@ -232,7 +233,7 @@ class TrainingLab:
                 job.spec = replace(job.spec, config=replace(job.spec.config, steps=int(steps)))
             job.status = "queued"
         try:
-            return self._enqueue(job, owner=owner, address=address, follow=follow)
+            return self._enqueue(job, who=who, follow=follow)
         except Exception:
             job.status = "stopped"
             raise
@@ -349,7 +350,7 @@ class TrainingLab:
                 "article_max_diff": ARTICLE_MAX_DIFF}
 
     # --- the worker -----------------------------------------------------------------------------
-    def _enqueue(self, job: TrainingJob, *, owner: str, address: str, follow: bool) -> Job:
+    def _enqueue(self, job: TrainingJob, *, who: Requester, follow: bool) -> Job:
         job.status = "queued"
 
         def moved(ticket: Job) -> None:  # under the line's lock: its turn came, or it ended without training
@@ -357,7 +358,7 @@ class TrainingLab:
                 job.status = "running" if ticket.status == RUNNING else "stopped"
 
         return self.line.submit(lambda pace: self._run(job, pace), units=job.spec.config.steps - job.next_step,
-                                rate_key="train", owner=owner, address=address, follow=follow, payload=job,
+                                rate_key="train", who=who, follow=follow, payload=job,
                                 on_status=moved)
 
     def _run(self, job: TrainingJob, pace: GatedPace) -> None:

@@ -156,11 +156,11 @@ class DecodeSession:
         ``Trace.attention_rows`` computes a row), exactly 0 for the positions a sliding window no longer holds."""
         step = self.steps[-1]
         a = self.lm.adapter
-        spec = a.spec(layer)
+        att = a.attention(layer)
         k = a.layer_cache(self.cache, layer)[0][0, :, : step.cache_len].float()  # (H_kv, Tk, Dh)
         total, held = step.cache_len, k.shape[-2]
-        s = attention.scores(step.query[layer][:, None], k, a.kv_map, spec.scale, spec.softcap)  # (H, 1, Tk)
-        ok = attention.allowed(torch.tensor([total - 1]), torch.arange(total - held, total), spec.window)
+        s = attention.scores(step.query[layer][:, None], k, a.kv_map, att.scale, att.softcap)  # (H, 1, Tk)
+        ok = attention.allowed(torch.tensor([total - 1]), torch.arange(total - held, total), att.window)
         row = torch.softmax(attention.masked(s, ok, torch.finfo(s.dtype).min), dim=-1)[:, 0].float()
         return _over_all_keys(row, total)
 

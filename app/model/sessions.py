@@ -51,13 +51,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from app.admission import Throttled, current_address
+from app.admission import Throttled
 from app.errors import BadInput, Busy, Expired
 from app.kv_bytes import bytes_per_token, dtype_name
 from app.model.decode import DecodeSession
 from app.model.loading import LoadedModel
 from app.model.sampling import Sampling
-from app.quota import ADDRESS, BYTES, OWNER, Caps, Full, Held, Quota, request_mark, used_since
+from app.quota import ADDRESS, BYTES, OWNER, Caps, Full, Held, Quota, Requester, request_mark, used_since
 
 
 def step_growth(session: DecodeSession, n_new: int) -> int:
@@ -107,11 +107,10 @@ class SessionStore:
         self._lock = threading.Lock()
 
     # --- life cycle ---------------------------------------------------------------------------------
-    def create(self, lm: LoadedModel, prompt_ids: list[int], sampling: Sampling, *, owner: str = "",
-               address: str | None = None) -> DecodeSession:
-        """A new session for ``owner``; ``address`` defaults to the current request's (``current_address``). Its
-        bytes are claimed by the prefill (``room``)."""
-        address = current_address.get() if address is None else address
+    def create(self, lm: LoadedModel, prompt_ids: list[int], sampling: Sampling, *, who: Requester) -> DecodeSession:
+        """A new session for ``who`` (its owner, counted at its network address). Its bytes are claimed by the
+        prefill (``room``)."""
+        owner, address = who.owner, who.address
         with self._lock:
             self._purge_expired()
             self._make_room(owner, address, items=1, nbytes=0)

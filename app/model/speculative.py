@@ -30,7 +30,7 @@ Drafts (the ``Draft`` protocol: ``propose``, ``rollback``):
                   to roll back; a round where nothing matches drafts nothing and the target decodes one token plainly.
 
 A runner's ``watch`` (if set) is told every change of its cache length, ``watch(before, after)``: the speculative lab
-hangs a paged block ledger there (``app.cache.spec_blocks``) to show the blocks each round writes and frees.
+hangs a paged block ledger there (``app.cache.speculative_blocks``) to show the blocks each round writes and frees.
 """
 
 from __future__ import annotations

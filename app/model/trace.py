@@ -112,12 +112,12 @@ class Trace:
         """Whole rows of the weights: query rows ``rows`` (new tokens) of heads ``heads`` over every key,
         (H', r, Tk) float32. The softmax of each row's masked scores, as eager attention computes it."""
         a = self.adapter
-        spec = a.spec(layer)
+        att = a.attention(layer)
         q = self.q(layer)[0, heads, rows]  # (H', r, Dh)
         kv_map = a.kv_map[heads]
-        s = attention.scores(q, self.keys(layer)[0], kv_map, spec.scale, spec.softcap)  # (H', r, Tk)
+        s = attention.scores(q, self.keys(layer)[0], kv_map, att.scale, att.softcap)  # (H', r, Tk)
         # The mask of these rows only (r, Tk): a band of a long prompt's rows never builds the whole (T, Tk) one.
-        ok = attention.allowed(self.positions()[0][rows], self.key_positions(layer), spec.window)
+        ok = attention.allowed(self.positions()[0][rows], self.key_positions(layer), att.window)
         return torch.softmax(attention.masked(s, ok, torch.finfo(s.dtype).min), dim=-1).float()
 
     def attention_block(self, layer: int, head: int, rows: slice = slice(None),
@@ -125,12 +125,12 @@ class Trace:
         """Exact softmax weights of one head for query rows ``rows`` (new tokens) and keys ``cols``: (r, c) float32,
         0 where a key is not allowed (future, outside the window). The one entry point for views that read a part
         of a head's map (tiles, cells, summaries): exp(q_i·k_j·scale − lse_i), no other row or key needed."""
-        spec = self.adapter.spec(layer)
+        att = self.adapter.attention(layer)
         q = self.q(layer)[0, head, rows].float()  # (r, Dh)
         k = self.keys(layer)[0, self.adapter.kv_map[head], cols].float()  # (c, Dh)
         q_pos, k_pos = self.positions()[0], self.key_positions(layer)
-        s = attention.scores(q[None], k[None], (0,), spec.scale, spec.softcap)[0]  # (r, c)
-        ok = attention.allowed(q_pos[rows], k_pos[cols], spec.window)
+        s = attention.scores(q[None], k[None], (0,), att.scale, att.softcap)[0]  # (r, c)
+        ok = attention.allowed(q_pos[rows], k_pos[cols], att.window)
         return attention.weights_from_lse(s, ok, self.lse(layer)[0, head, rows].float())
 
     # --- per-position tensors a long trace holds at its tail only ------------------------------------------
@@ -148,14 +148,14 @@ class Trace:
         a = self.adapter
         kv = a.kv_map[head]
         n = self.past_length + pos + 1
-        spec = a.spec(layer)
+        att = a.attention(layer)
         q = self.q(layer)[:, head : head + 1, pos : pos + 1]  # (1, 1, 1, Dh)
         k, v = self.keys(layer)[:, kv : kv + 1, :n], self.values(layer)[:, kv : kv + 1, :n]  # (1, 1, n, Dh)
-        ok = attention.allowed(torch.tensor([n - 1]), torch.arange(n), spec.window)
-        if spec.softcap:
-            out, _ = attention.attend_chunked(q, k, v, ok=ok, kv_map=(0,), scale=spec.scale, softcap=spec.softcap)
+        ok = attention.allowed(torch.tensor([n - 1]), torch.arange(n), att.window)
+        if att.softcap:
+            out, _ = attention.attend_chunked(q, k, v, ok=ok, kv_map=(0,), scale=att.scale, softcap=att.softcap)
         else:
-            out, _ = attention.kernel_attend(q, k, v, scale=spec.scale, mask=ok[None, None])
+            out, _ = attention.kernel_attend(q, k, v, scale=att.scale, mask=ok[None, None])
         return out[0, 0, 0]
 
     def prerope_row(self, layer: int, which: str, head: int, pos: int) -> torch.Tensor:
@@ -194,8 +194,8 @@ class Trace:
         q, k, kv_map = self.q(layer), self.keys(layer), a.kv_map
         if head is not None:
             q, kv_map = q[:, head : head + 1], (a.kv_map[head],)
-        spec = a.spec(layer)
-        return attention.scores(q, k, kv_map, spec.scale, spec.softcap)
+        att = a.attention(layer)
+        return attention.scores(q, k, kv_map, att.scale, att.softcap)
 
     def key_positions(self, layer: int) -> torch.Tensor:
         """Positions of the keys ``keys(layer)`` holds, (Tk,): every one, but a sliding-window layer's cache past

@@ -179,12 +179,12 @@ def arithmetic(trace: Trace, layer: int, head: int, pos: int, *, limit: int = 48
     q = trace.q(layer)[0, head, pos]  # (Dh,)
     k = trace.keys(layer)[0, kv, :n]  # (pos+1, Dh)
     v = trace.values(layer)[0, kv, :n]  # (pos+1, Dh)
-    spec = a.spec(layer)
-    scale = spec.scale
+    att = a.attention(layer)
+    scale = att.scale
     q_pos = torch.tensor([trace.past_length + pos])
     weights_2d, out_2d = attention.attend(q[None, None], k[None], v[None], q_pos=q_pos, k_pos=torch.arange(n),
-                                          kv_map=(0,), scale=scale, window=spec.window,
-                                          softcap=spec.softcap)
+                                          kv_map=(0,), scale=scale, window=att.window,
+                                          softcap=att.softcap)
     dots = k @ q  # (pos+1,)
     scaled = dots * scale
     weights, out = weights_2d[0, 0], out_2d[0, 0]  # (pos+1,), (Dh,)

@@ -4,7 +4,7 @@ does.
 The sentence is keyed on the parts a model is built from, never on its family: a step whose meaning turns on a
 part (a LayerNorm or an RMSNorm, a GELU or a gated MLP, a position table or rotary positions ...) has one catalog
 line per value of that part, ``step.<op>.<value>`` (``step.ln_1.rmsnorm``); other steps have one, ``step.<op>``.
-The parts come from the adapter (``ModelAdapter.capabilities``, model-wide) and from each layer's ``LayerSpec``
+The parts come from the adapter (``ModelAdapter.capabilities``, model-wide) and from each layer's ``LayerAttention``
 (a sliding window or full causal attention), so a new family made of known parts finds every sentence it needs.
 """
 
@@ -38,9 +38,9 @@ def fmt_shape(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
-def layer_facets(spec) -> dict[str, str]:
-    """The per-layer parts a sentence may turn on: how the layer masks (``LayerSpec``)."""
-    return {"mask": "sliding" if spec.window is not None else "causal"}
+def layer_facets(att) -> dict[str, str]:
+    """The per-layer parts a sentence may turn on: how the layer masks (``LayerAttention``)."""
+    return {"mask": "sliding" if att.window is not None else "causal"}
 
 
 def explain_key(op: str, facets: dict[str, str]) -> str:
@@ -51,23 +51,23 @@ def explain_key(op: str, facets: dict[str, str]) -> str:
     return key if key in catalog("en") else UNEXPLAINED
 
 
-def explain_params(op: str, adapter, spec) -> dict:
+def explain_params(op: str, adapter, att) -> dict:
     """Numbers a step's sentence names: the embedding's scale, the layer's score scale, its window."""
     if op == "embed.h0":
         return {"factor": f"{adapter.embed_scale:.4g}"}
-    if spec is None:
+    if att is None:
         return {}
     if op == "attn.scores":
-        return {"scale": f"{spec.scale:.4g}", "root": f"{spec.scale**-2:.4g}"}
-    if op == "attn.masked_scores" and spec.window is not None:
-        return {"window": spec.window}
+        return {"scale": f"{att.scale:.4g}", "root": f"{att.scale**-2:.4g}"}
+    if op == "attn.masked_scores" and att.window is not None:
+        return {"window": att.window}
     return {}
 
 
 def step_row(step: ShapeStep, adapter, n_tokens: int | None = None, parts: dict[str, str] | None = None) -> dict:
     """One row of the trace; ``parts``: ``adapter.capabilities.facets()``, when the caller has it already."""
-    spec = adapter.spec(step.layer) if step.layer is not None else None
-    facets = (parts or adapter.capabilities.facets()) | (layer_facets(spec) if spec is not None else {})
+    att = adapter.attention(step.layer) if step.layer is not None else None
+    facets = (parts or adapter.capabilities.facets()) | (layer_facets(att) if att is not None else {})
     key = explain_key(step.op, facets)
     if step.op == "logits" and n_tokens and step.shape[1] < n_tokens:
         key = "step.logits_last"  # a long prompt: only the last position's logits were computed
@@ -78,7 +78,7 @@ def step_row(step: ShapeStep, adapter, n_tokens: int | None = None, parts: dict[
         "derived": step.derived,
         "params": [{"name": n, "shape": fmt_shape(s)} for n, s in step.params],
         "explain_key": key,
-        "explain_params": explain_params(step.op, adapter, spec),
+        "explain_params": explain_params(step.op, adapter, att),
     }
 
 

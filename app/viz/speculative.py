@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from app.cache.spec_blocks import slots
+from app.cache.speculative_blocks import slots
 from app.i18n import translate
 from app.kv_bytes import dtype_name, page_bytes
 from app.model.loading import LoadedModel

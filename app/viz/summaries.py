@@ -73,11 +73,11 @@ def first_token_shares(trace: Trace, first: int = 1) -> torch.Tensor:
     out = torch.empty(a.n_layer, a.n_head, dtype=torch.float64)
     q_pos = trace.positions()[0][rows]
     for layer in range(a.n_layer):
-        spec = a.spec(layer)
+        att = a.attention(layer)
         q = trace.q(layer)[0, :, rows].float()  # (H, T - first, Dh)
         k = trace.keys(layer)[0, :, :first].float()  # (H_kv, first, Dh)
-        s = attention.scores(q, k, a.kv_map, spec.scale, spec.softcap)  # (H, T - first, first)
-        ok = attention.allowed(q_pos, trace.key_positions(layer)[:first], spec.window)
+        s = attention.scores(q, k, a.kv_map, att.scale, att.softcap)  # (H, T - first, first)
+        ok = attention.allowed(q_pos, trace.key_positions(layer)[:first], att.window)
         w = attention.weights_from_lse(s, ok, trace.lse(layer)[0, :, rows].float())
         out[layer] = w.double().sum(-1).mean(-1) if w.shape[1] else float("nan")
     return out
@@ -87,11 +87,11 @@ def diagonal_weights(trace: Trace, layer: int, offset: int = 1) -> torch.Tensor:
     """(H, T - offset): w_{i, i - offset} of every head for queries i = offset … T-1 of a prefill — the weight each
     puts on the token ``offset`` places back, from q_i · k_{i-offset} and lse_i alone: O(T) per head."""
     a = trace.adapter
-    spec = a.spec(layer)
+    att = a.attention(layer)
     q = trace.q(layer)[0, :, offset:].float()  # (H, T - offset, Dh)
     k = attention.expand_kv(trace.k(layer)[0, :, : trace.n_tokens - offset].float(), a.kv_map)  # (H, T - offset, Dh)
-    s = attention.pair_scores(q, k, spec.scale, spec.softcap)[..., None]  # (H, T - offset, 1): one key per row
-    ok = torch.tensor([[spec.window is None or offset < spec.window]])  # that key inside the layer's window?
+    s = attention.pair_scores(q, k, att.scale, att.softcap)[..., None]  # (H, T - offset, 1): one key per row
+    ok = torch.tensor([[att.window is None or offset < att.window]])  # that key inside the layer's window?
     lse = trace.lse(layer)[0, :, offset:].float()  # (H, T - offset)
     return attention.weights_from_lse(s, ok, lse)[..., 0]
 

@@ -32,8 +32,8 @@ def why_attends(trace: Trace, layer: int, head: int, pos: int, key: int | None =
     if not 0 <= key <= qpos:
         raise BadInput("err.why.key", k=key, last=qpos)
     kv = a.kv_map[head]
-    spec = a.spec(layer)
-    scale = spec.scale
+    att = a.attention(layer)
+    scale = att.scale
     q = trace.q(layer)[0, head, pos].float()  # (Dh,) as the model used it (rotated for RoPE)
     k = trace.keys(layer)[0, kv, key].float()  # (Dh,)
     prod = q * k * scale  # (Dh,) each dimension's share of the score

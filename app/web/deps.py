@@ -27,6 +27,7 @@ from app.labs.speculative import SpeculativeLab
 from app.labs.train import TrainingLab
 from app.labs.zoom import ZoomLab
 from app.model.sessions import SessionStore
+from app.quota import NOBODY, Requester
 from app.state import AppState
 
 
@@ -36,14 +37,20 @@ async def get_state(request: Request) -> AppState:
     return request.app.state.kv
 
 
+async def get_requester(request: Request) -> Requester:
+    """Who is asking: the browser's id (its ``kvscope_owner`` cookie) and its network address, as the fair shares
+    count it (made by ``OwnerCookie``; nobody outside it)."""
+    return request.scope.get("state", {}).get("requester", NOBODY)
+
+
 async def get_owner(request: Request) -> str:
-    """The browser's id from its ``kvscope_owner`` cookie (set by ``OwnerCookie``)."""
-    return request.scope.get("state", {}).get("owner", "")
+    """The requester's owner id alone."""
+    return (await get_requester(request)).owner
 
 
 async def get_address(request: Request) -> str:
-    """The network address the request came from, as the fair shares count it (set by ``OwnerCookie``)."""
-    return request.scope.get("state", {}).get("address", "")
+    """The requester's network address alone."""
+    return (await get_requester(request)).address
 
 
 async def get_sessions(request: Request) -> SessionStore:
@@ -127,6 +134,7 @@ async def get_served(request: Request) -> ServedLab:
 
 
 StateDep = Annotated[AppState, Depends(get_state)]
+RequesterDep = Annotated[Requester, Depends(get_requester)]
 OwnerDep = Annotated[str, Depends(get_owner)]
 AddressDep = Annotated[str, Depends(get_address)]
 SessionsDep = Annotated[SessionStore, Depends(get_sessions)]

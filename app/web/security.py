@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 from app.admission import current_address, current_owner
 from app.i18n import scope_lang, translate
-from app.quota import current_request
+from app.quota import Requester, current_request
 
 OWNER_COOKIE = "kvscope_owner"
 _OWNER_RE = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
@@ -115,9 +115,10 @@ def client_address(scope) -> str:
 
 
 class OwnerCookie:
-    """Reads (or mints) the browser's signed owner id; sets ``current_owner``/``scope['state']['owner']`` and
-    ``current_address``/``scope['state']['address']``, and marks the request (``current_request``: what a
-    request made is not "used" until another request uses it).
+    """Reads (or mints) the browser's signed owner id and makes the request's ``Requester`` (owner and address,
+    ``scope['state']['requester']``, what routes hand to the labs); sets ``current_owner``/``current_address`` from
+    it for what still reads them deep down (the model gate, the model store), and marks the request
+    (``current_request``: what a request made is not "used" until another request uses it).
 
     ``secret`` is the signing key: ``Settings.secret`` when set (the same on every worker), else random per
     start, so a restart hands every browser a new id (what it owned was in memory and is gone anyway).
@@ -134,9 +135,9 @@ class OwnerCookie:
         fresh = owner is None
         if owner is None:
             owner = secrets.token_urlsafe(18)
-        address = client_address(scope)
-        scope.setdefault("state", {}).update(owner=owner, address=address)
-        tokens = current_owner.set(owner), current_address.set(address), current_request.set(object())
+        who = Requester(owner, client_address(scope))  # the one place a request's identity is made
+        scope.setdefault("state", {})["requester"] = who
+        tokens = current_owner.set(who.owner), current_address.set(who.address), current_request.set(object())
 
         async def send_with_cookie(message):
             if fresh and message["type"] == "http.response.start":

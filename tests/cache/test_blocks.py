@@ -11,6 +11,7 @@ from app.cache.blocks import (
     BlockPool,
     NoFreeBlocks,
     block_extra_keys,
+    fast_block_hash,
     hash_block_tokens,
     hash_request_tokens,
 )
@@ -47,6 +48,21 @@ def test_same_prefix_gives_the_same_keys_up_to_the_first_difference():
     b = hash_request_tokens([1, 2, 3, 4, 5, 6, 0, 8, 9, 10, 11, 12], 4, EXTRA)
     assert a[0] == b[0]
     assert a[1] != b[1] and a[2] != b[2]  # the change in block 1 propagates down the chain
+
+
+def test_the_fast_block_key_is_pythons_tuple_hash_and_chains_as_sha256_does():
+    # Derived a second way: the documented tuple, hashed by hand (a first block's parent is 0, no extra keys ()).
+    assert fast_block_hash(None, [1, 2, 3, 4]) == hash((0, (1, 2, 3, 4), ()))
+    assert fast_block_hash(7, [5, 6]) == hash((7, (5, 6), ()))
+    # Over one chain, both recipes tell the same blocks apart: equal keys exactly where the sha256 keys are equal.
+    seqs = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 0, 8, 9], [9, 9, 9, 9, 5, 6, 7, 8, 9],
+            [1, 2, 3, 4, 5, 6, 7, 8]]
+    fast = [hash_request_tokens(s, 2, hash_block=fast_block_hash) for s in seqs]
+    slow = [hash_request_tokens(s, 2) for s in seqs]
+    for i in range(len(seqs)):
+        for j in range(len(seqs)):
+            for f1, f2, s1, s2 in zip(fast[i], fast[j], slow[i], slow[j], strict=False):  # the shorter's blocks
+                assert (f1 == f2) == (s1 == s2)
 
 
 @pytest.mark.parametrize("other", [block_extra_keys("builtin", None), block_extra_keys("distilgpt2", "alice")])

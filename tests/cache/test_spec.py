@@ -95,7 +95,7 @@ def test_the_calculator_and_the_model_sizes_read_the_specs():
 
     r = calculate(GEMMA, CalcInput(context=4096, block_size=16, dtype="bf16"))
     assert r["request_bytes"] == spec.request_bytes(spec.from_config(GEMMA), 4096, block_size=16)
-    assert r["group_page_bytes"] == 49_152 and r["group_num_blocks"] == int(r["kv_memory"] // 49_152)
+    assert r["block_bytes"] == 49_152 and r["num_blocks"] == int(r["kv_memory"] // 49_152)
     assert len(r["kv_cache_groups"]) == 6
     sizes = spec.sizes(GEMMA)
     assert sizes["bytes_per_token"] == 18 * 1024 and sizes["layer_bytes"] == 1024

@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.capacity.simulator import FINISHED, Request, SimConfig, Simulator, parse_requests, synthetic_workload
+from app.capacity.simulator import (
+    FINISHED,
+    Request,
+    SimConfig,
+    Simulator,
+    block_keys,
+    parse_requests,
+    synthetic_workload,
+)
 from app.errors import BadInput
 
 
@@ -74,6 +82,50 @@ def test_prefix_cache_hits_shared_blocks_and_counts_tokens():
     assert sim.reqs[1].hit_tokens == 12
     again = Simulator(SimConfig(num_blocks=16, block_size=4, prefix_caching=False), reqs).run()
     assert again.prefix_cache_hits == 0
+
+
+def common_full_blocks(a: list[int], b: list[int], block_size: int) -> int:
+    """Derived without any hash: the full blocks before the first position where two token lists differ."""
+    same = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return same // block_size
+
+
+def test_equal_prefixes_share_blocks_and_a_differing_token_breaks_the_chain_from_its_block_on():
+    bs = 4
+    a = list(range(100, 116))  # 4 full blocks
+    b = a[:9] + [7] + a[10:]  # token 9 differs (block 2); blocks 2 and 3 hold A's tokens after it
+    c = a[:5] + [7] + a[6:]  # token 5 differs (block 1)
+    d = list(a)  # A's prompt again
+    ka, kb, kc, kd = (block_keys(Request(i, 0, 16, 1, tokens=tuple(t)), bs)[:4] for i, t in enumerate((a, b, c, d)))
+    for other, keys in ((b, kb), (c, kc), (d, kd)):
+        k = common_full_blocks(a, other, bs)
+        assert keys[:k] == ka[:k]
+        assert all(x != y for x, y in zip(keys[k:], ka[k:], strict=True))  # B's block 3: A's tokens, another key
+    # In a run: each arrives once A is done, and hits exactly the blocks it has in common with A (never its last
+    # token's block: at most (16 - 1) // 4 = 3 blocks).
+    reqs = [Request(0, 0, 16, 2, tokens=tuple(a))] + [Request(i, 10 * i, 16, 2, tokens=tuple(t))
+                                                      for i, t in enumerate((b, c, d), 1)]
+    sim = Simulator(SimConfig(num_blocks=32, block_size=bs), reqs).run()
+    want = [0] + [min(common_full_blocks(a, t, bs), (16 - 1) // bs) * bs for t in (b, c, d)]
+    assert [q.hit_tokens for q in sim.reqs] == want == [0, 8, 4, 12]
+
+
+def test_a_shared_prefix_given_by_its_group_keys_the_same_blocks_as_the_same_tokens_given():
+    # Stand-in tokens: group 0's first 12 tokens are one run of tokens; what follows is each request's own.
+    bs = 4
+    g1, g2 = Request(0, 0, 14, 2, prefix_group=0, prefix_len=12), Request(1, 0, 14, 2, prefix_group=0, prefix_len=12)
+    other = Request(2, 0, 14, 2, prefix_group=1, prefix_len=12)
+    k1, k2, k3 = block_keys(g1, bs), block_keys(g2, bs), block_keys(other, bs)
+    assert k1[:3] == k2[:3] and k1[3] != k2[3]  # block 3 holds tokens 12..15: each request's own
+    assert not set(k1) & set(k3)  # another group shares nothing
+    assert len(set(k1)) == len(k1) == (14 + 2) // bs  # one request's blocks never collide with each other
+
+
+def test_given_tokens_must_be_the_prompts():
+    with pytest.raises(ValueError):
+        Request(0, 0, 4, 1, tokens=(1, 2, 3))
+    with pytest.raises(ValueError):
+        Request(0, 0, 2, 1, tokens=(1, -5))
 
 
 def test_a_hit_never_covers_the_whole_prompt():

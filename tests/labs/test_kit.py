@@ -15,6 +15,7 @@ from app.errors import BadInput, Expired, Forbidden, NotFound
 from app.labs.kit import CODE, PIN_PREFIX, check_code
 from app.labs.speculative import SpecAsk
 from app.model.loading import ModelRegistry
+from app.quota import Requester
 from app.settings import Settings
 from app.state import AppState
 
@@ -117,7 +118,7 @@ def test_pinned_results_equal_their_labs_json(tiny, tmp_path):
     form = {"model": "builtin", "source": "prompt", "prompt": "the cat sat on the", "steps": 3,
             "policies": ["window", "streaming"]}
     lm, req = st.arena.prepare(**{"budget_kind": "percent", "budget": 25.0} | form)
-    run = st.arena.run(lm, req, owner="a", address="10.0.0.2")
+    run = st.arena.run(lm, req, who=Requester("a", "10.0.0.2"))
     arena = st.arena.view(lm, run)
     pins = {"heads": st.kit.pin("heads", name="roles", owner="a", model="builtin"),
             "spec": st.kit.pin("spec", name="spec", owner="a", run_id=spec["run_id"]),

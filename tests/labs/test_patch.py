@@ -11,6 +11,7 @@ from app.i18n import translate
 from app.labs.patch import PatchLab, PatchLimits, result_bytes
 from app.model.loading import ModelRegistry
 from app.model.patching import Patcher, patch_map
+from app.quota import Requester
 from app.settings import Settings
 from app.state import AppState
 from tests.numerics import thread_close
@@ -62,7 +63,7 @@ def test_an_answer_of_several_tokens_is_scored_by_its_first(lab, distil):
 
 def test_the_lab_run_is_the_engine_s_map_and_tells_its_progress(lab, distil):
     lm, req = lab.prepare(model="distilgpt2", **CAPITAL, kind="mlp")
-    job = lab.submit(lm, req, owner="a", address="x")
+    job = lab.submit(lm, req, who=Requester("a", "x"))
     result = lab.line.wait(job, "a")
     direct = Patcher(distil.model, distil.adapter, req.setup())
     clean, corrupted = direct.baselines()
@@ -76,8 +77,8 @@ def test_the_lab_run_is_the_engine_s_map_and_tells_its_progress(lab, distil):
 
 def test_an_identical_request_is_answered_from_the_finished_maps(lab):
     lm, req = lab.prepare(model="distilgpt2", **CAPITAL)
-    first = lab.line.wait(lab.submit(lm, req, owner="a", address="x"), "a")
-    again = lab.submit(lm, req, owner="b", address="y")
+    first = lab.line.wait(lab.submit(lm, req, who=Requester("a", "x")), "a")
+    again = lab.submit(lm, req, who=Requester("b", "y"))
     assert again.cached and again.result is first
     _, other = lab.prepare(model="distilgpt2", **CAPITAL, direction="noise")
     assert lab.cached(lm, other) is None
@@ -90,7 +91,7 @@ def test_finished_maps_stay_within_their_byte_budget(patch_state, distil):
         kept = []
         for kind in ("resid", "attn", "mlp"):
             lm, req = lab.prepare(model="distilgpt2", **CAPITAL, kind=kind)
-            result = lab.line.wait(lab.submit(lm, req, owner="a", address="x"), "a")
+            result = lab.line.wait(lab.submit(lm, req, who=Requester("a", "x")), "a")
             kept.append((req, result_bytes(result)))
             assert lab.line.cached_bytes() <= 400
         assert kept[0][1] == 6 * 5 * 4 + 64  # (6 blocks × 5 positions) float32 and the rest
@@ -122,7 +123,7 @@ def test_a_map_that_cannot_finish_within_its_time_is_refused_before_it_queues(la
     plan = req.plan(lm, lab.limits.patch_max_batch_rows)
     assert len(req.clean) == 64 and len(plan) == req.forwards(lm, lab.limits.patch_max_batch_rows) == 2 + 2
     assert lab.estimate_s(lm, req) is None  # nothing measured yet: nothing to refuse on
-    done = lab.line.wait(lab.submit(lm, req, owner="a", address="x"), "a")
+    done = lab.line.wait(lab.submit(lm, req, who=Requester("a", "x")), "a")
     need = lab.estimate_s(lm, req)
     measured = lab.pace._seconds["builtin"]
     assert need == sum(measured[size] for size in plan)  # the measured forwards of those sizes, added up
@@ -130,11 +131,11 @@ def test_a_map_that_cannot_finish_within_its_time_is_refused_before_it_queues(la
     ended = lab.line.stats()["ended"]
     _, noise = lab.prepare(**LONG_MAP, direction="noise")  # the same forwards, not finished
     with pytest.raises(BadInput) as refused:
-        lab.submit(lm, noise, owner="b", address="y")
+        lab.submit(lm, noise, who=Requester("b", "y"))
     assert refused.value.key == "err.patch.too_slow" and refused.value.params["forwards"] == 4
     assert refused.value.params["seconds"] == f"{need:,.0f}" and refused.value.params["limit"] == f"{need / 2:g}"
     assert lab.line.stats()["ended"] == ended and lab.line.stats()["queued"] == 0  # nothing queued
-    again = lab.submit(lm, req, owner="b", address="y")  # finished already: answered at once
+    again = lab.submit(lm, req, who=Requester("b", "y"))  # finished already: answered at once
     assert again.cached and again.result is done
     _, short = lab.prepare(**(LONG_MAP | {"clean": "ab", "corrupted": "ac"}))  # 2 tokens: far smaller forwards
     assert lab.estimate_s(lm, short) < need / 2
@@ -151,7 +152,7 @@ def test_a_map_whose_forwards_were_never_measured_ends_once_what_is_left_cannot_
     lab = PatchLab(registry=patch_state.registry, limits=PatchLimits.of(patch_state.settings), line=line)
     try:
         lm, req = lab.prepare(**LONG_MAP)
-        job = lab.submit(lm, req, owner="a", address="x")
+        job = lab.submit(lm, req, who=Requester("a", "x"))
         assert line.wait_idle(120)
         assert job.status == FAILED and job.error.key == "err.patch.too_slow"
         assert job.progress == {"done": 3, "total": 4}  # the baselines and one patched forward, no more

@@ -8,6 +8,7 @@ import pytest
 from app.errors import BadInput
 from app.labs.prefix import PROMPT_SEPARATOR, parse_block_size, split_prompts
 from app.model.loading import ModelRegistry
+from app.quota import Requester
 from app.settings import Settings
 from app.state import AppState
 
@@ -33,13 +34,13 @@ def test_block_size_is_auto_or_one_of_the_sizes():
 def test_each_browser_gets_its_own_lab_and_a_stranger_sees_an_empty_one(tiny):
     state = lab_state(tiny)
     lab = state.prefix.run(model=None, preset="system", prompts=None, block_size="auto", num_blocks=None, salt=None,
-                           owner="alice")
+                           who=Requester("alice"))
     assert lab.totals.requests == 3 and lab.totals.requests_hit == 2  # the 2nd and 3rd reuse the system prompt
     assert state.prefix.peek("alice") is lab and state.prefix.peek("bob").cache is None
     assert state.prefix_labs.stats()["items"] == 1  # peeking made nothing for bob
     # The bytes the cache holds are admitted against the server's budget.
     assert state.prefix_labs.stats()["bytes"] == lab.cache.page_bytes * lab.cache.pool.num_blocks
-    state.prefix.reset("alice")
+    state.prefix.reset(Requester("alice"))
     assert state.prefix_labs.stats()["bytes"] == 0 and state.prefix.peek("alice").cache is None
 
 
@@ -49,7 +50,7 @@ def test_the_labs_limits_are_the_settings(tiny):
 
     def run(preset="custom", prompts=("abc",), block_size="auto", num_blocks=None, salt=None):
         return state.prefix.run(model=None, preset=preset, prompts=list(prompts), block_size=block_size,
-                                num_blocks=num_blocks, salt=salt, owner="carol")
+                                num_blocks=num_blocks, salt=salt, who=Requester("carol"))
 
     with pytest.raises(BadInput, match="At most 2 prompts"):
         run(preset="system")  # three prompts

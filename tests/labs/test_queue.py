@@ -7,6 +7,7 @@ import threading
 import time
 
 from app.labs.queue import DONE, RUNNING, Job, LabQueue, is_partial
+from app.quota import Requester
 
 
 def make_line() -> LabQueue:
@@ -23,13 +24,13 @@ def test_a_partial_result_is_kept_for_its_link_but_a_new_request_runs_afresh():
         return {"n": len(runs), "partial": {"reason": "time"} if len(runs) == 1 else None}
 
     try:
-        first = line.submit(work, key="k", owner="a")
+        first = line.submit(work, key="k", who=Requester("a"))
         assert line.wait(first, "a")["n"] == 1
         assert is_partial(line.peek("k"))  # the page that followed it can show it
         assert line.snapshot(first, "a")["partial"] == {"reason": "time"}
-        second = line.submit(work, key="k", owner="a")
+        second = line.submit(work, key="k", who=Requester("a"))
         assert not second.cached and line.wait(second, "a")["n"] == 2  # run again, not answered by the partial one
-        third = line.submit(work, key="k", owner="a")
+        third = line.submit(work, key="k", who=Requester("a"))
         assert third.cached and third.result["n"] == 2  # a whole result answers at once
         assert runs == [1, 1]
     finally:
@@ -93,13 +94,13 @@ def test_a_waiting_runs_estimate_follows_the_lines_measured_pace():
                     max_run_s=600.0, clock=clock)
     try:
         quiet = [threading.Event()]
-        first = line.submit(stepped_work(quiet, 5), owner="a", units=5, rate_key="m")
+        first = line.submit(stepped_work(quiet, 5), who=Requester("a"), units=5, rate_key="m")
         clock.now += 5  # 5 units in 5 s: the learned rate is 1 s per unit
         quiet[0].set()
         assert line.wait(first, "a") is not None and line._rates["m"] == 1.0
         go = [threading.Event() for _ in range(5)]
-        running = line.submit(stepped_work(go, 2), owner="a", units=10, rate_key="m")
-        waiting = line.submit(stepped_work([], 0), owner="b", units=10, rate_key="m")
+        running = line.submit(stepped_work(go, 2), who=Requester("a"), units=10, rate_key="m")
+        waiting = line.submit(stepped_work([], 0), who=Requester("b"), units=10, rate_key="m")
         wait_for(lambda: running.status == RUNNING)
         clock.now += 20  # the server got busy: 2 units in 20 s
         go[0].set()
@@ -123,8 +124,8 @@ def test_a_waiting_run_of_another_kind_is_slowed_as_the_running_one_is():
     go = [threading.Event() for _ in range(2)]
     try:
         line._rates.update({"m": 1.0, "other": 3.0})  # learned on a quiet server
-        running = line.submit(stepped_work(go, 5), owner="a", units=10, rate_key="m")
-        waiting = line.submit(stepped_work([], 0), owner="b", units=4, rate_key="other")
+        running = line.submit(stepped_work(go, 5), who=Requester("a"), units=10, rate_key="m")
+        waiting = line.submit(stepped_work([], 0), who=Requester("b"), units=4, rate_key="other")
         wait_for(lambda: running.status == RUNNING)
         clock.now += 10  # half done in 10 s: twice as slow as learned (its own pace in full at half)
         go[0].set()

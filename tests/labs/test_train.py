@@ -9,6 +9,7 @@ from safetensors import safe_open
 from app.errors import BadInput
 from app.labs.train import TrainingJob, TrainLimits, make_spec
 from app.model.builtin import article_corpus_text
+from app.quota import Requester
 from app.settings import Settings
 from app.training.builtin import ARTICLE_CONFIG, train_tiny
 from app.training.trainer import train
@@ -74,8 +75,8 @@ def test_stopping_keeps_the_old_models_and_resume_finishes_the_same_run(lab, lab
 
 
 def test_runs_wait_their_turn_each_browser_sees_its_place_and_stops_only_its_own(lab):
-    first = lab.submit(make_spec(steps=2000), owner="browser-a")
-    second = lab.submit(make_spec(steps=3), owner="browser-b")
+    first = lab.submit(make_spec(steps=2000), who=Requester("browser-a"))
+    second = lab.submit(make_spec(steps=3), who=Requester("browser-b"))
     wait_for_steps(lab, 1)
     seen_by_b = lab.status(owner="browser-b")
     assert seen_by_b["job"] == first.payload.id and seen_by_b["status"] == "running" and not seen_by_b["yours"]
@@ -97,10 +98,10 @@ def test_runs_wait_their_turn_each_browser_sees_its_place_and_stops_only_its_own
 
 
 def test_a_browsers_new_run_replaces_its_earlier_one_and_runs_finish_in_order(lab):
-    replaced = lab.submit(make_spec(steps=2000), owner="browser-a")
+    replaced = lab.submit(make_spec(steps=2000), who=Requester("browser-a"))
     wait_for_steps(lab, 1)
-    newer = lab.submit(make_spec(steps=2), owner="browser-a")  # the same browser: the earlier run stops
-    other = lab.submit(make_spec(steps=2), owner="browser-b")
+    newer = lab.submit(make_spec(steps=2), who=Requester("browser-a"))  # the same browser: the earlier run stops
+    other = lab.submit(make_spec(steps=2), who=Requester("browser-b"))
     assert lab.wait(timeout=300)
     assert replaced.payload.status == "stopped" and replaced.status == "stopped"
     assert newer.payload.status == "done" and other.payload.status == "done"

@@ -120,6 +120,6 @@ def test_a_long_prompts_step_row_over_every_cached_position_equals_a_float64_rec
             assert row.shape == (a.n_head, T) and T >= 1500
             q = full.q(layer)[0, :, -1].double()  # (H, Dh): the newest token's query
             k = full.k(layer)[0].double()[list(a.kv_map)]  # (H, T, Dh): every cached key, per query head
-            want = torch.softmax((k @ q[..., None])[..., 0] * a.spec(layer).scale, dim=-1)
+            want = torch.softmax((k @ q[..., None])[..., 0] * a.attention(layer).scale, dim=-1)
             assert torch.allclose(row.double(), want, atol=1e-5)
     assert s.steps[0].logits.shape == (lm.model.config.vocab_size,)

@@ -276,11 +276,11 @@ def test_gemma3_layers_read_their_window_scale_and_rotary_base_from_the_config(f
     a, c = family_models["gemma3"].adapter, family_models["gemma3"].model.config
     assert a.attention_kind == "MQA" and a.kv_map == (0,) * c.num_attention_heads
     for i, kind in enumerate(c.layer_types):
-        spec = a.spec(i)
-        assert spec.window == (c.sliding_window if kind == "sliding_attention" else None)
-        assert spec.rope_base == c.rope_parameters[kind]["rope_theta"]
-        assert spec.scale == c.query_pre_attn_scalar**-0.5 != a.head_dim**-0.5
-    assert {a.spec(i).rope_base for i in range(a.n_layer)} == {10_000.0, 1_000_000.0}
+        att = a.attention(i)
+        assert att.window == (c.sliding_window if kind == "sliding_attention" else None)
+        assert att.rope_base == c.rope_parameters[kind]["rope_theta"]
+        assert att.scale == c.query_pre_attn_scalar**-0.5 != a.head_dim**-0.5
+    assert {a.attention(i).rope_base for i in range(a.n_layer)} == {10_000.0, 1_000_000.0}
 
 
 def test_gemma3_rotation_of_each_layer_matches_transformers_own_function(family_models):

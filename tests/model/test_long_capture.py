@@ -35,12 +35,12 @@ def _long(lm, ids):
 def _f64_weights(trace, layer: int) -> torch.Tensor:
     """(H, T, Tk) float64 softmax of the masked scores, written here from the trace's q and k."""
     a = trace.adapter
-    spec = a.spec(layer)
+    att = a.attention(layer)
     q = trace.q(layer)[0].double()
     k = trace.keys(layer)[0].double()[list(a.kv_map)]  # (H, Tk, Dh): each query head's KV head
-    s = q @ k.transpose(-1, -2) * spec.scale
-    if spec.softcap:
-        s = torch.tanh(s / spec.softcap) * spec.softcap
+    s = q @ k.transpose(-1, -2) * att.scale
+    if att.softcap:
+        s = torch.tanh(s / att.softcap) * att.softcap
     return torch.softmax(s.masked_fill(~trace.causal_mask(layer), float("-inf")), dim=-1)
 
 
@@ -50,10 +50,10 @@ def test_kernel_log_sum_exp_equals_the_full_logsumexp_of_the_masked_scores(any_m
     for layer in range(lm.adapter.n_layer):
         full = torch.logsumexp(trace.masked_scores(layer), dim=-1)  # (1, H, T): -inf where masked
         assert (trace.lse(layer) - full).abs().max() < 1e-5
-        spec = lm.adapter.spec(layer)
+        att = lm.adapter.attention(layer)
         _, chunked = attention.attend_chunked(trace.q(layer), trace.k(layer), trace.v(layer),
                                               ok=trace.causal_mask(layer), kv_map=lm.adapter.kv_map,
-                                              scale=spec.scale, softcap=spec.softcap, chunk=5)
+                                              scale=att.scale, softcap=att.softcap, chunk=5)
         assert (chunked - full).abs().max() < 1e-5
 
 

@@ -10,32 +10,30 @@ from contextlib import contextmanager
 
 import pytest
 
-from app.admission import current_address
 from app.errors import BadInput, Busy, Expired
 from app.labs.decode import DecodeLab
 from app.model.sampling import Sampling
 from app.model.sessions import SessionStore, step_growth
-from app.quota import Caps, current_request
+from app.quota import Caps, Requester, current_request
 from tests.conftest import make_state
 
 A, B = "10.0.0.66", "10.0.0.7"
 
 
 @contextmanager
-def request(address: str) -> Iterator[None]:
-    """What the owner-cookie middleware sets for one request: its mark and its address."""
-    tokens = current_request.set(object()), current_address.set(address)
+def request() -> Iterator[None]:
+    """What the owner-cookie middleware marks one request with (who is asking travels as its ``Requester``)."""
+    token = current_request.set(object())
     try:
         yield
     finally:
-        current_request.reset(tokens[0])
-        current_address.reset(tokens[1])
+        current_request.reset(token)
 
 
 def prefilled(store: SessionStore, lm, ids: list[int], owner: str, address: str):
     """A session made and prefilled in one request, as DecodeLab does (``_prefilled``)."""
-    with request(address):
-        session = store.create(lm, ids, Sampling(), owner=owner)
+    with request():
+        session = store.create(lm, ids, Sampling(), who=Requester(owner, address))
         with store.hold(session.id, owner), store.room(session, len(ids)):
             session.prefill()
     return session
@@ -44,13 +42,14 @@ def prefilled(store: SessionStore, lm, ids: list[int], owner: str, address: str)
 def test_a_session_whose_step_is_running_is_never_reclaimed(settings, tiny):
     st = make_state(settings.with_(max_sessions=1, max_sessions_per_browser=1, address_share=1.0), tiny)
     lab: DecodeLab = st.decode
-    with request(A):
-        student = lab.start_session(model=None, prompt="The cat sat on", sampling=Sampling(), owner="student")
+    with request():
+        student = lab.start_session(model=None, prompt="The cat sat on", sampling=Sampling(),
+                                    who=Requester("student", A))
     st.sessions.quota.protect_s = 0.0  # only "in use" protects here
     stepped: list = []
 
     def step():  # a click on Step: it holds the session, then waits for the model (held by this test)
-        with request(A):
+        with request():
             stepped.append(lab.step(student.id, "student"))
 
     st.model_lock.acquire()
@@ -61,8 +60,8 @@ def test_a_session_whose_step_is_running_is_never_reclaimed(settings, tiny):
         while st.sessions._slots[student.id].holders == 0:
             assert time.monotonic() < deadline, "the step never took the session"
             time.sleep(0.005)
-        with request(B), pytest.raises(Busy) as refused:  # a newcomer at the server's cap
-            lab.start_session(model=None, prompt="The dog", sampling=Sampling(), owner="newcomer")
+        with request(), pytest.raises(Busy) as refused:  # a newcomer at the server's cap
+            lab.start_session(model=None, prompt="The dog", sampling=Sampling(), who=Requester("newcomer", B))
         assert refused.value.key == "limits.sessions_full" and refused.value.retry_after >= 1
         assert student.id in st.sessions._live
     finally:
@@ -70,14 +69,14 @@ def test_a_session_whose_step_is_running_is_never_reclaimed(settings, tiny):
     clicker.join(60)
     assert stepped and stepped[0]["index"] == 1  # the student's step finished, with its session whole
     tokens = list(student.ids)  # its prompt and the token the step chose
-    with request(B):  # idle now: it may go
-        fresh = lab.start_session(model=None, prompt="The dog", sampling=Sampling(), owner="newcomer")
+    with request():  # idle now: it may go
+        fresh = lab.start_session(model=None, prompt="The dog", sampling=Sampling(), who=Requester("newcomer", B))
     assert set(st.sessions._live) == {fresh.id} and st.sessions.stats()["reclaimed"] == 1
-    with request(A), pytest.raises(Expired) as gone:
+    with request(), pytest.raises(Expired) as gone:
         lab.step(student.id, "student")
     assert gone.value.key == "err.session.reclaimed"
-    with request(A):
-        again = lab.rebuild_session(student.id, "student")  # one call rebuilds it from its tokens
+    with request():
+        again = lab.rebuild_session(student.id, Requester("student", A))  # one call rebuilds it from its tokens
     assert again.prompt_ids == tokens
 
 
@@ -117,7 +116,7 @@ def test_a_lone_address_may_use_the_whole_budget_and_gives_back_what_it_borrowed
     store = store_for(tiny, max_bytes=cap, share=0.5)
     assert store.limits.per_address_bytes < big.nbytes() < store.limits.max_bytes
     mine = prefilled(store, tiny, list(range(1, tiny.max_positions - 1)), "big", A)
-    with request(A), store.hold(mine.id, "big"):  # a request of its own browser uses it: protected for ``protect_s``
+    with request(), store.hold(mine.id, "big"):  # a request of its own browser uses it: protected for ``protect_s``
         pass
     assert mine.id in store._live and store._slots[mine.id].used
     small = prefilled(store, tiny, [1, 2, 3, 4], "newcomer", B)  # fits beside it: nothing goes
@@ -125,7 +124,7 @@ def test_a_lone_address_may_use_the_whole_budget_and_gives_back_what_it_borrowed
     free = store.limits.max_bytes - store.stats()["bytes"]
     n_new = next(n for n in range(1, 10**6) if step_growth(small, n) > free)  # a little more than is free
     assert store.stats()["bytes"] - mine.nbytes() + step_growth(small, n_new) <= store.limits.per_address_bytes
-    with request(B), store.hold(small.id, "newcomer"), store.room(small, n_new):
+    with request(), store.hold(small.id, "newcomer"), store.room(small, n_new):
         pass  # B's claim, within its share, takes the borrowed bytes back
     assert mine.id not in store._live and store.stats()["reclaimed"] == 1
     with pytest.raises(Expired) as gone:
@@ -140,7 +139,7 @@ def test_a_browser_over_its_share_cannot_take_protected_bytes_from_another_over_
     big = prefilled(probe, tiny, list(range(1, tiny.max_positions - 1)), "big", A)
     store = store_for(tiny, max_bytes=3 * big.nbytes() // 2, share=0.5)
     first = prefilled(store, tiny, list(range(1, tiny.max_positions - 1)), "a", A)
-    with request(A), store.hold(first.id, "a"):
+    with request(), store.hold(first.id, "a"):
         pass
     with pytest.raises(Busy) as refused:
         prefilled(store, tiny, list(range(1, tiny.max_positions - 1)), "b", B)
@@ -165,7 +164,7 @@ def test_browsers_that_keep_stepping_are_never_refused_for_their_own_step_record
     sessions = [prefilled(store, tiny, prompt, f"browser-{i}", A) for i in range(3)]
     for _ in range(rounds):
         for i, session in enumerate(sessions):
-            with request(A), store.hold(session.id, f"browser-{i}") as held, store.room(held, 1):
+            with request(), store.hold(session.id, f"browser-{i}") as held, store.room(held, 1):
                 held.step()
             assert store.stats()["bytes"] <= store.limits.max_bytes
     assert all(len(s.steps) == rounds + 1 for s in sessions)  # every step got through

@@ -53,7 +53,7 @@ def test_pooled_row_is_a_float64_recompute_from_q_and_k_max_pooled_the_same_way(
         at = i32(view["at"]).reshape(a.n_head, n)
         q = full.q(layer)[0, :, -1].double()  # (H, Dh): the newest token's query
         k = full.k(layer)[0].double()  # (H, T, Dh): every cached key (GPT-2: one KV head per query head)
-        want_row = torch.softmax((k @ q[..., None])[..., 0] * a.spec(layer).scale, dim=-1)  # (H, T)
+        want_row = torch.softmax((k @ q[..., None])[..., 0] * a.attention(layer).scale, dim=-1)  # (H, T)
         padded = torch.cat((want_row, want_row.new_full((a.n_head, n * f - T), -1.0)), -1)
         want = padded.view(a.n_head, n, f).amax(-1).numpy()
         assert np.allclose(got, want, rtol=0, atol=1e-5), layer

@@ -68,7 +68,7 @@ def test_the_score_scale_and_window_are_each_layers_own(fixture, root, distil, f
     assert scores and all(translate(r["explain_key"], **r["explain_params"]).count(f"1/√{root})") for r in scores)
     masks = {int(r["name"].split(".")[1]): r for r in rows if r["op"] == "attn.masked_scores"}
     for layer, row in masks.items():
-        window = lm.adapter.spec(layer).window
+        window = lm.adapter.attention(layer).window
         assert row["explain_key"].endswith(".sliding" if window else ".causal")
         assert (f" {GEMMA3_WINDOW} " in translate(row["explain_key"], **row["explain_params"])) == (window is not None)
     if fixture == "gemma3":

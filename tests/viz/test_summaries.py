@@ -26,11 +26,11 @@ PROMPT = "The cat sat on the mat because it was tired of standing, and the dog l
 def _f64(trace, layer: int) -> torch.Tensor:
     """(H, T, T) float64 softmax of q·kᵀ·scale with the causal (and window) mask, from the trace's q and k."""
     a = trace.adapter
-    spec = a.spec(layer)
+    att = a.attention(layer)
     q, k = trace.q(layer)[0].double(), trace.k(layer)[0].double()[list(a.kv_map)]
-    s = q @ k.transpose(-1, -2) * spec.scale
-    if spec.softcap:
-        s = torch.tanh(s / spec.softcap) * spec.softcap
+    s = q @ k.transpose(-1, -2) * att.scale
+    if att.softcap:
+        s = torch.tanh(s / att.softcap) * att.softcap
     return torch.softmax(s.masked_fill(~trace.causal_mask(layer), float("-inf")), dim=-1)
 
 

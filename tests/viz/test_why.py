@@ -40,7 +40,7 @@ def _check(trace):
         j = w["key"]
         parts = torch.tensor([p["value"] for p in w["parts"]], dtype=torch.float64)
         assert abs(float(parts.sum()) - w["score"]) < TOL  # the parts sum to the score
-        if a.spec(layer).softcap is None:  # the trace's own raw score of this (query, key)
+        if a.attention(layer).softcap is None:  # the trace's own raw score of this (query, key)
             assert abs(float(trace.scores(layer, head)[0, 0, pos, j]) - w["score"]) < TOL
         mags = parts.abs()
         assert mags[w["deciding"][0]] == mags.max()  # the first named part is the largest
@@ -54,7 +54,7 @@ def _check(trace):
         kv = a.kv_map[head]
         q_pre = trace.prerope_row(layer, "q", head, pos).double()
         k_pre = trace.prerope_row(layer, "k", kv, j).double()
-        scale = a.spec(layer).scale
+        scale = a.attention(layer).scale
         assert abs(float(q_pre @ k_pre) * scale - w["content"]) < TOL  # content only = q·k of the unrotated vectors
         assert abs(w["content"] + w["position"] - w["score"]) < TOL
         content = torch.tensor([p["content"] for p in w["parts"]], dtype=torch.float64)
@@ -62,7 +62,7 @@ def _check(trace):
         # Each pair again, by hand: θ_p = base^(−2p/Dh) from the layer's rotary base, the pre-rope pair turned by
         # pos·θ_p (q at the query's position, k at the key's), then the 2-d dot product.
         half = a.head_dim // 2
-        base = a.spec(layer).rope_base
+        base = a.attention(layer).rope_base
         theta = base ** (-torch.arange(half, dtype=torch.float64) * 2 / a.head_dim)
         for p in range(half):
             assert abs(w["parts"][p]["theta"] - float(theta[p])) < 1e-6 * max(1.0, float(theta[p]))

@@ -176,7 +176,7 @@ def test_llama_70b_on_one_80gb_gpu_says_the_weights_do_not_fit_and_which_tp_does
     assert f"{body['kv_shortfall'] / GiB:.2f}" == "59.42" and body["tp_fit"]["tp"] == 2
     at_2 = client.post("/api/capacity/calculate", json={"model": "llama-3.1-70b", "gpu_memory_gib": 80,
                                                          "tp": 2}).json()
-    assert at_2["weights_fit"] and at_2["num_blocks"] == body["tp_fit"]["num_blocks"] > 0
+    assert at_2["weights_fit"] and at_2["all_layer_blocks"] == body["tp_fit"]["all_layer_blocks"] > 0
 
 
 def test_a_tiny_time_bound_stops_the_simulation_and_the_answer_says_so(settings, tiny):

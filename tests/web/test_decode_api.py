@@ -14,6 +14,7 @@ from app.i18n import translate
 from app.labs.decode import DecodeLimits
 from app.model.sampling import Sampling
 from app.model.sessions import step_growth
+from app.quota import Requester
 
 
 def start(client, **kw):
@@ -107,10 +108,10 @@ def test_at_the_session_cap_a_browser_reclaims_its_own_oldest_and_another_is_tol
 def test_at_the_byte_cap_an_idle_session_is_reclaimed_and_a_held_one_never(state, tiny):
     store = state.sessions
     store.quota.protect_s = 0.0  # here only "in use" protects (the window has its own tests: tests/test_quota.py)
-    first = store.create(tiny, [1, 2, 3], Sampling(), owner="a", address="10.0.0.1")
+    first = store.create(tiny, [1, 2, 3], Sampling(), who=Requester("a", "10.0.0.1"))
     with store.hold(first.id, "a"), store.room(first, 3):
         first.prefill()
-    second = store.create(tiny, [1, 2, 3], Sampling(), owner="b", address="10.0.0.2")
+    second = store.create(tiny, [1, 2, 3], Sampling(), who=Requester("b", "10.0.0.2"))
     need = step_growth(second, 3)
     store.limits.max_bytes = store.stats()["bytes"] + need - 1  # the second's prefill fits only if the first goes
     store.limits.per_address_bytes = None
@@ -186,7 +187,7 @@ def _race_step_and_close(client, state, round_: int, outcomes: dict[int, int]) -
 
 def test_a_session_ended_while_held_is_released_by_its_last_holder(state, tiny):
     store = state.sessions
-    session = store.create(tiny, [1, 2, 3], Sampling(), owner="me")
+    session = store.create(tiny, [1, 2, 3], Sampling(), who=Requester("me"))
     with store.hold(session.id, "me"):
         session.prefill()
         held = session.nbytes()

@@ -87,7 +87,7 @@ def test_a_session_closed_to_make_room_says_so_and_one_click_rebuilds_it(browser
     """The server's one session is reclaimed for another browser while this page's sits idle: the next Step says
     so in a sentence, and the button beside it rebuilds the session from its tokens; stepping goes on."""
     from app.model.sampling import Sampling
-    from app.quota import current_request
+    from app.quota import Requester, current_request
     from tests.conftest import make_state
     from tests.live import browser_page, serve_in_thread
 
@@ -106,7 +106,8 @@ def test_a_session_closed_to_make_room_says_so_and_one_click_rebuilds_it(browser
             time.sleep(0.05)
         token = current_request.set(object())  # another browser's request, in this process
         try:
-            state.decode.start_session(model=None, prompt="A dog", sampling=Sampling(), owner="another browser")
+            state.decode.start_session(model=None, prompt="A dog", sampling=Sampling(),
+                                       who=Requester("another browser"))
         finally:
             current_request.reset(token)
         assert not mine & set(state.sessions._live)

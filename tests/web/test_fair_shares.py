@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from app.admission import LONG, ModelGate, Throttled, current_address, current_owner
 from app.i18n import translate
 from app.owned import OwnedTable
-from app.quota import Caps
+from app.quota import Caps, Requester
 from app.web.main import create_app
 from app.web.security import OWNER_COOKIE, client_address, sign_owner, verified_owner
 from tests.conftest import make_state
@@ -279,7 +279,7 @@ def test_the_address_share_holds_when_many_requests_arrive_at_once():
 
     def one(i: int) -> None:
         start.wait(10)
-        table.create(f"owner-{i}", object, address="10.0.0.66")  # each reclaims the address's oldest idle one
+        table.create(Requester(f"owner-{i}", "10.0.0.66"), object)  # each reclaims the address's oldest idle one
         seen.append(len(table))
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(24)]
@@ -288,7 +288,7 @@ def test_the_address_share_holds_when_many_requests_arrive_at_once():
     for t in threads:
         t.join()
     assert len(table) == 5 and max(seen) <= 5 and table.stats()["reclaimed"] == 24 - 5
-    table.create("someone", object, address="10.0.0.7")  # the server itself is far from full
+    table.create(Requester("someone", "10.0.0.7"), object)  # the server itself is far from full
     assert len(table) == 6
 
 

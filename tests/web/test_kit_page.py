@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.model.loading import ModelRegistry
+from app.quota import Requester
 from app.settings import Settings
 from app.state import AppState
 from app.web.main import create_app
@@ -204,7 +205,7 @@ def _pin_five(tiny, home) -> dict[str, str]:
     codes["spec"] = st.kit.pin("spec", name="spec", owner="teacher", run_id=spec["run_id"]).code
     form = {"model": "builtin", "source": "prompt", "prompt": "the cat sat on", "steps": 2, "policies": ["window"]}
     lm, req = st.arena.prepare(**{"budget_kind": "percent", "budget": 25.0} | form)
-    st.arena.run(lm, req, owner="teacher", address="10.0.0.2")
+    st.arena.run(lm, req, who=Requester("teacher", "10.0.0.2"))
     codes["arena"] = st.kit.pin("arena", name="arena", owner="teacher", arena=form).code
     st.stop_labs()
     return codes

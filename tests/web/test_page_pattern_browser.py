@@ -3,6 +3,8 @@ capacity calculator keeps its view in the URL, and a refusal shows in the page's
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytestmark = pytest.mark.browser
@@ -19,6 +21,9 @@ def test_the_calculator_draws_keeps_its_view_in_the_url_and_shows_a_refusal(page
     assert _text(page, "#r-per-token") == "128 KiB"
     assert _text(page, "#r-page") == "16 × 128 KiB = 2 MiB"
     assert "calc-" not in page.url  # the defaults are not written into the address
+    # The arithmetic's block count is the one vLLM's line prints (Llama: one KV-cache group, one count).
+    n = re.search(r"= ([\d,]+) blocks", _text(page, "#r-blocks")).group(1).replace(",", "")
+    assert int(n) > 0 and f"# GPU blocks: {n} " in _text(page, "#r-vllm")
 
     page.select_option("#calc-block", "32")
     page.wait_for_function("document.getElementById('r-page').textContent.startsWith('32 ×')")

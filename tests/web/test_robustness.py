@@ -20,6 +20,7 @@ from app.i18n import translate
 from app.model.capture import run_traced
 from app.model.sampling import Sampling
 from app.model.store import slim
+from app.quota import Requester
 from app.viz.attention import arithmetic, embedding_rows, grid_thumbnails, head_matrix
 
 
@@ -352,7 +353,7 @@ def test_busy_reaches_the_client_with_retry_after(client, state):
 
 
 def test_expired_and_foreign_ids_look_the_same(state):
-    sid = state.decode.start_session(model="builtin", prompt="The cat", sampling=Sampling(), owner="alice").id
+    sid = state.decode.start_session(model="builtin", prompt="The cat", sampling=Sampling(), who=Requester("alice")).id
     with pytest.raises(Expired) as foreign:
         state.sessions.get(sid, "bob")
     with pytest.raises(Expired) as unknown:

@@ -3,8 +3,13 @@ rule receive, for each form a peer address arrives in from uvicorn."""
 
 from __future__ import annotations
 
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
 from app.labs.kit import is_loopback
-from app.web.security import client_address
+from app.quota import NOBODY
+from app.web.deps import AddressDep, OwnerDep, RequesterDep  # module level: the route's annotations resolve here
+from app.web.security import OWNER_COOKIE, OwnerCookie, client_address, verified_owner
 
 
 def addr(host: str) -> str:
@@ -23,3 +28,26 @@ def test_other_machines_are_not_loopback_whatever_their_form():
     for peer in ("10.0.0.1", "::ffff:10.0.0.1", "2001:db8::1", "::2", "fe80::1"):
         assert not is_loopback(addr(peer)), peer
     assert not is_loopback("::/64") and not is_loopback("testclient") and not is_loopback("local")
+
+
+def test_one_requester_per_request_made_by_the_owner_cookie_and_handed_to_the_route():
+    """The middleware makes the request's ``Requester`` once; a route reads it (``RequesterDep``), and the owner and
+    the address alone (``OwnerDep``, ``AddressDep``) are its parts. Derived a second way: the owner is the id the
+    signed cookie carries, the address ``client_address`` of the test client's peer."""
+    app = FastAPI()
+
+    @app.get("/who")
+    async def who(requester: RequesterDep, owner: OwnerDep, address: AddressDep) -> dict:
+        return {"owner": requester.owner, "address": requester.address, "parts": [owner, address],
+                "type": type(requester).__name__}
+
+    key = b"k" * 32
+    with TestClient(OwnerCookie(app, key)) as client:
+        first = client.get("/who")
+        owner = verified_owner(first.cookies[OWNER_COOKIE], key)
+        again = client.get("/who").json()
+    address = client_address({"client": ("testclient", 50000)})
+    assert first.json() == again == {"owner": owner, "address": address, "parts": [owner, address],
+                                     "type": "Requester"}
+    with TestClient(app) as bare:  # no middleware: nobody (no browser, no address: never counted)
+        assert bare.get("/who").json()["parts"] == [NOBODY.owner, NOBODY.address] == ["", ""]

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from app.model.loading import load_builtin
+from app.quota import Requester
 from app.settings import Settings
 from tests.conftest import make_state
 from tests.live import browser_page, serve_in_thread
@@ -23,7 +24,7 @@ def test_the_page_holds_its_trace_and_says_where_the_button_is_when_it_was_dropp
                         trace_cache_bytes=1, trace_heartbeat_s=0.3)
     st = make_state(settings, load_builtin(tmp_path))
     lm, ids = st.long.prepare(model="builtin", text=LONG_PROMPT)
-    job = st.long.submit(lm, ids, owner="teacher", address="127.0.0.1")
+    job = st.long.submit(lm, ids, who=Requester("teacher", "127.0.0.1"))
     key = st.long.line.wait(job, "teacher", None)["key"]
     with serve_in_thread(st) as url, browser_page(browser, viewport={"width": 1280, "height": 720}) as page:
         page.goto(f"{url}/zoom/{key}")

@@ -16,6 +16,7 @@ from app.i18n import translate
 from app.labs import long as long_lab
 from app.labs.queue import DONE, QUEUED, Stopped
 from app.model.capture import hook_count, run_traced
+from app.quota import Requester
 from app.viz.tokens import visible
 from app.viz.zoom import TILE
 from tests.conftest import make_state
@@ -241,8 +242,8 @@ def test_two_long_captures_take_turns_within_the_budget(settings, distil):
     st.traces.get_or_compute = watching
     st.model_lock.acquire()  # hold the model: the first job waits at its gate, the second in the line
     try:
-        a = st.long.submit(lm, distil.encode(PROMPT), owner="a", address="1")
-        b = st.long.submit(lm, distil.encode("And now " + PROMPT), owner="b", address="2")
+        a = st.long.submit(lm, distil.encode(PROMPT), who=Requester("a", "1"))
+        b = st.long.submit(lm, distil.encode("And now " + PROMPT), who=Requester("b", "2"))
         assert st.long.line.snapshot(b, "b")["event"] == QUEUED
         assert st.long.line.snapshot(b, "b")["place"] == 1
     finally:
@@ -284,7 +285,7 @@ def test_stop_during_a_long_capture_ends_it_and_keeps_nothing(settings, distil):
     try:
         st.model_lock.acquire()  # the job waits at the gate until its id is known here
         try:
-            holder["job"] = st.long.submit(lm, distil.encode(PROMPT), owner="a", address="1")
+            holder["job"] = st.long.submit(lm, distil.encode(PROMPT), who=Requester("a", "1"))
         finally:
             st.model_lock.release()
         assert st.long.line.wait_idle(60)
@@ -318,7 +319,7 @@ def test_head_grid_and_top_keys_equal_a_float64_recompute(client, state):
     for layer in (0, a.n_layer - 1):
         row = client.get(f"/api/traces/{key}/heads/{layer}").json()
         q, k = trace.q(layer)[0].double(), trace.k(layer)[0].double()[list(a.kv_map)]
-        s = (q @ k.transpose(-1, -2) * a.spec(layer).scale).masked_fill(~trace.causal_mask(layer), float("-inf"))
+        s = (q @ k.transpose(-1, -2) * a.attention(layer).scale).masked_fill(~trace.causal_mask(layer), float("-inf"))
         w = torch.softmax(s, dim=-1)  # (H, T, T) float64, written here from q and k
         first = w[:, 1:, 0].mean(-1)
         distance = (w * (i[:, None] - i[None, :])).sum(-1).mean(-1)

@@ -11,7 +11,7 @@ adapter's words:
   derive       per-head q / k / v as attention uses them (after rotation for RoPE models, with the
                pre-rotation q / k beside them), per-head outputs
   cache        ``layer_cache(cache, i)`` -> K, V of transformers' cache, (B, H_kv, T, Dh) each
-  layers       ``spec(i)``: how layer i attends (``LayerSpec``: window, scale, soft-cap, rotary base)
+  layers       ``attention(i)``: how layer i attends (``LayerAttention``: window, scale, soft-cap, rotary base)
   parameters   ``qkv_parameters(config, i)``, ``fused_qkv(config, name)``, ``default_parameter(config)``: which
                parameters are layer i's q/k/v projections and how to cut q, k, v out of a fused one (class
                methods: the training lab reads models it builds itself, without eager attention)
@@ -85,10 +85,10 @@ PATCH_POINTS: dict[str, str] = {
 
 
 @dataclass(frozen=True)
-class LayerSpec:
-    """How one layer attends: what ``attend`` needs besides q, k, v (vLLM keeps one such spec per layer).
+class LayerAttention:
+    """How one layer attends: what ``attend`` needs besides q, k, v (vLLM builds each layer's Attention with the same).
 
-    Most models give every layer the same spec; Gemma 3 alternates sliding-window layers (a short window,
+    Most models give every layer the same; Gemma 3 alternates sliding-window layers (a short window,
     rotary base 10 000) with full-attention ones (base 1 000 000), so the window and the rotary base are per
     layer, never per model.
     """
@@ -213,7 +213,7 @@ class ModelAdapter(ABC):
         self.dtype = next(model.parameters()).dtype
         self.read_sizes(config)
         self.kv_map: tuple[int, ...] = kv_map_for(self.n_head, self.n_kv_head)
-        self.layers: tuple[LayerSpec, ...] = tuple(self.layer_spec(i) for i in range(self.n_layer))
+        self.layers: tuple[LayerAttention, ...] = tuple(self.read_attention(i) for i in range(self.n_layer))
 
     # --- sizes (set by read_sizes) -----------------------------------------------------------------
     n_layer: int
@@ -315,11 +315,11 @@ class ModelAdapter(ABC):
         return x.view(B, T, n_heads or self.n_head, self.head_dim).transpose(1, 2)
 
     # --- attention, per layer ---------------------------------------------------------------------------
-    def layer_spec(self, layer: int) -> LayerSpec:
-        """How ``layer`` attends, read from the config once (at construction); ``spec(i)`` returns it after."""
-        return LayerSpec(scale=self.head_dim**-0.5)
+    def read_attention(self, layer: int) -> LayerAttention:
+        """How ``layer`` attends, read from the config once (at construction); ``attention(i)`` returns it after."""
+        return LayerAttention(scale=self.head_dim**-0.5)
 
-    def spec(self, layer: int) -> LayerSpec:
+    def attention(self, layer: int) -> LayerAttention:
         return self.layers[layer]
 
     def attn_scale(self, layer: int) -> float:
@@ -382,7 +382,7 @@ class ModelAdapter(ABC):
     def forward_through(self, store, ids: list[int]) -> torch.Tensor:
         """Run ``ids`` (the next T tokens) through the model reading and writing K/V via ``store``: logits (T, V).
 
-        Written once for every family, from the block parts above and each layer's ``LayerSpec``; a store's
+        Written once for every family, from the block parts above and each layer's ``LayerAttention``; a store's
         window and the layer's own window both apply (the smaller one wins).
 
         The store contract is ``app.cache.store.KVStore``: ``length`` (tokens stored), ``window`` (None or W),
@@ -406,18 +406,18 @@ class ModelAdapter(ABC):
         observe = getattr(store, "observe", None)
         prerope = getattr(store, "prerope_k", None) if self.rotary else None
         rope: dict[float | None, tuple[torch.Tensor, torch.Tensor]] = {}  # cos/sin per rotary base, made once
-        for i, spec in enumerate(self.layers):
+        for i, att in enumerate(self.layers):
             q, k_pre, v = self.qkv(i, self.attn_in(i, h))  # (1, H, T, Dh), (1, H_kv, T, Dh) x2
-            if self.rotary and spec.rope_base not in rope:
-                rope[spec.rope_base] = self.rope_cos_sin(pos, i)  # (T, Dh) each
-            q, k = self.rotate_qk(i, q, k_pre, pos, rope.get(spec.rope_base))
+            if self.rotary and att.rope_base not in rope:
+                rope[att.rope_base] = self.rope_cos_sin(pos, i)  # (T, Dh) each
+            q, k = self.rotate_qk(i, q, k_pre, pos, rope.get(att.rope_base))
             if prerope is not None:
                 prerope(i, k_pre[0])
             keys, values, kpos = store.attend_kv(i, k[0], v[0])  # (H_kv, Tk, Dh), (H_kv, Tk, Dh), (Tk,)
-            windows = [w for w in (store.window, spec.window) if w]
-            weights, out = attend(q[0], keys, values, q_pos=pos, k_pos=kpos, kv_map=self.kv_map, scale=spec.scale,
+            windows = [w for w in (store.window, att.window) if w]
+            weights, out = attend(q[0], keys, values, q_pos=pos, k_pos=kpos, kv_map=self.kv_map, scale=att.scale,
                                   window=min(windows) if windows else None,
-                                  softcap=spec.softcap)  # (H, T, Tk), (H, T, Dh)
+                                  softcap=att.softcap)  # (H, T, Tk), (H, T, Dh)
             if observe is not None:
                 observe(i, weights)
             merged = out.transpose(0, 1).reshape(1, T, self.n_head * self.head_dim)  # (1, T, H·Dh)

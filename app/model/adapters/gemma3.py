@@ -4,7 +4,7 @@ A Llama-shaped decoder with four differences, all read from the config:
 
   * local and global layers: five of every six layers attend through a sliding window (512 tokens on
     gemma-3-270m, rotary base 10 000), the sixth to everything (rotary base 1 000 000); ``config.layer_types``
-    says which is which, and each layer's ``LayerSpec`` carries its window and base. transformers' cache keeps
+    says which is which, and each layer's ``LayerAttention`` carries its window and base. transformers' cache keeps
     only the last ``window - 1`` K/V of a local layer (the next query's own key makes ``window``).
   * scores scaled by ``query_pre_attn_scalar ** -0.5`` (256 on gemma-3-270m, which is head_dim anyway).
   * embeddings multiplied by √d_model on the way in (the table itself is plain; the tied unembedding reads it as is).
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from app.model.adapters.base import HookPoint, LayerSpec
+from app.model.adapters.base import HookPoint, LayerAttention
 from app.model.adapters.llama import LlamaAdapter
 
 
@@ -42,13 +42,13 @@ class Gemma3Adapter(LlamaAdapter):
         self.qk_norm = True
         self.embed_scale = config.hidden_size**0.5
 
-    def layer_spec(self, layer: int) -> LayerSpec:
+    def read_attention(self, layer: int) -> LayerAttention:
         c = self.config
         kind = c.layer_types[layer]  # "sliding_attention" | "full_attention"
-        return LayerSpec(scale=c.query_pre_attn_scalar**-0.5,
-                         window=c.sliding_window if kind == "sliding_attention" else None,
-                         softcap=getattr(c, "attn_logit_softcapping", None),
-                         rope_base=c.rope_parameters[kind]["rope_theta"])
+        return LayerAttention(scale=c.query_pre_attn_scalar**-0.5,
+                               window=c.sliding_window if kind == "sliding_attention" else None,
+                               softcap=getattr(c, "attn_logit_softcapping", None),
+                               rope_base=c.rope_parameters[kind]["rope_theta"])
 
     # --- hooks -----------------------------------------------------------------------------------
     def hook_points(self) -> list[HookPoint]:
@@ -107,7 +107,7 @@ class Gemma3Adapter(LlamaAdapter):
 
     def _layer_rope(self, layer: int, captured: dict, positions: torch.Tensor, memo: dict):
         """cos, sin (1, T, Dh) of this layer's rotary base (local and global layers differ), each base once."""
-        base = self.spec(layer).rope_base
+        base = self.attention(layer).rope_base
         if base not in memo:
             cos, sin = self.rope_cos_sin(positions, layer)  # (T, Dh)
             memo[base] = cos[None], sin[None]

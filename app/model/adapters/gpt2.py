@@ -15,7 +15,7 @@ import re
 import torch
 from torch import nn
 
-from app.model.adapters.base import FusedQKV, HookPoint, LayerSpec, ModelAdapter
+from app.model.adapters.base import FusedQKV, HookPoint, LayerAttention, ModelAdapter
 
 
 class GPT2Adapter(ModelAdapter):
@@ -115,10 +115,10 @@ class GPT2Adapter(ModelAdapter):
                 out[name[: -len("merged")] + "head_out"] = self.split_heads(tensor)
         return out
 
-    def layer_spec(self, layer: int) -> LayerSpec:
+    def read_attention(self, layer: int) -> LayerAttention:
         config = self.config
         scale = self.head_dim**-0.5 if config.scale_attn_weights else 1.0
-        return LayerSpec(scale=scale / (layer + 1) if config.scale_attn_by_inverse_layer_idx else scale)
+        return LayerAttention(scale=scale / (layer + 1) if config.scale_attn_by_inverse_layer_idx else scale)
 
     # --- block parts: h = wte[ids] + wpe[pos]; ln_1 → c_attn → attend → c_proj; ln_2 → MLP ------------------
     def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

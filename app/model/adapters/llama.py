@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from app.model.adapters.base import HookPoint, LayerSpec, ModelAdapter, apply_rope
+from app.model.adapters.base import HookPoint, LayerAttention, ModelAdapter, apply_rope
 
 
 class LlamaAdapter(ModelAdapter):
@@ -55,12 +55,12 @@ class LlamaAdapter(ModelAdapter):
     def token_table(self) -> torch.Tensor:
         return self.model.get_parameter("model.embed_tokens.weight")  # (V, D)
 
-    def layer_spec(self, layer: int) -> LayerSpec:
+    def read_attention(self, layer: int) -> LayerAttention:
         c = self.config
         sliding = c.model_type == "mistral" or getattr(c, "use_sliding_window", False)  # Qwen: off unless set
         window = getattr(c, "sliding_window", None) if sliding else None
         base = (getattr(c, "rope_parameters", None) or {}).get("rope_theta") or getattr(c, "rope_theta", None)
-        return LayerSpec(scale=self.head_dim**-0.5, window=window, rope_base=base)
+        return LayerAttention(scale=self.head_dim**-0.5, window=window, rope_base=base)
 
     # --- hooks -----------------------------------------------------------------------------------
     def hook_points(self) -> list[HookPoint]:

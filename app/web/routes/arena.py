@@ -16,9 +16,10 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from app.labs.arena import DEFAULT_POLICIES, ArenaLab
+from app.quota import Requester
 from app.viz.labs import arena_progress
 from app.web.cancel import FollowResponse
-from app.web.deps import AddressDep, ArenaDep, OwnerDep, is_htmx
+from app.web.deps import ArenaDep, OwnerDep, RequesterDep, is_htmx
 from app.web.labs import follow_job, wait_job
 from app.web.openapi import Body, errors
 from app.web.render import render
@@ -42,20 +43,20 @@ async def _prepare(lab: ArenaLab, body: ArenaRun):
     return await anyio.to_thread.run_sync(lambda: lab.prepare(**body.model_dump()))
 
 
-async def _run(request: Request, lab: ArenaLab, body: ArenaRun, owner: str, address: str, shown: bool = False):
+async def _run(request: Request, lab: ArenaLab, body: ArenaRun, who: Requester, shown: bool = False):
     """Wait for the run's numbers (from the finished results at once, or after its turn in the line). ``shown``:
     the page showing a run it followed, which may have stopped at the time limit with what it had (partial)."""
     lm, req = await _prepare(lab, body)
     run = lab.cached(lm, req) if shown else None
     if run is None:
-        job = lab.submit(lm, req, owner=owner, address=address)
-        run = await wait_job(request, lab.line, job, owner)
+        job = lab.submit(lm, req, who=who)
+        run = await wait_job(request, lab.line, job, who.owner)
     return lm, (None if run is None else await anyio.to_thread.run_sync(lab.view, lm, run))
 
 
 @router.get("/arena", include_in_schema=False)
 async def read_arena(
-    request: Request, lab: ArenaDep, owner: OwnerDep, address: AddressDep, model: str | None = None,
+    request: Request, lab: ArenaDep, who: RequesterDep, model: str | None = None,
     source: Literal["text", "prompt"] | None = None, prompt: str | None = None, steps: int = 16,
     budget_kind: Literal["percent", "bytes"] = "percent", budget: float = 25.0,
     policies: list[str] = Query(default=list(DEFAULT_POLICIES)), go_on: bool = False,
@@ -67,7 +68,7 @@ async def read_arena(
                     budget=budget, policies=policies, go_on=go_on)
     view, pending = None, False
     if source is not None and is_htmx(request):
-        lm, view = await _run(request, lab, form, owner, address, shown=True)
+        lm, view = await _run(request, lab, form, who, shown=True)
         if view is None:  # the client has gone
             return Response(status_code=204)
     elif source is not None:
@@ -88,7 +89,7 @@ def page_context(page: dict, *, form, view: dict | None = None, oob: bool = Fals
 
 
 @router.post("/api/arena/jobs", tags=["arena"], response_class=FollowResponse, responses=errors(422, 429, 503))
-async def follow_arena_run(request: Request, lab: ArenaDep, owner: OwnerDep, address: AddressDep,
+async def follow_arena_run(request: Request, lab: ArenaDep, who: RequesterDep,
                            body: ArenaRun) -> FollowResponse:
     """Run the arena, followed live: one JSON line per change (``application/x-ndjson``). ``event`` is
     ``queued`` (``place`` in line, ``eta_s``), ``running`` (``progress``: policy i of n, step s of steps;
@@ -97,17 +98,17 @@ async def follow_arena_run(request: Request, lab: ArenaDep, owner: OwnerDep, add
     language. A browser has one run in the line: a new one replaces it. Closing the connection stops the run
     (unless another browser asked for the same). The numbers: ``/api/arena/run`` with the same body, at once."""
     lm, req = await _prepare(lab, body)
-    job = lab.submit(lm, req, owner=owner, address=address)
-    return follow_job(request, lab.line, job, owner, arena_progress)
+    job = lab.submit(lm, req, who=who)
+    return follow_job(request, lab.line, job, who.owner, arena_progress)
 
 
 @router.post("/api/arena/run", tags=["arena"], responses=errors(422, 429, 503))
-async def run_arena_api(request: Request, lab: ArenaDep, owner: OwnerDep, address: AddressDep,
+async def run_arena_api(request: Request, lab: ArenaDep, who: RequesterDep,
                         body: ArenaRun) -> dict:
     """Every chosen policy against full attention on one prompt: per-step KL, agreement, perplexity, attention mass,
     kept maps, bytes held, first divergence (the page's numbers). Waits its turn in the arena's line (an identical
     finished request answers at once); stopped if the client disconnects."""
-    return (await _run(request, lab, body, owner, address))[1] or {}
+    return (await _run(request, lab, body, who))[1] or {}
 
 
 @router.delete("/api/arena/jobs/{job_id}", tags=["arena"])

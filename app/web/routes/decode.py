@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 
 from app.model.sampling import Sampling
-from app.web.deps import DecodeDep, OwnerDep
+from app.web.deps import DecodeDep, OwnerDep, RequesterDep
 from app.web.openapi import Body, errors
 from app.web.render import render
 
@@ -40,11 +40,11 @@ def read_decode_page(request: Request, lab: DecodeDep, prompt: str = "The cat sa
 
 
 @router.post("/api/decode/sessions", tags=["decode"], responses=errors(422, 429, 503))
-def create_session(lab: DecodeDep, owner: OwnerDep, body: StartBody) -> dict:
+def create_session(lab: DecodeDep, who: RequesterDep, body: StartBody) -> dict:
     """Start a session: prefill the prompt, fill the KV cache, choose the first token."""
     sampling = Sampling(mode=body.mode, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
                         seed=body.seed)
-    return lab.start(model=body.model, prompt=body.prompt, sampling=sampling, owner=owner, chat=body.chat,
+    return lab.start(model=body.model, prompt=body.prompt, sampling=sampling, who=who, chat=body.chat,
                      layer=body.layer, width=body.width)
 
 
@@ -92,10 +92,10 @@ def close_session(lab: DecodeDep, owner: OwnerDep, sid: str) -> dict:
 
 
 @router.post("/api/decode/{sid}/rebuild", tags=["decode"], responses=errors(410, 422, 429, 503))
-def create_rebuilt(lab: DecodeDep, owner: OwnerDep, sid: str, body: ViewBody | None = None) -> dict:
+def create_rebuilt(lab: DecodeDep, who: RequesterDep, sid: str, body: ViewBody | None = None) -> dict:
     """Start a new session from an ended one's tokens."""
     body = body or ViewBody()
-    return lab.rebuild(sid, owner, layer=body.layer, width=body.width)
+    return lab.rebuild(sid, who, layer=body.layer, width=body.width)
 
 
 @router.post("/decode/timing", include_in_schema=False)

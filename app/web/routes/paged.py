@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from app.labs.paged import Action
-from app.web.deps import OwnerDep, PagedDep
+from app.web.deps import OwnerDep, PagedDep, RequesterDep
 from app.web.openapi import Body, errors
 from app.web.render import render, request_lang
 
@@ -31,11 +31,11 @@ def read_paged_page(request: Request, lab: PagedDep, model: str | None = None):
 
 
 @router.post("/api/paged/sessions", tags=["paged"], responses=errors(422, 429, 503))
-def create_pool(request: Request, lab: PagedDep, owner: OwnerDep, body: NewPool) -> dict:
+def create_pool(request: Request, lab: PagedDep, who: RequesterDep, body: NewPool) -> dict:
     """A new block pool of ``num_blocks`` blocks of ``block_size`` tokens for the chosen model.
 
     A browser keeps at most a few pools (its oldest goes); the server's pools share one memory budget."""
-    return lab.create(model=body.model, num_blocks=body.num_blocks, block_size=body.block_size, owner=owner,
+    return lab.create(model=body.model, num_blocks=body.num_blocks, block_size=body.block_size, who=who,
                       lang=request_lang(request))
 
 

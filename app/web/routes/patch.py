@@ -17,7 +17,7 @@ from pydantic import Field
 from app.labs.patch import PatchLab
 from app.viz.patch import patch_progress
 from app.web.cancel import FollowResponse
-from app.web.deps import AddressDep, OwnerDep, PatchDep
+from app.web.deps import OwnerDep, PatchDep, RequesterDep
 from app.web.labs import follow_job, wait_job
 from app.web.openapi import Body, errors
 from app.web.render import render
@@ -59,26 +59,26 @@ def read_patch(request: Request, lab: PatchDep, model: str | None = None):
 
 
 @router.post("/api/patch/jobs", tags=["patch"], response_class=FollowResponse, responses=errors(422, 429, 503))
-async def follow_patch_run(request: Request, lab: PatchDep, owner: OwnerDep, address: AddressDep,
+async def follow_patch_run(request: Request, lab: PatchDep, who: RequesterDep,
                            body: PatchRun) -> FollowResponse:
     """Compute a patching map, followed live: one JSON line per change (``application/x-ndjson``). ``event`` is
     ``queued`` (``place``, ``eta_s``), ``running`` (``progress``: forwards ``done`` of ``total``; ``fraction``), then
     ``done`` (``cached``: an identical request had finished), ``stopped``, ``replaced`` or ``failed``; ``text`` says
     it in the request's language. Closing the connection stops the run. The numbers: ``/api/patch/run``."""
     lm, req = await _prepare(lab, body)
-    job = lab.submit(lm, req, owner=owner, address=address)
-    return follow_job(request, lab.line, job, owner, patch_progress)
+    job = lab.submit(lm, req, who=who)
+    return follow_job(request, lab.line, job, who.owner, patch_progress)
 
 
 @router.post("/api/patch/run", tags=["patch"], responses=errors(422, 429, 503))
-async def run_patch_api(request: Request, lab: PatchDep, owner: OwnerDep, address: AddressDep,
+async def run_patch_api(request: Request, lab: PatchDep, who: RequesterDep,
                         body: PatchRun) -> dict:
     """The map: each cell's metric with that activation patched (normalized logit difference or probability), the
     clean and corrupted runs' metrics, the tokens, the answer tokens used. Waits its turn in the lab's line (an
     identical finished request answers at once); stopped if the client disconnects."""
     lm, req = await _prepare(lab, body)
-    job = lab.submit(lm, req, owner=owner, address=address)
-    result = await wait_job(request, lab.line, job, owner)
+    job = lab.submit(lm, req, who=who)
+    result = await wait_job(request, lab.line, job, who.owner)
     if result is None:
         return {}
     return await anyio.to_thread.run_sync(lambda: lab.view(lm, req, result, body.clean))

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Form, Request
 from pydantic import Field
 
 from app.labs.prefix import split_prompts
-from app.web.deps import OwnerDep, PrefixDep, is_htmx
+from app.web.deps import OwnerDep, PrefixDep, RequesterDep, is_htmx
 from app.web.openapi import Body, errors
 from app.web.render import render, request_lang
 
@@ -45,27 +45,27 @@ def read_prefix_page(request: Request, lab: PrefixDep, owner: OwnerDep):
 
 @router.post("/prefix/run", include_in_schema=False)
 def run_prefix_form(
-    request: Request, lab: PrefixDep, owner: OwnerDep,
+    request: Request, lab: PrefixDep, who: RequesterDep,
     model: Annotated[str | None, Form()] = None, preset: Annotated[str, Form()] = "system",
     prompts: Annotated[str | None, Form()] = None, block_size: Annotated[str, Form()] = "auto",
     capacity: Annotated[int | None, Form()] = None, salt: Annotated[str | None, Form()] = None,
 ):
     lab.run(model=model, preset=preset, prompts=split_prompts(prompts), block_size=block_size, num_blocks=capacity,
-            salt=salt, owner=owner)
-    return _page(request, lab, owner)
+            salt=salt, who=who)
+    return _page(request, lab, who.owner)
 
 
 @router.post("/prefix/finish", include_in_schema=False)
-def finish_prefix_form(request: Request, lab: PrefixDep, owner: OwnerDep,
+def finish_prefix_form(request: Request, lab: PrefixDep, who: RequesterDep,
                        request_id: Annotated[int | None, Form()] = None, reason: Annotated[str, Form()] = "finished"):
-    lab.finish(request_id=request_id, reason=reason, owner=owner)
-    return _page(request, lab, owner)
+    lab.finish(request_id=request_id, reason=reason, who=who)
+    return _page(request, lab, who.owner)
 
 
 @router.post("/prefix/reset", include_in_schema=False)
-def reset_prefix_form(request: Request, lab: PrefixDep, owner: OwnerDep):
-    lab.reset(owner)
-    return _page(request, lab, owner)
+def reset_prefix_form(request: Request, lab: PrefixDep, who: RequesterDep):
+    lab.reset(who)
+    return _page(request, lab, who.owner)
 
 
 # --- JSON API ----------------------------------------------------------------------------------------
@@ -83,22 +83,22 @@ def read_prefix_state(request: Request, lab: PrefixDep, owner: OwnerDep) -> dict
 
 
 @router.post("/api/prefix/run", tags=["prefix"], responses=errors(410, 422, 429, 503))
-def run_prefix(request: Request, body: RunBody, lab: PrefixDep, owner: OwnerDep) -> dict:
+def run_prefix(request: Request, body: RunBody, lab: PrefixDep, who: RequesterDep) -> dict:
     """Finish the previous run, then prefill a preset's prompts (or yours) through the prefix cache."""
     lab.run(model=body.model, preset=body.preset, prompts=body.prompts, block_size=body.block_size,
-            num_blocks=body.capacity, salt=body.salt, owner=owner)
-    return lab.view(owner, request_lang(request))
+            num_blocks=body.capacity, salt=body.salt, who=who)
+    return lab.view(who.owner, request_lang(request))
 
 
 @router.post("/api/prefix/finish", tags=["prefix"], responses=errors(404, 410, 422, 429, 503))
-def finish_prefix(request: Request, body: FinishBody, lab: PrefixDep, owner: OwnerDep) -> dict:
+def finish_prefix(request: Request, body: FinishBody, lab: PrefixDep, who: RequesterDep) -> dict:
     """End (or cancel) one running request or all of them: their blocks are released tail first."""
-    lab.finish(request_id=body.request_id, reason=body.reason, owner=owner)
-    return lab.view(owner, request_lang(request))
+    lab.finish(request_id=body.request_id, reason=body.reason, who=who)
+    return lab.view(who.owner, request_lang(request))
 
 
 @router.post("/api/prefix/reset", tags=["prefix"], responses=errors(410, 429, 503))
-def reset_prefix(request: Request, lab: PrefixDep, owner: OwnerDep) -> dict:
+def reset_prefix(request: Request, lab: PrefixDep, who: RequesterDep) -> dict:
     """Empty this browser's prefix cache (other browsers' labs are their own)."""
-    lab.reset(owner)
-    return lab.view(owner, request_lang(request))
+    lab.reset(who)
+    return lab.view(who.owner, request_lang(request))

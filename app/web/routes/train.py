@@ -15,7 +15,7 @@ from app.training.builtin import ARTICLE_CONFIG
 from app.viz.labs import train_progress
 from app.viz.training import SCRIPT_STRINGS, loss_figure, param_figures
 from app.web.cancel import FollowResponse
-from app.web.deps import AddressDep, OwnerDep, TrainingDep
+from app.web.deps import OwnerDep, RequesterDep, TrainingDep
 from app.web.labs import follow_job
 from app.web.openapi import Body, errors
 from app.web.render import render, request_lang
@@ -59,35 +59,35 @@ def read_train_result(request: Request, lab: TrainingDep, owner: OwnerDep):
 
 
 @router.post("/api/train/jobs", tags=["train"], response_class=FollowResponse, responses=errors(422, 429, 503))
-async def follow_training_run(request: Request, lab: TrainingDep, owner: OwnerDep, address: AddressDep,
+async def follow_training_run(request: Request, lab: TrainingDep, who: RequesterDep,
                               body: StartRequest) -> FollowResponse:
     """Start a run and follow it live: one JSON line per change (``application/x-ndjson``), ``event`` ``queued``
     (``place`` in line, ``eta_s``), ``running`` (``progress``: step, steps, loss), then ``done``, ``stopped``
     (``reason``), ``replaced`` or ``failed``, with ``text`` in the request's language. Closing the connection
     stops the run. Bounds: see the page's form, and ``KVSCOPE_TRAIN_*``."""
     job = await anyio.to_thread.run_sync(
-        lambda: lab.submit(lab.spec(**body.model_dump()), owner=owner, address=address, follow=True))
-    return follow_job(request, lab.line, job, owner, train_progress)
+        lambda: lab.submit(lab.spec(**body.model_dump()), who=who, follow=True))
+    return follow_job(request, lab.line, job, who.owner, train_progress)
 
 
 @router.post("/api/train/jobs/resume", tags=["train"], response_class=FollowResponse,
              responses=errors(422, 429, 503))
-async def follow_resumed_run(request: Request, lab: TrainingDep, owner: OwnerDep, address: AddressDep,
+async def follow_resumed_run(request: Request, lab: TrainingDep, who: RequesterDep,
                              body: ResumeRequest | None = None) -> FollowResponse:
     """Resume the stopped run (it waits its turn again) and follow it live, as ``/api/train/jobs``."""
     # In a worker thread, as a new run's submit is: the line's lock is never waited for on the event loop.
     job = await anyio.to_thread.run_sync(
-        lambda: lab.resume(body.steps if body else None, owner=owner, address=address, follow=True))
-    return follow_job(request, lab.line, job, owner, train_progress)
+        lambda: lab.resume(body.steps if body else None, who=who, follow=True))
+    return follow_job(request, lab.line, job, who.owner, train_progress)
 
 
 @router.post("/api/train/start", tags=["train"], responses=errors(422, 429, 503))
-def start_training(request: Request, lab: TrainingDep, owner: OwnerDep, address: AddressDep,
+def start_training(request: Request, lab: TrainingDep, who: RequesterDep,
                    body: StartRequest) -> dict:
     """Start a run that is not tied to this request: it waits its turn in the line, then trains until it ends,
     is stopped, or reaches ``KVSCOPE_TRAIN_MAX_S``. Bounds: see the page's form."""
-    lab.start(lab.spec(**body.model_dump()), owner=owner, address=address)
-    return lab.status_view(request_lang(request), owner)
+    lab.start(lab.spec(**body.model_dump()), who=who)
+    return lab.status_view(request_lang(request), who.owner)
 
 
 @router.post("/api/train/stop", tags=["train"], responses=errors(422))
@@ -99,11 +99,11 @@ def stop_training(request: Request, lab: TrainingDep, owner: OwnerDep) -> dict:
 
 
 @router.post("/api/train/resume", tags=["train"], responses=errors(422, 429, 503))
-def resume_training(request: Request, lab: TrainingDep, owner: OwnerDep, address: AddressDep,
+def resume_training(request: Request, lab: TrainingDep, who: RequesterDep,
                     body: ResumeRequest | None = None) -> dict:
     """Continue the stopped run from its next step, with the same model and AdamW state (it waits its turn)."""
-    lab.resume(body.steps if body else None, owner=owner, address=address)
-    return lab.status_view(request_lang(request), owner)
+    lab.resume(body.steps if body else None, who=who)
+    return lab.status_view(request_lang(request), who.owner)
 
 
 @router.get("/api/train/status", tags=["train"])

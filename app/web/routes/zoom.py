@@ -11,7 +11,7 @@ from pydantic import Field
 
 from app.labs.long import long_text, progress_text
 from app.web.cancel import FollowResponse
-from app.web.deps import AddressDep, KitDep, LongDep, OwnerDep, ZoomDep
+from app.web.deps import KitDep, LongDep, OwnerDep, RequesterDep, ZoomDep
 from app.web.labs import follow_job
 from app.web.openapi import Body, errors
 from app.web.render import render
@@ -97,7 +97,7 @@ def read_top_keys(lab: ZoomDep, key: str, layer: int, head: int, q: int = Query(
 
 
 @router.post(LONG_CAPTURE_PATH, tags=["inspect"], response_class=FollowResponse, responses=errors(413, 422, 429, 503))
-async def follow_long_capture(request: Request, lab: LongDep, owner: OwnerDep, address: AddressDep,
+async def follow_long_capture(request: Request, lab: LongDep, who: RequesterDep,
                               body: LongCapture) -> FollowResponse:
     """Capture a long prompt (``prompt``, or ``builtin``: the project's long text), followed live: one JSON line per
     change (``application/x-ndjson``): ``queued`` (``place`` in line), ``running`` (``progress``: layer n of
@@ -109,8 +109,8 @@ async def follow_long_capture(request: Request, lab: LongDep, owner: OwnerDep, a
     else:
         lm, ids = await anyio.to_thread.run_sync(
             lambda: lab.prepare(model=body.model, text=body.prompt, builtin=body.builtin))
-    job = lab.submit(lm, ids, owner=owner, address=address)
-    return follow_job(request, lab.line, job, owner, progress_text, with_result=True)
+    job = lab.submit(lm, ids, who=who)
+    return follow_job(request, lab.line, job, who.owner, progress_text, with_result=True)
 
 
 @router.delete(LONG_CAPTURE_PATH + "/{job_id}", tags=["inspect"])

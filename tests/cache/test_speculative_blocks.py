@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from app.cache.blocks import blocks_needed
-from app.cache.spec_blocks import BlockLedger, slots, watch
+from app.cache.speculative_blocks import BlockLedger, slots, watch
 from app.model.speculative import SAMPLE, Runner, speculate
 
 GAMMA = 4
