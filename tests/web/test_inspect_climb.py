@@ -217,3 +217,89 @@ def test_a_capture_that_fails_mid_way_leaves_only_its_message_in_chromium(page, 
         page.wait_for_selector(".error-box", state="visible")
     assert page.locator("#climb").count() == 0 and page.locator("#capture-pending").is_hidden()
     assert page.locator("#inspect-view").count() == 0 and page.js_errors == []
+
+
+@pytest.mark.browser
+def test_a_prompt_typed_on_the_page_climbs_too_in_chromium(page, state, distil):
+    """Typed into the form and sent by htmx, the prompt's layers are painted as its answer arrives: rows 0–2 while
+    the forward waits before layer 3, the first head from layer 0, the page's address not yet the prompt's; then
+    htmx swaps in the view (the address pushed), the view takes the climb's bytes over and opens on the head
+    clicked meanwhile."""
+    from tests.live import serve_in_thread
+
+    with serve_in_thread(state) as url:
+        page.goto(url + "/")
+        page.wait_for_selector("#prompt-form")
+        with held_before(distil, 3) as go:
+            page.fill("#prompt", PROMPT + ", typed")
+            page.click("#run")
+            page.wait_for_function("+document.body.dataset.climbLayers === 3")
+            ready = page.eval_on_selector_all("#result #climb .head-cell.ready", "cs => cs.map(c => +c.dataset.layer)")
+            assert sorted(set(ready)) == [0, 1, 2] and len(ready) == 3 * 12
+            assert page.locator("#climb-line").text_content().startswith("Layer 3 of 6 computed")
+            assert page.evaluate("document.body.dataset.climbHead") == "0/0"
+            assert page.locator("#climb-heat canvas").is_visible() and page.locator("#inspect-view").count() == 0
+            assert page.locator("#result #token-strip .tok").count() > 0  # the tokens at once, where the view's go
+            assert "prompt=" not in page.url
+            page.click("#climb .head-cell[data-layer='1'][data-head='4']")  # picked while the rest computes
+            go.set()
+            page.wait_for_function("document.body.dataset.gridPainted && document.body.dataset.heatmapDrawn >= '1'")
+            page.wait_for_function("document.getElementById('head-label').textContent.startsWith('layer 1 · head 4')")
+        assert page.locator("#climb").count() == 0 and page.locator("#capture-pending").count() == 0
+        assert page.locator("#inspect-view").is_visible() and "prompt=" in page.url
+        assert "layer=1" in page.url and "head=4" in page.url  # after htmx's push, the view's own address
+        key = page.get_attribute("#inspect-view", "data-key")
+        assert page.evaluate("[kv.climb.key, kv.climb.done, Object.keys(kv.climb.layers).length]") == [key, True, 6]
+        assert page.locator("#head-grid .head-cell").count() == 6 * 12
+    assert page.js_errors == []
+
+
+@pytest.mark.browser
+def test_a_typed_prompt_refused_or_failing_mid_way_keeps_the_view_before_in_chromium(page, state, distil):
+    """A refusal before any layer (an empty prompt, 422) and a capture failing after its first layers both leave
+    their message in the page's banner and the view that was there; the failure mid-way does not take the page's
+    address (there is no view of it to come back to)."""
+    from urllib.parse import quote
+
+    from tests.live import serve_in_thread
+
+    with serve_in_thread(state) as url:
+        page.goto(url + "/?prompt=" + quote(PROMPT + ", before"))
+        page.wait_for_function("document.body.dataset.heatmapDrawn >= '1'")
+        key = page.get_attribute("#inspect-view", "data-key")
+        page.fill("#prompt", "")
+        page.click("#run")
+        page.wait_for_selector("#error .error-box")
+        assert "empty" in page.inner_text("#error")
+        assert page.get_attribute("#inspect-view", "data-key") == key  # (htmx pushes a refused form's address)
+        address = page.url
+        with held_before(distil, 2, fail=RuntimeError("a real error in the forward")) as go:
+            page.fill("#prompt", PROMPT + ", failing")
+            page.click("#run")
+            page.wait_for_function("+document.body.dataset.climbLayers === 2")
+            assert page.locator("#inspect-view").is_hidden() and page.locator("#error .error-box").count() == 0
+            assert page.locator("#result #climb").is_visible()
+            go.set()
+            page.wait_for_selector("#error .error-box")
+        assert page.locator("#climb").count() == 0
+        assert page.get_attribute("#inspect-view", "data-key") == key and page.url == address
+        assert page.locator("#inspect-view").is_visible() and "Traceback" not in page.inner_text("#error")
+    assert page.js_errors == []
+
+
+def test_a_typed_prompt_gets_the_climb_without_the_page_and_a_refusal_its_banner(client):
+    """The form's htmx request marked by climb.js: the climb's block (no script: the page has it), every layer's
+    part, then the view as htmx swapped it before (no page around it); unmarked, htmx's answer is as it was; a
+    refused prompt is the error fragment for the banner, before anything is streamed."""
+    typed = {"HX-Request": "true", "X-KVScope-Climb": "1"}
+    r = client.get("/", params={"prompt": PROMPT + ", by htmx"}, headers=typed)
+    assert r.status_code == 200 and "<html" not in r.text and "<script src=" not in r.text
+    assert r.text.lstrip().startswith('<div class="capture-pending" id="capture-pending">')
+    assert [p["layer"] for p in parts_of(r.text)] == list(range(6))
+    view = r.text[r.text.rindex('<i class="kv-layer-end"></i>') + len('<i class="kv-layer-end"></i>'):]
+    assert view.rstrip().endswith('<i class="view-end"></i></div>') and 'id="inspect-view"' in view
+    plain = client.get("/", params={"prompt": PROMPT + ", by htmx"}, headers={"HX-Request": "true"})
+    assert 'id="inspect-view"' in plain.text and 'id="climb"' not in plain.text and "kv-layer" not in plain.text
+    refused = client.get("/", params={"prompt": ""}, headers=typed)
+    assert refused.status_code == 422 and refused.headers["HX-Retarget"] == "#error"
+    assert 'class="error-box"' in refused.text and 'id="climb"' not in refused.text

@@ -8,6 +8,7 @@ from app.web.deps import InspectDep, is_htmx
 from app.web.render import render, render_in_parts
 
 router = APIRouter(include_in_schema=False)
+CLIMB_HEADER = "X-KVScope-Climb"  # static/climb.js: the htmx request of a prompt typed on the page
 
 
 @router.get("/")
@@ -22,8 +23,14 @@ def read_inspect(
     kind: str = "weights",
     chat: bool = False,  # the prompt as a user turn in the model's chat template
 ):
-    if prompt is not None and not is_htmx(request):  # the page's frame first, its view once the prompt is captured
+    # The page's frame first, its view once the prompt is captured; a prompt typed on the page (its form's htmx
+    # request, marked by static/climb.js) gets the same stream without the page around it.
+    typed = is_htmx(request) and request.headers.get(CLIMB_HEADER) == "1"
+    if prompt is not None and (typed or not is_htmx(request)):
         frame, fill = lab.page_in_parts(model=model, prompt=prompt, layer=layer, head=head, q=q, kind=kind, chat=chat)
+        if typed:
+            return render_in_parts(request, "partials/_climb_stream.html", "partials/_inspect.html", fill,
+                                   part="partials/_climb_layer.html", typed=True, chat_option=True, **frame)
         return render_in_parts(request, "inspect.html", "partials/_inspect_page.html", fill,
                                part="partials/_climb_layer.html", page="inspect", chat_option=True, **frame)
     page = lab.page(model=model, prompt=prompt, layer=layer, head=head, q=q, kind=kind, chat=chat)
