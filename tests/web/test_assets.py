@@ -39,7 +39,7 @@ def test_the_inspect_page_asks_for_four_files_each_the_joined_files_in_order(cli
             assert text in (own + "\n;\n", own + "\n"), url
     page_js = [u for u, _ in _parts(served[urls[1]].text)]
     assert page_js == ["/static/heatframe.js", "/static/inspect.js", "/static/why.js", "/static/export.js",
-                       "/static/zoom.js", "/static/long.js"]
+                       "/static/zoom.js", "/static/long.js", "/static/climb.js"]
     for r in served.values():
         assert r.status_code == 200 and "immutable" in r.headers["cache-control"]
     assert served[urls[0]].headers["content-type"].startswith("text/javascript")
