@@ -115,7 +115,7 @@ window.kv.page("capacity", () => {
     $("r-vllm").textContent = !r.weights_fit ? t("js.capacity.vllm_no_memory")
       : r.whole_requests < 1 ? t("js.capacity.vllm_too_long", needed)
         : t("js.capacity.vllm_line", {
-          kv: (r.kv_memory / GiB).toFixed(2), blocks: r.all_layer_blocks, ctx: inp.context, conc: r.max_concurrency.toFixed(2),
+          kv: (r.kv_memory / GiB).toFixed(2), blocks: r.num_blocks, ctx: inp.context, conc: r.max_concurrency.toFixed(2),
         });
     drawTpFit(r, memory, needed);
     const fits = $("r-fits");

