@@ -85,7 +85,7 @@ from app.model.sessions import SessionStore
 from app.model.store import TraceStore
 from app.model.trace import Trace
 from app.owned import OwnedTable
-from app.quota import Caps
+from app.quota import NOBODY, Caps, Requester
 from app.settings import Settings, resolve_device
 from app.training.builtin import train_builtin
 
@@ -214,9 +214,10 @@ class AppState:
     def model(self, name: str | None) -> LoadedModel:
         return self.registry.pick(name)
 
-    def trace_prompt(self, model: str | None, prompt: str | None, *, chat: bool = False
+    def trace_prompt(self, model: str | None, prompt: str | None, *, chat: bool = False, who: Requester = NOBODY
                      ) -> tuple[LoadedModel, str, Trace]:
-        return self.inspect.trace_prompt(model, prompt, chat=chat)
+        """Inspect's ``trace_prompt`` for the server itself (``who``: nobody, unless a caller names a browser)."""
+        return self.inspect.trace_prompt(model, prompt, who=who, chat=chat)
 
     def trace_key(self, lm: LoadedModel, ids: list[int] | tuple[int, ...]) -> str:
         """The key a trace of these tokens is kept and found under (``trace_by_key``)."""
@@ -226,8 +227,8 @@ class AppState:
         """One capture, as the pages keep it (under the model gate)."""
         return self.inspect.compute_trace(lm, ids)
 
-    def trace_by_key(self, key: str) -> tuple[LoadedModel, Trace]:
-        return self.inspect.trace_by_key(key)
+    def trace_by_key(self, key: str, *, who: Requester = NOBODY) -> tuple[LoadedModel, Trace]:
+        return self.inspect.trace_by_key(key, who=who)
 
     # --- memory and expiry --------------------------------------------------------------------------------
     def prepare_memory(self) -> dict[str, int]:

@@ -62,6 +62,7 @@ def main() -> None:
     threads = setup_torch()
     from app.labs.long import long_text
     from app.model.loading import load_spec
+    from app.quota import NOBODY
 
     lm = load_spec("smollm2-135m-instruct", Path(args.home))
     ids = lm.encode(long_text() * 2)[: args.tokens]
@@ -70,23 +71,24 @@ def main() -> None:
     key = first.inspect.trace_key(lm, ids)
 
     def recompute_first_tile():
-        first.inspect.traces.get_or_compute(key, lambda: first.inspect.compute_trace(lm, ids))
-        return first.zoom.tile(key, layer=0, head=0, level=0, row=0, col=0, pool="max")
+        first.inspect.traces.get_or_compute(key, lambda: first.inspect.compute_trace(lm, ids), owner="")
+        return first.zoom.tile(key, layer=0, head=0, level=0, row=0, col=0, pool="max", who=NOBODY)
 
     t_recompute, tile = clock(recompute_first_tile)
-    t_grid_recompute, row = clock(lambda: first.zoom.head_grid(key, layer=0))
+    t_grid_recompute, row = clock(lambda: first.zoom.head_grid(key, layer=0, who=NOBODY))
     t_pin, pin = clock(lambda: first.kit.pin("trace", name="bench", owner="bench", key=key))
     first = None  # the first server is gone: its trace with it
     path = home / "kit" / pin.code / "trace.safetensors"
 
     def reopen():
         again = state_on(lm, home)
-        return again, again.zoom.tile(pin.key, layer=0, head=0, level=0, row=0, col=0, pool="max")
+        return again, again.zoom.tile(pin.key, layer=0, head=0, level=0, row=0, col=0, pool="max", who=NOBODY)
 
     t_warm, (again, warm_tile) = clock(reopen)
-    t_grid_pinned, pinned_row = clock(lambda: again.zoom.head_grid(pin.key, layer=0))
+    t_grid_pinned, pinned_row = clock(lambda: again.zoom.head_grid(pin.key, layer=0, who=NOBODY))
     mid = lm.adapter.n_layer // 2
-    t_other, _ = clock(lambda: again.zoom.tile(pin.key, layer=mid, head=1, level=0, row=0, col=0, pool="max"))
+    t_other, _ = clock(lambda: again.zoom.tile(pin.key, layer=mid, head=1, level=0, row=0, col=0, pool="max",
+                                               who=NOBODY))
     again = None
     drop_cache(path)
     t_cold, (_, cold_tile) = clock(reopen)

@@ -18,6 +18,7 @@ from app.labs.inspect import InspectLab
 from app.labs.limits import Limits
 from app.model.ablation import ablated_last_logits
 from app.model.store import LENS_POSITIONS
+from app.quota import Requester
 from app.viz.explain import ablation_view, lens_view, parse_heads, sinks_view
 from app.viz.summaries import first_token_shares
 
@@ -38,21 +39,21 @@ class ExplainLab:
         self.gate = gate
         self.limits = limits
 
-    def sinks(self, key: str, first: int) -> dict:
-        _, trace = self.inspect.trace_by_key(key)
+    def sinks(self, key: str, first: int, *, who: Requester) -> dict:
+        _, trace = self.inspect.trace_by_key(key, who=who)
         shares = first_token_shares(trace, first) if 1 <= first < trace.n_tokens else None  # else: sinks_view says why
         return {"sinks": sinks_view(first=first, token_texts=trace.token_texts, shares=shares), "key": key}
 
-    def lens(self, key: str) -> dict:
-        lm, trace = self.inspect.trace_by_key(key)
+    def lens(self, key: str, *, who: Requester) -> dict:
+        lm, trace = self.inspect.trace_by_key(key, who=who)
         start, resid = trace.residuals(last=LENS_POSITIONS)  # h0 and every block's output where the lens reads
         with self.gate:
             view = lens_view(lm.adapter, resid, token_texts=trace.token_texts, token_text=lm.token_text, offset=start)
         example = LENS_EXAMPLE if trace.token_texts != lm.token_texts(lm.encode(LENS_EXAMPLE)) else None
         return {"lens": view, "key": key, "model": lm.name, "example": example}
 
-    def ablation(self, key: str, heads: str) -> dict:
-        lm, trace = self.inspect.trace_by_key(key)
+    def ablation(self, key: str, heads: str, *, who: Requester) -> dict:
+        lm, trace = self.inspect.trace_by_key(key, who=who)
         heads = heads[: self.limits.explain_max_heads_chars]
         chosen = parse_heads(heads, n_layer=lm.adapter.n_layer, n_head=lm.adapter.n_head)
         view = None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from app.errors import BadInput
 from app.labs.inspect import InspectLab
 from app.labs.limits import Limits
+from app.quota import Requester
 from app.viz.export import FORMATS, export_bytes, head_csv, head_json, pack_trace
 
 HEAD_FORMATS = ("csv", "json")
@@ -31,19 +32,19 @@ class ExportLab:
         self.inspect = inspect
         self.limits = limits
 
-    def trace_file(self, key: str, fmt: str) -> tuple[bytes, str]:
+    def trace_file(self, key: str, fmt: str, *, who: Requester) -> tuple[bytes, str]:
         if fmt not in FORMATS:
             raise BadInput("err.export.format", fmt=fmt, formats=", ".join(FORMATS))
-        lm, trace = self.inspect.trace_by_key(key)
+        lm, trace = self.inspect.trace_by_key(key, who=who)
         size, limit = export_bytes(trace), self.limits.max_export_bytes
         if size > limit:
             raise BadInput("err.export.too_big", mb=size / 2**20, limit=limit / 2**20)
         return pack_trace(trace, fmt, model=lm.name), f"kvscope-{lm.name}-{key}.{fmt}"
 
-    def head_file(self, key: str, *, layer: int, head: int, fmt: str, kind: str) -> tuple[str, str]:
+    def head_file(self, key: str, *, layer: int, head: int, fmt: str, kind: str, who: Requester) -> tuple[str, str]:
         if fmt not in HEAD_FORMATS:
             raise BadInput("err.export.format", fmt=fmt, formats=", ".join(HEAD_FORMATS))
-        lm, trace = self.inspect.trace_by_key(key)
+        lm, trace = self.inspect.trace_by_key(key, who=who)
         name = f"kvscope-{lm.name}-L{layer}H{head}-{kind}.{fmt}"
         if fmt == "csv":
             return head_csv(trace, layer, head, kind), name

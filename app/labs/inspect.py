@@ -6,8 +6,10 @@ index from a key back to what made it, so a page's link recomputes a trace the s
 under the model gate; everything else reads a trace already made.
 
     prepare(model, prompt)        tokenize and check, no model work: (model, ids, key)
-    trace_prompt(model, prompt)   tokenize, capture (or find) the trace: (model, key, trace)
-    trace_by_key(key)             the trace a page's link names (recomputed if dropped; 410 if its model went)
+    trace_prompt(model, prompt, who=)  tokenize, capture (or find) the trace: (model, key, trace)
+    trace_by_key(key, who=)       the trace a page's link names (recomputed if dropped; 410 if its model went)
+
+``who`` (``app/quota.py``'s ``Requester``, from the route) is the browser a trace computed for it is kept for.
     page / page_in_parts / trace_view / grid / attention / arithmetic / why / embedding / query_panels / embedding_panel
                                   what the routes call: plain view data out
 """
@@ -29,6 +31,7 @@ from app.model.loading import LoadedModel, ModelRegistry
 from app.model.prompts import encode_prompt
 from app.model.store import LENS_POSITIONS, TraceStore, check_trace_fits, shape_only, slim, tail_only, trace_bytes
 from app.model.trace import Trace
+from app.quota import NOBODY, Requester
 from app.viz.attention import GRID_SIDE, arithmetic, climb_part, embedding_rows, grid_thumbnails, head_matrix
 from app.viz.inspect import check_selection, inspect_view, query_view
 from app.viz.models import model_card
@@ -129,22 +132,21 @@ class InspectLab:
         check_trace_fits(lm.adapter, len(ids), self.limits)
         return lm, ids, self._key(lm, ids)
 
-    def _trace(self, lm: LoadedModel, ids: list[int], key: str) -> Trace:
-        return self.traces.get_or_compute(key, lambda: self._compute(lm, ids),
-                                          expected=self.expected_bytes(lm, len(ids)))
-
-    def trace_prompt(self, model: str | None, prompt: str | None, *, chat: bool = False
+    def trace_prompt(self, model: str | None, prompt: str | None, *, who: Requester, chat: bool = False
                      ) -> tuple[LoadedModel, str, Trace]:
+        """``who``: the browser a newly computed trace is kept for (the store's per-browser budget)."""
         lm, ids, key = self.prepare(model, prompt, chat=chat)
-        return lm, key, self._trace(lm, ids, key)
+        return lm, key, self.traces.get_or_compute(key, lambda: self._compute(lm, ids),
+                                                   expected=self.expected_bytes(lm, len(ids)), owner=who.owner)
 
-    def trace_by_key(self, key: str) -> tuple[LoadedModel, Trace]:
+    def trace_by_key(self, key: str, *, who: Requester) -> tuple[LoadedModel, Trace]:
+        """``who``: the browser the trace is kept for if it has to be computed again."""
         pinned = self.pinned.get(key)
         if pinned is not None:
             return self._served(*pinned)
         lm, ids = self._indexed(key)
         return lm, self.traces.get_or_compute(key, lambda: self._compute(lm, list(ids)),
-                                              expected=self.expected_bytes(lm, len(ids)))
+                                              expected=self.expected_bytes(lm, len(ids)), owner=who.owner)
 
     def indexed(self, key: str) -> tuple[LoadedModel, tuple[int, ...]]:
         """The served model and the token ids ``key`` was made from (410 when they are gone); nothing computed."""
@@ -178,22 +180,23 @@ class InspectLab:
         def gone() -> Trace:
             raise Expired("err.kit.gone")
 
-        return lm, self.traces.get_or_compute(key, gone)
+        return lm, self.traces.get_or_compute(key, gone, owner=NOBODY.owner)  # never computed: kept for nobody
 
     # --- views ----------------------------------------------------------------------------------------------
     def page(self, *, model: str | None, prompt: str | None, layer: int | None, head: int | None, q: int | None,
-             kind: str, chat: bool) -> dict:
+             kind: str, chat: bool, who: Requester) -> dict:
         """The page's context: the model's card, and with a prompt its whole view (``view`` None without)."""
         lm = self.registry.pick(model)
         view = None
         if prompt is not None:
-            lm, key, trace = self.trace_prompt(model, prompt, chat=chat)
+            lm, key, trace = self.trace_prompt(model, prompt, who=who, chat=chat)
             view = inspect_view(lm, key, trace, layer=layer, head=head, q=q, kind=kind, prompt=prompt)
         card = view["model"] if view is not None else model_card(lm)  # the view's own card: made once per page
         return {"view": view, "prompt": prompt or "", "card": card, "chat": chat, "limits": self.limits}
 
     def page_in_parts(self, *, model: str | None, prompt: str, layer: int | None, head: int | None, q: int | None,
-                      kind: str, chat: bool) -> tuple[dict, Callable[[Callable[[dict], None], threading.Event], dict]]:
+                      kind: str, chat: bool, who: Requester
+                      ) -> tuple[dict, Callable[[Callable[[dict], None], threading.Event], dict]]:
         """``page`` in two parts, for a page sent while its prompt is captured (``app/web/render.py``
         ``render_in_parts``): the frame's context now, with every input checked (so a bad one is answered with its
         status before anything is sent), and ``view(emit, cancel)``, which captures the prompt and returns the view.
@@ -227,7 +230,8 @@ class InspectLab:
                 trace.meta["grid_rows"] = rows  # the grid's rows as the page already drew them (``grid``)
                 return trace
 
-            trace = self.traces.get_or_compute(key, compute, expected=self.expected_bytes(lm, len(ids)))
+            trace = self.traces.get_or_compute(key, compute, expected=self.expected_bytes(lm, len(ids)),
+                                               owner=who.owner)
             return inspect_view(lm, key, trace, layer=layer, head=head, q=q, kind=kind, prompt=prompt)
 
         card = model_card(lm)
@@ -239,19 +243,19 @@ class InspectLab:
                  "climb": {"key": key, "layer": layer, "head": head, "strip": strip}}
         return frame, view
 
-    def key_page(self, key: str, *, prompt: str) -> dict:
+    def key_page(self, key: str, *, prompt: str, who: Requester) -> dict:
         """The page's context for a trace found by key (a pinned one: ``app/labs/kit.py``), as ``page`` makes it."""
-        lm, trace = self.trace_by_key(key)
+        lm, trace = self.trace_by_key(key, who=who)
         view = inspect_view(lm, key, trace, prompt=prompt)
         return {"view": view, "prompt": prompt, "card": view["model"], "chat": False, "limits": self.limits}
 
-    def trace_view(self, *, model: str | None, prompt: str, chat: bool) -> dict:
-        lm, key, trace = self.trace_prompt(model, prompt, chat=chat)
+    def trace_view(self, *, model: str | None, prompt: str, chat: bool, who: Requester) -> dict:
+        lm, key, trace = self.trace_prompt(model, prompt, who=who, chat=chat)
         return inspect_view(lm, key, trace, prompt=prompt)
 
-    def grid(self, key: str, size: int) -> dict:
+    def grid(self, key: str, size: int, *, who: Requester) -> dict:
         """Every layer × head as a small image of ``size`` pixels a side (4 to ``inspect_max_grid_size``)."""
-        _, trace = self.trace_by_key(key)
+        _, trace = self.trace_by_key(key, who=who)
         size = max(4, min(size, self.limits.inspect_max_grid_size))
         # Kept with the trace (the last size asked for, a few hundred KB at most): every browser that opens the
         # same link, and every reload, reads it instead of recomputing all the heads' weights. Two requests at
@@ -262,30 +266,30 @@ class InspectLab:
             kept = trace.meta["grid"] = (size, grid_thumbnails(trace, size=size, layers=rows))
         return kept[1]
 
-    def attention(self, key: str, layer: int, head: int, kind: str, encoding: str = "f32"):
-        _, trace = self.trace_by_key(key)
+    def attention(self, key: str, layer: int, head: int, kind: str, encoding: str = "f32", *, who: Requester):
+        _, trace = self.trace_by_key(key, who=who)
         return head_matrix(trace, layer, head, kind, encoding)
 
-    def arithmetic(self, key: str, layer: int, head: int, q: int) -> dict:
-        _, trace = self.trace_by_key(key)
+    def arithmetic(self, key: str, layer: int, head: int, q: int, *, who: Requester) -> dict:
+        _, trace = self.trace_by_key(key, who=who)
         return arithmetic(trace, layer, head, q, limit=trace.n_tokens)
 
-    def why(self, key: str, layer: int, head: int, q: int, k: int | None = None) -> dict:
+    def why(self, key: str, layer: int, head: int, q: int, k: int | None = None, *, who: Requester) -> dict:
         """One (query, key) score split by rotary pair (or dimension), with its content and position parts."""
-        _, trace = self.trace_by_key(key)
+        _, trace = self.trace_by_key(key, who=who)
         return why_attends(trace, layer, head, q, k)
 
-    def embedding(self, key: str, pos: int) -> dict:
-        _, trace = self.trace_by_key(key)
+    def embedding(self, key: str, pos: int, *, who: Requester) -> dict:
+        _, trace = self.trace_by_key(key, who=who)
         return embedding_rows(trace, pos, first=None)
 
-    def query_panels(self, key: str, *, layer: int, head: int, q: int, all_rows: bool) -> dict:
+    def query_panels(self, key: str, *, layer: int, head: int, q: int, all_rows: bool, who: Requester) -> dict:
         """The embedding and arithmetic panels of one (layer, head, query token)."""
-        lm, trace = self.trace_by_key(key)
+        lm, trace = self.trace_by_key(key, who=who)
         qv = query_view(trace, layer=layer, head=head, q=q,
                         limit=None if all_rows else self.limits.inspect_query_rows)
         return {"qv": qv, "key": key, "card": model_card(lm)}
 
-    def embedding_panel(self, key: str, pos: int) -> dict:
-        lm, trace = self.trace_by_key(key)
+    def embedding_panel(self, key: str, pos: int, *, who: Requester) -> dict:
+        lm, trace = self.trace_by_key(key, who=who)
         return {"e": embedding_rows(trace, pos, first=None), "card": model_card(lm)}

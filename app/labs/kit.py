@@ -65,6 +65,7 @@ from app.model.trace_file import (
     write_tensors,
     write_trace,
 )
+from app.quota import Requester
 
 log = logging.getLogger(__name__)
 # Codes a class reads off a projector and types: no 0/O, 1/I/L, 5/S or 8/B to confuse.
@@ -435,7 +436,7 @@ class KitLab:
                 found = [p for p in self._pins.values() if p.kit == c]
         return self._kits(found, owner, address)[0] if found else None
 
-    def open(self, code: str) -> tuple[Pin, dict]:
+    def open(self, code: str, *, who: Requester) -> tuple[Pin, dict]:
         """One pin and what its page shows: a trace's key (its page reads it as any trace), a result's view."""
         pin = self.get(code)
         if pin.kind == "trace":
@@ -443,9 +444,9 @@ class KitLab:
             if self.inspect.pinned_item(pin.key) is None:
                 raise Expired("err.model.gone", model=pin.model)
             self._check_mapped(pin)
-            _, trace = self.inspect.trace_by_key(pin.key)
+            _, trace = self.inspect.trace_by_key(pin.key, who=who)
             long = bool(trace.meta.get("tail")) or trace.n_tokens > self.inspect.limits.zoom_min_tokens
-            page = None if long else self.inspect.key_page(pin.key, prompt=record.get("prompt", ""))
+            page = None if long else self.inspect.key_page(pin.key, prompt=record.get("prompt", ""), who=who)
             return pin, {"key": pin.key, "long": long, "inspect": page}
         record = self._record(pin)
         lm = self.inspect.registry.models.get(pin.model)

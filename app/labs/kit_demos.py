@@ -59,18 +59,20 @@ class KitDemos:
     def _prepare_one(self, d: dict, *, owner: str, address: str, kit: str) -> Pin:
         kind, name, model = d["kind"], d["name"], d.get("model")
         labs = self.kit  # the labs the kit pins from
+        who = Requester(owner or "kit", address)  # the browser that asked, or the kit itself (server-made)
         if kind == "trace":
-            key = self._prepare_trace(d, owner=owner, address=address)
+            key = self._prepare_trace(d, who=who)
             if d.get("grid", True):
-                _, trace = labs.inspect.trace_by_key(key)
+                _, trace = labs.inspect.trace_by_key(key, who=who)
                 if trace.n_tokens > labs.inspect.limits.zoom_min_tokens or trace.meta.get("tail"):
                     # the zoom page's first view (the head it opens on: ``ZoomLab.page``'s choice), then its grid
-                    choice = labs.zoom.page(key)["choice"]
-                    labs.zoom.tile(key, layer=choice["layer"], head=choice["head"], level=0, row=0, col=0, pool="max")
+                    choice = labs.zoom.page(key, who=who)["choice"]
+                    labs.zoom.tile(key, layer=choice["layer"], head=choice["head"], level=0, row=0, col=0, pool="max",
+                                   who=who)
                     for layer in range(trace.adapter.n_layer):
-                        labs.zoom.head_grid(key, layer=layer)
+                        labs.zoom.head_grid(key, layer=layer, who=who)
                 else:
-                    labs.inspect.grid(key, int(d.get("grid_size", 48)))
+                    labs.inspect.grid(key, int(d.get("grid_size", 48)), who=who)
             return self.kit.pin("trace", name=name, owner=owner, key=key, kit=kit)
         if kind == "heads":
             labs.heads.view(model)
@@ -78,7 +80,7 @@ class KitDemos:
         if kind == "arena":
             form = {k: v for k, v in d.items() if k in ARENA_FIELDS}
             lm, req = labs.arena.prepare(**ARENA_DEFAULTS | form)
-            if labs.arena.run(lm, req, who=Requester(owner or "kit", address)) is None:
+            if labs.arena.run(lm, req, who=who) is None:
                 raise Expired("err.kit.gone")
             return self.kit.pin("arena", name=name, owner=owner, arena={**form, "policies": list(req.policies)},
                                 kit=kit)
@@ -86,14 +88,14 @@ class KitDemos:
         view = labs.speculative.view(SpecAsk(**fields))
         return self.kit.pin("spec", name=name, owner=owner, run_id=view["run_id"], kit=kit)
 
-    def _prepare_trace(self, d: dict, *, owner: str, address: str) -> str:
+    def _prepare_trace(self, d: dict, *, who: Requester) -> str:
         model = d.get("model")
         if d.get("builtin_long") or d.get("long"):
             lm, ids = self.long.prepare(model=model, text=d.get("prompt"), builtin=bool(d.get("builtin_long")))
-            job = self.long.submit(lm, ids, who=Requester(owner or "kit", address))
-            done = self.long.line.wait(job, owner or "kit", None)
+            job = self.long.submit(lm, ids, who=who)
+            done = self.long.line.wait(job, who.owner, None)
             if done is None:
                 raise Expired("err.kit.gone")
             return done["key"]
-        _, key, _ = self.kit.inspect.trace_prompt(model, d.get("prompt"), chat=bool(d.get("chat")))
+        _, key, _ = self.kit.inspect.trace_prompt(model, d.get("prompt"), who=who, chat=bool(d.get("chat")))
         return key

@@ -37,6 +37,7 @@ from app.i18n import translate
 from app.labs.engine import EngineLab, EngineLimits
 from app.labs.inspect import InspectLab
 from app.model.loading import LoadedModel
+from app.quota import Requester
 
 PREFIX = "served-"
 # How long the banner waits for the KV event of a cached block the mirror does not hold yet: the engine publishes a
@@ -186,7 +187,8 @@ class ServedLab:
                 if sent:
                     raise sent[0]
                 key = self.open(index, name, owner)
-                served_meta = self.inspect.trace_by_key(key)[1].meta["served"]
+                _, held_trace = self.inspect.trace_by_key(key, who=Requester(owner))  # held: never computed again
+                served_meta = held_trace.meta["served"]
                 state = {"event": "done", "result": {"key": key, "page": f"/served/{key}"},
                          "text": translate("served.follow.done", lang),
                          "steps": [list(x) for x in served_meta["steps"]],
@@ -218,7 +220,7 @@ class ServedLab:
                         "seq": seen[0] if seen is not None and seen[1] == tokens else None})
         return out
 
-    def page(self, key: str) -> dict:
+    def page(self, key: str, *, who: Requester) -> dict:
         """Inspect's page context for a held served trace, ``served`` the banner's figures."""
         with self._lock:
             held = self._held.get(key)
@@ -226,8 +228,8 @@ class ServedLab:
             raise Expired("err.served.gone", limit=self.limits.engine_served_max_traces,
                           per=self.limits.engine_served_per_browser)
         figures = held["figures"]
-        tokens = self.inspect.trace_by_key(key)[1].token_texts
-        return self.inspect.key_page(key, prompt="".join(tokens)) | {"served": figures}
+        tokens = self.inspect.trace_by_key(key, who=who)[1].token_texts
+        return self.inspect.key_page(key, prompt="".join(tokens), who=who) | {"served": figures}
 
 
 def banner(meta: dict, engine_url: str) -> dict:

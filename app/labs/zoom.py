@@ -30,6 +30,7 @@ from app.errors import BadInput
 from app.labs.inspect import InspectLab
 from app.labs.limits import Limits
 from app.model.trace import Trace
+from app.quota import Requester
 from app.viz import summaries
 from app.viz.attention import check_indexes
 from app.viz.inspect import opening_head
@@ -165,9 +166,9 @@ class ZoomLab:
             self._grid.clear()
 
     # --- what the routes call ----------------------------------------------------------------------------
-    def meta(self, key: str) -> dict:
+    def meta(self, key: str, *, who: Requester) -> dict:
         """What the canvas needs first: T, the pyramid's levels and tiles per side, the layers, heads and tokens."""
-        lm, trace = self.inspect.trace_by_key(key)
+        lm, trace = self.inspect.trace_by_key(key, who=who)
         n = max(trace.n_tokens, trace.total_length)
         pyr = HeadPyramid(trace.n_tokens, trace.total_length)
         return {"key": key, "model": lm.name, "rows": trace.n_tokens, "cols": trace.total_length,
@@ -177,14 +178,14 @@ class ZoomLab:
                 "tokens": [visible(t) for t in trace.token_texts],
                 "preview": " ".join("".join(trace.token_texts[:PREVIEW_TOKENS]).split())}
 
-    def page(self, key: str) -> dict:
+    def page(self, key: str, *, who: Requester) -> dict:
         """The long prompt's page: its metadata, its model's card, the head it opens on (Inspect's choice for the
         last query, ``opening_head``: a telling head, not layer 0 head 0; the URL's layer and head win) and the
         rows of its grid of heads made so far (a pinned trace's: all it was pinned with), drawn at once."""
         from app.labs.long import essay_cut
 
-        meta = self.meta(key)
-        lm, trace = self.inspect.trace_by_key(key)
+        meta = self.meta(key, who=who)
+        lm, trace = self.inspect.trace_by_key(key, who=who)
         choice = opening_head(trace, trace.n_tokens - 1)
         if trace.past_length == 0 and trace.n_tokens > 1:  # the built-in essay cut to a limit: say so, with both counts
             meta["cut_from"] = essay_cut(lm, trace.token_ids)
@@ -192,10 +193,11 @@ class ZoomLab:
                 "choice": choice, "q": trace.n_tokens - 1,
                 "grid_rows": {str(layer): row for layer, row in sorted(self.grid_rows(key).items())}}
 
-    def tile(self, key: str, *, layer: int, head: int, level: int, row: int, col: int, pool: str) -> torch.Tensor:
+    def tile(self, key: str, *, layer: int, head: int, level: int, row: int, col: int, pool: str,
+             who: Requester) -> torch.Tensor:
         """Tile (row, col) of ``level`` of one head's map, pooled by ``pool``: (r, c) float32."""
         check_pool(pool)
-        _, trace = self.inspect.trace_by_key(key)
+        _, trace = self.inspect.trace_by_key(key, who=who)
         check_indexes(trace, layer=layer, head=head)
         pyr, lock = self.pyramid(key, trace, layer, head)
         with lock:
@@ -203,9 +205,9 @@ class ZoomLab:
         self.trim()
         return out
 
-    def cell(self, key: str, *, layer: int, head: int, q: int, k: int) -> dict:
+    def cell(self, key: str, *, layer: int, head: int, q: int, k: int, who: Requester) -> dict:
         """One exact weight (query position ``q`` among the new tokens, key position ``k`` among all) and its tokens."""
-        _, trace = self.inspect.trace_by_key(key)
+        _, trace = self.inspect.trace_by_key(key, who=who)
         check_indexes(trace, layer=layer, head=head, pos=q)
         if not 0 <= k < trace.total_length:
             raise BadInput("err.zoom.key", k=k, last=trace.total_length - 1)
@@ -216,10 +218,10 @@ class ZoomLab:
                 "allowed": k <= trace.past_length + q,
                 "query_token": visible(texts[q]), "key_token": visible(key_text) if key_text is not None else None}
 
-    def head_grid(self, key: str, *, layer: int) -> dict:
+    def head_grid(self, key: str, *, layer: int, who: Requester) -> dict:
         """Layer ``layer``'s row of the grid of heads: each head's share on the first token, mean attention distance
         (tokens) and entropy (nats), from every exact weight (``summaries.head_summary``, float64 sums)."""
-        _, trace = self.inspect.trace_by_key(key)
+        _, trace = self.inspect.trace_by_key(key, who=who)
         check_indexes(trace, layer=layer)
 
         def make() -> GridRow:
@@ -228,9 +230,9 @@ class ZoomLab:
 
         return {"layer": layer, "layers": trace.adapter.n_layer} | self.grid_row(key, layer, make)
 
-    def top(self, key: str, *, layer: int, head: int, q: int) -> dict:
+    def top(self, key: str, *, layer: int, head: int, q: int, who: Requester) -> dict:
         """The ``TOP_KEYS`` keys query ``q`` reads most in one head: position, token text, exact weight."""
-        _, trace = self.inspect.trace_by_key(key)
+        _, trace = self.inspect.trace_by_key(key, who=who)
         check_indexes(trace, layer=layer, head=head, pos=q)
         return {"layer": layer, "head": head, "q": q, "query_token": visible(trace.token_texts[q]),
                 "keys": summaries.top_keys(trace, layer, head, q, TOP_KEYS)}

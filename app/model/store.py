@@ -24,7 +24,6 @@ from collections.abc import Callable, Hashable
 
 import torch
 
-from app.admission import current_owner
 from app.model.trace import Trace
 
 # Tensor names the pages read (by suffix): the inspect views, the arithmetic panel and the embedding rows.
@@ -121,7 +120,7 @@ class TraceStore:
     ``max_bytes`` of it short traces, at most ``browser_bytes`` of it one browser's.
 
     A trace is shared by key (the same model and tokens); the browser whose request computed it owns it (``owner``,
-    by default ``app/admission.py``'s ``current_owner``: "" outside a request, one anonymous browser).
+    passed by the caller: the ``Requester``'s owner a route hands the lab; "" the server itself).
     """
 
     def __init__(self, max_bytes: int, ttl_s: float = float("inf"), keep_one_bytes: int = 0,
@@ -153,15 +152,13 @@ class TraceStore:
         return self.cap if self.browser_bytes is None else min(self.browser_bytes, self.cap)
 
     def get_or_compute(self, key: Hashable, compute: Callable[[], Trace], expected: int = 0,
-                       owner: str | None = None) -> Trace:
+                       *, owner: str) -> Trace:
         """The kept trace, or ``compute()`` once: concurrent misses on one key wait for the first one's result
         (a page asks for the grid, a heatmap and the arithmetic of one trace at once).
 
         ``expected``: the bytes the new trace will hold (``trace_bytes``). Room is made before the forward, by the
         rules of the class docstring, so a long capture never runs beside a full store. ``owner``: the browser
-        the new trace is kept for (default: the request's, ``current_owner``)."""
-        if owner is None:
-            owner = current_owner.get()
+        the new trace is kept for (the caller's ``Requester.owner``; "" the server itself)."""
         with self._lock:
             hit = self._hit(key)
             if hit is not None:

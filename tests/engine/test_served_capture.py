@@ -20,6 +20,7 @@ from app.engine.capture import ServedConflict, ServedError, ServedUnknown, compa
 from app.engine.launch import SERVED_NAME, EngineProcess
 from app.engine.metrics import parse_prometheus, total
 from app.model.capture import run_traced
+from app.quota import NOBODY
 
 TOL = 1e-4
 BUDGET = 8 * 1024 * 1024
@@ -158,7 +159,7 @@ def test_a_served_request_opens_on_inspect_with_its_banner(served, smol, tmp_pat
         assert page.status_code == 200
         assert "tensor-parallel ranks 3" in page.text and 'id="served-banner"' in page.text
         key = r.headers["location"].rsplit("/", 1)[-1]
-        _, trace = c.app.state.kv.inspect.trace_by_key(key)
+        _, trace = c.app.state.kv.inspect.trace_by_key(key, who=NOBODY)
         assert max(trace.meta["served"]["max_diff"]) <= TOL
         body = c.get(f"/api/traces/{key}/attention/7/4").json()
         import base64
@@ -198,7 +199,7 @@ def test_send_and_capture_names_the_cached_blocks_by_the_hashes_the_engines_even
         assert r.status_code == 200, r.text
         page = c.get(r.json()["page"])
         assert page.status_code == 200
-        _, trace = c.app.state.kv.inspect.trace_by_key(r.json()["key"])
+        _, trace = c.app.state.kv.inspect.trace_by_key(r.json()["key"], who=NOBODY)
         served_meta = trace.meta["served"]
         bs, cached = served_meta["block_size"], served_meta["computed_from"]
         assert cached >= 2 * bs and hits(served) - before == cached  # the engine's own count of cached tokens
@@ -276,7 +277,7 @@ def test_a_bf16_engine_names_its_dtype_and_its_difference_is_bf16_rounding(serve
     with TestClient(create_app(state=make_state(settings, smol))) as c:
         r = c.post("/api/engine/0/served/ask", json={"prompt": "The capital of France is", "max_tokens": 3})
         assert r.status_code == 200, r.text
-        _, trace = c.app.state.kv.inspect.trace_by_key(r.json()["key"])
+        _, trace = c.app.state.kv.inspect.trace_by_key(r.json()["key"], who=NOBODY)
         meta = trace.meta["served"]
         assert meta["dtype"] == "bfloat16" and len(meta["steps"]) == 3
         assert 1e-3 < max(meta["max_diff"]) < 0.25
@@ -304,7 +305,7 @@ def test_a_followed_request_shows_each_forward_step_as_the_engine_computes_it(se
             assert r.status_code == 200
             events = [json.loads(line) for line in r.iter_lines() if line]
         assert events[0]["event"] == "sending" and events[-1]["event"] == "done", events[-1]
-        _, trace = c.app.state.kv.inspect.trace_by_key(events[-1]["result"]["key"])
+        _, trace = c.app.state.kv.inspect.trace_by_key(events[-1]["result"]["key"], who=NOBODY)
         final = [list(x) for x in trace.meta["served"]["steps"]]
         assert len(final) == 32 and events[-1]["steps"] == final  # the prefill, then a step per new token but the last
         seen = [e for e in events if e["event"] == "rows"]

@@ -15,7 +15,7 @@ from app.errors import BadInput, Expired, Forbidden, NotFound
 from app.labs.kit import CODE, PIN_PREFIX, check_code
 from app.labs.speculative import SpecAsk
 from app.model.loading import ModelRegistry
-from app.quota import Requester
+from app.quota import NOBODY, Requester
 from app.settings import Settings
 from app.state import AppState
 
@@ -33,8 +33,8 @@ def same_json(a, b) -> bool:
 
 def test_a_pinned_trace_reopened_after_a_restart_is_the_same_tensors(tiny, tmp_path):
     st = make(tiny, tmp_path)
-    lm, key, trace = st.inspect.trace_prompt("builtin", PROMPT)
-    grid = st.inspect.grid(key, 16)
+    lm, key, trace = st.inspect.trace_prompt("builtin", PROMPT, who=NOBODY)
+    grid = st.inspect.grid(key, 16, who=NOBODY)
     pin = st.kit.pin("trace", name="  The cat\tsat ", owner="browser-a", key=key)
     assert CODE.fullmatch(pin.code) and pin.name == "The cat sat"
     files = {p.name for p in (tmp_path / "kit" / pin.code).iterdir()}
@@ -43,7 +43,7 @@ def test_a_pinned_trace_reopened_after_a_restart_is_the_same_tensors(tiny, tmp_p
 
     again = make(tiny, tmp_path)  # a restart: a new state on the same home, the store empty
     assert len(again.traces) == 0
-    lm2, back = again.inspect.trace_by_key(pin.key)
+    lm2, back = again.inspect.trace_by_key(pin.key, who=NOBODY)
     assert list(back.tensors) == list(trace.tensors)  # the same names, in execution order
     for name, t in trace.tensors.items():
         assert back.tensors[name].dtype == t.dtype and back.tensors[name].shape == t.shape
@@ -51,21 +51,22 @@ def test_a_pinned_trace_reopened_after_a_restart_is_the_same_tensors(tiny, tmp_p
     assert back.token_ids == trace.token_ids and back.token_texts == trace.token_texts
     assert back.steps == trace.steps and back.meta.get("tail") == trace.meta.get("tail")
     assert back.meta["grid"] == (16, grid)  # the grid of heads came back with it: read, not recomputed
-    assert again.inspect.grid(pin.key, 16) == grid
+    assert again.inspect.grid(pin.key, 16, who=NOBODY) == grid
     assert again.traces.misses == 0  # nothing was captured to reopen it
     # Read a second, independent way: safetensors' own loader on the same file.
     other = load_file(tmp_path / "kit" / pin.code / "trace.safetensors")
     assert all(torch.equal(other[n], t) for n, t in trace.tensors.items())
     # A view reads it as it read the original (the same op on the same bytes).
-    assert same_json(again.inspect.attention(pin.key, 0, 1, "weights"), st.inspect.attention(key, 0, 1, "weights"))
+    assert same_json(again.inspect.attention(pin.key, 0, 1, "weights", who=NOBODY),
+                     st.inspect.attention(key, 0, 1, "weights", who=NOBODY))
 
 
 def test_a_reopened_trace_copies_nothing_it_maps_the_file(tiny, tmp_path):
     st = make(tiny, tmp_path)
-    _, key, _ = st.inspect.trace_prompt("builtin", PROMPT)
+    _, key, _ = st.inspect.trace_prompt("builtin", PROMPT, who=NOBODY)
     pin = st.kit.pin("trace", name="mapped", owner="a", key=key)
     again = make(tiny, tmp_path)
-    _, back = again.inspect.trace_by_key(pin.key)
+    _, back = again.inspect.trace_by_key(pin.key, who=NOBODY)
     # Every tensor is a view into one buffer laid out as the file (the mapping), none a copy: the distance between
     # two tensors' memory is the distance between their bytes in the file, as its header gives them.
     path = tmp_path / "kit" / pin.code / "trace.safetensors"
@@ -80,27 +81,29 @@ def test_a_long_trace_keeps_its_zoom_grid_and_is_never_expired(tiny, tmp_path):
     st = make(tiny, tmp_path, full_trace_max_tokens=16, zoom_min_tokens=16, trace_ttl_s=0.001)
     lm, ids = st.long.prepare(model="builtin", text=PROMPT * 2)
     key = st.inspect.trace_key(lm, ids)
-    st.inspect.traces.get_or_compute(key, lambda: st.inspect.compute_trace(lm, ids))
-    rows = [st.zoom.head_grid(key, layer=layer) for layer in range(lm.adapter.n_layer)]
-    tile = st.zoom.tile(key, layer=0, head=0, level=0, row=0, col=0, pool="max")  # the zoom page's first view
+    st.inspect.traces.get_or_compute(key, lambda: st.inspect.compute_trace(lm, ids), owner="")
+    rows = [st.zoom.head_grid(key, layer=layer, who=NOBODY) for layer in range(lm.adapter.n_layer)]
+    # the zoom page's first view
+    tile = st.zoom.tile(key, layer=0, head=0, level=0, row=0, col=0, pool="max", who=NOBODY)
     pin = st.kit.pin("trace", name="long", owner="a", key=key)
     assert pin.summary["long"] and pin.summary["grid_layers"] == lm.adapter.n_layer
     again = make(tiny, tmp_path, full_trace_max_tokens=16, zoom_min_tokens=16, trace_ttl_s=0.001)
     again.purge()  # the TTL has passed many times over: a pinned trace is not the store's to drop
     # the zoom page's grid of heads came back with it: every layer's row is there before anything asks for one
     assert sorted(layer for (k, layer) in again.zoom.pinned_grid if k == pin.key) == list(range(lm.adapter.n_layer))
-    _, shown = again.kit.open(pin.code)
+    _, shown = again.kit.open(pin.code, who=NOBODY)
     assert shown["long"] and shown["key"] == PIN_PREFIX + pin.code
-    assert [again.zoom.head_grid(pin.key, layer=layer) for layer in range(lm.adapter.n_layer)] == rows
+    assert [again.zoom.head_grid(pin.key, layer=layer, who=NOBODY) for layer in range(lm.adapter.n_layer)] == rows
     assert pin.summary["zoom_heads"] == 1 and (pin.key, 0, 0) in again.zoom.pinned_pyramids  # its base, pinned
-    assert torch.equal(again.zoom.tile(pin.key, layer=0, head=0, level=0, row=0, col=0, pool="max"), tile)
-    assert torch.equal(again.zoom.tile(pin.key, layer=1, head=2, level=0, row=0, col=0, pool="mean"),
-                       st.zoom.tile(key, layer=1, head=2, level=0, row=0, col=0, pool="mean"))  # made fresh: the same
+    assert torch.equal(again.zoom.tile(pin.key, layer=0, head=0, level=0, row=0, col=0, pool="max", who=NOBODY), tile)
+    assert torch.equal(again.zoom.tile(pin.key, layer=1, head=2, level=0, row=0, col=0, pool="mean", who=NOBODY),
+                       st.zoom.tile(key, layer=1, head=2, level=0, row=0, col=0, pool="mean",
+                                    who=NOBODY))  # made fresh: the same
 
 
 def test_a_trace_no_longer_held_is_refused_not_recomputed(tiny, tmp_path):
     st = make(tiny, tmp_path)
-    _, key, _ = st.inspect.trace_prompt("builtin", PROMPT)
+    _, key, _ = st.inspect.trace_prompt("builtin", PROMPT, who=NOBODY)
     st.traces.clear()
     with pytest.raises(Expired) as e:
         st.kit.pin("trace", name="gone", owner="a", key=key)
@@ -125,7 +128,7 @@ def test_pinned_results_equal_their_labs_json(tiny, tmp_path):
             "arena": st.kit.pin("arena", name="arena", owner="a", arena=form)}
     again = make(tiny, tmp_path)
     for kind, original in (("heads", heads), ("spec", spec), ("arena", arena)):
-        pin, shown = again.kit.open(pins[kind].code)
+        pin, shown = again.kit.open(pins[kind].code, who=NOBODY)
         assert pin.kind == kind
         assert same_json(shown["view"], json.loads(json.dumps(original))), kind
         assert same_json(again.kit.result(pin.code)["view"], json.loads(json.dumps(original)))
@@ -144,11 +147,11 @@ def test_a_result_not_kept_is_refused(tiny, tmp_path):
 
 def test_the_budget_refuses_a_pin_that_would_pass_it_and_changes_nothing(tiny, tmp_path):
     st = make(tiny, tmp_path)
-    _, key, trace = st.inspect.trace_prompt("builtin", PROMPT)
+    _, key, trace = st.inspect.trace_prompt("builtin", PROMPT, who=NOBODY)
     first = st.kit.pin("trace", name="fits", owner="a", key=key)
     small = make(tiny, tmp_path, kit_disk_bytes=first.bytes + first.bytes // 2)
     assert small.kit.pins()["used"] == first.bytes
-    _, key2, _ = small.inspect.trace_prompt("builtin", PROMPT + " again")
+    _, key2, _ = small.inspect.trace_prompt("builtin", PROMPT + " again", who=NOBODY)
     with pytest.raises(BadInput) as e:
         small.kit.pin("trace", name="too much", owner="a", key=key2)
     assert e.value.key == "err.kit.budget"
@@ -158,7 +161,7 @@ def test_the_budget_refuses_a_pin_that_would_pass_it_and_changes_nothing(tiny, t
 
 def test_names_and_codes_are_checked_never_paths(tiny, tmp_path):
     st = make(tiny, tmp_path, kit_max_name_chars=10)
-    _, key, _ = st.inspect.trace_prompt("builtin", PROMPT)
+    _, key, _ = st.inspect.trace_prompt("builtin", PROMPT, who=NOBODY)
     for bad in ("", "   ", "x" * 11, "a\x00b"):
         with pytest.raises(BadInput):
             st.kit.pin("trace", name=bad, owner="a", key=key)
@@ -177,13 +180,13 @@ def test_names_and_codes_are_checked_never_paths(tiny, tmp_path):
 
 def test_only_the_pinning_browser_or_the_loopback_deletes(tiny, tmp_path):
     st = make(tiny, tmp_path)
-    _, key, _ = st.inspect.trace_prompt("builtin", PROMPT)
+    _, key, _ = st.inspect.trace_prompt("builtin", PROMPT, who=NOBODY)
     pin = st.kit.pin("trace", name="mine", owner="browser-a", key=key)
     with pytest.raises(Forbidden):
         st.kit.delete(pin.code, owner="browser-b", address="10.0.0.7")
     with pytest.raises(Forbidden):
         st.kit.delete(pin.code, owner="", address="10.0.0.7")
-    assert st.kit.open(pin.code)[0].code == pin.code  # still there, still open to anyone
+    assert st.kit.open(pin.code, who=NOBODY)[0].code == pin.code  # still there, still open to anyone
     assert st.kit.pins(owner="browser-b", address="10.0.0.7")["pins"][0]["mine"] is False
     assert st.kit.delete(pin.code, owner="browser-a", address="10.0.0.9") == {"deleted": pin.code}
     assert pin.key not in st.inspect.pinned and not (tmp_path / "kit" / pin.code).exists()
@@ -204,12 +207,12 @@ def test_a_half_written_pin_is_removed_at_start_up(tiny, tmp_path):
 
 def test_a_code_the_server_has_not_seen_is_looked_for_on_disk(tiny, tmp_path):
     server, cli = make(tiny, tmp_path), make(tiny, tmp_path)  # two processes on one home
-    _, key, _ = cli.inspect.trace_prompt("builtin", PROMPT)
+    _, key, _ = cli.inspect.trace_prompt("builtin", PROMPT, who=NOBODY)
     pin = cli.kit.pin("trace", name="made meanwhile", owner="", key=key)
     assert server.kit.get(pin.code.lower()).name == "made meanwhile"  # found without a restart
     assert server.kit.kit(pin.kit)["items"][0]["code"] == pin.code
-    _, back = server.inspect.trace_by_key(pin.key)  # mounted as at start-up
-    assert back.n_tokens == cli.inspect.trace_by_key(pin.key)[1].n_tokens
+    _, back = server.inspect.trace_by_key(pin.key, who=NOBODY)  # mounted as at start-up
+    assert back.n_tokens == cli.inspect.trace_by_key(pin.key, who=NOBODY)[1].n_tokens
     (tmp_path / "kit" / ".tmp-half").mkdir()  # another process's pin being written: left alone, not listed
     assert server.kit.rescan() == [] and (tmp_path / "kit" / ".tmp-half").is_dir()
     with pytest.raises(NotFound):
@@ -218,15 +221,15 @@ def test_a_code_the_server_has_not_seen_is_looked_for_on_disk(tiny, tmp_path):
 
 def test_a_browsers_pins_make_one_kit(tiny, tmp_path):
     st = make(tiny, tmp_path)
-    _, k1, _ = st.inspect.trace_prompt("builtin", PROMPT)
-    _, k2, _ = st.inspect.trace_prompt("builtin", "another prompt for the class")
+    _, k1, _ = st.inspect.trace_prompt("builtin", PROMPT, who=NOBODY)
+    _, k2, _ = st.inspect.trace_prompt("builtin", "another prompt for the class", who=NOBODY)
     a, b = (st.kit.pin("trace", name=n, owner="teacher", key=k) for n, k in (("one", k1), ("two", k2)))
     other = st.kit.pin("trace", name="theirs", owner="someone-else", key=k1)
     assert a.kit == b.kit != other.kit and CODE.fullmatch(a.kit) and a.kit not in (a.code, b.code)
     kits = st.kit.pins(owner="teacher", address="10.0.0.3")["kits"]
     assert [[p["code"] for p in k["items"]] for k in kits] == [[a.code, b.code]]  # not the other browser's
     again = make(tiny, tmp_path)  # the kit survives a restart, and the next pin joins it
-    _, k3, _ = again.inspect.trace_prompt("builtin", "a third one")
+    _, k3, _ = again.inspect.trace_prompt("builtin", "a third one", who=NOBODY)
     assert again.kit.pin("trace", name="three", owner="teacher", key=k3).kit == a.kit
 
 
@@ -272,7 +275,7 @@ def test_every_lab_a_trace_is_pinned_into_implements_the_pin_protocol(tiny, tmp_
 
     st = make(tiny, tmp_path)
     assert all(isinstance(lab, PinTarget) for lab in st.kit._targets())
-    _, key, _ = st.inspect.trace_prompt("builtin", PROMPT)
+    _, key, _ = st.inspect.trace_prompt("builtin", PROMPT, who=NOBODY)
     pin = st.kit.pin("trace", name="protocol", owner="a", key=key)
     assert st.inspect.pinned_item(pin.key) is not None
     st.kit.delete(pin.code, owner="a", address="10.0.0.1")

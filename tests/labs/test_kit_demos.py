@@ -13,6 +13,7 @@ import torch
 from app.cli import main as cli_main
 from app.labs.kit import PIN_PREFIX
 from app.model.loading import ModelRegistry
+from app.quota import NOBODY
 from tests.labs.test_kit import PROMPT, make
 
 
@@ -31,7 +32,7 @@ def test_prepare_builds_a_kit_from_a_file_with_progress(tiny, tmp_path, capsys, 
     monkeypatch.setattr("app.cli.load_kit_models", lambda settings: ModelRegistry(
         models={"builtin": tiny}, default="builtin", failures={}))
     server = make(tiny, tmp_path / "home")  # a server already running on that home, with a browser's own pin
-    _, key, _ = server.inspect.trace_prompt("builtin", "a browser's own trace")
+    _, key, _ = server.inspect.trace_prompt("builtin", "a browser's own trace", who=NOBODY)
     browsers = server.kit.pin("trace", name="the browser's", owner="browser-a", key=key)
     assert cli_main(["kit", "prepare", str(toml)]) == 0
     out = capsys.readouterr().out
@@ -53,9 +54,9 @@ def test_prepare_builds_a_kit_from_a_file_with_progress(tiny, tmp_path, capsys, 
     kinds = sorted(p["kind"] for p in st.kit.pins()["pins"] if p["code"] in made)
     assert kinds == ["arena", "heads", "spec", "trace"]
     trace_pin = next(p for p in st.kit.pins()["pins"] if p["kind"] == "trace" and p["code"] in made)
-    _, back = st.inspect.trace_by_key(PIN_PREFIX + trace_pin["code"])
+    _, back = st.inspect.trace_by_key(PIN_PREFIX + trace_pin["code"], who=NOBODY)
     fresh = make(tiny, tmp_path / "other")
-    _, _, trace = fresh.inspect.trace_prompt("builtin", PROMPT)
+    _, _, trace = fresh.inspect.trace_prompt("builtin", PROMPT, who=NOBODY)
     # The same tokens through the same model: the capture the CLI pinned is the one the page makes (fp32 on one
     # machine, the same op order: equal up to rounding, bounded by fp32's epsilon times the values' scale).
     for name, t in trace.tensors.items():

@@ -9,6 +9,7 @@ import pytest
 
 from app.labs.kit_files import PIN_FIELDS, SUMMARIES, Damaged, read_pin
 from app.model.loading import ModelRegistry
+from app.quota import NOBODY
 from app.settings import Settings
 from app.state import AppState
 
@@ -21,7 +22,7 @@ def written(tiny, tmp_path_factory):
     home = tmp_path_factory.mktemp("kit-files")
     state = AppState.create(Settings(models=("builtin",), home=home), ModelRegistry(
         models={"builtin": tiny}, default="builtin", failures={}))
-    _, key, _ = state.inspect.trace_prompt("builtin", "the cat sat on the mat")
+    _, key, _ = state.inspect.trace_prompt("builtin", "the cat sat on the mat", who=NOBODY)
     state.heads.view("builtin")
     pins = {"trace": state.kit.pin("trace", name="t", owner="a", key=key),
             "heads": state.kit.pin("heads", name="h", owner="a", model="builtin")}

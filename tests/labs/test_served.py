@@ -9,6 +9,7 @@ import torch
 from app.errors import Expired
 from app.labs.engine import EngineLab, EngineLimits
 from app.labs.served import ServedLab
+from app.quota import NOBODY
 
 
 def lab_with(state, settings, **caps) -> ServedLab:
@@ -37,7 +38,7 @@ def test_each_browser_keeps_its_newest_and_the_oldest_go_past_the_class_cap(stat
     lab.hold("served-b9", tiny, trace, {}, "b")
     assert held(lab, keys + ["served-b9"]) == ["served-c2", "served-d3", "served-b9"]  # b's older one went first
     with pytest.raises(Expired):
-        lab.page("served-a0")
+        lab.page("served-a0", who=NOBODY)
 
 
 def test_the_bytes_cap_lets_the_oldest_go_but_never_the_newest(state, settings, tiny):

@@ -21,31 +21,31 @@ class Sized:
 
 def test_a_long_capture_runs_after_the_older_traces_made_room():
     store = TraceStore(max_bytes=100, keep_one_bytes=300)
-    store.get_or_compute("a", lambda: Sized(60))
-    store.get_or_compute("b", lambda: Sized(30))
+    store.get_or_compute("a", lambda: Sized(60), owner="")
+    store.get_or_compute("b", lambda: Sized(30), owner="")
     held_during = []
 
     def long_capture():
         held_during.append(store.bytes)
         return Sized(250)
 
-    store.get_or_compute("long", long_capture, expected=250)
+    store.get_or_compute("long", long_capture, expected=250, owner="")
     assert held_during == [30]  # "a" (least recently used) dropped first; 30 + 250 fits 300
     assert store.bytes == 280 and len(store) == 2  # over max_bytes, within keep_one_bytes: kept beside "b"
 
 
 def test_without_an_estimate_the_older_traces_stay_during_the_forward():
     store = TraceStore(max_bytes=100, keep_one_bytes=300)
-    store.get_or_compute("a", lambda: Sized(60))
+    store.get_or_compute("a", lambda: Sized(60), owner="")
     held_during = []
-    store.get_or_compute("b", lambda: held_during.append(store.bytes) or Sized(20))
+    store.get_or_compute("b", lambda: held_during.append(store.bytes) or Sized(20), owner="")
     assert held_during == [60] and store.bytes == 80 and len(store) == 2
 
 
 def test_a_hit_computes_nothing_and_drops_nothing():
     store = TraceStore(max_bytes=100, keep_one_bytes=300)
-    store.get_or_compute("a", lambda: Sized(60))
-    assert store.get_or_compute("a", lambda: Sized(999), expected=290).n == 60
+    store.get_or_compute("a", lambda: Sized(60), owner="")
+    assert store.get_or_compute("a", lambda: Sized(999), expected=290, owner="").n == 60
     assert store.bytes == 60 and store.hits == 1
 
 
@@ -120,16 +120,16 @@ def test_a_heartbeat_makes_a_long_trace_the_last_one_dropped_for_another():
     assert set(store._items) == {"a", "c"} and store.bytes == 280  # the memory bound holds
 
 
-def test_the_owner_is_the_requests_browser_by_default():
+def test_the_owner_is_the_one_the_caller_names_never_the_context_variable():
     from app.admission import current_owner
 
     store = TraceStore(max_bytes=100, keep_one_bytes=300)
-    token = current_owner.set("browser-x")
+    token = current_owner.set("browser-x")  # what the owner-cookie middleware sets for the gate
     try:
-        store.get_or_compute("k", lambda: Sized(10))
+        store.get_or_compute("k", lambda: Sized(10), owner="browser-y")  # the route's Requester, passed down
     finally:
         current_owner.reset(token)
-    assert store.owner_bytes("browser-x") == 10 and store.owner_bytes("") == 0
+    assert store.owner_bytes("browser-y") == 10 and store.owner_bytes("browser-x") == 0
 
 
 def test_the_bound_holds_at_every_moment_for_any_sequence():

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from app.model.loading import ModelRegistry
 from app.model.trace_file import TraceFileError, read_trace, write_trace
+from app.quota import NOBODY
 from app.settings import Settings
 from app.state import AppState
 
@@ -20,7 +21,7 @@ def written(tiny, tmp_path_factory):
     home = tmp_path_factory.mktemp("trace-file")
     state = AppState.create(Settings(models=("builtin",), home=home), ModelRegistry(
         models={"builtin": tiny}, default="builtin", failures={}))
-    _, _, trace = state.inspect.trace_prompt("builtin", "the cat sat on the mat")
+    _, _, trace = state.inspect.trace_prompt("builtin", "the cat sat on the mat", who=NOBODY)
     path = home / "t.safetensors"
     write_trace(path, trace, {"model": "builtin"})
     return trace, path.read_bytes()

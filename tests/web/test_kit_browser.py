@@ -42,6 +42,7 @@ def test_a_pinned_long_trace_opens_with_the_banner_its_grid_and_the_language_ask
     page, which carries the kit's banner (the item's code and its kit's), speaks the language the link asked for and
     draws the stored grid at once (no "Compute the grid" left to press)."""
     from app.model.loading import load_builtin
+    from app.quota import NOBODY
     from app.settings import Settings
     from tests.conftest import make_state
     from tests.live import browser_page, serve_in_thread
@@ -50,9 +51,9 @@ def test_a_pinned_long_trace_opens_with_the_banner_its_grid_and_the_language_ask
     st = make_state(settings, load_builtin(tmp_path))
     lm, ids = st.long.prepare(model="builtin", text=LONG_PROMPT)
     key = st.inspect.trace_key(lm, ids)
-    st.inspect.traces.get_or_compute(key, lambda: st.inspect.compute_trace(lm, ids))
+    st.inspect.traces.get_or_compute(key, lambda: st.inspect.compute_trace(lm, ids), owner="")
     for layer in range(lm.adapter.n_layer):
-        st.zoom.head_grid(key, layer=layer)
+        st.zoom.head_grid(key, layer=layer, who=NOBODY)
     pin = st.kit.pin("trace", name="Le long essai", owner="", key=key)
     cells = lm.adapter.n_layer * lm.adapter.n_head
     with serve_in_thread(st) as url, browser_page(browser, viewport={"width": 1280, "height": 720}) as page:

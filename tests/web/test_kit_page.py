@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.model.loading import ModelRegistry
-from app.quota import Requester
+from app.quota import NOBODY, Requester
 from app.settings import Settings
 from app.state import AppState
 from app.web.main import create_app
@@ -176,7 +176,7 @@ def test_the_server_s_own_machine_deletes_a_pin_over_ipv6(tiny, tmp_path):
     """``kvscope serve --host ::1``: a DELETE from ``[::1]`` without the pinning browser's cookie is the teacher's
     own machine, as from 127.0.0.1; one from another browser elsewhere would be 403 (the test above)."""
     _, st = make_app(tiny, tmp_path)
-    _, key, _ = st.inspect.trace_prompt("builtin", PROMPT)
+    _, key, _ = st.inspect.trace_prompt("builtin", PROMPT, who=NOBODY)
     pin = st.kit.pin("trace", name="from another browser", owner="browser-a", key=key)
     with serve_in_thread(st, host="::1") as url:
         assert url.startswith("http://[::1]:")
@@ -194,8 +194,8 @@ def _pin_five(tiny, home) -> dict[str, str]:
     _, st = make_app(tiny, home)
     codes = {}
     for role, prompt in (("victim", PROMPT), ("trace", "a different prompt for the second trace")):
-        _, key, _ = st.inspect.trace_prompt("builtin", prompt)
-        st.inspect.grid(key, 16)
+        _, key, _ = st.inspect.trace_prompt("builtin", prompt, who=NOBODY)
+        st.inspect.grid(key, 16, who=NOBODY)
         codes[role] = st.kit.pin("trace", name=role, owner="teacher", key=key).code
     st.heads.view("builtin")
     codes["heads"] = st.kit.pin("heads", name="roles", owner="teacher", model="builtin").code

@@ -377,7 +377,8 @@ def test_concurrent_misses_on_one_trace_compute_it_once():
         return Fake()
 
     store = TraceStore(1000)
-    threads = [threading.Thread(target=store.get_or_compute, args=("k", compute)) for _ in range(4)]
+    threads = [threading.Thread(target=store.get_or_compute, args=("k", compute), kwargs={"owner": ""})
+               for _ in range(4)]
     for t in threads:
         t.start()
     gate.set()

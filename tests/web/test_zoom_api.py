@@ -232,12 +232,12 @@ def test_two_long_captures_take_turns_within_the_budget(settings, distil):
     seen_bytes: list[int] = []
     real = st.traces.get_or_compute
 
-    def watching(key, compute, expected=0, owner=None):
+    def watching(key, compute, expected=0, *, owner):
         def spy():
             seen_bytes.append(st.traces.bytes)  # held by the store when the capture's forward starts
             return compute()
 
-        return real(key, spy, expected, owner)
+        return real(key, spy, expected, owner=owner)
 
     st.traces.get_or_compute = watching
     st.model_lock.acquire()  # hold the model: the first job waits at its gate, the second in the line

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from app.web.deps import ExportDep
+from app.web.deps import ExportDep, RequesterDep
 from app.web.openapi import errors
 
 router = APIRouter()
@@ -28,16 +28,17 @@ def _download(body: bytes | str, filename: str, fmt: str) -> Response:
 
 @router.get("/api/traces/{key}/export/trace.{fmt}", tags=["export"], response_class=Response,
             responses=_file("The trace as a .npz or .safetensors file", MEDIA["npz"]))
-def read_trace_file(lab: ExportDep, key: str, fmt: str) -> Response:
+def read_trace_file(lab: ExportDep, who: RequesterDep, key: str, fmt: str) -> Response:
     """Every captured tensor of the trace, named by its capture name (``blocks.0.attn.q`` …), plus
     ``input_ids``; ``fmt`` is ``npz`` (``numpy.load``) or ``safetensors`` (``safetensors.safe_open``)."""
-    body, name = lab.trace_file(key, fmt)
+    body, name = lab.trace_file(key, fmt, who=who)
     return _download(body, name, fmt)
 
 
 @router.get("/api/traces/{key}/export/head/{layer}/{head}.{fmt}", tags=["export"], response_class=Response,
             responses=_file("The head's matrix as CSV or JSON", MEDIA["csv"], MEDIA["json"]))
-def read_head_file(lab: ExportDep, key: str, layer: int, head: int, fmt: str, kind: str = "weights") -> Response:
+def read_head_file(lab: ExportDep, who: RequesterDep, key: str, layer: int, head: int, fmt: str,
+                   kind: str = "weights") -> Response:
     """One head's (T, Tk) matrix (``kind``: weights, masked or scores) as ``csv`` or ``json``."""
-    body, name = lab.head_file(key, layer=layer, head=head, fmt=fmt, kind=kind)
+    body, name = lab.head_file(key, layer=layer, head=head, fmt=fmt, kind=kind, who=who)
     return _download(body, name, fmt)

@@ -15,7 +15,7 @@ from fastapi.responses import RedirectResponse
 from pydantic import Field
 
 from app.labs.kit import KINDS, check_code
-from app.web.deps import AddressDep, KitDep, OwnerDep
+from app.web.deps import AddressDep, KitDep, OwnerDep, RequesterDep
 from app.web.openapi import Body, errors
 from app.web.render import render
 from app.web.routes.arena import ArenaRun
@@ -60,12 +60,13 @@ def open_kit_code(request: Request, lab: KitDep, code: str = ""):
 
 
 @router.get("/kit/{code}", include_in_schema=False)
-def read_pin_page(request: Request, lab: KitDep, owner: OwnerDep, address: AddressDep, code: str):
+def read_pin_page(request: Request, lab: KitDep, owner: OwnerDep, address: AddressDep, who: RequesterDep,
+                  code: str):
     kit = lab.kit(code, owner=owner, address=address)
     if kit is not None:  # a kit's code: its list of items
         listing = lab.pins(owner=owner, address=address) | {"kits": [kit]}
         return render(request, "kit.html", page="kit", kit=listing, one_kit=True)
-    pin, shown = lab.open(code)
+    pin, shown = lab.open(code, who=who)
     if pin.kind == "trace":
         if shown["long"]:
             return RedirectResponse(_keeping_query(request, f"/zoom/{shown['key']}"), status_code=303)

@@ -10,7 +10,7 @@ from fastapi.responses import RedirectResponse
 from pydantic import Field
 
 from app.web.cancel import FollowResponse
-from app.web.deps import OwnerDep, ServedDep
+from app.web.deps import OwnerDep, RequesterDep, ServedDep
 from app.web.openapi import Body, errors
 from app.web.render import render, request_lang
 
@@ -66,5 +66,5 @@ def open_served_form(lab: ServedDep, owner: OwnerDep, index: Annotated[int, Form
 
 
 @router.get("/served/{key}", include_in_schema=False)
-def read_served_page(request: Request, lab: ServedDep, key: str):
-    return render(request, "inspect.html", page="inspect", chat_option=False, **lab.page(key))
+def read_served_page(request: Request, lab: ServedDep, who: RequesterDep, key: str):
+    return render(request, "inspect.html", page="inspect", chat_option=False, **lab.page(key, who=who))

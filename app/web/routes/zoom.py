@@ -33,7 +33,7 @@ class LongCapture(Body):
 
 
 @router.get("/zoom/{key}", include_in_schema=False)
-def read_zoom_page(request: Request, lab: ZoomDep, long: LongDep, kit: KitDep, key: str):
+def read_zoom_page(request: Request, lab: ZoomDep, who: RequesterDep, long: LongDep, kit: KitDep, key: str):
     """A long prompt's page: one head as the deep-zoom canvas (the view itself lives in the URL's query); a pinned
     trace's (``kit-CODE``) with the kit's banner. A long trace the server no longer holds is not captured again
     behind a blank page: the page says so, with what capturing it again takes, and a button that does it (in the
@@ -42,7 +42,7 @@ def read_zoom_page(request: Request, lab: ZoomDep, long: LongDep, kit: KitDep, k
     if gone is not None:
         return render(request, "zoom_gone.html", page="inspect", gone=gone, heartbeat=None)
     return render(request, "zoom.html", page="inspect", kit_pin=kit.pin_of_key(key), heartbeat=long.heartbeat(),
-                  **lab.page(key))
+                  **lab.page(key, who=who))
 
 
 @router.post("/api/traces/{key}/hold", tags=["inspect"], responses=errors(410))
@@ -54,20 +54,20 @@ def hold_trace(lab: LongDep, key: str = Path(..., max_length=100)) -> dict:
 
 
 @router.get("/api/traces/{key}/zoom", tags=["inspect"], responses=errors(410, 422, 429, 503))
-def read_zoom_meta(lab: ZoomDep, key: str) -> dict:
+def read_zoom_meta(lab: ZoomDep, who: RequesterDep, key: str) -> dict:
     """What the zoom canvas needs first: T (rows, cols), the pyramid's levels and tiles per side, the tile size,
     the layers and heads, and every token's text (whitespace made visible)."""
-    return lab.meta(key)
+    return lab.meta(key, who=who)
 
 
 @router.get("/api/traces/{key}/zoom/{layer}/{head}/{level}/{row}/{col}", tags=["inspect"],
             responses=errors(410, 422, 429, 503), response_class=Response)
-def read_zoom_tile(lab: ZoomDep, key: str, layer: int, head: int, level: int, row: int, col: int,
+def read_zoom_tile(lab: ZoomDep, who: RequesterDep, key: str, layer: int, head: int, level: int, row: int, col: int,
                    pool: str = "max") -> Response:
     """One tile of one head's pyramid (``app/viz/zoom.py``): ``r × c`` little-endian float32, row-major (r, c in
     the ``X-Tile-Rows`` / ``X-Tile-Cols`` headers, at most 256, less on the edges). ``pool``: max or mean of the
     exact weights each cell covers; the deepest level's cells are the exact weights."""
-    tile = lab.tile(key, layer=layer, head=head, level=level, row=row, col=col, pool=pool)
+    tile = lab.tile(key, layer=layer, head=head, level=level, row=row, col=col, pool=pool, who=who)
     r, c = tile.shape
     return Response(tile.contiguous().numpy().astype("<f4").tobytes(), media_type="application/octet-stream",
                     headers={"X-Tile-Rows": str(r), "X-Tile-Cols": str(c), "Cache-Control": TILE_CACHE,
@@ -75,25 +75,26 @@ def read_zoom_tile(lab: ZoomDep, key: str, layer: int, head: int, level: int, ro
 
 
 @router.get("/api/traces/{key}/zoom/{layer}/{head}/cell", tags=["inspect"], responses=errors(410, 422, 429, 503))
-def read_zoom_cell(lab: ZoomDep, key: str, layer: int, head: int, q: int = Query(...), k: int = Query(...)) -> dict:
+def read_zoom_cell(lab: ZoomDep, who: RequesterDep, key: str, layer: int, head: int, q: int = Query(...),
+                   k: int = Query(...)) -> dict:
     """One exact weight: query position ``q``, key position ``k``, both tokens' texts, and whether the causal mask
     lets q read k (a weight of 0 where it does not)."""
-    return lab.cell(key, layer=layer, head=head, q=q, k=k)
+    return lab.cell(key, layer=layer, head=head, q=q, k=k, who=who)
 
 
 @router.get("/api/traces/{key}/heads/{layer}", tags=["inspect"], responses=errors(410, 422, 429, 503))
-def read_head_grid(lab: ZoomDep, key: str, layer: int) -> dict:
+def read_head_grid(lab: ZoomDep, who: RequesterDep, key: str, layer: int) -> dict:
     """One layer's row of the grid of heads, over the whole context: ``first`` (mean weight on token 0 over the
     queries after it), ``distance`` (mean Σ_j w_ij · (i − j), tokens) and ``entropy`` (mean −Σ_j w_ij ln w_ij,
     nats), one number per head. A layer streams every exact weight of its heads (seconds at 8 192 tokens): the page
     asks layer by layer; a layer asked before is answered from the zoom lab's cache."""
-    return lab.head_grid(key, layer=layer)
+    return lab.head_grid(key, layer=layer, who=who)
 
 
 @router.get("/api/traces/{key}/zoom/{layer}/{head}/top", tags=["inspect"], responses=errors(410, 422, 429, 503))
-def read_top_keys(lab: ZoomDep, key: str, layer: int, head: int, q: int = Query(...)) -> dict:
+def read_top_keys(lab: ZoomDep, who: RequesterDep, key: str, layer: int, head: int, q: int = Query(...)) -> dict:
     """The keys query ``q`` reads most in one head (at most 8): position, token text and exact weight each."""
-    return lab.top(key, layer=layer, head=head, q=q)
+    return lab.top(key, layer=layer, head=head, q=q, who=who)
 
 
 @router.post(LONG_CAPTURE_PATH, tags=["inspect"], response_class=FollowResponse, responses=errors(413, 422, 429, 503))
