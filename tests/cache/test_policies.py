@@ -185,7 +185,7 @@ def test_streaming_rerotation_equals_the_model_run_on_the_kept_tokens_at_their_c
             k = a.rotate(store.k[layer], torch.arange(n), layer)  # (H_kv, n, Dh), at the layer's rotary base
             cache.update(k[None], store.v[layer][None], layer)
         want = lm.model(input_ids=torch.tensor([[tok]]), position_ids=torch.tensor([[n]]),
-                        past_key_values=cache, use_cache=True).logits[0, -1]
+                        cache=cache, use_cache=True).logits[0, -1]
         got = forward_through(lm, store, [tok])[-1]
         assert store.length > n + 1  # tokens really were dropped
         assert (got - want).abs().max() < 2e-4
