@@ -183,11 +183,11 @@ class AppState:
                                      line=state.lab_queue("train", max_run_s=train.train_max_s))
         state.capacity = CapacityLab(registry=registry, gate=gate, limits=CapacityLimits.of(s))
         state.speculative = SpeculativeLab(registry=registry, gate=gate, limits=SpecLimits.of(s))
+        state.zoom = ZoomLab(inspect=state.inspect, limits=ZoomLimits.of(s))
         long = LongLimits.of(s)
-        state.long = LongLab(inspect=state.inspect, limits=long,
+        state.long = LongLab(inspect=state.inspect, zoom=state.zoom, limits=long,
                              line=state.lab_queue("long", max_run_s=long.long_capture_max_s))
         state.lesson = LessonLab(heads=state.heads, inspect=state.inspect, long=state.long)
-        state.zoom = ZoomLab(inspect=state.inspect, limits=ZoomLimits.of(s))
         state.explain = ExplainLab(inspect=state.inspect, gate=gate, limits=ExplainLimits.of(s))
         state.export = ExportLab(inspect=state.inspect, limits=ExportLimits.of(s))
         state.engine = EngineLab(limits=EngineLimits.of(s))

@@ -115,9 +115,11 @@ class InspectLab:
         """The key a trace of these tokens is kept and found under (``trace_by_key``)."""
         return self._key(lm, ids)
 
-    def compute_trace(self, lm: LoadedModel, ids: list[int]) -> Trace:
-        """One capture, as the pages keep it (under the model gate)."""
-        return self._compute(lm, ids)
+    def compute_trace(self, lm: LoadedModel, ids: list[int],
+                      on_layer: Callable[[int, Trace], None] | None = None) -> Trace:
+        """One capture, as the pages keep it (under the model gate); ``on_layer(i, part)``: each layer's attention
+        as soon as it is computed (``run_traced``)."""
+        return self._compute(lm, ids, on_layer)
 
     def expected_bytes(self, lm: LoadedModel, n_tokens: int) -> int:
         """What the trace of ``n_tokens`` will hold once kept (``trace_bytes``); room is made before its forward."""

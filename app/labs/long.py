@@ -10,6 +10,15 @@
     limits_view(model)               the limits the page's form shows
     layer_progress(adapter, pace)    a context manager: a forward hook per hook point reports "layer n of L" and
                                      stops the forward (``Stopped``) once the job is stopped
+    climbed(job_id, layer, owner)    the capture watched as it climbs: layer ``layer``'s overview, made the moment
+                                     the layer was computed (``app/viz/long_climb.py``), for the browsers that asked
+
+The climb: while a capture runs, each finished layer's chosen head is pooled into the zoom page's opening overview
+(its level-0 max tile), kept as bytes under the job's id, and the job's progress says how many are ready
+(``climbed``), so the page draws layer after layer while the rest computes. Once the capture is done, each
+overview seeds the zoom lab's pyramid of its head (the same cells its level-0 tile would pool), so opening the page
+on one of them needs no pass over the map. A stopped or failed capture keeps none of it. ``CLIMBS`` captures' climbs
+are kept (a 256 × 256 byte overview a layer).
 
 Memory: the line runs one capture at a time, and before it starts it lets go of kept traces if they and the new
 one would pass the trace budget (``max(trace_cache_bytes, trace_keep_one_bytes)``); the new trace's size is the
@@ -20,25 +29,30 @@ forward: the hooks go (``capture``'s ``finally``), and what it had captured is d
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from app.errors import BadInput, Expired
+from app.errors import BadInput, Expired, NotFound
 from app.i18n import translate
 from app.labs.inspect import InspectLab
 from app.labs.limits import Limits
 from app.labs.queue import GatedPace, Job, LabQueue
+from app.labs.zoom import ZoomLab
 from app.model.adapters import ModelAdapter, for_this_thread
 from app.model.loading import LoadedModel
 from app.model.prompts import encode_prompt
 from app.model.store import trace_bytes
+from app.model.trace import Trace
 from app.quota import Requester
+from app.viz.long_climb import LayerOverview, layer_overview
 
 TOOK_KEYS = 256  # long captures whose time is remembered (a float each)
+CLIMBS = 4  # long captures whose climb (one byte overview a layer, ~2 MB at 30 layers of 256 x 256) is kept
 LONG_TEXT_PATH = Path(__file__).resolve().parents[1] / "model" / "long_reader.txt"
 
 
@@ -55,24 +69,26 @@ def essay_cut(lm: LoadedModel, ids: list[int]) -> int | None:
 
 
 @contextmanager
-def layer_progress(adapter: ModelAdapter, pace: GatedPace) -> Iterator[None]:
+def layer_progress(adapter: ModelAdapter, pace: GatedPace,
+                   extra: Callable[[], dict] = dict) -> Iterator[None]:
     """While the block runs, each layer's first hook point reports ``layer`` (1-based) of ``layers`` to the job and
     checks its stop flag (``pace.step`` raises ``Stopped``, which ends the forward); once the logits are out, the
     phase after the last layer is named (``phase="heads"``: each head's q, k and v derived from what was captured,
-    AFTER_LAYERS of the job's units). For this thread's forward only (a short one of another browser runs between
-    the layers). Hooks removed in ``finally``."""
+    AFTER_LAYERS of the job's units). ``extra()``: more of the progress, said with each (the layers climbed). For
+    this thread's forward only (a short one of another browser runs between the layers). Hooks removed in
+    ``finally``."""
     layers = adapter.n_layer
     seen: set[int] = set()
     handles = []
 
     def after_last(*_):
-        pace.step(0.0, phase="heads", layer=layers, layers=layers)
+        pace.step(0.0, phase="heads", layer=layers, layers=layers, **extra())
 
     def on_layer(layer: int):
         def hook(*_):
             if layer not in seen:
                 seen.add(layer)
-                pace.step(1.0, layer=layer + 1, layers=layers)
+                pace.step(1.0, layer=layer + 1, layers=layers, **extra())
 
         return hook
 
@@ -134,13 +150,24 @@ class LongLimits(Limits):
     trace_heartbeat_max_s: float
 
 
+@dataclass
+class Climb:
+    """One capture's climb: the browsers that asked for it and each layer's overview so far (its meta, its bytes)."""
+
+    owners: set[str]
+    layers: list[tuple[dict, bytes]]
+
+
 class LongLab:
-    def __init__(self, *, inspect: InspectLab, line: LabQueue, limits: LongLimits) -> None:
+    def __init__(self, *, inspect: InspectLab, zoom: ZoomLab, line: LabQueue, limits: LongLimits) -> None:
         self.inspect = inspect
+        self.zoom = zoom
         self.line = line
         self.limits = limits
         # trace key -> seconds its capture took (the line's clock): what capturing it again is expected to take
         self._took: OrderedDict[str, float] = OrderedDict()
+        self._climbs: OrderedDict[str, Climb] = OrderedDict()  # job id -> its climb (CLIMBS, oldest dropped)
+        self._climb_lock = threading.Lock()
 
     def token_limit(self, lm: LoadedModel) -> int:
         return min(self.limits.max_context_tokens, lm.max_positions)
@@ -164,25 +191,63 @@ class LongLab:
         inspect = self.inspect
         key = inspect.trace_key(lm, ids)
         expected = expected_bytes(lm, len(ids), self.limits.full_trace_max_tokens)
+        climb = Climb(owners={who.owner}, layers=[])
+        overviews: list[LayerOverview] = []  # the float cells, to seed the zoom lab's pyramids once done
+
+        def on_layer(i: int, part: Trace) -> None:
+            view = layer_overview(part, i)
+            overviews.append(view)
+            with self._climb_lock:
+                climb.layers.append((view.meta(), view.u8()))
 
         def capture():
             started = self.line.clock()
-            trace = inspect.compute_trace(lm, ids)
+            trace = inspect.compute_trace(lm, ids, on_layer)
             self._took[key] = self.line.clock() - started
             while len(self._took) > TOOK_KEYS:
                 self._took.popitem(last=False)
             return trace
 
         def work(pace: GatedPace) -> dict:
-            # the store drops older traces first if this one needs the room
-            with pace.piece(), layer_progress(lm.adapter, pace):
-                trace = inspect.traces.get_or_compute(key, capture, expected=expected,
-                                                      owner=who.owner)  # kept for the browser that asked
+            try:
+                # the store drops older traces first if this one needs the room
+                with pace.piece(), layer_progress(lm.adapter, pace, lambda: {"climbed": len(climb.layers)}):
+                    trace = inspect.traces.get_or_compute(key, capture, expected=expected,
+                                                          owner=who.owner)  # kept for the browser that asked
+            except BaseException:  # stopped, or failed: no half climb is shown
+                self._drop_climb(pace.job.id)
+                raise
+            for view in overviews:
+                self.zoom.seed_overview(key, trace, view.layer, view.head, view.cells)
             return {"key": key, "n_tokens": trace.n_tokens, "url": f"/zoom/{key}"}
 
         units = lm.adapter.n_layer + after_layers(lm.adapter.n_layer)
-        return self.line.submit(work, key=f"long:{key}", units=units, rate_key=lm.name, who=who, follow=True,
-                                keep_alive=lm)
+        job = self.line.submit(work, key=f"long:{key}", units=units, rate_key=lm.name, who=who, follow=True,
+                               keep_alive=lm)
+        with self._climb_lock:
+            if job.work is work and not job.cached:  # a new capture: its climb is kept under its id
+                self._climbs[job.id] = climb
+                while len(self._climbs) > CLIMBS:
+                    self._climbs.popitem(last=False)
+            elif job.id in self._climbs:  # a browser joining a capture that climbs sees its climb too
+                self._climbs[job.id].owners.add(who.owner)
+        return job
+
+    def _drop_climb(self, job_id: str) -> None:
+        with self._climb_lock:
+            self._climbs.pop(job_id, None)
+
+    def climbed(self, job_id: str, layer: int, *, owner: str) -> tuple[dict, bytes]:
+        """Layer ``layer``'s overview of a capture as it climbs: its meta (the head, why it was chosen, the cells'
+        shape and positions per cell) and its cells as bytes (``LayerOverview.u8``). 404 for an unknown capture
+        or another browser's; 422 for a layer not computed yet."""
+        with self._climb_lock:
+            climb = self._climbs.get(job_id)
+            if climb is None or owner not in climb.owners:
+                raise NotFound("err.long.climb.unknown")
+            if not 0 <= layer < len(climb.layers):
+                raise BadInput("err.long.climb.layer", layer=layer, n=len(climb.layers))
+            return climb.layers[layer]
 
     def again(self, key: str) -> tuple[LoadedModel, list[int]]:
         """The model and tokens a trace's key was made from, to capture it again in the line (410 when gone)."""

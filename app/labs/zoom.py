@@ -151,6 +151,14 @@ class ZoomLab:
             self._items.move_to_end((key, layer, head))
             return item
 
+    def seed_overview(self, key: str, trace: Trace, layer: int, head: int, cells: torch.Tensor) -> None:
+        """One head's level-0 max cells made while its layer was computed (a long capture's climb,
+        ``app/labs/long.py``): kept in its pyramid, so the page's first tile of that head needs no pass."""
+        pyr, lock = self.pyramid(key, trace, layer, head)
+        with lock:
+            pyr.keep_level("max", 0, cells)
+        self.trim()
+
     def trim(self) -> None:
         """Drop the least recently used pyramids until the bases fit ``max_bytes`` (the newest always stays)."""
         with self._lock:
@@ -201,7 +209,8 @@ class ZoomLab:
         check_indexes(trace, layer=layer, head=head)
         pyr, lock = self.pyramid(key, trace, layer, head)
         with lock:
-            out = pyr.tile(lambda rows, cols: trace.attention_block(layer, head, rows, cols), level, row, col, pool)
+            out = pyr.tile(lambda rows, cols: trace.attention_block(layer, head, rows, cols), level, row, col, pool,
+                           scores=lambda rows, cols: trace.score_block(layer, head, rows, cols))
         self.trim()
         return out
 

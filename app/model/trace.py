@@ -125,13 +125,26 @@ class Trace:
         """Exact softmax weights of one head for query rows ``rows`` (new tokens) and keys ``cols``: (r, c) float32,
         0 where a key is not allowed (future, outside the window). The one entry point for views that read a part
         of a head's map (tiles, cells, summaries): exp(q_i·k_j·scale − lse_i), no other row or key needed."""
+        s, ok, lse = self._block(layer, head, rows, cols)
+        return attention.weights_from_lse(s, ok, lse)
+
+    def score_block(self, layer: int, head: int, rows: slice = slice(None),
+                    cols: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same block as ``attention_block`` before its exp: the scores (r, c) float32, -inf where a key is not
+        allowed, and each row's log-sum-exp (r,). Its weights are exp(score − lse); a max over cells can be taken on
+        the scores first (exp is increasing), so only one exp per pooled cell is needed (``app.viz.zoom``)."""
+        s, ok, lse = self._block(layer, head, rows, cols)
+        return attention.masked(s, ok), lse
+
+    def _block(self, layer: int, head: int, rows: slice, cols: slice) -> tuple[torch.Tensor, ...]:
+        """One head's raw scores (r, c), the mask of allowed pairs (r, c) and the rows' log-sum-exp (r,)."""
         att = self.adapter.attention(layer)
         q = self.q(layer)[0, head, rows].float()  # (r, Dh)
         k = self.keys(layer)[0, self.adapter.kv_map[head], cols].float()  # (c, Dh)
         q_pos, k_pos = self.positions()[0], self.key_positions(layer)
         s = attention.scores(q[None], k[None], (0,), att.scale, att.softcap)[0]  # (r, c)
         ok = attention.allowed(q_pos[rows], k_pos[cols], att.window)
-        return attention.weights_from_lse(s, ok, self.lse(layer)[0, head, rows].float())
+        return s, ok, self.lse(layer)[0, head, rows].float()
 
     # --- per-position tensors a long trace holds at its tail only ------------------------------------------
     @property

@@ -96,11 +96,15 @@ def diagonal_weights(trace: Trace, layer: int, offset: int = 1) -> torch.Tensor:
     return attention.weights_from_lse(s, ok, lse)[..., 0]
 
 
+def previous_token_share(trace: Trace, layer: int, start: int = 2) -> torch.Tensor:
+    """(H,): each head of ``layer``'s mean weight on the previous token over queries ``start`` … T-1 (the head
+    picker's previous-token score, ``app.viz.head_pick.previous_token_scores``), O(T) per head."""
+    return diagonal_weights(trace, layer)[:, start - 1 :].double().mean(-1)
+
+
 def previous_token_shares(trace: Trace, start: int = 2) -> torch.Tensor:
-    """(L, H): each head's mean weight on the previous token over queries ``start`` … T-1 (the head picker's
-    previous-token score, ``app.viz.head_pick.previous_token_scores``), O(T) per head."""
-    rows = [diagonal_weights(trace, layer)[:, start - 1 :].double().mean(-1) for layer in range(trace.adapter.n_layer)]
-    return torch.stack(rows)
+    """(L, H): ``previous_token_share`` of every layer."""
+    return torch.stack([previous_token_share(trace, layer, start) for layer in range(trace.adapter.n_layer)])
 
 
 def query_rows(trace: Trace, pos: int) -> torch.Tensor:

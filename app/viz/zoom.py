@@ -21,6 +21,12 @@ zeros above the diagonal included: the mean of a block that straddles the diagon
 attention, not the average over allowed pairs only). An edge cell that covers fewer than f × f weights pools only
 those it covers.
 
+A max cell needs one exp, not f²: a weight is exp(score − lse) with lse its row's log-sum-exp, and exp is
+increasing, so the largest weight of a cell's row segment is exp(largest score − lse). With a score reader
+(``Trace.score_block``) the max pool takes the largest score of each row's f keys, one exp per (row, cell), then
+the largest over f rows: the same weights as pooling ``attention_block``'s, at a fraction of the work (the exps were
+most of it).
+
 Weights are read only through ``Trace.attention_block`` (exact, 0 where not allowed), one band of query rows at
 a time (``band_rows``), so the whole T × Tk map is never held. Keys after the band's last query are future
 positions, 0 by the causal mask, and are not read. A ``HeadPyramid`` keeps one pooled base per head (the
@@ -42,6 +48,8 @@ from app.errors import BadInput
 TILE = 256  # cells per tile side
 POOLS = ("max", "mean")
 Reader = Callable[[slice, slice], torch.Tensor]  # (rows, cols) -> exact weights (r, c) float32
+# (rows, cols) -> (scores (r, c) float32, -inf where not allowed; each row's log-sum-exp (r,)): ``Trace.score_block``
+ScoreReader = Callable[[slice, slice], tuple[torch.Tensor, torch.Tensor]]
 
 
 def max_level(n: int) -> int:
@@ -78,6 +86,22 @@ def _pool(block: torch.Tensor, f: int, how: str) -> torch.Tensor:
     return block.view(rr * f, cc, f).sum(dim=2).double().view(rr, f, cc).sum(dim=1)
 
 
+def _pool_max_scores(s: torch.Tensor, lse: torch.Tensor, f: int) -> torch.Tensor:
+    """The max pool of the weights exp(s − lse) of a block of scores ``s`` (r, c; -inf where not allowed) whose rows'
+    log-sum-exp is ``lse`` (r,): the largest score of each row's f keys, its one exp, then the largest over f rows.
+    Edge cells cover what is there (padded with -inf scores: weight 0)."""
+    r, c = s.shape
+    rr, cc = math.ceil(r / f), math.ceil(c / f)
+    if c != cc * f:
+        padded = torch.full((r, cc * f), -math.inf, dtype=s.dtype)
+        padded[:, :c] = s
+        s = padded
+    top = torch.exp(s.contiguous().view(r, cc, f).amax(dim=2) - lse[:, None])  # (r, cc): each row's largest weight
+    if r != rr * f:
+        top = torch.cat([top, top.new_zeros(rr * f - r, cc)])
+    return top.view(rr, f, cc).amax(dim=1)
+
+
 def _counts(start: int, stop: int, f: int) -> torch.Tensor:
     """How many positions each cell of [start, stop) in steps of f covers (f, the last one possibly fewer)."""
     edges = torch.arange(start, stop, f)
@@ -85,10 +109,11 @@ def _counts(start: int, stop: int, f: int) -> torch.Tensor:
 
 
 def pooled(read: Reader, rows: tuple[int, int], cols: tuple[int, int], f: int, how: str, *,
-           past: int = 0, band_rows: int = 512) -> torch.Tensor:
+           past: int = 0, band_rows: int = 512, scores: ScoreReader | None = None) -> torch.Tensor:
     """Queries ``rows`` × keys ``cols`` (half-open ranges, starts multiples of f) pooled in f × f cells, read one
     band of query rows at a time; ``past``: keys before the first query (a decode step), so query i's last
-    allowed key is past + i. Mean cells are divided by the positions they cover."""
+    allowed key is past + i. Mean cells are divided by the positions they cover. A max pool reads ``scores``
+    when given (one exp per row and cell: the module docstring), else the weights."""
     r0, r1 = rows
     c0, c1 = cols
     band = max(f, band_rows // f * f)
@@ -100,8 +125,11 @@ def pooled(read: Reader, rows: tuple[int, int], cols: tuple[int, int], f: int, h
             continue
         last_key = c0 + math.ceil((last_key - c0) / f) * f  # whole cells (clipped to the map below)
         last_key = min(last_key, c1)
-        block = read(slice(b0, b1), slice(c0, last_key))  # (b1 - b0, last_key - c0)
-        part = _pool(block, f, how).double()
+        if how == "max" and scores is not None:
+            part = _pool_max_scores(*scores(slice(b0, b1), slice(c0, last_key)), f).double()
+        else:
+            block = read(slice(b0, b1), slice(c0, last_key))  # (b1 - b0, last_key - c0)
+            part = _pool(block, f, how).double()
         i = (b0 - r0) // f
         out[i : i + part.shape[0], : part.shape[1]] = part
     if how == "mean":
@@ -162,10 +190,10 @@ class HeadPyramid:
         self._base: dict[str, torch.Tensor] = {}  # pool -> max cells, or sums of cells (float64)
         self._levels: dict[tuple[str, int], torch.Tensor] = {}  # (pool, level) -> that level's cells (float32)
 
-    def _base_for(self, read: Reader, pool: str) -> torch.Tensor:
+    def _base_for(self, read: Reader, pool: str, scores: ScoreReader | None = None) -> torch.Tensor:
         if pool not in self._base:
             cells = pooled(read, (0, self.n_rows), (0, self.n_cols), self.base_f, pool, past=self.past,
-                           band_rows=self.band_rows)
+                           band_rows=self.band_rows, scores=scores)
             if pool == "mean":  # back to sums, so coarser levels can add them up exactly
                 cells = cells.double() * (_counts(0, self.n_rows, self.base_f).unsqueeze(1)
                                           * _counts(0, self.n_cols, self.base_f).unsqueeze(0))
@@ -186,22 +214,42 @@ class HeadPyramid:
         kept = [*self._base.values(), *self._levels.values()]
         return sum(t.numel() * t.element_size() for t in kept)
 
-    def tile(self, read: Reader, level: int, row: int, col: int, pool: str = "max") -> torch.Tensor:
-        """Tile (row, col) of ``level``, its weights read with ``read``: (r, c) float32, r and c ≤ TILE (smaller
-        on the edges). The pyramid keeps no reader (so no trace) between calls."""
+    def tile(self, read: Reader, level: int, row: int, col: int, pool: str = "max",
+             scores: ScoreReader | None = None) -> torch.Tensor:
+        """Tile (row, col) of ``level``, its weights read with ``read`` (a max pool with ``scores`` when given):
+        (r, c) float32, r and c ≤ TILE (smaller on the edges). The pyramid keeps no reader (so no trace) between
+        calls."""
         check_pool(pool)
         spec = tile_spec(self.n_rows, self.n_cols, level, row, col)
         if spec.f < self.base_f:
-            return pooled(read, spec.rows, spec.cols, spec.f, pool, past=self.past, band_rows=self.band_rows)
-        cells = self._level(read, pool, level, spec.f)
+            return pooled(read, spec.rows, spec.cols, spec.f, pool, past=self.past, band_rows=self.band_rows,
+                          scores=scores)
+        cells = self._level(read, pool, level, spec.f, scores)
         return cells[row * TILE : (row + 1) * TILE, col * TILE : (col + 1) * TILE].clone()
 
-    def _level(self, read: Reader, pool: str, level: int, f: int) -> torch.Tensor:
+    def keep_level(self, pool: str, level: int, cells: torch.Tensor) -> None:
+        """A whole coarse level made before (a long capture's overview of each layer as it was computed,
+        ``overview``), so its tiles need no pass over the map."""
+        check_pool(pool)
+        if factor(self.n, level) < self.base_f:
+            raise ValueError("only a coarse level (f ≥ base_f) is kept whole")
+        self._levels[(pool, level)] = cells.float()
+
+    def _level(self, read: Reader, pool: str, level: int, f: int, scores: ScoreReader | None = None) -> torch.Tensor:
         """A whole coarse level (f ≥ base_f: at most base_cells per side), pooled from the base once and kept."""
         if (pool, level) not in self._levels:
-            base, k = self._base_for(read, pool), f // self.base_f
+            base, k = self._base_for(read, pool, scores), f // self.base_f
             cells = _pool(base.double(), k, pool) if k > 1 else base.double().clone()
             if pool == "mean":
                 cells /= _counts(0, self.n_rows, f).unsqueeze(1) * _counts(0, self.n_cols, f).unsqueeze(0)
             self._levels[(pool, level)] = cells.float()
         return self._levels[(pool, level)]
+
+
+def overview(scores: ScoreReader, n_rows: int, n_cols: int, *, past: int = 0, band_rows: int = 512) -> torch.Tensor:
+    """A head's level-0 max tile (the zoom page's overview, ``HeadPyramid.tile(…, 0, 0, 0, "max")``'s cells)
+    straight from its scores, with no base kept: one streaming pass. A long capture makes one per layer as the
+    layer is computed (``app.viz.long_climb``)."""
+    n = max(n_rows, n_cols)
+    return pooled(lambda rows, cols: torch.empty(0), (0, n_rows), (0, n_cols), factor(n, 0), "max", past=past,
+                  band_rows=band_rows, scores=scores)

@@ -10,7 +10,7 @@ import torch
 
 from app.errors import BadInput
 from app.model.capture import run_traced
-from app.viz.zoom import TILE, HeadPyramid, max_level, tiles_per_side
+from app.viz.zoom import TILE, HeadPyramid, factor, max_level, overview, pooled, tiles_per_side
 
 
 def causal_weights(n: int, seed: int = 0, past: int = 0) -> torch.Tensor:
@@ -140,3 +140,47 @@ def test_on_a_real_trace_tiles_read_through_attention_block(tiny):
         tile = pyr.tile(lambda r, c, layer=layer, head=head: trace.attention_block(layer, head, r, c),
                         pyr.levels - 1, 0, 0, "max")
         assert torch.allclose(tile, full)
+
+
+# --- the max pool from scores: one exp per (row, cell) ------------------------------------------------------
+
+def causal_scores(n: int, seed: int = 0, past: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``causal_weights``' scores (-inf where not allowed) and each row's log-sum-exp."""
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(n, past + n, generator=g) * 3
+    allowed = torch.arange(past + n)[None, :] <= torch.arange(n)[:, None] + past
+    s = scores.masked_fill(~allowed, -math.inf)
+    return s, torch.logsumexp(s, dim=-1)
+
+
+@pytest.mark.parametrize("n, past", [(700, 0), (1100, 0), (300, 37)])
+def test_the_max_pool_from_scores_is_the_max_of_the_weights(n, past):
+    """exp(max s − lse) against the max of exp(s − lse) over the same cells, edges and a decode's past included.
+    Both are fp32 exps of the same fp32 differences; exp is increasing, but its vector lanes and scalar tail may
+    round one input differently by an ulp (~1.2e-7 relative): rtol 1e-6."""
+    s, lse = causal_scores(n, past=past)
+    w = torch.exp(s - lse[:, None])  # 0 where s is -inf
+    read = Reads(w)
+    for f in (2, 4, 8):
+        want = reference_cells(w.numpy(), f, "max")
+        got = pooled(read, (0, n), (0, past + n), f, "max", past=past, band_rows=256,
+                     scores=lambda r, c: (s[r, c].clone(), lse[r].clone()))
+        assert read.asked == []  # the weights were never read
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=0)
+
+
+def test_the_overview_is_the_level0_max_tile_and_a_kept_level_serves_it():
+    n = 1100
+    s, lse = causal_scores(n)
+    w = torch.exp(s - lse[:, None])
+    cells = overview(lambda r, c: (s[r, c].clone(), lse[r].clone()), n, n)
+    pyr = HeadPyramid(n, n, base_cells=512)
+    fresh = pyr.tile(Reads(w), 0, 0, 0, "max")
+    assert cells.shape == fresh.shape == (math.ceil(n / factor(n, 0)),) * 2
+    torch.testing.assert_close(cells, fresh, rtol=1e-6, atol=0)  # one ulp of exp, as above
+    kept = HeadPyramid(n, n, base_cells=512)
+    kept.keep_level("max", 0, cells)
+    untouched = Reads(w)
+    assert torch.equal(kept.tile(untouched, 0, 0, 0, "max"), cells) and untouched.asked == []
+    with pytest.raises(ValueError):  # a level finer than the base is streamed, never kept whole
+        kept.keep_level("max", kept.levels - 1, cells)

@@ -292,7 +292,7 @@ def test_stop_during_a_long_capture_ends_it_and_keeps_nothing(settings, distil):
     finally:
         hook.remove()
     job = holder["job"]
-    assert job.status == "stopped" and job.progress == {"layer": 2, "layers": 6}
+    assert job.status == "stopped" and job.progress == {"layer": 2, "layers": 6, "climbed": 1}
     assert len(st.traces) == 0 and st.traces.bytes == 0
     st.stop_labs()
 
@@ -337,3 +337,29 @@ def test_head_grid_and_top_keys_equal_a_float64_recompute(client, state):
     bad = client.get(f"/api/traces/{key}/heads/{a.n_layer}")
     assert bad.status_code == 422 and str(a.n_layer - 1) in bad.json()["detail"]
     assert client.get(f"/api/traces/{key}/zoom/0/0/top", params={"q": T}).status_code == 422
+
+
+def test_a_capture_climbs_layer_by_layer_for_its_own_browser_only(client, state):
+    """Each layer's overview over HTTP: bytes and its head, for the browser that asked; another browser's, an
+    unknown capture and a layer not computed are refused with a message in the page's language."""
+    evs = events(client.post("/api/long/jobs", json={"model": "distilgpt2", "prompt": PROMPT}))
+    job = evs[-1]["job"]
+    climbed = [e["progress"]["climbed"] for e in evs if e["event"] == "running" and "climbed" in e["progress"]]
+    assert climbed == sorted(climbed) and evs[-1]["event"] == DONE
+    lm = state.model("distilgpt2")
+    r = client.get(f"/api/long/jobs/{job}/layers/{lm.adapter.n_layer - 1}")
+    assert r.status_code == 200 and r.headers["content-type"] == "application/octet-stream"
+    meta, cells = state.long.climbed(job, lm.adapter.n_layer - 1, owner=next(iter(state.long._climbs[job].owners)))
+    assert r.content == cells and int(r.headers["X-Head"]) == meta["head"]
+    assert int(r.headers["X-Tile-Rows"]) * int(r.headers["X-Tile-Cols"]) == len(r.content)
+    assert "X-Head" in r.headers["Access-Control-Expose-Headers"]
+    late = client.get(f"/api/long/jobs/{job}/layers/{lm.adapter.n_layer}", headers={"X-KVScope-Lang": "zh"})
+    assert late.status_code == 422 and late.json()["detail"] == translate(
+        "err.long.climb.layer", "zh", layer=lm.adapter.n_layer, n=lm.adapter.n_layer)
+    assert client.get(f"/api/long/jobs/{job}/layers/-1").status_code == 422
+    from fastapi.testclient import TestClient
+
+    with TestClient(client.app) as other:  # its own cookie jar: another browser
+        theirs = other.get(f"/api/long/jobs/{job}/layers/0")
+        assert theirs.status_code == 404 and theirs.json()["detail"] == translate("err.long.climb.unknown", "en")
+    assert client.get("/api/long/jobs/nope/layers/0").status_code == 404
