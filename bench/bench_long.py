@@ -15,7 +15,12 @@ Side by side in one run:
 (4) on the 8 192-token trace: one head's 256 × 256 overview as the zoom page gets it (``app.viz.zoom.HeadPyramid``
     level 0, max and mean pools, its base streamed band by band) and one
     256 × 256 tile of exact weights;
-(5) with ``--device cuda`` and a GPU present: the capture and the trace bytes at 32 768 tokens on a
+(5) the Long page in real headless Chromium (``--page``, on by default): the built-in long text (cut to the model's
+    limit) captured from the page's form, the served app in this process: when the first layer's overview reaches
+    the screen (the frame after the page sets ``data-long-climbed``), seconds from the click on Capture, and the
+    whole capture as the line ran it (its job's seconds, the climb's overviews included) and from the click to the
+    zoom page, against bare SDPA forwards of the same ids run before and after it;
+(6) with ``--device cuda`` and a GPU present: the capture and the trace bytes at 32 768 tokens on a
     Qwen2.5-0.5B-shaped model with random weights (skipped, and said so, without a GPU).
 """
 
@@ -126,6 +131,57 @@ def views(trace, *, repeats: int) -> dict:
             "tile_max_ms": max(tiles) * 1e3}
 
 
+# When the page marks a drawn layer (static/long.js: body data-long-climbed), the time of the next animation frame
+# (the one that paints it), and the click on Capture, in the page's clock.
+CLIMB_CLOCK = """window.__climb = {};
+document.addEventListener('click', (e) => { if (e.target.id === 'long-run') window.__click = e.timeStamp; }, true);
+new MutationObserver(() => {
+  const n = document.body && document.body.dataset.longClimbed;
+  if (n && !(n in window.__climb)) {
+    window.__climb[n] = null;
+    requestAnimationFrame(() => { window.__climb[n] = performance.now(); });
+  }
+}).observe(document, { attributes: true, subtree: true, attributeFilter: ["data-long-climbed"] });"""
+
+
+def long_page(lm, home: Path, browser_path: str | None, repeats: int = 2) -> dict:
+    """The Long page on the served app (see the module docstring, (5)), ``repeats`` captures, each between two
+    bare SDPA forwards (bare · page · bare · page · bare): medians."""
+    from app.labs.long import long_text
+    from bench.common import chromium, live_server, make_state
+
+    state = make_state(lm, home)
+    ids = lm.encode(long_text())[: state.long.token_limit(lm)]
+    bares, firsts, jobs, to_zoom, seen = [timed(lambda: bare_sdpa(lm, ids))[0]], [], [], [], []
+    with live_server(state) as base, chromium(browser_path) as browser:
+        for _ in range(repeats):
+            state.traces.clear()
+            state.zoom.clear()
+            context = browser.new_context(viewport={"width": 1600, "height": 1000})
+            context.add_init_script(CLIMB_CLOCK)
+            page = context.new_page()
+            page.goto(f"{base}/", wait_until="networkidle")
+            page.click("#long-panel summary")
+            page.click("#long-builtin")
+            page.wait_for_function("() => document.getElementById('long-text').value.length > 30000")
+            t0 = time.perf_counter()
+            page.click("#long-run")
+            firsts.append(page.wait_for_function(
+                "() => window.__climb && window.__climb['1'] && window.__climb['1'] - window.__click",
+                polling="raf", timeout=600_000).json_value() / 1e3)
+            page.wait_for_url("**/zoom/**", timeout=900_000)
+            to_zoom.append(time.perf_counter() - t0)
+            context.close()
+            job = state.long.line.current()
+            jobs.append(job.finished_at - job.started_at)
+            seen.append(job.progress.get("climbed"))
+            bares.append(timed(lambda: bare_sdpa(lm, ids))[0])
+    state.stop_labs()
+    bare = median(bares)
+    return {"tokens": len(ids), "first_s": firsts, "climbed": seen, "job_s": jobs, "to_zoom_s": to_zoom,
+            "bare_s": bares, "ratio": median(jobs) / bare, "page_ratio": median(to_zoom) / bare}
+
+
 def cuda_long(n: int) -> dict | None:
     """32 768 tokens on a Qwen2.5-0.5B-shaped model (24 layers, 14 heads on 2 KV heads, head_dim 64) on the GPU."""
     if not torch.cuda.is_available():
@@ -153,6 +209,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=20, help="tiles timed")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--no-bare", action="store_true", help="skip the bare forwards (views and bytes only)")
+    p.add_argument("--page", action=argparse.BooleanOptionalAction, default=True,
+                   help="the Long page in headless Chromium (section 5)")
+    p.add_argument("--only-page", action="store_true", help="the Long page alone (section 5)")
+    p.add_argument("--chromium", default=None, help="the Chromium binary (default: Debian's headless build)")
     p.add_argument("--home", default=os.environ.get("KVSCOPE_HOME", str(OUT / "real-home")))
     args = p.parse_args()
     setup_torch()
@@ -160,12 +220,29 @@ def main() -> None:
 
     print(f"# bench_long, {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {machine()}")
     lm = load_spec(NAME, Path(args.home))
+    page_rows = []
+    if args.page or args.only_page:
+        pg = long_page(lm, OUT / "kvhome-long-page", args.chromium)
+        page_rows = [
+            [f"Long page, {pg['tokens']:,} tokens: first layer's overview on screen (median of {len(pg['first_s'])})",
+             f"{median(pg['first_s']):.2f} s ({' / '.join(f'{x:.2f}' for x in pg['first_s'])})",
+             f"bare SDPA forwards: {' / '.join(f'{x:.1f}' for x in pg['bare_s'])} s", "", "≤ 3 s from the click"],
+            ["the same: the whole capture (the line's run, every layer's overview made)",
+             f"{median(pg['job_s']):.1f} s ({' / '.join(f'{x:.1f}' for x in pg['job_s'])})",
+             "bare SDPA forward (median)", f"{pg['ratio']:.2f}×", "≤ 1.10×"],
+            ["the same: click to the zoom page", f"{median(pg['to_zoom_s']):.1f} s", "", f"{pg['page_ratio']:.2f}×",
+             ""],
+        ]
+        print(table(["what", "KVScope", "baseline in the same run", "ratio", "target"], page_rows), flush=True)
+        if args.only_page:
+            return
     long = long_capture(lm, args.tokens, bare=not args.no_bare)
     print(f"capture {long['capture_s']:.1f} s, bare SDPA {long['bare_s'][0]:.1f} / {long['bare_s'][1]:.1f} s, "
           f"trace {long['trace_bytes'] / GiB:.3f} GiB", flush=True)
     v = views(long["trace"], repeats=args.repeats)
     d = distil_old_vs_new()
     rows = [
+        *page_rows,
         [f"capture of a {args.tokens:,}-token prompt (SmolLM2-135M)", f"{long['capture_s']:.1f} s",
          f"bare SDPA forward: {long['bare_s'][0]:.1f} / {long['bare_s'][1]:.1f} s", f"{long['ratio']:.2f}×", "≤ 1.3×"],
         [f"trace memory at {args.tokens:,} tokens", f"{long['trace_bytes'] / GiB:.3f} GiB", "", "", "≤ 1.2 GiB"],

@@ -18,6 +18,7 @@ read them wherever they are held and recompute the rest.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -134,7 +135,7 @@ class Trace:
         allowed, and each row's log-sum-exp (r,). Its weights are exp(score − lse); a max over cells can be taken on
         the scores first (exp is increasing), so only one exp per pooled cell is needed (``app.viz.zoom``)."""
         s, ok, lse = self._block(layer, head, rows, cols)
-        return attention.masked(s, ok), lse
+        return s.masked_fill_(~ok, -math.inf), lse  # s is this call's own: filled in place
 
     def _block(self, layer: int, head: int, rows: slice, cols: slice) -> tuple[torch.Tensor, ...]:
         """One head's raw scores (r, c), the mask of allowed pairs (r, c) and the rows' log-sum-exp (r,)."""

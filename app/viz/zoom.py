@@ -246,10 +246,12 @@ class HeadPyramid:
         return self._levels[(pool, level)]
 
 
-def overview(scores: ScoreReader, n_rows: int, n_cols: int, *, past: int = 0, band_rows: int = 512) -> torch.Tensor:
+def overview(scores: ScoreReader, n_rows: int, n_cols: int, *, past: int = 0, band_rows: int = 128) -> torch.Tensor:
     """A head's level-0 max tile (the zoom page's overview, ``HeadPyramid.tile(…, 0, 0, 0, "max")``'s cells)
     straight from its scores, with no base kept: one streaming pass. A long capture makes one per layer as the
-    layer is computed (``app.viz.long_climb``)."""
+    layer is computed (``app.viz.long_climb``). Bands of 128 rows: a band's scores (128 × T float32, 4 MB at 8K)
+    stay in the CPU's cache between the matmul, the mask and the max; measured at 8 192 tokens, 2 cores: 0.077 s
+    a head against 0.154 s with 512-row bands."""
     n = max(n_rows, n_cols)
     return pooled(lambda rows, cols: torch.empty(0), (0, n_rows), (0, n_cols), factor(n, 0), "max", past=past,
                   band_rows=band_rows, scores=scores)
