@@ -75,13 +75,14 @@
 
     return {
       more(id, n) {
-        if (id !== job) { this.clear(); job = id; }
+        if (id !== job) { this.clear(); job = id; box.dataset.job = id; }
         want = Math.max(want, n || 0);
         if (!busy && drawn < want) pump(gen);
       },
       clear() {
         gen += 1; drawn = 0; want = 0; job = null; busy = false;
         grid.textContent = "";
+        delete box.dataset.job;
         box.hidden = true;
         delete document.body.dataset.longClimbed;
       },

@@ -194,21 +194,22 @@ class LongLab:
         climb = Climb(owners={who.owner}, layers=[])
         overviews: list[LayerOverview] = []  # the float cells, to seed the zoom lab's pyramids once done
 
-        def on_layer(i: int, part: Trace) -> None:
-            view = layer_overview(part, i)
-            overviews.append(view)
-            with self._climb_lock:
-                climb.layers.append((view.meta(), view.u8()))
-
-        def capture():
-            started = self.line.clock()
-            trace = inspect.compute_trace(lm, ids, on_layer)
-            self._took[key] = self.line.clock() - started
-            while len(self._took) > TOOK_KEYS:
-                self._took.popitem(last=False)
-            return trace
-
         def work(pace: GatedPace) -> dict:
+            def on_layer(i: int, part: Trace) -> None:
+                view = layer_overview(part, i)
+                overviews.append(view)
+                with self._climb_lock:
+                    climb.layers.append((view.meta(), view.u8()))
+                pace.step(0.0, **(pace.job.progress | {"climbed": len(climb.layers)}))  # said at once (and a stop)
+
+            def capture():
+                started = self.line.clock()
+                trace = inspect.compute_trace(lm, ids, on_layer)
+                self._took[key] = self.line.clock() - started
+                while len(self._took) > TOOK_KEYS:
+                    self._took.popitem(last=False)
+                return trace
+
             try:
                 # the store drops older traces first if this one needs the room
                 with pace.piece(), layer_progress(lm.adapter, pace, lambda: {"climbed": len(climb.layers)}):

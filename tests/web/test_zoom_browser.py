@@ -168,3 +168,64 @@ def test_zoom_pan_and_hover_a_4096_token_prompt(browser, long_server):
     finally:
         context.close()
     assert problems == []
+
+
+def test_the_long_form_draws_each_layer_as_it_is_computed_and_stop_clears_it(browser, long_server):
+    """The capture held before its second layer: layer 0's overview is on the page already, drawn from the bytes
+    the server keeps for it (colour by colour, the causal mask's cells in the mask colour), with its head and what
+    a square covers; Stop then ends the capture and leaves no half climb, on the page or on the server."""
+    import threading
+
+    url, state, lm = long_server
+    hold, held = threading.Event(), threading.Event()
+    second = next(p for p in lm.adapter.hook_points() if p.name.startswith("blocks.1."))
+
+    def wait(*_):
+        held.set()
+        hold.wait(60)
+
+    handle = second.module.register_forward_pre_hook(wait)
+    try:
+        with browser_page(browser, viewport={"width": 1400, "height": 1000}) as page:
+            page.goto(url + "/?model=tiny-long")
+            page.click("#long-panel summary")
+            text = "Watch it climb. " + state.long.opening(lm, 3000)  # a text no earlier test has captured
+            assert 2048 < len(lm.encode(text)) <= N  # 16 × 16 positions a square (level 0 of 4)
+            page.fill("#long-text", text)
+            page.click("#long-run")
+            assert held.wait(60)
+            page.wait_for_function("document.body.dataset.longClimbed === '1'", timeout=30_000)
+            fig = page.locator("#long-climb-grid figure")
+            assert fig.count() == 1 and not page.locator("#long-climb").is_hidden()
+            assert fig.first.get_attribute("data-layer") == "0"
+            caption = fig.first.inner_text()
+            assert caption.startswith("layer 0 · head ") and "1 square = 16 × 16 positions" in caption
+            # every pixel is the colour of the byte the server sent for its cell (or the mask's, above the diagonal)
+            mismatches = page.evaluate("""async () => {
+                const c = document.querySelector('#long-climb-grid canvas'), ctx = c.getContext('2d');
+                const img = ctx.getImageData(0, 0, c.width, c.height).data;
+                const id = document.getElementById('long-climb').dataset.job;
+                const r = await fetch(`/api/long/jobs/${id}/layers/0`);
+                const bytes = new Uint8Array(await r.arrayBuffer()), f = +r.headers.get('X-Factor');
+                let bad = 0;
+                for (let i = 0; i < c.height; i++) for (let j = 0; j < c.width; j++) {
+                    const want = j * f > i * f + f - 1 ? kv.MASK_RGB
+                        : kv.weightColour(kv.SCALES.sqrt.f(kv.fromSqrtU8(bytes[i * c.width + j])));
+                    const o = 4 * (i * c.width + j);
+                    if (img[o] !== want[0] || img[o + 1] !== want[1] || img[o + 2] !== want[2]) bad += 1;
+                }
+                return [bad, c.width, c.height, bytes.length];
+            }""")
+            side = -(-len(lm.encode(text)) // 16)  # the text's tokens, 16 to a square
+            assert mismatches == [0, side, side, side * side]
+            job_id = page.locator("#long-climb").get_attribute("data-job")
+            page.click("#long-stop")
+            hold.set()
+            page.wait_for_function("document.getElementById('long-climb').hidden", timeout=30_000)
+            assert page.locator("#long-climb-grid figure").count() == 0
+            assert state.long.line.wait_idle(60)
+            assert page.request.get(f"{url}/api/long/jobs/{job_id}/layers/0").status == 404
+            assert page.js_errors == []
+    finally:
+        hold.set()
+        handle.remove()
