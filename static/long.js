@@ -12,6 +12,7 @@
      drawn yet, one after the other; `clear()` empties it (a new capture, or one that stopped). */
   function climbPainter() {
     const box = document.getElementById("long-climb"), grid = document.getElementById("long-climb-grid");
+    const axes = document.getElementById("long-climb-axes");
     let drawn = 0, busy = false, want = 0, job = null, gen = 0;
     // byte b -> the colour of the weight (b / 255)² on the √ scale, as on the zoom page
     const lut = [];
@@ -21,8 +22,7 @@
       const role = h.role === "previous" ? kv.t("js.long.climb.previous", { w: (+h.score).toFixed(2) })
         : h.role === "reader" ? kv.t("js.long.climb.reader", { k: h.key, w: (+h.score).toFixed(2) })
           : kv.t("js.long.climb.none");
-      return [kv.t("js.long.climb.head", { layer: h.layer, head: h.head }), role,
-        kv.t("js.long.climb.cell", { f: h.f })];
+      return [kv.t("js.long.climb.head", { layer: h.layer, head: h.head }), role];
     }
 
     function paint(h, bytes) {
@@ -38,7 +38,7 @@
         }
       }
       ctx.putImageData(img, 0, 0);
-      const [head, role, cell] = caption(h);
+      const [head, role] = caption(h);
       c.setAttribute("role", "img");
       c.setAttribute("aria-label", `${head}. ${role}. ${kv.t("js.long.climb.axes")}`);
       const fig = document.createElement("figure"), cap = document.createElement("figcaption");
@@ -46,7 +46,7 @@
       fig.dataset.layer = h.layer;
       const b = document.createElement("b");
       b.textContent = head;
-      cap.append(b, document.createTextNode(role), document.createElement("br"), document.createTextNode(cell));
+      cap.append(b, document.createTextNode(role));
       fig.append(c, cap);
       grid.append(fig);
     }
@@ -60,12 +60,18 @@
           if (!r.ok) return;  // stopped meanwhile: the form says so
           const g = (name) => r.headers.get(name);
           const h = { layer: +g("X-Layer"), head: +g("X-Head"), role: g("X-Role"), score: g("X-Score"),
-            key: g("X-Key"), f: +g("X-Factor"), rows: +g("X-Tile-Rows"), cols: +g("X-Tile-Cols") };
+            key: g("X-Key"), f: +g("X-Factor"), tokens: +g("X-Tokens"), rows: +g("X-Tile-Rows"),
+            cols: +g("X-Tile-Cols") };
           const bytes = new Uint8Array(await r.arrayBuffer());
           if (mine !== gen) return;
           paint(h, bytes);
           drawn += 1;
-          box.hidden = false;
+          if (box.hidden) {  // the first layer: the axes, once; bring the climb into view (the form above is tall)
+            axes.textContent = kv.t("js.long.climb.scale", { last: (h.tokens - 1).toLocaleString(kv.lang),
+              f: h.f });
+            box.hidden = false;
+            box.scrollIntoView({ block: "nearest" });
+          }
           document.body.dataset.longClimbed = drawn;
         }
       } catch (e) { /* the connection went: the form's follow says what happened */ } finally {
@@ -81,7 +87,7 @@
       },
       clear() {
         gen += 1; drawn = 0; want = 0; job = null; busy = false;
-        grid.textContent = "";
+        grid.textContent = axes.textContent = "";
         delete box.dataset.job;
         box.hidden = true;
         delete document.body.dataset.longClimbed;

@@ -32,12 +32,13 @@ class LayerOverview:
     score: float | None  # the role's number: mean weight on the previous token, or the query's weight on ``key``
     key: int | None  # a reader's key position
     f: int  # positions per cell side
+    tokens: int  # the map's positions per side (queries; keys are the same in a prefill)
     cells: torch.Tensor  # (r, c) float32: the max weight of each cell
 
     def meta(self) -> dict:
         r, c = self.cells.shape
         return {"layer": self.layer, "head": self.head, "role": self.role, "score": self.score, "key": self.key,
-                "f": self.f, "rows": r, "cols": c}
+                "f": self.f, "rows": r, "cols": c, "tokens": self.tokens}
 
     def u8(self) -> bytes:
         """The cells for drawing, one byte each on the √ scale (``sqrt_u8``), row-major."""
@@ -60,4 +61,4 @@ def layer_overview(part: Trace, layer: int) -> LayerOverview:
     cells = overview(lambda rows, cols: part.score_block(layer, head, rows, cols), part.n_tokens, part.total_length,
                      past=part.past_length)
     return LayerOverview(layer=layer, head=head, role=choice["role"], score=choice["score"], key=choice["key"],
-                         f=factor(n, 0), cells=cells)
+                         f=factor(n, 0), tokens=n, cells=cells)

@@ -199,7 +199,11 @@ def test_the_long_form_draws_each_layer_as_it_is_computed_and_stop_clears_it(bro
             assert fig.count() == 1 and not page.locator("#long-climb").is_hidden()
             assert fig.first.get_attribute("data-layer") == "0"
             caption = fig.first.inner_text()
-            assert caption.startswith("layer 0 · head ") and "1 square = 16 × 16 positions" in caption
+            assert caption.startswith("layer 0 · head ")
+            last = f"{len(lm.encode(text)) - 1:,}"
+            assert page.locator("#long-climb-axes").inner_text() == (
+                f"↓ query positions 0 … {last} (rows) · → key positions 0 … {last} (columns) · "
+                "1 square = 16 × 16 positions")
             # every pixel is the colour of the byte the server sent for its cell (or the mask's, above the diagonal)
             mismatches = page.evaluate("""async () => {
                 const c = document.querySelector('#long-climb-grid canvas'), ctx = c.getContext('2d');

@@ -121,7 +121,8 @@ def stop_long_capture(lab: LongDep, owner: OwnerDep, job_id: str = Path(...)) ->
     return {"stopped": lab.stop(job_id, owner)}
 
 
-CLIMB_HEADERS = ("X-Layer", "X-Head", "X-Role", "X-Score", "X-Key", "X-Factor", "X-Tile-Rows", "X-Tile-Cols")
+CLIMB_HEADERS = ("X-Layer", "X-Head", "X-Role", "X-Score", "X-Key", "X-Factor", "X-Tokens", "X-Tile-Rows",
+                 "X-Tile-Cols")
 
 
 @router.get(LONG_CAPTURE_PATH + "/{job_id}/layers/{layer}", tags=["inspect"], responses=errors(404, 422),
@@ -131,7 +132,7 @@ def read_climbed_layer(lab: LongDep, owner: OwnerDep, layer: int, job_id: str = 
     """A capture watched as it climbs: layer ``layer``'s overview, made as soon as that layer was computed (the
     followed capture's ``progress.climbed`` says how many are ready). ``rows × cols`` bytes, row-major: each cell
     the largest weight of the ``X-Factor`` × ``X-Factor`` query × key positions it covers, on the √ scale
-    (weight ≈ (byte / 255)²) -- the zoom page's opening tile of that head. The head (``X-Head``) is the layer's
+    (weight ≈ (byte / 255)²) over ``X-Tokens`` positions a side -- the zoom page's opening tile of that head. The head (``X-Head``) is the layer's
     most telling one: ``X-Role`` ``previous`` (``X-Score``: its mean weight on the token before), ``reader`` (the
     last query's weight ``X-Score`` on key ``X-Key``) or ``none`` (head 0). 404 for an unknown capture or another
     browser's; 422 for a layer not computed yet. Gone once the capture is stopped."""
@@ -139,7 +140,7 @@ def read_climbed_layer(lab: LongDep, owner: OwnerDep, layer: int, job_id: str = 
     headers = {"X-Layer": str(meta["layer"]), "X-Head": str(meta["head"]), "X-Role": meta["role"] or "none",
                "X-Score": "" if meta["score"] is None else f"{meta['score']:.6g}",
                "X-Key": "" if meta["key"] is None else str(meta["key"]), "X-Factor": str(meta["f"]),
-               "X-Tile-Rows": str(meta["rows"]), "X-Tile-Cols": str(meta["cols"]), "Cache-Control": "no-store",
+               "X-Tokens": str(meta["tokens"]),               "X-Tile-Rows": str(meta["rows"]), "X-Tile-Cols": str(meta["cols"]), "Cache-Control": "no-store",
                "Access-Control-Expose-Headers": ", ".join(CLIMB_HEADERS)}
     return Response(cells, media_type="application/octet-stream", headers=headers)
 
