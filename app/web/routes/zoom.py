@@ -132,15 +132,16 @@ def read_climbed_layer(lab: LongDep, owner: OwnerDep, layer: int, job_id: str = 
     """A capture watched as it climbs: layer ``layer``'s overview, made as soon as that layer was computed (the
     followed capture's ``progress.climbed`` says how many are ready). ``rows × cols`` bytes, row-major: each cell
     the largest weight of the ``X-Factor`` × ``X-Factor`` query × key positions it covers, on the √ scale
-    (weight ≈ (byte / 255)²) over ``X-Tokens`` positions a side -- the zoom page's opening tile of that head. The head (``X-Head``) is the layer's
-    most telling one: ``X-Role`` ``previous`` (``X-Score``: its mean weight on the token before), ``reader`` (the
+    (weight ≈ (byte / 255)²), over ``X-Tokens`` positions a side: the zoom page's opening tile of that head. The
+    head (``X-Head``) is the layer's most telling one: ``X-Role`` ``previous`` (``X-Score``: its mean weight on the token before), ``reader`` (the
     last query's weight ``X-Score`` on key ``X-Key``) or ``none`` (head 0). 404 for an unknown capture or another
     browser's; 422 for a layer not computed yet. Gone once the capture is stopped."""
     meta, cells = lab.climbed(job_id, layer, owner=owner)
     headers = {"X-Layer": str(meta["layer"]), "X-Head": str(meta["head"]), "X-Role": meta["role"] or "none",
                "X-Score": "" if meta["score"] is None else f"{meta['score']:.6g}",
                "X-Key": "" if meta["key"] is None else str(meta["key"]), "X-Factor": str(meta["f"]),
-               "X-Tokens": str(meta["tokens"]),               "X-Tile-Rows": str(meta["rows"]), "X-Tile-Cols": str(meta["cols"]), "Cache-Control": "no-store",
+               "X-Tokens": str(meta["tokens"]), "X-Tile-Rows": str(meta["rows"]), "X-Tile-Cols": str(meta["cols"]),
+               "Cache-Control": "no-store",
                "Access-Control-Expose-Headers": ", ".join(CLIMB_HEADERS)}
     return Response(cells, media_type="application/octet-stream", headers=headers)
 
