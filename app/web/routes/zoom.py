@@ -134,8 +134,9 @@ def read_climbed_layer(lab: LongDep, owner: OwnerDep, layer: int, job_id: str = 
     the largest weight of the ``X-Factor`` × ``X-Factor`` query × key positions it covers, on the √ scale
     (weight ≈ (byte / 255)²), over ``X-Tokens`` positions a side: the zoom page's opening tile of that head. The
     head (``X-Head``) is the layer's most telling one: ``X-Role`` ``previous`` (``X-Score``: its mean weight on
-    the token before), ``reader`` (the last query's weight ``X-Score`` on key ``X-Key``) or ``none`` (head 0). 404 for an unknown capture or another
-    browser's; 422 for a layer not computed yet. Gone once the capture is stopped."""
+    the token before), ``reader`` (the last query's weight ``X-Score`` on key ``X-Key``) or ``none`` (head 0).
+    404 for an unknown capture or another browser's; 422 for a layer not computed yet. Gone once the capture is
+    stopped."""
     meta, cells = lab.climbed(job_id, layer, owner=owner)
     headers = {"X-Layer": str(meta["layer"]), "X-Head": str(meta["head"]), "X-Role": meta["role"] or "none",
                "X-Score": "" if meta["score"] is None else f"{meta['score']:.6g}",
