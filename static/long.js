@@ -161,13 +161,13 @@
   }
 
   /* A long trace the server dropped (templates/zoom_gone.html): nothing ran yet; the button captures it again
-     in the line, followed as above, then opens its page. */
+     in the line, followed (and its climb drawn) as above, then opens its page. */
   function again() {
     const run = document.getElementById("zoom-gone-run");
     if (!run || run.dataset.bound) return;
     run.dataset.bound = "1";
     const box = document.getElementById("zoom-gone-progress"), bar = document.getElementById("zoom-gone-bar");
-    const status = document.getElementById("zoom-gone-status");
+    const status = document.getElementById("zoom-gone-status"), climb = climbPainter();
     let job = null, ctl = null;
     document.getElementById("zoom-gone-stop").addEventListener("click", async () => {
       if (job) { try { await kv.request("DELETE", `/api/long/jobs/${job}`); } catch (e) { /* shown */ } }
@@ -177,16 +177,22 @@
       kv.clearError();
       ctl = new AbortController(); job = null;
       box.hidden = false; bar.value = 0; run.disabled = true;
+      climb.clear();
       status.textContent = kv.t("js.long.sending");
       try {
         const last = await kv.follow("/api/long/jobs", { key: run.dataset.key }, (ev) => {
           job = ev.job || job;
           status.textContent = ev.text || "";
-          if (ev.event === "running") bar.value = ev.fraction || 0;
+          if (ev.event === "running") {
+            bar.value = ev.fraction || 0;
+            if (ev.progress && ev.progress.climbed) climb.more(job, ev.progress.climbed);
+          }
           if (ev.event === "done") bar.value = 1;
         }, ctl.signal);
         if (last && last.event === "done" && last.result) { kv.visit(last.result.url + location.search); return; }
+        if (last && last.event !== "done") climb.clear();
       } catch (err) {
+        climb.clear();
         if (ctl.signal.aborted) status.textContent = kv.t("js.long.stopped");
         else box.hidden = true;
       } finally {
