@@ -306,10 +306,14 @@ def run_traced(
     if keep_cache and cache is None:
         cache = DynamicCache(config=model.config)
     input_ids = torch.tensor([token_ids], dtype=torch.long, device=next(model.parameters()).device)
+    known: dict[str, torch.Tensor] = {}  # the parts' per-head tensors, not derived again at the end
+
     def layer_done(name: str) -> None:
         if on_layer is not None and name.startswith("blocks.") and name.endswith(".attn.lse"):
             layer = int(name.split(".")[1])
-            on_layer(layer, layer_part(rec, adapter, layer, token_ids, token_texts))
+            part = layer_part(rec, adapter, layer, token_ids, token_texts)
+            known.update({n: t for n, t in part.tensors.items() if n.startswith(f"blocks.{layer}.")})
+            on_layer(layer, part)
 
     with (lse_attention(model), capture(adapter, shape_only, tail_only, tail, layer_done) as rec,
           layer_pauses(model, adapter)):
@@ -320,7 +324,7 @@ def run_traced(
     release_mkl_scratch()
     # What views read is fp32 on the CPU whatever device ran the forward (``Settings.device``): a no-op on the CPU.
     tensors = adapter.derive({name: to_host(t) for name, t in rec.tensors.items()},
-                             torch.arange(past, past + len(token_ids)))
+                             torch.arange(past, past + len(token_ids)), known=known or None)
     last = to_host(out.logits[:, -1])
     tensors["probs"] = torch.softmax(last, dim=-1)  # (B, V) next-token distribution
     tensors["last_logits"] = last.clone()  # (B, V) what head ablation compares with

@@ -30,6 +30,20 @@ def test_each_layer_part_is_the_finished_traces_layer(any_model):
         assert torch.equal(p["rows"], trace.attention_rows(i))  # same tensors, same ops: the same weights
 
 
+def test_a_trace_climbed_layer_by_layer_equals_one_captured_without(any_model):
+    """The parts' per-head tensors are kept, not derived again at the end (``derive(known=...)``): the finished
+    trace holds the same names in the same order, each equal to a capture without ``on_layer``, whose derive made
+    every one itself (same ops on the same captured tensors, same thread: equal bit for bit)."""
+    lm = any_model
+    ids = lm.encode(PROMPT)
+    climbed = run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids), keep_cache=False,
+                         on_layer=lambda i, part: None)
+    plain = run_traced(lm.model, lm.adapter, ids, lm.token_texts(ids), keep_cache=False)
+    assert list(climbed.tensors) == list(plain.tensors)
+    for name, t in plain.tensors.items():
+        assert torch.equal(climbed.tensors[name], t), name
+
+
 class Stop(Exception):
     pass
 

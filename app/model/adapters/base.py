@@ -305,9 +305,12 @@ class ModelAdapter(ABC):
         """(abstract)"""
 
     @abstractmethod
-    def derive(self, captured: dict[str, torch.Tensor], positions: torch.Tensor) -> dict[str, torch.Tensor]:
+    def derive(self, captured: dict[str, torch.Tensor], positions: torch.Tensor,
+               known: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Captured tensors (in hook order) of tokens at ``positions`` (T,) -> every named tensor in execution
-        order, per-head ones added."""
+        order, per-head ones added. ``known``: per-head tensors this derive already made from the same captured
+        ones (a layer's part during the forward, ``app.model.capture.layer_part``), taken as they are where a
+        family's derive would compute them again (the rotated q and k)."""
 
     def split_heads(self, x: torch.Tensor, n_heads: int | None = None) -> torch.Tensor:
         """(B, T, n·Dh) -> (B, n, T, Dh)."""

@@ -101,7 +101,9 @@ class GPT2Adapter(ModelAdapter):
         q, k, v = qkv.split(self.d_model, dim=2)  # (B, T, D) each
         return self.split_heads(q), self.split_heads(k), self.split_heads(v)
 
-    def derive(self, captured: dict[str, torch.Tensor], positions: torch.Tensor) -> dict[str, torch.Tensor]:
+    def derive(self, captured: dict[str, torch.Tensor], positions: torch.Tensor,
+               known: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        # ``known`` is not needed: q, k and v are views of the fused projection, nothing is computed
         out: dict[str, torch.Tensor] = {}
         for name, tensor in captured.items():
             if name.endswith(".attn.lse"):

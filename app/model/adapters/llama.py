@@ -120,7 +120,8 @@ class LlamaAdapter(ModelAdapter):
         B, T = x.shape[:2]
         return x.reshape(B, T, n, self.head_dim).transpose(1, 2)
 
-    def derive(self, captured: dict[str, torch.Tensor], positions: torch.Tensor) -> dict[str, torch.Tensor]:
+    def derive(self, captured: dict[str, torch.Tensor], positions: torch.Tensor,
+               known: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         rope: dict = {}  # what ``_layer_rope`` worked out once and reuses for later layers
         for name, tensor in captured.items():
@@ -132,6 +133,10 @@ class LlamaAdapter(ModelAdapter):
             out[name] = tensor
             if name.endswith(".attn.v_proj"):
                 prefix = name[: -len("v_proj")]
+                if known is not None and prefix + "q" in known:  # this layer's part made them in the forward
+                    for part in ("q_prerope", "k_prerope", "q", "k", "v", "lse"):
+                        out[prefix + part] = known[prefix + part]
+                    continue
                 cos, sin = self._layer_rope(int(name.split(".")[1]), captured, positions, rope)
                 q_pre, k_pre = self._qk_heads(captured, prefix)
                 out[prefix + "q_prerope"], out[prefix + "k_prerope"] = q_pre, k_pre
