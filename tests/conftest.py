@@ -159,6 +159,26 @@ def make_state(settings: Settings, *models: LoadedModel, failures: dict | None =
     return AppState.create(settings, registry)
 
 
+def long_capture_stopped_at(st: AppState, lm: LoadedModel, ids: list[int], layer: int):
+    """A long capture of ``ids`` for browser "a", stopped by its browser as block ``layer`` begins (its first hook
+    point's pre-hook presses Stop); returns the job once the line is idle."""
+    from app.quota import Requester
+
+    holder: dict = {}
+    first = next(p for p in lm.adapter.hook_points() if p.name.startswith(f"blocks.{layer}."))
+    hook = first.module.register_forward_pre_hook(lambda *_: st.long.line.stop(holder["job"].id, "a"))
+    try:
+        st.model_lock.acquire()  # the job waits at the gate until its id is known here
+        try:
+            holder["job"] = st.long.submit(lm, ids, who=Requester("a", "1"))
+        finally:
+            st.model_lock.release()
+        assert st.long.line.wait_idle(60)
+    finally:
+        hook.remove()
+    return holder["job"]
+
+
 @pytest.fixture
 def state(settings, distil, tiny) -> AppState:
     """Both models, fresh caches for every test."""

@@ -11,7 +11,7 @@ from app.labs.queue import DONE
 from app.quota import Requester
 from app.viz.attention import sqrt_u8
 from app.viz.zoom import HeadPyramid
-from tests.conftest import make_state
+from tests.conftest import long_capture_stopped_at, make_state
 
 PROMPT = " ".join(f"word{i} and the cat sat on the mat" for i in range(80))  # ~620 GPT-2 tokens
 
@@ -62,19 +62,7 @@ def test_a_browser_joining_a_running_capture_sees_its_climb(st, distil):
 
 
 def test_a_stopped_capture_keeps_no_climb(st, distil):
-    holder: dict = {}
-    third = next(p for p in distil.adapter.hook_points() if p.name.startswith("blocks.2."))
-    hook = third.module.register_forward_pre_hook(lambda *_: st.long.line.stop(holder["job"].id, "a"))
-    try:
-        st.model_lock.acquire()
-        try:
-            holder["job"] = st.long.submit(distil, distil.encode(PROMPT), who=Requester("a", "1"))
-        finally:
-            st.model_lock.release()
-        assert st.long.line.wait_idle(60)
-    finally:
-        hook.remove()
-    job = holder["job"]
+    job = long_capture_stopped_at(st, distil, distil.encode(PROMPT), 2)
     assert job.status == "stopped" and job.progress["climbed"] == 2  # two layers were drawn before the stop
     with pytest.raises(NotFound):
         st.long.climbed(job.id, 0, owner="a")

@@ -19,7 +19,7 @@ from app.model.capture import hook_count, run_traced
 from app.quota import Requester
 from app.viz.tokens import visible
 from app.viz.zoom import TILE
-from tests.conftest import make_state
+from tests.conftest import long_capture_stopped_at, make_state
 
 PROMPT = " ".join(f"word{i} and the cat sat on the mat" for i in range(40))  # ~300 GPT-2 tokens: two levels
 
@@ -278,20 +278,7 @@ def test_a_long_prompt_on_inspect_gets_the_zoom_canvas(settings, distil):
 def test_stop_during_a_long_capture_ends_it_and_keeps_nothing(settings, distil):
     """Stop pressed as layer 2 of 6 begins: the capture ends there (its forward raises), and no trace is kept."""
     st = make_state(settings, distil)
-    lm = st.model("distilgpt2")
-    holder: dict = {}
-    second_layer = next(p for p in lm.adapter.hook_points() if p.name.startswith("blocks.1."))
-    hook = second_layer.module.register_forward_pre_hook(lambda *_: st.long.line.stop(holder["job"].id, "a"))
-    try:
-        st.model_lock.acquire()  # the job waits at the gate until its id is known here
-        try:
-            holder["job"] = st.long.submit(lm, distil.encode(PROMPT), who=Requester("a", "1"))
-        finally:
-            st.model_lock.release()
-        assert st.long.line.wait_idle(60)
-    finally:
-        hook.remove()
-    job = holder["job"]
+    job = long_capture_stopped_at(st, st.model("distilgpt2"), distil.encode(PROMPT), 1)
     assert job.status == "stopped" and job.progress == {"layer": 2, "layers": 6, "climbed": 1}
     assert len(st.traces) == 0 and st.traces.bytes == 0
     st.stop_labs()
